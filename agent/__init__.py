@@ -1,0 +1,1 @@
+"""twine-agent: the node agent. It owns one host: its task containers and its host profile."""

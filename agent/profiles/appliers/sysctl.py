@@ -1,0 +1,92 @@
+"""Kernel parameters under /proc/sys, limited to an allow-list of prefixes.
+
+    [sysctl]
+    "net.core.somaxconn" = 4096
+    "net.ipv4.tcp_rmem" = "4096 87380 6291456"
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any, Mapping
+
+from agent.errors import ProfileError
+from agent.profiles.appliers.base import KERNEL, NETNS, Applier, ApplierError
+from agent.profiles.model import Setting
+
+_NAME = re.compile(r"^[a-z][a-z0-9_]*(\.[A-Za-z0-9_][A-Za-z0-9_\-]*)+$")
+# Knobs another applier owns: two owners of one fact would fight.
+_OWNED_ELSEWHERE = {
+    "vm.nr_hugepages": "hugepages",
+    "vm.nr_hugepages_mempolicy": "hugepages",
+    "vm.nr_overcommit_hugepages": "hugepages",
+}
+
+
+def normalise(value: Any) -> str:
+    """Kernel form: integers as decimal, vectors separated by single spaces."""
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    if isinstance(value, (list, tuple)):
+        return " ".join(normalise(v) for v in value)
+    return " ".join(str(value).split())
+
+
+class Sysctl(Applier):
+    name = "sysctl"
+    order = 10
+
+    def _path(self, key: str) -> Path:
+        return self.ctx.proc / "sys" / key.replace(".", "/")
+
+    def parse(self, section: Mapping[str, Any], origin: str) -> list[Setting]:
+        settings = []
+        for key, value in section.items():
+            field = f"[sysctl] {key}"
+            if not isinstance(key, str) or not _NAME.match(key):
+                raise ProfileError(origin, field, value, "not a sysctl name (like net.core.somaxconn)")
+            if key in _OWNED_ELSEWHERE:
+                raise ProfileError(
+                    origin, field, value, f"set it in the [{_OWNED_ELSEWHERE[key]}] section instead"
+                )
+            if not any(key == p.rstrip(".") or key.startswith(p) for p in self.ctx.sysctl_prefixes):
+                raise ProfileError(
+                    origin, field, value,
+                    "not in the allow-list of sysctl prefixes: " + ", ".join(self.ctx.sysctl_prefixes),
+                )
+            root = (self.ctx.proc / "sys").resolve()
+            path = self._path(key).resolve()
+            if root not in path.parents:
+                raise ProfileError(origin, field, value, "resolves outside /proc/sys")
+            if not isinstance(value, (int, str, list, tuple)) or normalise(value) == "":
+                raise ProfileError(origin, field, value, "value must be an integer, a string or a list")
+            settings.append(Setting(self.name, key, normalise(value), origin))
+        return settings
+
+    def check(self, settings: list[Setting]) -> None:
+        for s in settings:
+            path = self._path(s.key)
+            if self.applicable(s.key) is not None:
+                continue  # reported as not applicable, not an error
+            if not path.is_file():
+                raise ProfileError(s.origin, f"[sysctl] {s.key}", s.value, f"no such sysctl on this host ({path})")
+            if not os.access(path, os.W_OK) or not (path.stat().st_mode & 0o222):
+                raise ProfileError(s.origin, f"[sysctl] {s.key}", s.value, f"read-only on this host ({path})")
+
+    def scope(self, key: str) -> str:
+        return NETNS if key.startswith("net.") else KERNEL
+
+    def read(self, key: str) -> str:
+        return normalise(self._path(key).read_text())
+
+    def write(self, key: str, value: str) -> None:
+        try:
+            with open(self._path(key), "w") as f:
+                f.write(value)
+        except OSError as e:
+            raise ApplierError(f"writing {value!r} to {self._path(key)}: {e.strerror}") from e
+
+
+APPLIER = Sysctl

@@ -1,0 +1,1 @@
+"""twine-controld and twinectl: the regional control plane (built on etcd)."""

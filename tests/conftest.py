@@ -1,0 +1,43 @@
+"""Shared fixtures. Tests touch the real kernel and real Docker; every change is restored."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+
+class HostFiles:
+    """Remembers kernel files (sysctls, /proc/irq/*, hugepage counts) and writes them back."""
+
+    def __init__(self) -> None:
+        self.saved: list[tuple[Path, str]] = []
+
+    def save(self, *paths: str | Path) -> None:
+        for p in map(Path, paths):
+            self.saved.append((p, p.read_text()))
+
+    def restore(self) -> list[str]:
+        errors = []
+        for path, text in reversed(self.saved):
+            value = " ".join(text.split())
+            try:
+                if path.read_text().split() != text.split():
+                    path.write_text(value)
+            except OSError as e:
+                errors.append(f"{path}: {e}")
+        return errors
+
+
+@pytest.fixture
+def host_files():
+    """`host_files.save(path, ...)` before changing a kernel file; it is restored after the test,
+    pass or fail."""
+    h = HostFiles()
+    yield h
+    errors = h.restore()
+    assert not errors, f"could not restore host state: {errors}"
+
+
+def sysctl_path(name: str) -> Path:
+    return Path("/proc/sys") / name.replace(".", "/")

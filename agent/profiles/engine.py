@@ -56,7 +56,7 @@ class Engine:
     def __init__(self, ctx: HostContext, state_dir: Path, search: tuple[Path, ...] | None = None):
         self.ctx = ctx
         self.state_dir = Path(state_dir)
-        self.search = search
+        self.search = tuple(Path(p) for p in search) if search is not None else None
         self._appliers: dict[str, Applier] = {}
 
     # -- helpers -----------------------------------------------------------------------------
@@ -308,7 +308,7 @@ class Engine:
             verdict = self._not_applicable(a, s.key) or a.verify(s.key, s.value)
             took = time.perf_counter() - st
             if isinstance(verdict, Holds):
-                results.append(SettingResult(s.id, Outcome.HELD, s.value, after=s.value, seconds=took))
+                results.append(SettingResult(s.id, Outcome.HOLDS, s.value, after=s.value, seconds=took))
             elif isinstance(verdict, NotApplicable):
                 results.append(SettingResult(s.id, Outcome.NOT_APPLICABLE, s.value, reason=verdict.why, seconds=took))
             else:

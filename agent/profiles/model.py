@@ -54,7 +54,8 @@ Verdict = Holds | Differs | NotApplicable
 
 class Outcome(str, enum.Enum):
     APPLIED = "applied"
-    HELD = "already held"
+    HELD = "already held"  # apply found the value already there and wrote nothing
+    HOLDS = "holds"  # verify: the host has the value
     NOT_APPLICABLE = "not applicable"
     FAILED = "failed"
     ROLLED_BACK = "rolled back"  # applied, then undone because another setting failed

@@ -1,0 +1,247 @@
+"""The profile engine on the real kernel: apply, verify, switch, rollback, crash recovery."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from agent.errors import ProfileError
+from agent.profiles.appliers.base import HostContext
+from agent.profiles.engine import APPLIED, JOURNAL, Engine
+from agent.profiles.model import Outcome
+from tests.conftest import sysctl_path
+
+KEYS = ("net.core.somaxconn", "vm.swappiness", "net.ipv4.tcp_fin_timeout", "vm.dirty_ratio")
+
+
+def read(name: str) -> str:
+    return " ".join(sysctl_path(name).read_text().split())
+
+
+def other(name: str, *candidates: int) -> int:
+    """A value different from the current one, so that every test really changes the host."""
+    cur = int(read(name))
+    return next(c for c in candidates if c != cur)
+
+
+@pytest.fixture
+def originals(host_files):
+    host_files.save(*(sysctl_path(k) for k in KEYS))
+    return {k: read(k) for k in KEYS}
+
+
+@pytest.fixture
+def engine(tmp_path):
+    return Engine(HostContext(), tmp_path / "state", search=(tmp_path,))
+
+
+def write_profile(dir: Path, name: str, body: str) -> Path:
+    path = dir / f"{name}.toml"
+    path.write_text(textwrap.dedent(body))
+    return path
+
+
+def test_apply_changes_sysctls_and_rollback_restores_every_original(tmp_path, engine, originals):
+    somaxconn, swappiness = other("net.core.somaxconn", 1024, 2048), other("vm.swappiness", 33, 34)
+    write_profile(tmp_path, "p", f"""
+        [sysctl]
+        "net.core.somaxconn" = {somaxconn}
+        "vm.swappiness" = {swappiness}
+    """)
+    report = engine.apply("p")
+    assert report.ok, report.error
+    assert [r.outcome for r in report.results] == [Outcome.APPLIED, Outcome.APPLIED]
+    assert read("net.core.somaxconn") == str(somaxconn)
+    assert read("vm.swappiness") == str(swappiness)
+    assert engine.current()["profile"] == "p"
+    assert engine.verify().ok
+
+    report = engine.rollback()
+    assert report.ok, report.error
+    assert {r.outcome for r in report.results} == {Outcome.RESTORED}
+    assert read("net.core.somaxconn") == originals["net.core.somaxconn"]
+    assert read("vm.swappiness") == originals["vm.swappiness"]
+    assert engine.current() is None
+
+
+def test_apply_twice_holds_and_writes_nothing(tmp_path, engine, originals):
+    write_profile(tmp_path, "p", f'[sysctl]\n"vm.swappiness" = {other("vm.swappiness", 33, 34)}\n')
+    assert engine.apply("p").ok
+    again = engine.apply("p")
+    assert again.ok and [r.outcome for r in again.results] == [Outcome.HELD]
+    # The original is still the one from before the first apply.
+    assert engine.current()["originals"]["sysctl:vm.swappiness"]["value"] == originals["vm.swappiness"]
+
+
+def test_setting_that_fails_half_way_leaves_the_host_exactly_as_it_was(tmp_path, engine, originals):
+    write_profile(tmp_path, "bad", f"""
+        [sysctl]
+        "net.core.somaxconn" = {other("net.core.somaxconn", 1024, 2048)}
+        "net.ipv4.tcp_fin_timeout" = {other("net.ipv4.tcp_fin_timeout", 17, 18)}
+        "vm.swappiness" = 500   # above the kernel's maximum: the write fails with EINVAL
+    """)
+    report = engine.apply("bad")
+    assert not report.ok
+    by_id = {r.setting_id: r for r in report.results}
+    assert by_id["sysctl:vm.swappiness"].outcome is Outcome.FAILED
+    assert "Invalid argument" in by_id["sysctl:vm.swappiness"].reason
+    assert by_id["sysctl:net.core.somaxconn"].outcome is Outcome.ROLLED_BACK
+    assert "sysctl:vm.swappiness" in report.error
+    assert {k: read(k) for k in KEYS} == originals
+    assert engine.current() is None
+    assert not (engine.state_dir / JOURNAL).exists()
+
+
+def test_switch_restores_what_the_old_profile_set_and_the_new_one_does_not(tmp_path, engine, originals):
+    a_swap, b_fin = other("vm.swappiness", 33, 34), other("net.ipv4.tcp_fin_timeout", 17, 18)
+    write_profile(tmp_path, "a", f'[sysctl]\n"vm.swappiness" = {a_swap}\n"net.core.somaxconn" = 1111\n')
+    write_profile(tmp_path, "b", f'[sysctl]\n"net.ipv4.tcp_fin_timeout" = {b_fin}\n"net.core.somaxconn" = 2222\n')
+    assert engine.apply("a").ok
+    report = engine.apply("b")
+    assert report.ok and report.previous == "a"
+    outcomes = {r.setting_id: r.outcome for r in report.results}
+    assert outcomes["sysctl:vm.swappiness"] is Outcome.RESTORED
+    assert read("vm.swappiness") == originals["vm.swappiness"]
+    assert read("net.core.somaxconn") == "2222"
+    assert read("net.ipv4.tcp_fin_timeout") == str(b_fin)
+    # somaxconn's original is still the one from before profile a.
+    assert engine.current()["originals"]["sysctl:net.core.somaxconn"]["value"] == originals["net.core.somaxconn"]
+    assert engine.rollback().ok
+    assert {k: read(k) for k in KEYS} == originals
+
+
+def test_failed_switch_returns_to_the_previous_profile_not_to_bare_host(tmp_path, engine, originals):
+    write_profile(tmp_path, "a", '[sysctl]\n"vm.swappiness" = 33\n')
+    write_profile(tmp_path, "b", '[sysctl]\n"net.core.somaxconn" = 2222\n"vm.dirty_ratio" = 500\n')
+    assert engine.apply("a").ok
+    report = engine.apply("b")
+    assert not report.ok
+    assert read("vm.swappiness") == "33"  # a's setting, restored after b's failed switch
+    assert read("net.core.somaxconn") == originals["net.core.somaxconn"]
+    assert engine.current()["profile"] == "a"
+
+
+def test_verify_names_the_setting_that_drifted(tmp_path, engine, originals):
+    write_profile(tmp_path, "p", '[sysctl]\n"vm.swappiness" = 33\n')
+    assert engine.apply("p").ok
+    sysctl_path("vm.swappiness").write_text("35")
+    report = engine.verify()
+    assert not report.ok
+    [failed] = report.failed()
+    assert failed.setting_id == "sysctl:vm.swappiness" and failed.after == "35"
+    assert "35" in failed.reason and "33" in failed.reason
+
+
+def test_journal_left_by_a_crash_is_rolled_back(tmp_path, originals):
+    """A real crash: a subprocess is SIGKILLed by the kernel in the middle of its second write."""
+    state = tmp_path / "state"
+    write_profile(tmp_path, "p", f"""
+        [sysctl]
+        "net.core.somaxconn" = {other("net.core.somaxconn", 1024, 2048)}
+        "vm.swappiness" = {other("vm.swappiness", 33, 34)}
+    """)
+    crash = textwrap.dedent(f"""
+        import os, signal
+        from agent.profiles.appliers import sysctl
+        from agent.profiles.appliers.base import HostContext
+        from agent.profiles.engine import Engine
+        real_write, calls = sysctl.Sysctl.write, []
+        def write(self, key, value):
+            calls.append(key)
+            if len(calls) == 2:
+                os.kill(os.getpid(), signal.SIGKILL)
+            real_write(self, key, value)
+        sysctl.Sysctl.write = write
+        Engine(HostContext(), {str(state)!r}, search=({str(tmp_path)!r},)).apply("p")
+    """)
+    proc = subprocess.run([sys.executable, "-c", crash], cwd=Path(__file__).parents[3])
+    assert proc.returncode == -9
+    assert read("net.core.somaxconn") != originals["net.core.somaxconn"]  # half applied
+    assert json.loads((state / JOURNAL).read_text())["target"] == "p"
+
+    report = Engine(HostContext(), state).recover()
+    assert report is not None and report.ok
+    assert {k: read(k) for k in KEYS} == originals
+    assert not (state / JOURNAL).exists() and not (state / APPLIED).exists()
+
+
+@pytest.mark.parametrize(
+    "bad_line, field, why",
+    [
+        ('"kernel.core_pattern" = "|/tmp/x"', "kernel.core_pattern", "allow-list"),
+        ('"net/../../etc/passwd" = 1', "net/../../etc/passwd", "not a sysctl name"),
+        ('"vm.nr_hugepages" = 4', "vm.nr_hugepages", "[hugepages]"),
+        ('"net.core.no_such_knob" = 4', "net.core.no_such_knob", "no such sysctl"),
+        ('"vm.dirty_ratio" = {a = 1}', "vm.dirty_ratio", "must be an integer"),
+        ('[frobnicate]\nx = 1', "[frobnicate]", "unknown applier"),
+        ('"vm.dirty_ratio" = ', "file", "not valid TOML"),
+        ('[profile]\ninclude = "bad"', "include", "include cycle"),
+    ],
+)
+def test_bad_profile_is_refused_naming_file_field_and_value_and_changes_nothing(
+    tmp_path, engine, originals, bad_line, field, why
+):
+    # A valid setting first: it must not be applied either.
+    path = write_profile(tmp_path, "bad", f'[sysctl]\n"vm.swappiness" = 33\n{bad_line}\n')
+    with pytest.raises(ProfileError) as e:
+        engine.apply("bad")
+    assert str(path) in str(e.value)
+    assert field in str(e.value) and why in str(e.value)
+    assert {k: read(k) for k in KEYS} == originals
+    assert engine.current() is None and not (engine.state_dir / JOURNAL).exists()
+
+
+def test_include_merges_per_key_and_child_overrides(tmp_path, engine):
+    write_profile(tmp_path, "base", '[sysctl]\n"vm.swappiness" = 10\n"net.core.somaxconn" = 1000\n"vm.dirty_ratio" = 20\n')
+    child = write_profile(tmp_path, "child", '[profile]\ninclude = "base"\n[sysctl]\n"vm.swappiness" = 1\n"vm.dirty_ratio" = ""\n')
+    profile, settings = engine.load("child")
+    assert {s.key: s.value for s in settings} == {"vm.swappiness": "1", "net.core.somaxconn": "1000"}
+    origins = {s.key: s.origin for s in settings}
+    assert origins["vm.swappiness"] == str(child) and origins["net.core.somaxconn"].endswith("base.toml")
+    assert profile.files == (str(tmp_path / "base.toml"), str(child))
+
+
+def test_diff_changes_nothing(tmp_path, engine, originals):
+    write_profile(tmp_path, "p", f'[sysctl]\n"vm.swappiness" = {other("vm.swappiness", 33, 34)}\n')
+    _, plan = engine.plan("p")
+    assert [(p.setting.id, p.action, p.current) for p in plan] == [("sysctl:vm.swappiness", "change", originals["vm.swappiness"])]
+    assert read("vm.swappiness") == originals["vm.swappiness"]
+
+
+def test_shared_kernel_agent_applies_netns_settings_and_reports_kernel_wide_ones(tmp_path, originals):
+    engine = Engine(HostContext(owns_kernel=False), tmp_path / "state", search=(tmp_path,))
+    write_profile(tmp_path, "p", '[sysctl]\n"vm.swappiness" = 33\n"net.core.somaxconn" = 1234\n')
+    report = engine.apply("p")
+    assert report.ok
+    by_id = {r.setting_id: r for r in report.results}
+    assert by_id["sysctl:vm.swappiness"].outcome is Outcome.NOT_APPLICABLE
+    assert "shared kernel" in by_id["sysctl:vm.swappiness"].reason
+    assert read("vm.swappiness") == originals["vm.swappiness"]
+    assert read("net.core.somaxconn") == "1234"
+    assert engine.rollback().ok
+
+
+def test_cli_apply_exit_codes_and_json(tmp_path, originals):
+    write_profile(tmp_path, "p", f'[sysctl]\n"vm.swappiness" = {other("vm.swappiness", 33, 34)}\n')
+    write_profile(tmp_path, "bad", '[sysctl]\n"kernel.core_pattern" = "x"\n')
+    write_profile(tmp_path, "fails", '[sysctl]\n"vm.swappiness" = 500\n')
+    base = [sys.executable, "-m", "agent", "--state-dir", str(tmp_path / "st"), "profile"]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[3])}
+    run = lambda *a: subprocess.run([*base, *a], capture_output=True, text=True, env=env)  # noqa: E731
+
+    bad = run("apply", str(tmp_path / "bad.toml"))
+    assert bad.returncode == 2 and "kernel.core_pattern" in bad.stderr and "bad.toml" in bad.stderr
+    fails = run("apply", str(tmp_path / "fails.toml"))
+    assert fails.returncode == 1 and "Invalid argument" in fails.stdout
+    ok = run("apply", str(tmp_path / "p.toml"), "--json")
+    assert ok.returncode == 0 and json.loads(ok.stdout)["results"][0]["outcome"] == "applied"
+    sysctl_path("vm.swappiness").write_text("35")
+    assert run("verify").returncode == 1
+    assert run("rollback").returncode == 0
+    assert read("vm.swappiness") == originals["vm.swappiness"]

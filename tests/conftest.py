@@ -41,3 +41,33 @@ def host_files():
 
 def sysctl_path(name: str) -> Path:
     return Path("/proc/sys") / name.replace(".", "/")
+
+
+TEST_IMAGE = "twine/busybox:1"
+
+
+@pytest.fixture(scope="session")
+def docker_client():
+    """The real Docker daemon, with the local test image built. Skips only if dockerd is absent."""
+    import subprocess
+
+    import docker
+
+    try:
+        client = docker.from_env(version="auto")
+        client.ping()
+    except Exception as e:  # noqa: BLE001
+        pytest.skip(f"docker is not running: {e}")
+    subprocess.run([str(Path(__file__).parents[1] / "scripts" / "build-images.sh")], check=True)
+    return client
+
+
+@pytest.fixture
+def machine_id(docker_client):
+    """A machine id of this test's own; every container labelled with it is removed afterwards."""
+    import uuid
+
+    mid = "test" + uuid.uuid4().hex[:20]
+    yield mid
+    for c in docker_client.containers.list(all=True, filters={"label": f"twine.machine={mid}"}):
+        c.remove(force=True)

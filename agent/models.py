@@ -1,0 +1,151 @@
+"""Wire models shared by the agent and the control plane: task specs and the desired state.
+
+The desired state is what a source (a local file now, the control plane later) asks of one host:
+a host profile and the tasks to run. One codec: `from_json` / `to_json` on plain dicts.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import tomllib
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from agent.errors import DesiredStateError
+
+_HANDLE = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}/[a-z0-9][a-z0-9_.-]{0,62}$")
+_ENV = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+NETWORK_MODES = ("bridge", "none", "host")
+
+
+@dataclass(frozen=True)
+class TaskKey:
+    job: str  # handle: <entitlement>/<name>
+    index: int
+
+    def __str__(self) -> str:
+        return f"{self.job}#{self.index}"
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    job: str
+    index: int
+    spec_version: int
+    image: str
+    command: tuple[str, ...] = ()
+    env: tuple[tuple[str, str], ...] = ()
+    cpus: float = 0.5
+    memory_mb: int = 128
+    pids: int = 256
+    network_mode: str = "bridge"
+
+    @property
+    def key(self) -> TaskKey:
+        return TaskKey(self.job, self.index)
+
+    def spec_hash(self) -> str:
+        """Changes whenever anything that shapes the container changes (not the index)."""
+        body = {k: v for k, v in asdict(self).items() if k not in ("job", "index")}
+        return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        d["command"] = list(self.command)
+        d["env"] = dict(self.env)
+        return d
+
+    @classmethod
+    def from_json(cls, d: Any, where: str, field_: str) -> "TaskSpec":
+        if not isinstance(d, dict):
+            raise DesiredStateError(where, field_, d, "a task must be a table")
+        known = {"job", "index", "spec_version", "image", "command", "env", "cpus", "memory_mb", "pids", "network_mode"}
+        for k in d:
+            if k not in known:
+                raise DesiredStateError(where, f"{field_}.{k}", d[k], f"unknown field; known: {', '.join(sorted(known))}")
+
+        def need(name: str, typ: type | tuple, check=lambda v: True, why: str = "") -> Any:
+            if name not in d:
+                raise DesiredStateError(where, f"{field_}.{name}", None, "missing")
+            v = d[name]
+            if isinstance(v, bool) or not isinstance(v, typ) or not check(v):
+                raise DesiredStateError(where, f"{field_}.{name}", v, why or f"must be {typ}")
+            return v
+
+        def opt(name: str, default: Any, typ: type | tuple, check=lambda v: True, why: str = "") -> Any:
+            return need(name, typ, check, why) if name in d else default
+
+        command = opt("command", [], (list, str), why="must be a list of strings or one string")
+        if isinstance(command, str):
+            command = ["sh", "-c", command]
+        if not all(isinstance(c, str) for c in command):
+            raise DesiredStateError(where, f"{field_}.command", command, "must be a list of strings")
+        env = opt("env", {}, dict, why="must be a table of strings")
+        for k, v in env.items():
+            if not _ENV.match(k) or not isinstance(v, (str, int, float)) or isinstance(v, bool):
+                raise DesiredStateError(where, f"{field_}.env.{k}", v, "names are [A-Za-z_][A-Za-z0-9_]*, values strings")
+        return cls(
+            job=need("job", str, _HANDLE.match, "must be a job handle <entitlement>/<name> (lower case, digits, _.-)"),
+            index=need("index", int, lambda v: 0 <= v < 1_000_000, "must be an integer >= 0"),
+            spec_version=opt("spec_version", 1, int, lambda v: v >= 0, "must be an integer >= 0"),
+            image=need("image", str, lambda v: bool(v.strip()) and " " not in v, "must be an image reference"),
+            command=tuple(command),
+            env=tuple(sorted((k, str(v)) for k, v in env.items())),
+            cpus=float(opt("cpus", 0.5, (int, float), lambda v: 0 < v <= 1024, "must be > 0 and <= 1024")),
+            memory_mb=opt("memory_mb", 128, int, lambda v: 4 <= v <= 4_194_304, "must be an integer from 4 to 4194304 (MiB)"),
+            pids=opt("pids", 256, int, lambda v: 1 <= v <= 4_194_304, "must be an integer >= 1"),
+            network_mode=opt("network_mode", "bridge", str, lambda v: v in NETWORK_MODES, f"must be one of {', '.join(NETWORK_MODES)}"),
+        )
+
+
+@dataclass(frozen=True)
+class DesiredState:
+    """What one host should be: a profile (None: no profile, originals restored) and its tasks."""
+
+    profile: str | None = None
+    tasks: tuple[TaskSpec, ...] = ()
+    version: str = ""  # opaque, from the source: a file's hash, a control-plane revision
+    source: str = ""
+
+    def to_json(self) -> dict:
+        return {"profile": self.profile, "tasks": [t.to_json() for t in self.tasks], "version": self.version}
+
+    @classmethod
+    def from_json(cls, data: Any, where: str, version: str = "") -> "DesiredState":
+        if not isinstance(data, dict):
+            raise DesiredStateError(where, "(top level)", type(data).__name__, "must be a table")
+        for k in data:
+            if k not in ("profile", "tasks", "version"):
+                raise DesiredStateError(where, k, data[k], "unknown field; known: profile, tasks")
+        profile = data.get("profile") or None
+        if profile is not None and not isinstance(profile, str):
+            raise DesiredStateError(where, "profile", profile, "must be a profile name or file")
+        raw_tasks = data.get("tasks", [])
+        if not isinstance(raw_tasks, list):
+            raise DesiredStateError(where, "tasks", raw_tasks, "must be a list of tables ([[tasks]])")
+        tasks = tuple(TaskSpec.from_json(t, where, f"tasks[{i}]") for i, t in enumerate(raw_tasks))
+        seen: dict[TaskKey, int] = {}
+        for i, t in enumerate(tasks):
+            if t.key in seen:
+                raise DesiredStateError(where, f"tasks[{i}]", str(t.key), f"same job and index as tasks[{seen[t.key]}]")
+            seen[t.key] = i
+        return cls(profile, tasks, version or data.get("version", ""), where)
+
+
+def read_desired_file(path: Path) -> DesiredState:
+    """Parse a desired-state file (TOML, or JSON by its .json suffix). Raises DesiredStateError."""
+    try:
+        raw = path.read_bytes()
+    except OSError as e:
+        raise DesiredStateError(str(path), "file", str(path), e.strerror or str(e)) from None
+    try:
+        data = json.loads(raw) if path.suffix == ".json" else tomllib.loads(raw.decode())
+    except (ValueError, UnicodeDecodeError) as e:
+        raise DesiredStateError(str(path), "file", path.name, f"not valid {'JSON' if path.suffix == '.json' else 'TOML'}: {e}") from None
+    return DesiredState.from_json(data, str(path), version=hashlib.sha256(raw).hexdigest()[:16])
+
+
+EMPTY = DesiredState()

@@ -1,0 +1,168 @@
+"""The real runtime: Docker through the docker SDK, every call run off the event loop."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from functools import partial
+from typing import Any, Callable
+
+import docker
+import docker.errors
+import requests.exceptions
+
+from agent.models import TaskSpec
+from agent.runtime.base import L_MACHINE, ContainerInfo, ImageNotFound, RuntimeUnavailable, task_labels
+
+_UNSAFE = re.compile(r"[^a-zA-Z0-9_.-]")
+PULL_POLICIES = ("if-not-present", "never")
+
+
+def container_name(machine_id: str, spec: TaskSpec, generation: int) -> str:
+    job = _UNSAFE.sub("_", spec.job.replace("/", "."))
+    return f"twine-{_UNSAFE.sub('_', machine_id)}-{job}-{spec.index}-g{generation}"
+
+
+def _info(c: Any) -> ContainerInfo:
+    state = c.attrs.get("State", {})
+    return ContainerInfo(
+        id=c.id,
+        name=c.name,
+        labels=dict(c.labels or {}),
+        status=state.get("Status", c.status),
+        exit_code=state.get("ExitCode") if state.get("Status") in ("exited", "dead") else None,
+        started_at=state.get("StartedAt", ""),
+        finished_at=state.get("FinishedAt", ""),
+        oom_killed=bool(state.get("OOMKilled")),
+        error=state.get("Error", ""),
+    )
+
+
+class DockerRuntime:
+    def __init__(self, base_url: str | None = None, pull: str = "if-not-present", cgroup_parent: str | None = None):
+        if pull not in PULL_POLICIES:
+            raise ValueError(f"pull policy must be one of {PULL_POLICIES}")
+        self._base_url = base_url
+        self._client: docker.DockerClient | None = None
+        self.pull = pull
+        self.cgroup_parent = cgroup_parent
+
+    def _docker(self) -> docker.DockerClient:
+        if self._client is None:
+            try:
+                if self._base_url:
+                    self._client = docker.DockerClient(base_url=self._base_url, version="auto", timeout=60)
+                else:
+                    self._client = docker.from_env(version="auto", timeout=60)
+            except docker.errors.DockerException as e:
+                raise RuntimeUnavailable(f"docker is not reachable: {e}") from e
+        return self._client
+
+    async def _call(self, fn: Callable, *args: Any, **kw: Any) -> Any:
+        try:
+            return await asyncio.to_thread(partial(fn, *args, **kw))
+        except (requests.exceptions.ConnectionError, docker.errors.DockerException) as e:
+            if isinstance(e, docker.errors.APIError):
+                raise
+            raise RuntimeUnavailable(f"docker is not reachable: {e}") from e
+
+    async def ping(self) -> bool:
+        try:
+            return bool(await self._call(lambda: self._docker().ping()))
+        except RuntimeUnavailable:
+            return False
+
+    def _ensure_image(self, image: str) -> None:
+        client = self._docker()
+        try:
+            client.images.get(image)
+            return
+        except docker.errors.ImageNotFound:
+            pass
+        if self.pull == "never":
+            raise ImageNotFound(f"image {image!r} is not on this host (pull policy: never)")
+        try:
+            client.images.pull(image)
+        except docker.errors.APIError as e:
+            raise ImageNotFound(f"image {image!r} is not on this host and pulling it failed: {e.explanation or e}") from None
+
+    async def ensure_image(self, image: str) -> None:
+        await self._call(self._ensure_image, image)
+
+    def _start(self, machine_id: str, spec: TaskSpec, generation: int) -> ContainerInfo:
+        self._ensure_image(spec.image)
+        kwargs: dict[str, Any] = dict(
+            image=spec.image,
+            command=list(spec.command) or None,
+            name=container_name(machine_id, spec, generation),
+            labels=task_labels(machine_id, spec, generation),
+            environment=dict(spec.env),
+            nano_cpus=int(spec.cpus * 1e9),
+            mem_limit=f"{spec.memory_mb}m",
+            pids_limit=spec.pids,
+            network_mode=spec.network_mode,
+            detach=True,
+        )
+        if self.cgroup_parent:
+            kwargs["cgroup_parent"] = self.cgroup_parent
+        client = self._docker()
+        try:
+            c = client.containers.create(**kwargs)
+        except docker.errors.APIError as e:
+            if e.status_code != 409:  # 409: a container of that name exists
+                raise
+            old = client.containers.get(kwargs["name"])
+            if (old.labels or {}).get(L_MACHINE) != machine_id:
+                raise
+            old.remove(force=True)  # a leftover of ours that never started: replace it
+            c = client.containers.create(**kwargs)
+        c.start()
+        c.reload()
+        return _info(c)
+
+    async def start(self, machine_id: str, spec: TaskSpec, generation: int) -> ContainerInfo:
+        return await self._call(self._start, machine_id, spec, generation)
+
+    def _stop(self, container_id: str, grace: float) -> None:
+        try:
+            self._docker().containers.get(container_id).stop(timeout=max(0, int(round(grace))))
+        except docker.errors.NotFound:
+            pass
+
+    async def stop(self, container_id: str, grace: float) -> None:
+        await self._call(self._stop, container_id, grace)
+
+    def _remove(self, container_id: str) -> None:
+        try:
+            self._docker().containers.get(container_id).remove(force=True)
+        except docker.errors.NotFound:
+            pass
+
+    async def remove(self, container_id: str) -> None:
+        await self._call(self._remove, container_id)
+
+    def _inspect(self, container_id: str) -> ContainerInfo | None:
+        try:
+            return _info(self._docker().containers.get(container_id))
+        except docker.errors.NotFound:
+            return None
+
+    async def inspect(self, container_id: str) -> ContainerInfo | None:
+        return await self._call(self._inspect, container_id)
+
+    def _list(self, machine_id: str) -> list[ContainerInfo]:
+        found = self._docker().containers.list(all=True, filters={"label": f"{L_MACHINE}={machine_id}"})
+        return [_info(c) for c in found]
+
+    async def list(self, machine_id: str) -> list[ContainerInfo]:
+        return await self._call(self._list, machine_id)
+
+    def _logs(self, container_id: str, tail: int) -> list[str]:
+        try:
+            raw = self._docker().containers.get(container_id).logs(tail=tail)
+        except docker.errors.NotFound:
+            return []
+        return raw.decode(errors="replace").splitlines()
+
+    async def logs(self, container_id: str, tail: int = 20) -> list[str]:
+        return await self._call(self._logs, container_id, tail)

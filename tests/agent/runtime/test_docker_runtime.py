@@ -1,0 +1,95 @@
+"""The Docker runtime against the real Docker daemon."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from agent.models import TaskSpec
+from agent.runtime.base import ImageNotFound
+from agent.runtime.docker_runtime import DockerRuntime
+from tests.conftest import TEST_IMAGE
+
+pytestmark = pytest.mark.docker
+
+
+def spec(**kw) -> TaskSpec:
+    base = dict(job="ent/web", index=0, spec_version=3, image=TEST_IMAGE, command=("sleep", "300"))
+    return TaskSpec(**{**base, **kw})
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def test_start_applies_limits_env_and_labels(docker_client, machine_id):
+    rt = DockerRuntime(pull="never")
+    s = spec(cpus=0.25, memory_mb=48, pids=33, env=(("GREETING", "hi"),), network_mode="none")
+    info = run(rt.start(machine_id, s, generation=2))
+    assert info.status == "running"
+    c = docker_client.containers.get(info.id)
+    host = c.attrs["HostConfig"]
+    assert host["NanoCpus"] == 250_000_000
+    assert host["Memory"] == 48 * 1024 * 1024
+    assert host["PidsLimit"] == 33
+    assert host["NetworkMode"] == "none"
+    assert "GREETING=hi" in c.attrs["Config"]["Env"]
+    assert c.labels == {
+        "twine.machine": machine_id, "twine.job": "ent/web", "twine.task-index": "0",
+        "twine.spec-version": "3", "twine.spec-hash": s.spec_hash(), "twine.generation": "2",
+    }
+    # The limits hold inside the container: the kernel's own view of its cgroup.
+    mem = c.exec_run(["cat", "/sys/fs/cgroup/memory/memory.limit_in_bytes"]).output.decode().strip()
+    assert mem == str(48 * 1024 * 1024)
+    assert info.task.job == "ent/web" and info.generation == 2
+
+
+def test_list_sees_only_this_machines_containers(docker_client, machine_id):
+    rt = DockerRuntime(pull="never")
+    mine = run(rt.start(machine_id, spec(), 1))
+    other = run(rt.start(machine_id + "x", spec(), 1))
+    try:
+        assert [c.id for c in run(rt.list(machine_id))] == [mine.id]
+    finally:
+        docker_client.containers.get(other.id).remove(force=True)
+
+
+def test_stop_sends_term_then_kills_after_the_grace_period(docker_client, machine_id):
+    rt = DockerRuntime(pull="never")
+    stubborn = run(rt.start(machine_id, spec(command=("sh", "-c", "trap '' TERM; while true; do sleep 1; done")), 1))
+    polite = run(rt.start(machine_id, spec(index=1, command=("sh", "-c", "trap 'exit 0' TERM; while true; do sleep 1; done")), 1))
+    t0 = time.monotonic()
+    run(rt.stop(stubborn.id, grace=1))
+    took = time.monotonic() - t0
+    assert run(rt.inspect(stubborn.id)).exit_code == 137  # SIGKILL after the grace period
+    assert took >= 1.0
+    run(rt.stop(polite.id, grace=10))
+    assert run(rt.inspect(polite.id)).exit_code == 0
+
+
+def test_exit_code_and_last_log_lines(docker_client, machine_id):
+    rt = DockerRuntime(pull="never")
+    info = run(rt.start(machine_id, spec(command=("sh", "-c", "for i in 1 2 3 4 5; do echo line$i; done; exit 7")), 1))
+    for _ in range(50):
+        info = run(rt.inspect(info.id))
+        if info.status == "exited":
+            break
+        time.sleep(0.1)
+    assert info.exit_code == 7
+    assert run(rt.logs(info.id, tail=2)) == ["line4", "line5"]
+    run(rt.remove(info.id))
+    assert run(rt.inspect(info.id)) is None
+
+
+def test_missing_image_is_a_clear_error_and_creates_nothing(docker_client, machine_id):
+    rt = DockerRuntime(pull="never")
+    with pytest.raises(ImageNotFound, match="twine/no-such-image:1"):
+        run(rt.start(machine_id, spec(image="twine/no-such-image:1"), 1))
+    assert run(rt.list(machine_id)) == []
+
+
+def test_unreachable_docker_is_reported_not_raised_as_a_crash():
+    rt = DockerRuntime(base_url="unix:///nonexistent/docker.sock")
+    assert run(rt.ping()) is False

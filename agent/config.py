@@ -46,6 +46,7 @@ class AgentConfig:
     reconcile_interval: float = 2.0
     stop_grace: float = 10.0
     health_interval: float = 5.0
+    image_pull: str = "if-not-present"  # or "never": use only images already on the host
 
     def host_context(self):
         from agent.profiles.appliers.base import HostContext
@@ -96,6 +97,10 @@ def _typed(path: str, data: dict) -> dict:
             if not isinstance(value, (int, float)) or value <= 0:
                 raise InputError(path, key, value, "must be a positive number of seconds")
             out[key] = float(value)
+        elif key == "image_pull":
+            if value not in ("if-not-present", "never"):
+                raise InputError(path, key, value, "must be if-not-present or never")
+            out[key] = value
         elif key == "owns_kernel":
             if not isinstance(value, bool):
                 raise InputError(path, key, value, "must be true or false")
@@ -114,6 +119,7 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     for label in ("region", "dc", "msb", "rack", "machine-type"):
         p.add_argument(f"--{label}", help=f"machine label {label}")
     p.add_argument("--reconcile-interval", type=float, help="seconds between level-triggered passes")
+    p.add_argument("--image-pull", choices=("if-not-present", "never"), help="when to pull a missing image")
     p.add_argument("--no-kernel", action="store_true", help="another agent on this kernel owns kernel-wide settings")
 
 
@@ -136,6 +142,8 @@ def load_config(args: argparse.Namespace) -> AgentConfig:
         flags["machine_id"] = args.machine_id
     if getattr(args, "reconcile_interval", None):
         flags["reconcile_interval"] = args.reconcile_interval
+    if getattr(args, "image_pull", None):
+        flags["image_pull"] = args.image_pull
     if getattr(args, "no_kernel", False):
         flags["owns_kernel"] = False
     label_flags = {

@@ -202,6 +202,7 @@ class Engine:
                 self.state_dir / APPLIED,
                 {
                     "profile": profile.name,
+                    "ref": name_or_file,  # as asked for: a name or a file path
                     "files": list(profile.files),
                     "applied_at": time.time(),
                     "switch_seconds": seconds,

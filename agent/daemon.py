@@ -1,0 +1,250 @@
+"""`twine-agent run`: the node agent daemon.
+
+start (recover a half-done profile switch, adopt containers, serve HTTP) -> run (watch the
+desired state, reconcile, probe health) -> stop (on SIGTERM/SIGINT: stop our loops, leave every
+task running). Tasks never depend on the agent being alive.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import time
+from dataclasses import replace
+
+from agent import desired as desired_mod
+from agent.config import AgentConfig
+from agent.errors import DesiredStateError, InputError
+from agent.health import HealthReport, probe
+from agent.http import serve
+from agent.models import DesiredState
+from agent.profiles.engine import Engine
+from agent.profiles.model import Report
+from agent.reconcile import Plan, plan
+from agent.runtime.base import ContainerInfo, ContainerRuntime, ImageNotFound, RuntimeUnavailable
+from agent.runtime.docker_runtime import DockerRuntime
+
+log = logging.getLogger("twine.agent")
+PROFILE_RETRY = 60.0  # a failed profile is retried after this long, or at once when desired changes
+SHUTDOWN_BOUND = 10.0
+
+
+class Agent:
+    def __init__(self, config: AgentConfig, runtime: ContainerRuntime, source: desired_mod.DesiredSource | None):
+        self.config = config
+        self.runtime = runtime
+        self.source = source
+        self.engine = Engine(config.host_context(), config.state_dir, config.profile_search())
+        self.desired: DesiredState = DesiredState()
+        self.source_error = ""
+        self.profile_report: Report | None = None
+        self._profile_failed_at: tuple[str | None, str, float] | None = None
+        self.containers: list[ContainerInfo] = []
+        self.last_plan = Plan()
+        self.task_errors: dict[str, str] = {}
+        self.last_exit: dict[str, dict] = {}
+        self.adopted: list[str] = []
+        self.health: HealthReport | None = None
+        self.counters = {"reconcile_passes": 0, "reconcile_errors": 0, "tasks_started": 0, "tasks_stopped": 0}
+        self.started_at = time.time()
+        self._wake = asyncio.Event()
+        self._stop = asyncio.Event()
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    async def start(self, initial: DesiredState | None) -> None:
+        recovered = await asyncio.to_thread(self.engine.recover)
+        if recovered is not None:
+            log.warning("rolled back an unfinished profile switch to %s: ok=%s", recovered.profile, recovered.ok)
+            self.profile_report = recovered
+        cached = desired_mod.load_cache(self.config.state_dir)
+        self.desired = initial or cached or DesiredState()
+        if initial is not None:
+            desired_mod.save_cache(self.config.state_dir, initial)
+        try:
+            self.containers = await self.runtime.list(self.config.machine_id)
+            self.adopted = [c.id for c in self.containers if c.running]
+            log.info("adopted %d running container(s) of machine %s", len(self.adopted), self.config.machine_id)
+        except RuntimeUnavailable as e:
+            log.error("%s; will keep trying", e)
+
+    async def run(self) -> None:
+        runner = await serve(self)
+        try:
+            async with asyncio.TaskGroup() as tg:
+                loops = [tg.create_task(self._reconcile_loop()), tg.create_task(self._health_loop())]
+                if self.source is not None:
+                    loops.append(tg.create_task(self.source.watch(self._on_desired, self._on_source_error)))
+                await self._stop.wait()
+                for t in loops:
+                    t.cancel()
+        finally:
+            await runner.cleanup()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    # -- desired state -----------------------------------------------------------------------
+
+    async def _on_desired(self, desired: DesiredState) -> None:
+        try:
+            await self.validate(desired)
+        except InputError as e:
+            self._on_source_error(str(e))
+            return
+        self.source_error = ""
+        self.desired = desired
+        self._profile_failed_at = None
+        await asyncio.to_thread(desired_mod.save_cache, self.config.state_dir, desired)
+        log.info("new desired state %s: profile %s, %d task(s)", desired.version, desired.profile, len(desired.tasks))
+        self._wake.set()
+
+    def _on_source_error(self, message: str) -> None:
+        self.source_error = message
+
+    async def validate(self, desired: DesiredState) -> None:
+        """Everything that can be checked before touching the host: the profile and the images."""
+        if desired.profile:
+            await asyncio.to_thread(self.engine.load, desired.profile)
+        for i, t in enumerate(desired.tasks):
+            try:
+                await self.runtime.ensure_image(t.image)
+            except ImageNotFound as e:
+                raise DesiredStateError(desired.source, f"tasks[{i}].image", t.image, str(e)) from None
+            except RuntimeUnavailable:
+                return  # cannot check now; a task that cannot start is reported per task later
+
+    # -- reconcile ---------------------------------------------------------------------------
+
+    async def _reconcile_loop(self) -> None:
+        while True:
+            try:
+                await self.reconcile_once()
+            except Exception:  # one bad pass must not stop the agent: the next pass repairs
+                self.counters["reconcile_errors"] += 1
+                log.exception("reconcile pass failed")
+            self._wake.clear()
+            try:
+                await asyncio.wait_for(self._wake.wait(), self.config.reconcile_interval)
+            except TimeoutError:
+                pass
+
+    def profile_ready(self) -> bool:
+        record = self.engine.current()
+        want = self.desired.profile
+        if want is None:
+            return record is None
+        return record is not None and want in (record.get("ref"), record["profile"])
+
+    async def _converge_profile(self) -> None:
+        if self.profile_ready():
+            return
+        want = self.desired.profile
+        failed = self._profile_failed_at
+        if failed and failed[:2] == (want, self.desired.version) and time.time() - failed[2] < PROFILE_RETRY:
+            return
+        if want is None:
+            report = await asyncio.to_thread(self.engine.rollback)
+        else:
+            try:
+                report = await asyncio.to_thread(self.engine.apply, want)
+            except InputError as e:
+                report = Report("apply", want, False, error=str(e))
+        self.profile_report = report
+        if report.ok:
+            log.info("profile %s %s in %.1f ms", want, report.action, report.seconds * 1000)
+            self._profile_failed_at = None
+        else:
+            log.error("profile %s failed: %s", want, report.error)
+            self._profile_failed_at = (want, self.desired.version, time.time())
+
+    async def reconcile_once(self) -> Plan:
+        self.counters["reconcile_passes"] += 1
+        await self._converge_profile()
+        self.containers = await self.runtime.list(self.config.machine_id)
+        p = plan(self.desired.tasks, self.containers, self.profile_ready(), time.time())
+        self.last_plan = p
+        grace = self.config.stop_grace
+        await asyncio.gather(*(self._stop_container(c, grace) for c in p.stop))
+        for old, spec, gen in (*p.update, *p.restart):
+            await self._stop_container(old, grace)
+            await self._start(spec, gen)
+        for spec, gen in p.place:
+            await self._start(spec, gen)
+        if not p.empty():
+            self.containers = await self.runtime.list(self.config.machine_id)
+        return p
+
+    async def _stop_container(self, c: ContainerInfo, grace: float) -> None:
+        if c.running:
+            await self.runtime.stop(c.id, grace)
+            self.counters["tasks_stopped"] += 1
+        else:
+            self._remember_exit(c, await self.runtime.logs(c.id, tail=20))
+        await self.runtime.remove(c.id)
+
+    def _remember_exit(self, c: ContainerInfo, logs: list[str]) -> None:
+        self.last_exit[str(c.task)] = {
+            "exit_code": c.exit_code, "finished_at": c.finished_at, "generation": c.generation,
+            "oom_killed": c.oom_killed, "logs": logs,
+        }
+
+    async def _start(self, spec, generation: int) -> None:
+        key = str(spec.key)
+        try:
+            await self.runtime.start(self.config.machine_id, spec, generation)
+            self.task_errors.pop(key, None)
+            self.counters["tasks_started"] += 1
+        except (ImageNotFound, RuntimeUnavailable) as e:
+            self.task_errors[key] = str(e)
+        except Exception as e:  # docker refused (bad command...): a task failure, not an agent crash
+            self.task_errors[key] = f"start failed: {e}"
+            log.error("task %s: start failed: %s", key, e)
+
+    # -- health ------------------------------------------------------------------------------
+
+    async def _health_loop(self) -> None:
+        while True:
+            docker_up = await self.runtime.ping()
+            drift: tuple[str, ...] = ()
+            if self.engine.current() is not None:
+                report = await asyncio.to_thread(self.engine.verify)
+                drift = tuple(f"{r.setting_id}: {r.reason}" for r in report.failed())
+            self.health = await asyncio.to_thread(probe, self.config.state_dir, docker_up, drift)
+            await asyncio.sleep(self.config.health_interval)
+
+
+def _runtime(config: AgentConfig) -> DockerRuntime:
+    parent = config.task_cgroup if config.task_cgroup.endswith(".slice") else "/" + config.task_cgroup.strip("/")
+    return DockerRuntime(pull=config.image_pull, cgroup_parent=parent)
+
+
+async def _main(config: AgentConfig) -> int:
+    runtime = _runtime(config)
+    source = desired_mod.FileSource(config.desired) if config.desired else None
+    initial = source.read() if source else None  # DesiredStateError: exit 2, nothing touched
+    agent = Agent(config, runtime, source)
+    if initial is not None:
+        await agent.validate(initial)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, agent.stop)
+    await agent.start(initial)
+    log.info("agent %s up; listening on %s", config.machine_id, config.listen)
+    task = asyncio.create_task(agent.run())
+    await agent._stop.wait()
+    log.info("stopping: tasks keep running")
+    try:
+        await asyncio.wait_for(task, SHUTDOWN_BOUND)
+    except TimeoutError:
+        task.cancel()
+    return 0
+
+
+def run_daemon(config: AgentConfig) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if not config.machine_id:
+        raise InputError("/etc/machine-id", "machine_id", "", "no machine id: set machine_id in the config or --machine-id")
+    config.state_dir.mkdir(parents=True, exist_ok=True)
+    return asyncio.run(_main(replace(config)))

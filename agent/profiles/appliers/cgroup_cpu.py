@@ -1,0 +1,124 @@
+"""The cgroup v2 cpu controller for the agent's task containers.
+
+    [cgroup_cpu]
+    enabled = true    # tasks get cpu.weight / cpu.max; false trades that for less scheduler overhead
+
+"Enabled" means `cpu` is in cgroup.subtree_control of the task group (HostContext.task_cgroup),
+so every task container below it has the cpu controller. On cgroup v1 the cpu controller is a
+hierarchy of its own that every group is always in: not applicable there.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Mapping
+
+from agent.errors import ProfileError
+from agent.profiles.appliers.base import Applier, ApplierError, HostContext
+from agent.profiles.model import NotApplicable, Setting
+
+
+class CgroupCpu(Applier):
+    name = "cgroup_cpu"
+    order = 30
+    controller = "cpu"  # the mechanism is the same for every controller; tests use another one
+
+    def __init__(self, ctx: HostContext, controller: str | None = None):
+        super().__init__(ctx)
+        self.controller = controller or self.controller
+
+    def _chain(self) -> list[Path]:
+        """The root, each ancestor of the task group, then the task group itself."""
+        chain = [self.ctx.cgroup_root]
+        for part in Path(self.ctx.task_cgroup).parts:
+            chain.append(chain[-1] / part)
+        return chain
+
+    def _v2(self) -> bool:
+        return (self.ctx.cgroup_root / "cgroup.controllers").is_file()
+
+    def parse(self, section: Mapping[str, Any], origin: str) -> list[Setting]:
+        settings = []
+        for key, value in section.items():
+            if key != "enabled":
+                raise ProfileError(origin, f"[{self.name}] {key}", value, "unknown key; the only key is `enabled`")
+            if not isinstance(value, bool):
+                raise ProfileError(origin, f"[{self.name}] {key}", value, "must be true or false")
+            settings.append(Setting(self.name, key, value, origin))
+        return settings
+
+    def applicable(self, key: str) -> NotApplicable | None:
+        if not self._v2():
+            return NotApplicable(self._v1_reason())
+        available = (self.ctx.cgroup_root / "cgroup.controllers").read_text().split()
+        if self.controller not in available:
+            return NotApplicable(
+                f"cgroup v2 host without the {self.controller} controller: "
+                f"{self.ctx.cgroup_root}/cgroup.controllers lists {' '.join(available) or 'nothing'}"
+            )
+        return None
+
+    def _v1_hierarchy(self) -> Path | None:
+        path = self.ctx.cgroup_root / self.controller
+        return path if (path / "cgroup.procs").is_file() else None
+
+    def _v1_reason(self) -> str:
+        path = self._v1_hierarchy()
+        if path is None:
+            return f"cgroup v1 host without a {self.controller} hierarchy at {self.ctx.cgroup_root / self.controller}"
+        from cgroupspy import trees  # v1 hosts only: keeps the import off the common path
+
+        tree = trees.Tree(root_path=str(self.ctx.cgroup_root), groups=[self.controller])
+        node = tree.get_node_by_path(f"/{self.controller}/{self.ctx.task_cgroup}")
+        group = f"; task group {self.ctx.task_cgroup} does not exist there yet"
+        if node is not None and self.controller == "cpu":
+            c = node.controller
+            quota = "unlimited" if c.cfs_quota_us is None else c.cfs_quota_us  # cgroupspy reads -1 as None
+            group = f"; task group {self.ctx.task_cgroup} has cpu.shares={c.shares} cpu.cfs_quota_us={quota}"
+        elif node is not None:
+            group = f"; task group {self.ctx.task_cgroup} is at {path / self.ctx.task_cgroup}"
+        return (
+            f"cgroup v1 host: the {self.controller} controller is its own hierarchy at {path} and is always "
+            f"on for every group; it cannot be switched per subtree{group}"
+        )
+
+    def _enabled(self, group: Path) -> bool:
+        try:
+            return self.controller in (group / "cgroup.subtree_control").read_text().split()
+        except FileNotFoundError:
+            return False
+
+    def read(self, key: str) -> bool:
+        if not self._v2():
+            return self._v1_hierarchy() is not None  # v1: always on wherever the hierarchy is mounted
+        return self._enabled(self._chain()[-1])
+
+    def write(self, key: str, value: bool) -> None:
+        if not self._v2():
+            raise ApplierError(self._v1_reason())
+        chain = self._chain()
+        if value:
+            # A controller can be enabled in a group only once its parent has it: top-down.
+            for group in chain:
+                group.mkdir(exist_ok=True)
+                if not self._enabled(group):
+                    self._control(group, "+")
+        else:
+            # Children first, or the parent refuses. The root stays as it is: other services'
+            # groups below it use the controller too; only the agent's own groups are switched.
+            for group in reversed(chain[1:]):
+                if self._enabled(group):
+                    self._control(group, "-")
+
+    def _control(self, group: Path, sign: str) -> None:
+        path = group / "cgroup.subtree_control"
+        try:
+            path.write_text(f"{sign}{self.controller}")
+        except OSError as e:
+            hint = ""
+            if e.errno == 16:  # EBUSY
+                hint = " (a group with processes of its own cannot pass controllers to children: cgroup v2's no-internal-process rule)"
+            raise ApplierError(f"writing '{sign}{self.controller}' to {path}: {e.strerror}{hint}") from e
+
+
+APPLIER = CgroupCpu

@@ -87,8 +87,9 @@ class HugePages(Applier):
         spare_kb = meminfo["MemAvailable"] - int(meminfo["MemTotal"] * _KEEP_FREE)
         if need_kb > spare_kb:
             growing = [s for s in settings if s.value > self.read(s.key)]
+            value = growing[0].value if len(growing) == 1 else {s.key: s.value for s in growing}
             raise ProfileError(
-                growing[0].origin, "[hugepages] " + ", ".join(s.key for s in growing), {s.key: s.value for s in growing},
+                growing[0].origin, "[hugepages] " + ", ".join(s.key for s in growing), value,
                 f"needs {need_kb // 1024} MiB, host has {max(0, spare_kb) // 1024} MiB available "
                 f"(MemAvailable {meminfo['MemAvailable'] // 1024} MiB less {_KEEP_FREE:.0%} of MemTotal kept free)",
             )

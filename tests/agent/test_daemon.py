@@ -1,0 +1,165 @@
+"""`twine-agent run` as a real process, with real Docker and the real kernel."""
+
+from __future__ import annotations
+
+import signal
+import textwrap
+
+import pytest
+
+from agent.profiles.appliers.base import HostContext
+from agent.profiles.engine import Engine
+from tests.agent.agentproc import AgentProc
+from tests.conftest import TEST_IMAGE, sysctl_path
+
+pytestmark = pytest.mark.docker
+
+TASK = """
+[[tasks]]
+job = "demo/web"
+index = {index}
+spec_version = {version}
+image = "{image}"
+command = {command!r}
+cpus = 0.25
+memory_mb = 40
+"""
+LOOP = "trap 'exit 0' TERM; while true; do echo tick; sleep 1; done"
+
+
+def desired(tmp_path, *tasks: dict, profile: str | None = None):
+    path = tmp_path / "desired.toml"
+    text = f'profile = "{profile}"\n' if profile else ""
+    for t in tasks:
+        text += TASK.format(**{"index": 0, "version": 1, "image": TEST_IMAGE, "command": LOOP, **t})
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)  # atomically, as a config-management tool would
+    return path
+
+
+def running(s: dict) -> list[dict]:
+    return [t for t in s["tasks"] if t["state"] == "running"]
+
+
+@pytest.fixture
+def agent(tmp_path, machine_id, host_files):
+    host_files.save(sysctl_path("vm.swappiness"), sysctl_path("net.core.somaxconn"))
+    procs: list[AgentProc] = []
+
+    def make(path, *extra) -> AgentProc:
+        p = AgentProc(tmp_path, machine_id, path, extra)
+        procs.append(p)
+        return p
+
+    yield make
+    for p in procs:
+        p.close()
+    Engine(HostContext(), tmp_path / "state").rollback()
+
+
+def test_profile_is_applied_before_any_task_starts_with_its_limits_and_labels(tmp_path, agent, docker_client, machine_id):
+    (tmp_path / "p.toml").write_text('[sysctl]\n"vm.swappiness" = 31\n')
+    path = desired(tmp_path, {"index": 0}, {"index": 1}, profile=str(tmp_path / "p.toml"))
+    a = agent(path).start()
+    s = a.wait_for(lambda s: len(running(s)) == 2, what="two running tasks")
+    assert s["profile"]["applied"] == "p" and sysctl_path("vm.swappiness").read_text().strip() == "31"
+    applied_at = Engine(HostContext(), a.state).current()["applied_at"]
+    for t in s["tasks"]:
+        c = docker_client.containers.get(t["container"]["id"])
+        assert c.labels["twine.machine"] == machine_id and c.labels["twine.job"] == "demo/web"
+        assert c.attrs["HostConfig"]["NanoCpus"] == 250_000_000 and c.attrs["HostConfig"]["Memory"] == 40 << 20
+        from agent.reconcile import parse_time
+
+        assert parse_time(c.attrs["Created"]) >= applied_at  # the profile came first
+
+
+def test_sigkill_and_restart_adopts_every_container_without_restarting_it(tmp_path, agent, docker_client):
+    path = desired(tmp_path, {"index": 0}, {"index": 1})
+    a = agent(path).start()
+    s = a.wait_for(lambda s: len(running(s)) == 2)
+    before = {t["container"]["id"]: docker_client.containers.get(t["container"]["id"]).attrs["State"]["StartedAt"] for t in s["tasks"]}
+
+    assert a.kill(signal.SIGKILL) == -signal.SIGKILL
+    for cid in before:  # the tasks did not notice
+        assert docker_client.containers.get(cid).status == "running"
+
+    b = agent(path).start()
+    s = b.wait_for(lambda s: len(running(s)) == 2 and s["counters"]["reconcile_passes"] >= 2)
+    assert sorted(s["adopted"]) == sorted(before)
+    after = {t["container"]["id"]: docker_client.containers.get(t["container"]["id"]).attrs["State"]["StartedAt"] for t in s["tasks"]}
+    assert after == before  # same containers, same start times
+    assert s["counters"]["tasks_started"] == 0 and all(t["restarts"] == 0 for t in s["tasks"])
+
+
+def test_sigterm_stops_the_agent_and_leaves_tasks_running(tmp_path, agent, docker_client):
+    a = agent(desired(tmp_path, {"index": 0})).start()
+    s = a.wait_for(lambda s: len(running(s)) == 1)
+    assert a.kill(signal.SIGTERM) == 0
+    assert docker_client.containers.get(s["tasks"][0]["container"]["id"]).status == "running"
+
+
+def test_desired_state_changes_update_and_remove_tasks(tmp_path, agent, docker_client, machine_id):
+    path = desired(tmp_path, {"index": 0}, {"index": 1})
+    a = agent(path).start()
+    s = a.wait_for(lambda s: len(running(s)) == 2)
+    old = {t["index"]: t["container"]["id"] for t in s["tasks"]}
+
+    desired(tmp_path, {"index": 0, "version": 2, "command": LOOP + " # v2"})
+    s = a.wait_for(lambda s: len(s["tasks"]) == 1 and running(s) and running(s)[0]["spec_version"] == 2)
+    assert s["tasks"][0]["container"]["id"] != old[0]
+    ids = [c.id for c in docker_client.containers.list(all=True, filters={"label": f"twine.machine={machine_id}"})]
+    assert ids == [s["tasks"][0]["container"]["id"]]  # old and removed containers are gone
+
+
+def test_exited_task_is_restarted_with_exit_code_and_logs_reported(tmp_path, agent):
+    path = desired(tmp_path, {"index": 0, "command": "echo starting; echo about to fail; exit 3"})
+    a = agent(path).start()
+    s = a.wait_for(lambda s: s["tasks"][0]["restarts"] >= 1 and s["tasks"][0]["last_exit"], timeout=40)
+    t = s["tasks"][0]
+    assert t["last_exit"]["exit_code"] == 3
+    assert t["last_exit"]["logs"][-2:] == ["starting", "about to fail"]
+
+
+def test_bad_desired_state_file_exits_2_naming_the_field_and_changes_nothing(tmp_path, agent, docker_client, machine_id):
+    (tmp_path / "p.toml").write_text('[sysctl]\n"vm.swappiness" = 31\n')
+    before = sysctl_path("vm.swappiness").read_text()
+    path = tmp_path / "bad.toml"
+    path.write_text(f'profile = "{tmp_path}/p.toml"\n' + textwrap.dedent(f"""
+        [[tasks]]
+        job = "demo/web"
+        index = 0
+        image = "{TEST_IMAGE}"
+        memory_mb = "lots"
+    """))
+    r = agent(path).run_to_exit()
+    assert r.returncode == 2
+    assert str(path) in r.stderr and "tasks[0].memory_mb" in r.stderr and "'lots'" in r.stderr
+    assert sysctl_path("vm.swappiness").read_text() == before
+    assert docker_client.containers.list(all=True, filters={"label": f"twine.machine={machine_id}"}) == []
+
+
+def test_missing_image_exits_2_naming_the_image(tmp_path, agent, docker_client, machine_id):
+    path = desired(tmp_path, {"index": 0, "image": "twine/no-such-image:9"})
+    r = agent(path).run_to_exit()
+    assert r.returncode == 2 and "tasks[0].image" in r.stderr and "twine/no-such-image:9" in r.stderr
+    assert docker_client.containers.list(all=True, filters={"label": f"twine.machine={machine_id}"}) == []
+
+
+def test_bad_file_while_running_is_rejected_and_the_last_good_state_kept(tmp_path, agent):
+    path = desired(tmp_path, {"index": 0})
+    a = agent(path).start()
+    a.wait_for(lambda s: len(running(s)) == 1)
+    path.write_text("tasks = 5\n")
+    s = a.wait_for(lambda s: s["desired"]["error"])
+    assert "tasks" in s["desired"]["error"] and len(running(s)) == 1
+
+
+def test_health_and_metrics_endpoints(tmp_path, agent):
+    a = agent(desired(tmp_path, {"index": 0})).start()
+    a.wait_for(lambda s: len(running(s)) == 1 and s["health"])
+    code, body = a.get("/healthz")
+    assert code == 200 and body == "ok\n"
+    code, body = a.get("/metrics")
+    assert code == 200
+    assert 'twine_agent_tasks{state="running"} 1' in body and "twine_agent_docker_up 1" in body

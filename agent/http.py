@@ -56,6 +56,8 @@ def status(agent: "Agent") -> dict:
             "last_report": agent.profile_report.to_json() if agent.profile_report else None,
         },
         "tasks": tasks,
+        # Containers of this machine that no desired task wants: being stopped and removed.
+        "stopping": [c.id for c in agent.containers if str(c.task) not in {str(t.key) for t in agent.desired.tasks}],
         "adopted": agent.adopted,
         "health": agent.health.to_json() if agent.health else None,
         "counters": agent.counters,

@@ -20,7 +20,7 @@ from typing import Iterator
 
 from agent import atomic
 from agent.profiles import appliers, loader
-from agent.profiles.appliers.base import KERNEL, Applier, HostContext
+from agent.profiles.appliers.base import KERNEL, Applier, ApplierError, HostContext
 from agent.profiles.model import (
     Differs,
     Holds,
@@ -220,7 +220,7 @@ class Engine:
         try:
             a.write(s.key, s.value)
             verdict: Verdict = a.verify(s.key, s.value)
-        except Exception as e:  # the kernel said no: a value, not a crash
+        except (OSError, ApplierError) as e:  # the kernel said no: a value, not a crash
             verdict = Differs(None, str(e))
         took = time.perf_counter() - st
         if isinstance(verdict, Holds):
@@ -234,7 +234,7 @@ class Engine:
         for u in reversed(done):
             try:
                 self.applier(u.applier).write(u.key, u.value)
-            except Exception as e:
+            except (OSError, ApplierError) as e:
                 errors.append(f"{u.applier}:{u.key}: {e}")
         return errors
 

@@ -10,6 +10,7 @@ hierarchy of its own that every group is always in: not applicable there.
 
 from __future__ import annotations
 
+import errno
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -104,8 +105,9 @@ class CgroupCpu(Applier):
                 if not self._enabled(group):
                     self._control(group, "+")
         else:
-            # Children first, or the parent refuses. The root stays as it is: other services'
-            # groups below it use the controller too; only the agent's own groups are switched.
+            # Children first, or the parent refuses. Only the groups named by task_cgroup (which
+            # the agent creates and owns) are switched; the root stays as it is, because other
+            # services' groups below it use the controller too.
             for group in reversed(chain[1:]):
                 if self._enabled(group):
                     self._control(group, "-")
@@ -116,8 +118,8 @@ class CgroupCpu(Applier):
             path.write_text(f"{sign}{self.controller}")
         except OSError as e:
             hint = ""
-            if e.errno == 16:  # EBUSY
-                hint = " (a group with processes of its own cannot pass controllers to children: cgroup v2's no-internal-process rule)"
+            if e.errno == errno.EBUSY:
+                hint = " (cgroup v2's no-internal-process rule: a group with processes of its own cannot pass it on)"
             raise ApplierError(f"writing '{sign}{self.controller}' to {path}: {e.strerror}{hint}") from e
 
 

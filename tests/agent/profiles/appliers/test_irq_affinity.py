@@ -1,0 +1,162 @@
+"""IRQ affinity on the real kernel: an IRQ is really pinned and every original is restored."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from agent.errors import ProfileError
+from agent.profiles.appliers.base import ApplierError, HostContext
+from agent.profiles.appliers.irq_affinity import IrqAffinity, format_cpus, parse_cpus
+from agent.profiles.model import Differs, Holds
+
+QUEUE = re.compile(r"virtio\d+-(rx|tx|input|output)|(eth|ens|enp)\w*-(rx|tx|TxRx)")
+MANAGED = re.compile(r"virtio\d+-req\.\d+|nvme\d+q\d+")
+
+
+def irq_file(n: int, name: str = "smp_affinity_list") -> Path:
+    return Path("/proc/irq") / str(n) / name
+
+
+def cpus_of(n: int, name: str = "smp_affinity_list") -> set[int]:
+    return parse_cpus(irq_file(n, name).read_text())
+
+
+@pytest.fixture
+def applier() -> IrqAffinity:
+    return IrqAffinity(HostContext())
+
+
+def candidates(applier: IrqAffinity, pattern: re.Pattern) -> list[tuple[int, str]]:
+    return [(n, names) for n, (_, names, _) in applier._interrupts().items() if pattern.search(names)]
+
+
+def test_rule_pins_a_queue_irq_and_the_read_value_restores_it(applier, host_files):
+    # A queue IRQ spread over several CPUs, pinned to the one it is delivered to now: the kernel
+    # then needs no deferred move, so effective_affinity_list follows at once.
+    picks = [(n, names) for n, names in candidates(applier, QUEUE) if len(cpus_of(n)) > 1]
+    if not picks:
+        pytest.skip("no network or virtio queue IRQ spread over several CPUs on this host")
+    host_files.save(*(irq_file(n) for n, _ in picks))
+    for n, names in picks:
+        target = min(cpus_of(n, "effective_affinity_list"))
+        [s] = applier.parse({"queue": {"match": f"^{re.escape(names)}$", "cpus": [target]}}, "test.toml")
+        assert applier.applicable(s.key) is None
+        saved = applier.read(s.key)
+        before = {int(i): parse_cpus(c) for i, c in saved["irqs"].items()}
+        try:
+            applier.write(s.key, s.value)
+        except ApplierError as e:
+            assert "refuses" in str(e) and str(n) in str(e)
+            continue  # a managed interrupt on this host: try the next queue
+        break
+    else:
+        pytest.skip("the kernel refuses to move every queue IRQ on this host")
+
+    for i in before:
+        assert cpus_of(i) == {target} != before[i]
+        effective = irq_file(i, "effective_affinity_list")
+        assert not effective.exists() or parse_cpus(effective.read_text()) <= {target}
+    assert applier.verify(s.key, s.value) == Holds()
+
+    applier.write(s.key, saved)  # what a rollback does
+    assert {i: cpus_of(i) for i in before} == before
+    assert applier.verify(s.key, saved) == Holds()
+
+
+def test_match_sees_the_names_and_the_whole_line(applier):
+    picks = candidates(applier, QUEUE) or candidates(applier, re.compile("."))
+    n, names = picks[0]
+    whole = applier._interrupts()[n][0]
+    for match in (names, f"^{re.escape(names)}$", re.escape(whole)):
+        assert n in applier._matching(match), match
+
+
+def test_verify_names_the_irq_and_what_it_has(applier):
+    n, names = (candidates(applier, QUEUE) or candidates(applier, re.compile(".")))[0]
+    have = cpus_of(n)
+    online = parse_cpus(Path("/sys/devices/system/cpu/online").read_text())
+    other = next(c for c in sorted(online) if {c} != have)  # nothing is written: verify only reads
+    want = {"match": f"^{re.escape(names)}$", "cpus": str(other)}
+    verdict = applier.verify(f"r={want['match']}", want)
+    assert isinstance(verdict, Differs)
+    assert f"IRQ {n} ({names}) has smp_affinity_list {format_cpus(have)}, wanted {other}" in verdict.why
+
+
+def test_managed_interrupt_refusal_names_the_irq(applier, host_files):
+    picks = candidates(applier, MANAGED)
+    if not picks:
+        pytest.skip("no block-queue IRQ here to try")
+    n, names = picks[0]
+    host_files.save(irq_file(n))
+    have = cpus_of(n)
+    online = parse_cpus(Path("/sys/devices/system/cpu/online").read_text())
+    target = min(online - have) if online - have else min(have)
+    if have == {target}:
+        pytest.skip(f"IRQ {n} is pinned to the only candidate CPU")
+    key, value = f"blk=^{re.escape(names)}$", {"match": f"^{re.escape(names)}$", "cpus": str(target)}
+    try:
+        applier.write(key, value)
+    except ApplierError as e:
+        assert f"IRQ {n} ({names}): the kernel refuses to move it" in str(e)
+        verdict = applier.verify(key, value)
+        assert isinstance(verdict, Differs) and f"IRQ {n}" in verdict.why and "refuses" in verdict.why
+        assert cpus_of(n) == have
+    else:
+        pytest.skip(f"IRQ {n} ({names}) is not a managed interrupt on this host")
+
+
+def test_rule_matching_no_irq_is_not_applicable(applier):
+    [s] = applier.parse({"none": {"match": "no-such-irq-name-[0-9]+", "cpus": "0"}}, "test.toml")
+    verdict = applier.applicable(s.key)
+    assert verdict is not None and "no interrupt matches 'no-such-irq-name-[0-9]+'" in verdict.why
+
+
+@pytest.mark.parametrize(
+    ("value", "why"),
+    [
+        ({"match": "virtio(", "cpus": "0"}, "not a regular expression"),
+        ({"match": "virtio", "cpus": "4095"}, "CPUs not online here: 4095"),
+        ({"match": "virtio", "cpus": [0, 4095]}, "CPUs not online here: 4095"),
+        ({"match": "virtio", "cpus": "0-x"}, "not a CPU list"),
+        ({"match": "virtio", "cpus": ""}, "not a CPU list"),
+        ({"match": "virtio"}, "must be a table"),
+        ({"match": "virtio", "cpus": "0", "extra": 1}, "must be a table"),
+    ],
+)
+def test_bad_rules_are_profile_errors_naming_the_rule(applier, value, why):
+    with pytest.raises(ProfileError) as e:
+        applier.parse({"nic-queues": value}, "test.toml")
+    assert e.value.field == "[irq_affinity] nic-queues" and why in e.value.why
+
+
+def test_cpu_lists_take_the_kernel_form():
+    assert parse_cpus("0-3,8") == parse_cpus([0, 1, 2, 3, 8]) == {0, 1, 2, 3, 8}
+    assert format_cpus({0, 1, 4, 6, 7, 8}) == "0-1,4,6-8"
+
+
+def test_a_deferred_move_holds_until_the_irq_fires_and_a_fresh_verify_says_so(applier, host_files):
+    # Without interrupt remapping the kernel moves an IRQ when it next fires. A virtio config IRQ
+    # almost never fires, so its move stays pending: the applier that moved it knows nothing was
+    # delivered elsewhere since; a fresh one only sees the effective CPU outside the list.
+    online = parse_cpus(Path("/sys/devices/system/cpu/online").read_text())
+    picks = [
+        (n, names) for n, names in candidates(applier, re.compile(r"-config$"))
+        if irq_file(n, "effective_affinity_list").exists() and online - cpus_of(n, "effective_affinity_list")
+    ]
+    if not picks:
+        pytest.skip("no quiet config IRQ with an effective affinity file here")
+    n, names = picks[0]
+    host_files.save(irq_file(n))
+    target = min(online - cpus_of(n, "effective_affinity_list"))
+    key, value = f"cfg=^{re.escape(names)}$", {"match": f"^{re.escape(names)}$", "cpus": str(target)}
+    applier.write(key, value)
+    assert cpus_of(n) == {target}
+    if cpus_of(n, "effective_affinity_list") <= {target}:
+        pytest.skip("this kernel moved the IRQ at once (interrupt remapping)")
+    assert applier.verify(key, value) == Holds()
+    verdict = IrqAffinity(HostContext()).verify(key, value)
+    assert isinstance(verdict, Differs) and f"IRQ {n} ({names}) is delivered to CPU" in verdict.why
+    assert "when it next fires" in verdict.why

@@ -119,6 +119,7 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     for label in ("region", "dc", "msb", "rack", "machine-type"):
         p.add_argument(f"--{label}", help=f"machine label {label}")
     p.add_argument("--reconcile-interval", type=float, help="seconds between level-triggered passes")
+    p.add_argument("--health-interval", type=float, help="seconds between health probes (default 5)")
     p.add_argument("--image-pull", choices=("if-not-present", "never"), help="when to pull a missing image")
     p.add_argument("--no-kernel", action="store_true", help="another agent on this kernel owns kernel-wide settings")
 
@@ -142,6 +143,8 @@ def load_config(args: argparse.Namespace) -> AgentConfig:
         flags["machine_id"] = args.machine_id
     if getattr(args, "reconcile_interval", None):
         flags["reconcile_interval"] = args.reconcile_interval
+    if getattr(args, "health_interval", None):
+        flags["health_interval"] = args.health_interval
     if getattr(args, "image_pull", None):
         flags["image_pull"] = args.image_pull
     if getattr(args, "no_kernel", False):

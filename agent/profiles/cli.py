@@ -29,7 +29,7 @@ def print_report(report: Report) -> None:
         rows = [("SETTING", "OUTCOME", "BEFORE", "AFTER", "TIME", "REASON")]
         for r in report.results:
             rows.append((
-                r.setting_id, r.outcome.value, _short(r.before), _short(r.after if r.outcome is not Outcome.NOT_APPLICABLE else None),
+                _short(r.setting_id, 48), r.outcome.value, _short(r.before), _short(r.after if r.outcome is not Outcome.NOT_APPLICABLE else None),
                 f"{r.seconds * 1000:.2f} ms", r.reason,
             ))
         print(_table(rows))
@@ -50,7 +50,7 @@ def profile_command(args, config: AgentConfig) -> int:
             return EXIT_OK
         print(f"profile {profile.name}: {profile.description}")
         print("files: " + " <- ".join(profile.files))
-        print(_table([("SETTING", "VALUE", "FROM")] + [(s.id, _short(s.value, 40), s.origin) for s in settings]))
+        print(_table([("SETTING", "VALUE", "FROM")] + [(_short(s.id, 48), _short(s.value, 40), s.origin) for s in settings]))
         return EXIT_OK
     if action == "diff":
         profile, plan = engine.plan(args.profile)
@@ -60,7 +60,7 @@ def profile_command(args, config: AgentConfig) -> int:
         changes = sum(p.action in ("change", "restore") for p in plan)
         print(f"diff {profile.name}: {changes} setting(s) would change")
         rows = [("SETTING", "ACTION", "CURRENT", "DESIRED", "REASON")]
-        rows += [(p.setting.id, p.action, _short(p.current), _short(p.setting.value), p.reason) for p in plan]
+        rows += [(_short(p.setting.id, 48), p.action, _short(p.current), _short(p.setting.value), p.reason) for p in plan]
         print(_table(rows))
         return EXIT_OK
     if action == "current":

@@ -163,3 +163,14 @@ def test_health_and_metrics_endpoints(tmp_path, agent):
     code, body = a.get("/metrics")
     assert code == 200
     assert 'twine_agent_tasks{state="running"} 1' in body and "twine_agent_docker_up 1" in body
+
+
+def test_profile_drift_is_reported_by_health(tmp_path, agent):
+    (tmp_path / "p.toml").write_text('[sysctl]\n"vm.swappiness" = 31\n')
+    a = agent(desired(tmp_path, {"index": 0}, profile=str(tmp_path / "p.toml")), "--health-interval", "0.2").start()
+    a.wait_for(lambda s: s["profile"]["ready"] and s["health"] and s["health"]["ok"])
+    sysctl_path("vm.swappiness").write_text("35")  # someone changed the host behind the agent's back
+    s = a.wait_for(lambda s: s["health"]["profile_drift"])
+    assert s["health"]["profile_drift"] == ["sysctl:vm.swappiness: is '35', wanted '31'"]
+    code, body = a.get("/healthz")
+    assert code == 503 and "drifted" in body

@@ -71,3 +71,17 @@ def machine_id(docker_client):
     yield mid
     for c in docker_client.containers.list(all=True, filters={"label": f"twine.machine={mid}"}):
         c.remove(force=True)
+
+
+@pytest.fixture(scope="session")
+def etcd_server():
+    """One real etcd for the session, on free loopback ports; stopped and its data removed after."""
+    import shutil
+
+    from tests.etcd_server import EtcdServer
+
+    if shutil.which("etcd") is None:
+        pytest.fail("etcd is not installed: run scripts/setup.sh (Debian's etcd-server)")
+    server = EtcdServer().start()
+    yield server
+    server.stop()

@@ -231,9 +231,15 @@ async def _main(config: AgentConfig) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, agent.stop)
     await agent.start(initial)
-    log.info("agent %s up; listening on %s", config.machine_id, config.listen)
     task = asyncio.create_task(agent.run())
-    await agent._stop.wait()
+    stopping = asyncio.create_task(agent._stop.wait())
+    log.info("agent %s up; listening on %s", config.machine_id, config.listen)
+    await asyncio.wait([task, stopping], return_when=asyncio.FIRST_COMPLETED)
+    if task.done():  # run() ended by itself: it failed (e.g. the listen address is taken)
+        stopping.cancel()
+        exc = task.exception()
+        log.error("agent stopped: %s", exc)
+        return 3 if isinstance(exc, OSError) else 1
     log.info("stopping: tasks keep running")
     try:
         await asyncio.wait_for(task, SHUTDOWN_BOUND)

@@ -174,3 +174,15 @@ def test_profile_drift_is_reported_by_health(tmp_path, agent):
     assert s["health"]["profile_drift"] == ["sysctl:vm.swappiness: is '35', wanted '31'"]
     code, body = a.get("/healthz")
     assert code == 503 and "drifted" in body
+
+
+def test_listen_address_in_use_exits_3_instead_of_hanging(tmp_path, agent):
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        a = agent(desired(tmp_path))
+        a.port = busy.getsockname()[1]
+        r = a.run_to_exit(timeout=30)
+    assert r.returncode == 3 and "address already in use" in r.stderr.lower()

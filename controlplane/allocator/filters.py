@@ -1,0 +1,127 @@
+"""Hard requirements, one tiny predicate each (Nova filters). A filter removes machines; the
+framework counts how many each filter left, which is what a "no placement" error reports.
+
+The indexed allocator gets type, owner and health from the index structure and checks resources
+while it scans a bin; these predicates are the definition it must agree with, used as such by the
+full-scan reference, by the error report, and by a check on every pick."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Protocol
+
+from .model import EPSILON, Machine
+from .view import View
+
+
+class Filter(Protocol):
+    field: str  # the request field this requirement comes from, for a 4xx
+    resource: bool  # checks free resources (a task already on the machine holds them)
+
+    @property
+    def name(self) -> str: ...
+
+    def passes(self, machine: Machine, view: View) -> bool: ...
+
+
+@dataclass(frozen=True, slots=True)
+class MachineTypeFilter:
+    machine_type: str
+    field: str = "machine_type"
+    resource: bool = False
+
+    @property
+    def name(self) -> str:
+        return f"type={self.machine_type}"
+
+    def passes(self, machine: Machine, view: View) -> bool:
+        return machine.machine_type == self.machine_type
+
+
+@dataclass(frozen=True, slots=True)
+class HealthyFilter:
+    field: str = "healthy"
+    resource: bool = False
+
+    @property
+    def name(self) -> str:
+        return "healthy"
+
+    def passes(self, machine: Machine, view: View) -> bool:
+        return machine.healthy
+
+
+@dataclass(frozen=True, slots=True)
+class DcFilter:
+    """The request's dc, or the entitlement's pinned dc (field says which)."""
+
+    dc: str
+    field: str = "dc"
+    resource: bool = False
+
+    @property
+    def name(self) -> str:
+        return f"dc={self.dc}"
+
+    def passes(self, machine: Machine, view: View) -> bool:
+        return machine.dc == self.dc
+
+
+@dataclass(frozen=True, slots=True)
+class EntitlementFilter:
+    """The entitlement's own machines, and the free pool while the quota allows taking more."""
+
+    entitlement: str
+    allow_free: bool
+    field: str = "entitlement"
+    resource: bool = False
+
+    @property
+    def name(self) -> str:
+        if self.allow_free:
+            return f"entitlement={self.entitlement} or free"
+        return f"entitlement={self.entitlement} (quota reached)"
+
+    def passes(self, machine: Machine, view: View) -> bool:
+        owner = view.owner(machine.id)
+        return owner == self.entitlement or (self.allow_free and owner is None)
+
+
+@dataclass(frozen=True, slots=True)
+class FreeCpuFilter:
+    cpus: float
+    field: str = "cpus"
+    resource: bool = True
+
+    @property
+    def name(self) -> str:
+        return f"cpu>={self.cpus:g}"
+
+    def passes(self, machine: Machine, view: View) -> bool:
+        return view.free(machine.id)[0] >= self.cpus - EPSILON
+
+
+@dataclass(frozen=True, slots=True)
+class FreeMemoryFilter:
+    memory_mb: int
+    field: str = "memory_mb"
+    resource: bool = True
+
+    @property
+    def name(self) -> str:
+        return f"memory>={self.memory_mb}MB"
+
+    def passes(self, machine: Machine, view: View) -> bool:
+        return view.free(machine.id)[1] >= self.memory_mb
+
+
+def count_survivors(filters: Iterable[Filter], machines: Iterable[Machine], view: View,
+                    total: int) -> tuple[tuple[str, int], ...]:
+    """("all", total) followed by (filter name, machines left after it), filters in order."""
+    survivors = list(machines)
+    counts = [("all", total)]
+    for f in filters:
+        survivors = [m for m in survivors if f.passes(m, view)]
+        counts.append((f.name, len(survivors)))
+    return tuple(counts)

@@ -1,0 +1,59 @@
+"""Soft preferences as weighers (Nova): each preference gives every candidate bin a raw number,
+the framework normalises it to [0, 1] over the candidates and adds it up by weight.
+
+A preference bins machines by a property (region, dc, msb, rack) and counts this job's tasks per
+bin: "spread" scores a bin higher the fewer tasks it has, "pack" the more. One spread preference
+thus acts as a score (Kubernetes' topology spread with ScheduleAnyway)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from .model import LEVELS, Machine, SoftPreference
+
+Path = tuple[str, ...]
+
+
+class BinCounts:
+    """This job's tasks per bin, for every level a preference uses."""
+
+    __slots__ = ("_counts",)
+
+    def __init__(self, preferences: Iterable[SoftPreference]) -> None:
+        self._counts: dict[str, dict[Path, int]] = {p.property: {} for p in preferences}
+
+    def add(self, machine: Machine) -> None:
+        for level, counts in self._counts.items():
+            path = machine.path(level)
+            counts[path] = counts.get(path, 0) + 1
+
+    def count(self, level: str, path: Path) -> int:
+        return self._counts[level].get(path, 0)
+
+    def at(self, level: str) -> dict[Path, int]:
+        """Tasks per bin of `level` (bins without tasks are absent)."""
+        return self._counts[level]
+
+
+def normalise(raw: list[float]) -> list[float]:
+    """Min-max to [0, 1], as Nova does; all equal scores become 0 (the weigher cannot tell)."""
+    lo, hi = min(raw), max(raw)
+    if hi == lo:
+        return [0.0] * len(raw)
+    return [(r - lo) / (hi - lo) for r in raw]
+
+
+def bin_scores(preferences: Iterable[SoftPreference], counts: BinCounts, paths: list[Path]) -> list[float]:
+    """The weighted, normalised score of each candidate bin in `paths` (finer than or as fine as
+    every preference's level); higher is better."""
+    total = [0.0] * len(paths)
+    for pref in preferences:
+        if pref.weight == 0:
+            continue
+        depth = LEVELS.index(pref.property) + 1
+        sign = -1 if pref.strategy == "spread" else 1
+        at = counts.at(pref.property).get
+        raw = [sign * at(p[:depth], 0) for p in paths]
+        for i, s in enumerate(normalise(raw)):
+            total[i] += pref.weight * s
+    return total

@@ -146,6 +146,3 @@ def read_desired_file(path: Path) -> DesiredState:
     except (ValueError, UnicodeDecodeError) as e:
         raise DesiredStateError(str(path), "file", path.name, f"not valid {'JSON' if path.suffix == '.json' else 'TOML'}: {e}") from None
     return DesiredState.from_json(data, str(path), version=hashlib.sha256(raw).hexdigest()[:16])
-
-
-EMPTY = DesiredState()

@@ -57,7 +57,7 @@ def status(agent: "Agent") -> dict:
         },
         "tasks": tasks,
         # Containers of this machine that no desired task wants: being stopped and removed.
-        "stopping": [c.id for c in agent.containers if str(c.task) not in {str(t.key) for t in agent.desired.tasks}],
+        "stopping": [c.id for c in agent.containers if c.task not in {t.key for t in agent.desired.tasks}],
         "adopted": agent.adopted,
         "health": agent.health.to_json() if agent.health else None,
         "counters": agent.counters,

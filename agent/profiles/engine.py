@@ -172,7 +172,7 @@ class Engine:
             failure: SettingResult | None = None
             steps = [(Setting(u.applier, u.key, u.value, "original"), Outcome.RESTORED) for u in stale]
             steps += [(s, Outcome.APPLIED) for s, _ in to_write]
-            for (s, outcome), undo in zip(steps, journal):
+            for (s, outcome), undo in zip(steps, journal, strict=True):
                 result = self._write_verified(s, undo.value, outcome)
                 done.append(undo)
                 if result.outcome is Outcome.FAILED:
@@ -275,7 +275,7 @@ class Engine:
                 {"target": None, "previous": record["profile"], "undo": [u.to_json() for u in journal]},
             )
             results = []
-            for u, cur in zip(stale, journal):
+            for u, cur in zip(stale, journal, strict=True):
                 s = Setting(u.applier, u.key, u.value, "original")
                 results.append(self._write_verified(s, cur.value, Outcome.RESTORED))
             failed = [r for r in results if r.outcome is Outcome.FAILED]

@@ -61,9 +61,9 @@ class DockerRuntime:
     async def _call(self, fn: Callable, *args: Any, **kw: Any) -> Any:
         try:
             return await asyncio.to_thread(partial(fn, *args, **kw))
+        except docker.errors.APIError:
+            raise  # the daemon answered and refused: the caller reports it per task
         except (requests.exceptions.ConnectionError, docker.errors.DockerException) as e:
-            if isinstance(e, docker.errors.APIError):
-                raise
             raise RuntimeUnavailable(f"docker is not reachable: {e}") from e
 
     async def ping(self) -> bool:

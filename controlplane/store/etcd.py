@@ -61,7 +61,7 @@ class Store:
         items = [Versioned(kv.key.decode(), decode(kv.value), kv.mod_revision) for kv in got]
         return items, got.header.revision
 
-    async def commit(self, reads: list[Versioned], puts: dict[str, Any], deletes: list[str] = ()) -> int:
+    async def commit(self, reads: list[Versioned], puts: dict[str, Any], deletes: tuple[str, ...] | list[str] = ()) -> int:
         """One transaction: apply puts and deletes only if every read is still current.
         Returns the new revision; raises Conflict otherwise."""
         t = self.client.transactions

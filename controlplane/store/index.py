@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, Callable
+from typing import Callable
 
 from controlplane.store.etcd import Change, Store, Versioned
 
@@ -54,6 +54,3 @@ class Index:
         """Until the cache has seen every change up to revision (read-your-writes)."""
         async with self._advanced:
             await asyncio.wait_for(self._advanced.wait_for(lambda: self.revision >= revision), timeout)
-
-    def values(self) -> list[Any]:
-        return [v.value for v in self.items.values()]

@@ -9,6 +9,7 @@ import pytest
 
 from agent.profiles.appliers.base import HostContext
 from agent.profiles.engine import Engine
+from agent.reconcile import parse_time
 from tests.agent.agentproc import AgentProc
 from tests.conftest import TEST_IMAGE, sysctl_path
 
@@ -69,8 +70,6 @@ def test_profile_is_applied_before_any_task_starts_with_its_limits_and_labels(tm
         c = docker_client.containers.get(t["container"]["id"])
         assert c.labels["twine.machine"] == machine_id and c.labels["twine.job"] == "demo/web"
         assert c.attrs["HostConfig"]["NanoCpus"] == 250_000_000 and c.attrs["HostConfig"]["Memory"] == 40 << 20
-        from agent.reconcile import parse_time
-
         assert parse_time(c.attrs["Created"]) >= applied_at  # the profile came first
 
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Mapping
 
+from agent.errors import ProfileError
 from agent.profiles.model import Differs, Holds, NotApplicable, Setting, Value, Verdict
 
 KERNEL = "kernel"  # one value for the whole kernel: shared by every agent on the host
@@ -85,6 +86,18 @@ class Applier(abc.ABC):
         if actual == value:
             return Holds()
         return Differs(actual, f"is {actual!r}, wanted {value!r}")
+
+
+def parse_switch(name: str, section: Mapping[str, Any], origin: str) -> list[Setting]:
+    """For appliers whose only key is `enabled = true|false` (cgroup_cpu, turbo)."""
+    settings = []
+    for key, value in section.items():
+        if key != "enabled":
+            raise ProfileError(origin, f"[{name}] {key}", value, "unknown key; the only key is `enabled`")
+        if not isinstance(value, bool):
+            raise ProfileError(origin, f"[{name}] {key}", value, "must be true or false")
+        settings.append(Setting(name, key, value, origin))
+    return settings
 
 
 class ApplierError(Exception):

@@ -14,8 +14,7 @@ import errno
 from pathlib import Path
 from typing import Any, Mapping
 
-from agent.errors import ProfileError
-from agent.profiles.appliers.base import Applier, ApplierError, HostContext
+from agent.profiles.appliers.base import Applier, ApplierError, HostContext, parse_switch
 from agent.profiles.model import NotApplicable, Setting
 
 
@@ -39,14 +38,7 @@ class CgroupCpu(Applier):
         return (self.ctx.cgroup_root / "cgroup.controllers").is_file()
 
     def parse(self, section: Mapping[str, Any], origin: str) -> list[Setting]:
-        settings = []
-        for key, value in section.items():
-            if key != "enabled":
-                raise ProfileError(origin, f"[{self.name}] {key}", value, "unknown key; the only key is `enabled`")
-            if not isinstance(value, bool):
-                raise ProfileError(origin, f"[{self.name}] {key}", value, "must be true or false")
-            settings.append(Setting(self.name, key, value, origin))
-        return settings
+        return parse_switch(self.name, section, origin)
 
     def applicable(self, key: str) -> NotApplicable | None:
         if not self._v2():

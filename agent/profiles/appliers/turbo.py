@@ -13,8 +13,7 @@ import errno
 from pathlib import Path
 from typing import Any, Mapping
 
-from agent.errors import ProfileError
-from agent.profiles.appliers.base import Applier, ApplierError
+from agent.profiles.appliers.base import Applier, ApplierError, parse_switch
 from agent.profiles.model import NotApplicable, Setting
 
 _NO_TURBO = "devices/system/cpu/intel_pstate/no_turbo"
@@ -50,14 +49,7 @@ class Turbo(Applier):
         return path, inverted
 
     def parse(self, section: Mapping[str, Any], origin: str) -> list[Setting]:
-        settings = []
-        for key, value in section.items():
-            if key != "enabled":
-                raise ProfileError(origin, f"[turbo] {key}", value, "unknown key; the only key is `enabled`")
-            if not isinstance(value, bool):
-                raise ProfileError(origin, f"[turbo] {key}", value, "must be true or false")
-            settings.append(Setting(self.name, key, value, origin))
-        return settings
+        return parse_switch(self.name, section, origin)
 
     def applicable(self, key: str) -> NotApplicable | None:
         knob = self._knob()

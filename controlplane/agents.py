@@ -1,0 +1,172 @@
+"""The agents' side of the daemon (the resource broker's registration, desired state, heartbeats).
+
+- register: a bootstrap token admits a machine; it gets a per-machine credential, of which etcd
+  keeps only the sha256. Labels and capacity are (re)written; entitlement and tasks are kept.
+- desired: a long poll. The answer is the machine's desired state (state.desired_for) as soon as
+  its version differs from the one the agent has.
+- heartbeat: kept in memory (time seen, the digest and the task report). etcd is written only when
+  something the control plane keeps changes (the applied profile); a heartbeat whose digest is
+  unchanged costs a dict lookup. After a daemon restart the reports are empty and agents are asked
+  to resend theirs in full.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import re
+import secrets
+import time
+from dataclasses import replace
+from typing import Any, Callable
+
+from controlplane.records import ApiError, MachineRec
+from controlplane.state import RegionState
+from controlplane.store import Store
+from controlplane.store.keys import Keys
+
+log = logging.getLogger("twine.controld.agents")
+MACHINE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+LABELS = ("region", "dc", "msb", "rack", "machine_type")
+MAX_WAIT = 60.0
+
+
+def sha256(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _need(d: dict, key: str, where: str, check: Callable[[Any], bool], why: str) -> Any:
+    v = d.get(key)
+    if v is None or isinstance(v, bool) or not check(v):
+        raise ApiError("invalid", f"{where}{key}", f"{v!r}: {why}")
+    return v
+
+
+class AgentService:
+    def __init__(self, state: RegionState, store: Store, keys: Keys, bootstrap_tokens: set[str],
+                 heartbeat_interval: float = 1.0, on_seen: Callable[[str], None] | None = None):
+        self.state = state
+        self.store = store
+        self.keys = keys
+        self.bootstrap = {sha256(t) for t in bootstrap_tokens}
+        self.heartbeat_interval = heartbeat_interval
+        self.on_seen = on_seen
+        self.last_seen: dict[str, float] = {}  # machine id -> monotonic time of its last heartbeat
+        self.last_seen_wall: dict[str, float] = {}
+        self.reports: dict[str, dict[tuple[str, int], dict]] = {}
+        self.digests: dict[str, str] = {}
+        self.counters = {"heartbeats": 0, "heartbeat_reports": 0, "registrations": 0, "long_polls": 0}
+
+    # -- authentication ----------------------------------------------------------------------
+
+    def is_bootstrap(self, token: str) -> bool:
+        return sha256(token) in self.bootstrap
+
+    def machine_of(self, credential: str) -> str | None:
+        return self.state.credentials.get(sha256(credential))
+
+    # -- registration ------------------------------------------------------------------------
+
+    async def register(self, body: Any) -> dict:
+        if not isinstance(body, dict):
+            raise ApiError("invalid", None, "body must be a JSON object")
+        mid = _need(body, "machine_id", "", lambda v: isinstance(v, str) and MACHINE_ID.match(v), "not a machine id")
+        labels = _need(body, "labels", "", lambda v: isinstance(v, dict), "must be an object")
+        for k in LABELS:
+            _need(labels, k, "labels.", lambda v: isinstance(v, str) and v != "", "must be a non-empty string")
+        if labels["region"] != self.keys.region:
+            raise ApiError("invalid", "labels.region", f"{labels['region']!r}: this control plane serves region "
+                           f"{self.keys.region!r}")
+        cap = _need(body, "capacity", "", lambda v: isinstance(v, dict), "must be an object")
+        _need(cap, "cpus", "capacity.", lambda v: isinstance(v, (int, float)) and v > 0, "must be > 0")
+        _need(cap, "memory_mb", "capacity.", lambda v: isinstance(v, int) and v > 0, "must be an integer > 0")
+        credential = secrets.token_urlsafe(32)
+        fields = dict(hostname=str(body.get("hostname") or mid), labels={k: labels[k] for k in LABELS},
+                      capacity=cap, address=str(body.get("address") or ""), agent_version=str(body.get("version") or ""),
+                      credential_sha256=sha256(credential))
+        key = self.keys.machine(mid)
+
+        def compute(reads):
+            old = reads[key].value
+            m = replace(MachineRec.from_json(old), **fields) if old else MachineRec(id=mid, registered_at=time.time(), **fields)
+            return {key: m.to_json()}, []
+
+        rev = await self.store.update([key], compute)
+        await self.state.wait_for(rev)
+        self.counters["registrations"] += 1
+        self.reports.pop(mid, None)
+        self.digests.pop(mid, None)
+        log.info("machine %s registered (%s/%s/%s/%s)", mid, labels["dc"], labels["msb"], labels["rack"],
+                 labels["machine_type"])
+        return {"machine_id": mid, "credential": credential}
+
+    # -- desired state (long poll) -----------------------------------------------------------
+
+    async def desired(self, mid: str, version: str, wait: float) -> dict:
+        self.counters["long_polls"] += 1
+        deadline = time.monotonic() + max(0.0, min(wait, MAX_WAIT))
+        while True:
+            changed = self.state.machine_changed(mid)
+            d = self.state.desired_for(mid)
+            left = deadline - time.monotonic()
+            if d["version"] != version or left <= 0:
+                return d
+            try:
+                await asyncio.wait_for(changed.wait(), left)
+            except TimeoutError:
+                pass
+
+    # -- heartbeats --------------------------------------------------------------------------
+
+    async def heartbeat(self, mid: str, body: Any) -> dict:
+        if not isinstance(body, dict):
+            raise ApiError("invalid", None, "body must be a JSON object")
+        self.counters["heartbeats"] += 1
+        self.last_seen[mid] = time.monotonic()
+        self.last_seen_wall[mid] = time.time()
+        if self.on_seen is not None:
+            self.on_seen(mid)
+        digest = body.get("digest")
+        tasks = body.get("tasks")
+        if tasks is None:
+            if digest != self.digests.get(mid):
+                return {"ok": True, "resend": True, "interval": self.heartbeat_interval}
+            return {"ok": True, "interval": self.heartbeat_interval}
+        if not isinstance(tasks, list) or not all(isinstance(t, dict) for t in tasks):
+            raise ApiError("invalid", "tasks", "must be a list of objects")
+        self.counters["heartbeat_reports"] += 1
+        self.digests[mid] = digest
+        report = {}
+        for t in tasks:
+            try:
+                report[(str(t["job"]), int(t["index"]))] = t
+            except (KeyError, TypeError, ValueError):
+                raise ApiError("invalid", "tasks", f"{t!r}: each needs job and index") from None
+        if report != self.reports.get(mid):
+            self.reports[mid] = report
+            self.state.changed.set()
+        await self._profile(mid, body.get("profile") or {})
+        return {"ok": True, "interval": self.heartbeat_interval}
+
+    async def _profile(self, mid: str, profile: dict) -> None:
+        """Record the profile the agent reports applied, when it differs from what etcd has: the
+        sidekick's gate (tasks start only on a machine whose profile is applied)."""
+        m = self.state.machines.get(mid)
+        applied = profile.get("name") or None
+        ok = bool(profile.get("ok", True))
+        error = str(profile.get("error") or "")
+        if m is None or (m.profile_applied, m.profile_ok, m.profile_error) == (applied, ok, error):
+            return
+        key = self.keys.machine(mid)
+
+        def compute(reads):
+            cur = MachineRec.from_json(reads[key].value)
+            return {key: replace(cur, profile_applied=applied, profile_ok=ok, profile_error=error).to_json()}, []
+
+        rev = await self.store.update([key], compute)
+        await self.state.wait_for(rev)
+        log.info("machine %s reports profile %s %s", mid, applied, "applied" if ok else f"failed: {error}")
+
+    def report_of(self, mid: str) -> dict[tuple[str, int], dict] | None:
+        return self.reports.get(mid)

@@ -1,0 +1,383 @@
+"""The front end: a versioned REST API (/v1) over aiohttp (docs/api.md; the OpenAPI document is
+served at /v1/openapi.json). Every request but that one is authenticated with a Bearer token.
+
+Handlers validate first and write last: a refused request (4xx) has written nothing to etcd.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import time
+from dataclasses import replace
+from functools import partial
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
+
+from aiohttp import web
+
+from agent.errors import InputError
+from controlplane.allocator import AllocationError, InvalidRequest, QuotaExceeded
+from controlplane.api.openapi import document
+from controlplane.records import ApiError, EntitlementRec, JobRec, TaskRec
+from controlplane.store import Conflict
+
+if TYPE_CHECKING:
+    from controlplane.daemon import ControlDaemon
+
+DAEMON = web.AppKey("daemon", object)
+MACHINE = "machine_id"
+_dumps = partial(json.dumps, default=str)
+PUBLIC = ("/v1/openapi.json", "/healthz")
+
+
+def reply(data: Any, status: int = 200) -> web.Response:
+    return web.json_response(data, status=status, dumps=_dumps)
+
+
+def allocation_error(e: AllocationError) -> ApiError:
+    if isinstance(e, QuotaExceeded):
+        return ApiError("quota", e.field, e.message)
+    if isinstance(e, InvalidRequest):
+        return ApiError("invalid", e.field, e.message)
+    return ApiError("no_placement", e.field, e.message)
+
+
+@web.middleware
+async def errors_and_auth(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]):
+    d: ControlDaemon = request.app[DAEMON]
+    try:
+        if request.path not in PUBLIC:
+            _authenticate(d, request)
+        return await handler(request)
+    except ApiError as e:
+        return reply(e.to_json(), e.status)
+    except Conflict:
+        return reply(ApiError("conflict", None, "a concurrent change won; retry").to_json(), 409)
+    except web.HTTPNotFound:
+        return reply(ApiError("not_found", "path", f"no such endpoint {request.path}").to_json(), 404)
+    except web.HTTPMethodNotAllowed as e:
+        return reply({"error": "invalid", "field": "method", "why": f"{request.method} is not allowed; "
+                      f"allowed: {', '.join(sorted(e.allowed_methods))}"}, 405)
+
+
+def _authenticate(d: ControlDaemon, request: web.Request) -> None:
+    auth = request.headers.get("Authorization", "")
+    scheme, _, token = auth.partition(" ")
+    if scheme != "Bearer" or not token:
+        raise ApiError("unauthorized", None, "missing 'Authorization: Bearer <token>'")
+    path = request.path
+    if path == "/v1/agent/register":
+        ok = d.agents.is_bootstrap(token)
+    elif path.startswith("/v1/agent/"):
+        mid = d.agents.machine_of(token)
+        ok = mid is not None
+        request[MACHINE] = mid
+    else:
+        ok = any(hmac.compare_digest(token, t) for t in d.api_tokens)
+    if not ok:
+        raise ApiError("unauthorized", None, "the token is not valid for this request")
+
+
+async def body(request: web.Request) -> Any:
+    try:
+        return await request.json()
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ApiError("invalid", None, f"the body is not JSON: {e}") from None
+
+
+# -- views ------------------------------------------------------------------------------------
+
+
+def task_view(d: ControlDaemon, t: TaskRec) -> dict:
+    m = d.state.machines.get(t.machine) if t.machine else None
+    where = {k: m.labels[k] for k in ("dc", "msb", "rack")} if m else None
+    return {"job": t.job, "index": t.index, "spec_version": t.spec_version, "machine": t.machine, "where": where,
+            "state": t.state, "reason": t.reason, "discovery": t.discovery, "since": t.since}
+
+
+def job_view(d: ControlDaemon, job: JobRec) -> dict:
+    tasks = sorted(d.state.tasks.get(job.handle, {}).values(), key=lambda t: t.index)
+    summary: dict[str, int] = {}
+    for t in tasks:
+        summary[t.state] = summary.get(t.state, 0) + 1
+    plan = d.scheduler.plans.get(job.handle)
+    return {
+        **job.to_json(), "summary": summary, "message": d.scheduler.messages.get(job.handle, ""),
+        "operations": {
+            "held": [str(op) for op in plan.held] if plan else [],
+            "waiting": list(plan.waiting) if plan else [],
+        },
+        "tasks": [task_view(d, t) for t in tasks],
+    }
+
+
+def entitlement_view(d: ControlDaemon, name: str, detail: bool = False) -> dict:
+    e = d.state.entitlements[name]
+    machines = sorted(m.id for m in d.state.machines.values() if m.entitlement == name)
+    out = {**e.to_json(), "held": len(machines)}
+    if detail:
+        out["machines"] = machines
+        out["jobs"] = sorted(h for h, j in d.state.jobs.items() if j.entitlement == name)
+    return out
+
+
+def machine_view(d: ControlDaemon, mid: str, detail: bool = False) -> dict:
+    m = d.state.machines[mid]
+    out = {
+        "id": m.id, "hostname": m.hostname, "labels": m.labels, "capacity": m.capacity, "entitlement": m.entitlement,
+        "healthy": m.healthy, "health_reason": m.health_reason,
+        "profile": {"desired": d.state.desired_profile(m), "applied": m.profile_applied, "ok": m.profile_ok,
+                    "error": m.profile_error},
+        "alloc": {"tasks": m.alloc_tasks, "cpus": m.alloc_cpus, "memory_mb": m.alloc_memory_mb},
+        "agent": {"address": m.address, "version": m.agent_version},
+        "last_heartbeat": d.agents.last_seen_wall.get(mid),
+    }
+    if detail:
+        out["tasks"] = [task_view(d, t) for t in d.state.tasks_on(mid)]
+        out["desired_version"] = d.state.desired_for(mid)["version"]
+    return out
+
+
+# -- entitlements ------------------------------------------------------------------------------
+
+
+def _entitlement(d: ControlDaemon, name: str) -> EntitlementRec:
+    e = d.state.entitlements.get(name)
+    if e is None:
+        raise ApiError("not_found", "entitlement", f"no entitlement {name!r}")
+    return e
+
+
+def _check_profile(d: ControlDaemon, e: EntitlementRec) -> None:
+    if e.profile is None:
+        return
+    from agent.profiles.loader import load
+
+    try:
+        load(e.profile, d.profile_search)
+    except InputError as err:
+        raise ApiError("invalid", "profile", f"{e.profile!r}: {err.why}") from None
+
+
+async def create_entitlement(request: web.Request) -> web.Response:
+    d: ControlDaemon = request.app[DAEMON]
+    e = EntitlementRec.parse(await body(request))
+    if e.name in d.state.entitlements:
+        raise ApiError("exists", "name", f"entitlement {e.name!r} exists")
+    _check_profile(d, e)
+    rev = await d.store.commit([d.state.guard(d.keys.entitlement(e.name))], {d.keys.entitlement(e.name): e.to_json()})
+    await d.state.wait_for(rev)
+    return reply(entitlement_view(d, e.name, detail=True), 201)
+
+
+async def modify_entitlement(request: web.Request) -> web.Response:
+    d: ControlDaemon = request.app[DAEMON]
+    old = _entitlement(d, request.match_info["name"])
+    new = old.modified(await body(request))
+    held = sum(1 for m in d.state.machines.values() if m.entitlement == old.name)
+    if new.quota < held:
+        raise ApiError("quota", "quota", f"{new.quota} is below the {held} machines {old.name} holds now; "
+                       "shrink its jobs first")
+    _check_profile(d, new)
+    key = d.keys.entitlement(old.name)
+    rev = await d.store.commit([d.state.guard(key)], {key: new.to_json()})
+    await d.state.wait_for(rev)
+    return reply(entitlement_view(d, new.name, detail=True))
+
+
+async def list_entitlements(request: web.Request) -> web.Response:
+    d: ControlDaemon = request.app[DAEMON]
+    return reply({"entitlements": [entitlement_view(d, n) for n in sorted(d.state.entitlements)]})
+
+
+async def show_entitlement(request: web.Request) -> web.Response:
+    d: ControlDaemon = request.app[DAEMON]
+    return reply(entitlement_view(d, _entitlement(d, request.match_info["name"]).name, detail=True))
+
+
+# -- jobs --------------------------------------------------------------------------------------
+
+
+def _job(d: ControlDaemon, request: web.Request) -> JobRec:
+    handle = f"{request.match_info['ent']}/{request.match_info['name']}"
+    job = d.state.jobs.get(handle)
+    if job is None:
+        raise ApiError("not_found", "job", f"no job {handle!r}")
+    return job
+
+
+async def create_job(request: web.Request) -> web.Response:
+    d: ControlDaemon = request.app[DAEMON]
+    job = JobRec.parse(await body(request))
+    _entitlement(d, job.entitlement)
+    old = d.state.jobs.get(job.handle)
+    if old is not None and old.state != "stopped":
+        raise ApiError("exists", "name", f"job {job.handle!r} exists ({old.state}); use update, or stop it first")
+    if old is not None:
+        job = replace(job, spec_version=old.spec_version + 1, created_at=old.created_at)
+    try:
+        await d.scheduler.create(job)
+    except AllocationError as e:
+        raise allocation_error(e) from None
+    return reply(job_view(d, d.state.jobs[job.handle]), 201)
+
+
+async def update_job(request: web.Request) -> web.Response:
+    d: ControlDaemon = request.app[DAEMON]
+    old = _job(d, request)
+    new = JobRec.parse(await body(request))
+    if new.handle != old.handle:
+        raise ApiError("invalid", "name", f"the spec is for {new.handle}, not {old.handle}")
+    if old.state != "active":
+        raise ApiError("conflict", "state", f"job {old.handle} is {old.state}; run it again instead")
+    changed_task = new.task != old.task
+    new = replace(new, spec_version=old.spec_version + (1 if changed_task else 0), created_at=old.created_at)
+    await _fits(d, new)
+    await d.scheduler.put_job(new)
+    return reply(job_view(d, d.state.jobs[new.handle]))
+
+
+async def resize_job(request: web.Request) -> web.Response:
+    d: ControlDaemon = request.app[DAEMON]
+    old = _job(d, request)
+    data = await body(request)
+    if not isinstance(data, dict) or set(data) != {"count"}:
+        raise ApiError("invalid", "count", "the body must be {\"count\": N}")
+    count = data["count"]
+    if isinstance(count, bool) or not isinstance(count, int) or not 0 <= count <= 10_000:
+        raise ApiError("invalid", "count", f"{count!r} must be an integer from 0 to 10000")
+    if old.state != "active":
+        raise ApiError("conflict", "state", f"job {old.handle} is {old.state}")
+    new = replace(old, count=count, updated_at=time.time())
+    if count > old.count:
+        await _fits(d, new)
+    await d.scheduler.put_job(new)
+    return reply(job_view(d, d.state.jobs[new.handle]))
+
+
+async def _fits(d: ControlDaemon, job: JobRec) -> None:
+    try:
+        await d.scheduler.check_fits(job)
+    except AllocationError as e:
+        raise allocation_error(e) from None
+
+
+async def stop_job(request: web.Request) -> web.Response:
+    d: ControlDaemon = request.app[DAEMON]
+    old = _job(d, request)
+    if old.state == "active":
+        await d.scheduler.put_job(replace(old, state="stopping", updated_at=time.time()))
+    return reply(job_view(d, d.state.jobs[old.handle]), 202)
+
+
+async def list_jobs(request: web.Request) -> web.Response:
+    d: ControlDaemon = request.app[DAEMON]
+    ent = request.query.get("entitlement")
+    jobs = [job_view(d, j) for h, j in sorted(d.state.jobs.items()) if ent is None or j.entitlement == ent]
+    for j in jobs:
+        j.pop("tasks")
+    return reply({"jobs": jobs})
+
+
+async def show_job(request: web.Request) -> web.Response:
+    d: ControlDaemon = request.app[DAEMON]
+    return reply(job_view(d, _job(d, request)))
+
+
+# -- machines, events, discovery ---------------------------------------------------------------
+
+
+async def list_machines(request: web.Request) -> web.Response:
+    d: ControlDaemon = request.app[DAEMON]
+    return reply({"machines": [machine_view(d, mid) for mid in sorted(d.state.machines)]})
+
+
+async def show_machine(request: web.Request) -> web.Response:
+    d: ControlDaemon = request.app[DAEMON]
+    mid = request.match_info["id"]
+    if mid not in d.state.machines:
+        raise ApiError("not_found", "machine", f"no machine {mid!r}")
+    return reply(machine_view(d, mid, detail=True))
+
+
+async def list_events(request: web.Request) -> web.Response:
+    d: ControlDaemon = request.app[DAEMON]
+    events = sorted(d.state.events.values(), key=lambda e: e.start)
+    return reply({"events": [e.to_json() for e in events]})
+
+
+async def discovery(request: web.Request) -> web.Response:
+    d: ControlDaemon = request.app[DAEMON]
+    job = _job(d, request)
+    eps = sorted((v for (h, _), v in d.state.endpoints.items() if h == job.handle), key=lambda v: v["index"])
+    return reply({"job": job.handle, "endpoints": eps})
+
+
+# -- agents ------------------------------------------------------------------------------------
+
+
+async def agent_register(request: web.Request) -> web.Response:
+    d: ControlDaemon = request.app[DAEMON]
+    return reply(await d.agents.register(await body(request)))
+
+
+async def agent_desired(request: web.Request) -> web.Response:
+    d: ControlDaemon = request.app[DAEMON]
+    try:
+        wait = float(request.query.get("wait", "0"))
+    except ValueError:
+        raise ApiError("invalid", "wait", "must be a number of seconds") from None
+    return reply(await d.agents.desired(request[MACHINE], request.query.get("version", ""), wait))
+
+
+async def agent_heartbeat(request: web.Request) -> web.Response:
+    d: ControlDaemon = request.app[DAEMON]
+    return reply(await d.agents.heartbeat(request[MACHINE], await body(request)))
+
+
+# -- meta --------------------------------------------------------------------------------------
+
+
+async def openapi(request: web.Request) -> web.Response:
+    return reply(document())
+
+
+async def healthz(request: web.Request) -> web.Response:
+    return reply({"ok": True})
+
+
+async def metrics(request: web.Request) -> web.Response:
+    d: ControlDaemon = request.app[DAEMON]
+    return web.Response(text=d.metrics_text(), content_type="text/plain")
+
+
+ROUTES = [
+    ("POST", "/v1/entitlements", create_entitlement),
+    ("GET", "/v1/entitlements", list_entitlements),
+    ("GET", "/v1/entitlements/{name}", show_entitlement),
+    ("PATCH", "/v1/entitlements/{name}", modify_entitlement),
+    ("POST", "/v1/jobs", create_job),
+    ("GET", "/v1/jobs", list_jobs),
+    ("GET", "/v1/jobs/{ent}/{name}", show_job),
+    ("PUT", "/v1/jobs/{ent}/{name}", update_job),
+    ("POST", "/v1/jobs/{ent}/{name}/resize", resize_job),
+    ("DELETE", "/v1/jobs/{ent}/{name}", stop_job),
+    ("GET", "/v1/machines", list_machines),
+    ("GET", "/v1/machines/{id}", show_machine),
+    ("GET", "/v1/events", list_events),
+    ("GET", "/v1/discovery/{ent}/{name}", discovery),
+    ("POST", "/v1/agent/register", agent_register),
+    ("GET", "/v1/agent/desired", agent_desired),
+    ("POST", "/v1/agent/heartbeat", agent_heartbeat),
+    ("GET", "/v1/openapi.json", openapi),
+    ("GET", "/v1/metrics", metrics),
+    ("GET", "/healthz", healthz),
+]
+
+
+def make_app(daemon: ControlDaemon) -> web.Application:
+    app = web.Application(middlewares=[errors_and_auth], client_max_size=4 * 1024 * 1024)
+    app[DAEMON] = daemon
+    for method, path, handler in ROUTES:
+        app.router.add_route(method, path, handler)
+    return app

@@ -1,0 +1,143 @@
+"""The OpenAPI 3.1 document of the /v1 API, served at /v1/openapi.json (docs/api.md is its prose)."""
+
+from __future__ import annotations
+
+from functools import cache
+
+
+def _ref(name: str) -> dict:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _json(schema: dict) -> dict:
+    return {"content": {"application/json": {"schema": schema}}}
+
+
+ERRORS = {
+    "400": {"description": "invalid input; names the field", **_json(_ref("Error"))},
+    "401": {"description": "missing or invalid token", **_json(_ref("Error"))},
+    "404": {"description": "unknown entitlement, job or machine", **_json(_ref("Error"))},
+    "409": {"description": "exists, or lost a race with another change", **_json(_ref("Error"))},
+    "422": {"description": "quota exceeded, or no machine fits; names the field", **_json(_ref("Error"))},
+}
+
+
+def _op(summary: str, ok: str, schema: str | None = None, body: str | None = None, status: str = "200",
+        security: str = "apiToken") -> dict:
+    op: dict = {"summary": summary, "security": [{security: []}],
+                "responses": {status: {"description": ok, **(_json(_ref(schema)) if schema else {})}, **ERRORS}}
+    if body:
+        op["requestBody"] = {"required": True, **_json(_ref(body))}
+    return op
+
+
+PATHS = {
+    "/v1/entitlements": {
+        "post": _op("create an entitlement", "created", "Entitlement", "EntitlementSpec", "201"),
+        "get": _op("list entitlements", "the entitlements", "EntitlementList"),
+    },
+    "/v1/entitlements/{name}": {
+        "get": _op("show an entitlement with its machines and jobs", "the entitlement", "Entitlement"),
+        "patch": _op("modify quota, profile, owner or spread", "the entitlement", "Entitlement", "EntitlementPatch"),
+    },
+    "/v1/jobs": {
+        "post": _op("create a job: validated, placed and committed in one transaction", "created", "Job", "JobSpec", "201"),
+        "get": _op("list jobs (?entitlement=NAME)", "the jobs", "JobList"),
+    },
+    "/v1/jobs/{ent}/{name}": {
+        "get": _op("show a job with its tasks and machines", "the job", "Job"),
+        "put": _op("update a job; a changed task starts a rolling update", "the job", "Job", "JobSpec"),
+        "delete": _op("stop a job", "stopping", "Job", status="202"),
+    },
+    "/v1/jobs/{ent}/{name}/resize": {"post": _op("change a job's task count", "the job", "Job", "Resize")},
+    "/v1/machines": {"get": _op("list machines", "the machines", "MachineList")},
+    "/v1/machines/{id}": {"get": _op("show a machine with its tasks", "the machine", "Machine")},
+    "/v1/events": {"get": _op("unavailability events", "the events", "EventList")},
+    "/v1/discovery/{ent}/{name}": {"get": _op("a job's service discovery records", "the endpoints", "Discovery")},
+    "/v1/agent/register": {"post": _op("register a machine (bootstrap token); returns its credential",
+                                       "registered", "Registration", "AgentRegister", security="bootstrapToken")},
+    "/v1/agent/desired": {"get": _op("long-poll the machine's desired state (?version=V&wait=S)", "the desired state",
+                                     "DesiredState", security="machineCredential")},
+    "/v1/agent/heartbeat": {"post": _op("heartbeat with the machine's task report", "accepted", "HeartbeatReply",
+                                        "Heartbeat", security="machineCredential")},
+    "/v1/openapi.json": {"get": {"summary": "this document", "security": [], "responses": {"200": {"description": "OpenAPI"}}}},
+}
+
+OBJ = {"type": "object"}
+STR = {"type": "string"}
+NSTR = {"type": ["string", "null"]}
+INT = {"type": "integer"}
+TASK_STATES = ["pending", "allocated", "starting", "running", "stopping", "stopped", "failed", "lost"]
+
+SCHEMAS = {
+    "Error": {**OBJ, "required": ["error", "why"], "properties": {
+        "error": {"enum": ["invalid", "unauthorized", "not_found", "exists", "conflict", "quota", "no_placement"]},
+        "field": NSTR, "why": STR}},
+    "Spread": {**OBJ, "properties": {"properties": {"type": "array", "items": {"enum": ["region", "dc", "msb", "rack"]}},
+                                     "pinned_dc": NSTR}},
+    "EntitlementSpec": {**OBJ, "required": ["name", "machine_type", "quota"], "additionalProperties": False,
+                        "properties": {"name": STR, "machine_type": STR, "quota": {**INT, "minimum": 0},
+                                       "profile": NSTR, "owner": STR, "spread": _ref("Spread")}},
+    "EntitlementPatch": {**OBJ, "additionalProperties": False, "properties": {
+        "quota": INT, "profile": NSTR, "owner": STR, "spread": _ref("Spread")}},
+    "Entitlement": {**OBJ, "properties": {"name": STR, "owner": STR, "machine_type": STR, "quota": INT, "profile": NSTR,
+                                          "spread": _ref("Spread"), "shard": INT, "held": INT,
+                                          "machines": {"type": "array", "items": STR},
+                                          "jobs": {"type": "array", "items": STR}}},
+    "EntitlementList": {**OBJ, "properties": {"entitlements": {"type": "array", "items": _ref("Entitlement")}}},
+    "TaskTemplate": {**OBJ, "required": ["image"], "additionalProperties": False, "properties": {
+        "image": STR, "command": {"type": ["array", "string"]}, "env": OBJ, "cpus": {"type": "number"},
+        "memory_mb": INT, "pids": INT, "network_mode": {"enum": ["bridge", "none", "host"]}}},
+    "JobSpec": {**OBJ, "required": ["entitlement", "name", "count", "task"], "additionalProperties": False, "properties": {
+        "entitlement": STR, "name": STR, "count": {**INT, "minimum": 0}, "task": _ref("TaskTemplate"),
+        "requirements": {**OBJ, "properties": {"machine_type": NSTR, "dc": NSTR}},
+        "preferences": {"type": ["array", "null"], "items": {**OBJ, "properties": {
+            "property": {"enum": ["region", "dc", "msb", "rack"]}, "strategy": {"enum": ["spread", "pack"]},
+            "weight": {"type": "number"}}}},
+        "update": {**OBJ, "properties": {"max_unavailable": {**INT, "minimum": 1}}},
+        "controller": NSTR}},
+    "Resize": {**OBJ, "required": ["count"], "properties": {"count": {**INT, "minimum": 0}}},
+    "Task": {**OBJ, "properties": {"job": STR, "index": INT, "spec_version": INT, "machine": NSTR,
+                                   "where": {"type": ["object", "null"]}, "state": {"enum": TASK_STATES},
+                                   "reason": STR, "discovery": {"type": "boolean"}, "since": {"type": "number"}}},
+    "Job": {**OBJ, "properties": {"handle": STR, "state": {"enum": ["active", "stopping", "stopped"]},
+                                  "spec_version": INT, "count": INT, "summary": OBJ, "message": STR,
+                                  "operations": OBJ, "tasks": {"type": "array", "items": _ref("Task")}}},
+    "JobList": {**OBJ, "properties": {"jobs": {"type": "array", "items": _ref("Job")}}},
+    "Machine": {**OBJ, "properties": {"id": STR, "hostname": STR, "labels": OBJ, "capacity": OBJ,
+                                      "entitlement": NSTR, "healthy": {"type": "boolean"}, "profile": OBJ,
+                                      "alloc": OBJ, "agent": OBJ, "last_heartbeat": {"type": ["number", "null"]}}},
+    "MachineList": {**OBJ, "properties": {"machines": {"type": "array", "items": _ref("Machine")}}},
+    "Event": {**OBJ, "properties": {"id": STR, "kind": {"enum": ["failure", "maintenance"]},
+                                    "machines": {"type": "array", "items": STR}, "start": {"type": "number"},
+                                    "end": {"type": ["number", "null"]}, "reason": STR}},
+    "EventList": {**OBJ, "properties": {"events": {"type": "array", "items": _ref("Event")}}},
+    "Discovery": {**OBJ, "properties": {"job": STR, "endpoints": {"type": "array", "items": {**OBJ, "properties": {
+        "index": INT, "machine": STR, "address": STR, "enabled": {"type": "boolean"}}}}}},
+    "AgentRegister": {**OBJ, "required": ["machine_id", "labels", "capacity"], "properties": {
+        "machine_id": STR, "hostname": STR, "labels": OBJ, "capacity": OBJ, "address": STR, "version": STR}},
+    "Registration": {**OBJ, "properties": {"machine_id": STR, "credential": STR}},
+    "DesiredState": {**OBJ, "properties": {"version": STR, "profile": NSTR, "tasks": {"type": "array", "items": OBJ}}},
+    "Heartbeat": {**OBJ, "properties": {"machine_id": STR, "seq": INT, "desired_version": STR, "health": OBJ,
+                                        "profile": OBJ, "tasks": {"type": "array", "items": OBJ}, "digest": STR}},
+    "HeartbeatReply": {**OBJ, "properties": {"ok": {"type": "boolean"}, "resend": {"type": "boolean"},
+                                             "interval": {"type": "number"}}},
+}
+
+
+@cache
+def document() -> dict:
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "twine-controld", "version": "v1",
+                 "description": "The regional control plane of a Twine-style cluster manager (docs/api.md)."},
+        "paths": PATHS,
+        "components": {
+            "schemas": SCHEMAS,
+            "securitySchemes": {
+                "apiToken": {"type": "http", "scheme": "bearer", "description": "operator / job owner token"},
+                "bootstrapToken": {"type": "http", "scheme": "bearer", "description": "agent bootstrap token"},
+                "machineCredential": {"type": "http", "scheme": "bearer", "description": "per-machine credential"},
+            },
+        },
+    }

@@ -1,0 +1,164 @@
+"""`twine-controld`: the regional control daemon.
+
+start: connect to etcd, rebuild the in-memory view of the region (range read + watch), serve the
+API; run: the scheduler, the health check service; stop (SIGTERM/SIGINT): close the API and the
+loops. Nothing lives only in this process but heartbeat times and agents' task reports, which the
+agents resend: a daemon killed with SIGKILL and restarted restarts no task and loses none.
+
+Exit codes: 0 stopped, 2 bad input (flags, token files), 3 etcd or the listen address unavailable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+from pathlib import Path
+
+from aiohttp import web
+
+from controlplane.agents import AgentService
+from controlplane.api.app import make_app
+from controlplane.health import HealthService
+from controlplane.scheduler.service import Scheduler
+from controlplane.state import RegionState
+from controlplane.store import Store
+from controlplane.store.keys import Keys
+
+log = logging.getLogger("twine.controld")
+EXIT_OK, EXIT_INPUT, EXIT_UNAVAILABLE = 0, 2, 3
+
+
+class ControlDaemon:
+    def __init__(self, store: Store, region: str, api_tokens: set[str], bootstrap_tokens: set[str],
+                 heartbeat_timeout: float = 5.0, heartbeat_interval: float = 1.0,
+                 profile_search: tuple[Path, ...] | None = None):
+        self.store = store
+        self.keys = Keys(region)
+        self.api_tokens = api_tokens
+        self.profile_search = profile_search
+        self.state = RegionState(store, self.keys)
+        self.agents = AgentService(self.state, store, self.keys, bootstrap_tokens, heartbeat_interval)
+        self.health = HealthService(self.state, store, self.keys, self.agents.last_seen, heartbeat_timeout)
+        self.agents.on_seen = self.health.seen
+        self.scheduler = Scheduler(self.state, store, self.keys, self.agents.report_of)
+
+    def metrics_text(self) -> str:
+        lines = []
+        stats = self.scheduler.cache.stats()
+        values = {
+            **{f"twine_scheduler_{k}_total": v for k, v in self.scheduler.counters.items()},
+            **{f"twine_agents_{k}_total": v for k, v in self.agents.counters.items()},
+            **{f"twine_health_{k}_total": v for k, v in self.health.counters.items()},
+            "twine_allocation_cache_hit_ratio": round(stats.hit_ratio, 4),
+            "twine_allocation_cache_hits_total": stats.hits,
+            "twine_allocation_cache_misses_total": stats.misses,
+            "twine_machines": len(self.state.machines),
+            "twine_machines_unhealthy": sum(1 for m in self.state.machines.values() if not m.healthy),
+            "twine_machines_free": sum(1 for m in self.state.machines.values() if m.entitlement is None),
+            "twine_jobs": len(self.state.jobs),
+            "twine_etcd_revision": self.state.revision,
+        }
+        for k, v in values.items():
+            lines.append(f"{k} {v}")
+        return "\n".join(lines) + "\n"
+
+    async def run(self, host: str, port: int, stop: asyncio.Event) -> None:
+        await self.state.start()
+        runner = web.AppRunner(make_app(self), access_log=None)
+        await runner.setup()
+        try:
+            await web.TCPSite(runner, host, port).start()
+            log.info("twine-controld for region %s listening on %s:%d", self.keys.region, host, port)
+            async with asyncio.TaskGroup() as tg:
+                loops = [tg.create_task(self.scheduler.run()), tg.create_task(self.health.run())]
+                await stop.wait()
+                for t in loops:
+                    t.cancel()
+        finally:
+            await runner.cleanup()
+            await self.state.stop()
+
+
+def _tokens(path: str, flag: str) -> set[str]:
+    try:
+        tokens = {line.strip() for line in Path(path).read_text().splitlines() if line.strip()}
+    except OSError as e:
+        raise SystemExit(_input_error(flag, f"{path}: {e.strerror}"))
+    if not tokens:
+        raise SystemExit(_input_error(flag, f"{path}: no token in the file"))
+    return tokens
+
+
+def _input_error(flag: str, why: str) -> int:
+    print(f"twine-controld: {flag}: {why}", file=sys.stderr)
+    return EXIT_INPUT
+
+
+def _hostport(value: str, flag: str, default_port: int) -> tuple[str, int]:
+    host, sep, port = value.rpartition(":")
+    if not sep:
+        return value, default_port
+    try:
+        return host, int(port)
+    except ValueError:
+        raise SystemExit(_input_error(flag, f"{value!r} is not HOST:PORT"))
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="twine-controld", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--etcd", default="127.0.0.1:2379", help="etcd client address HOST:PORT (default %(default)s)")
+    p.add_argument("--region", default="region1", help="the region this daemon serves (default %(default)s)")
+    p.add_argument("--listen", default="127.0.0.1:8080", help="API address HOST:PORT (default %(default)s)")
+    p.add_argument("--api-token-file", required=True, help="operator/job owner tokens, one per line")
+    p.add_argument("--bootstrap-token-file", required=True, help="agent bootstrap tokens, one per line")
+    p.add_argument("--heartbeat-timeout", type=float, default=5.0, help="seconds without a heartbeat before a machine is unhealthy")
+    p.add_argument("--heartbeat-interval", type=float, default=1.0, help="seconds between agent heartbeats (told to agents)")
+    p.add_argument("--profiles", action="append", default=[], help="extra profile directory for validating entitlement profiles")
+    p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    return p
+
+
+async def _main(args: argparse.Namespace) -> int:
+    host, port = _hostport(args.etcd, "--etcd", 2379)
+    lhost, lport = _hostport(args.listen, "--listen", 8080)
+    from agent.profiles.loader import default_search_path
+
+    store = Store(host, port)
+    daemon = ControlDaemon(store, args.region, _tokens(args.api_token_file, "--api-token-file"),
+                           _tokens(args.bootstrap_token_file, "--bootstrap-token-file"),
+                           args.heartbeat_timeout, args.heartbeat_interval,
+                           (*map(Path, args.profiles), *default_search_path()))
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await daemon.run(lhost, lport, stop)
+    except OSError as e:
+        log.error("unavailable: %s", e)
+        return EXIT_UNAVAILABLE
+    except Exception as e:  # aetcd raises its own types when etcd cannot be reached
+        if type(e).__module__.startswith(("aetcd", "grpc")):
+            log.error("etcd at %s is unavailable: %s", args.etcd, e)
+            return EXIT_UNAVAILABLE
+        raise
+    finally:
+        await store.close()
+    return EXIT_OK
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        return asyncio.run(_main(args))
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,96 @@
+"""The health check service: a machine whose agent misses heartbeats for `timeout` seconds becomes
+unhealthy, and a failure event is recorded (one transaction); its tasks are then lost and the
+scheduler replaces them. A machine whose agent heartbeats again is healthy again and the event
+ends; its moved tasks are no longer in its desired state, so its agent stops them.
+
+Heartbeat times are kept in memory only. A restarted daemon has none, so it gives every machine a
+full timeout from its own start before judging it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import replace
+
+from controlplane.records import EventRec, MachineRec
+from controlplane.state import RegionState
+from controlplane.store import Store
+from controlplane.store.keys import Keys
+
+log = logging.getLogger("twine.controld.health")
+NO_HEARTBEAT = "no heartbeat"
+
+
+class HealthService:
+    def __init__(self, state: RegionState, store: Store, keys: Keys, last_seen: dict[str, float], timeout: float = 5.0):
+        self.state = state
+        self.store = store
+        self.keys = keys
+        self.last_seen = last_seen
+        self.timeout = timeout
+        self.started = time.monotonic()
+        self._returning: set[str] = set()
+        self.counters = {"failures": 0, "recoveries": 0}
+
+    async def run(self) -> None:
+        while True:
+            await asyncio.sleep(min(self.timeout / 4, 0.5))
+            try:
+                await self.check()
+            except Exception:
+                log.exception("health check pass failed")
+
+    async def check(self) -> None:
+        now = time.monotonic()
+        for m in list(self.state.machines.values()):
+            seen = self.last_seen.get(m.id, self.started)
+            silent = now - seen
+            if m.healthy and silent > self.timeout:
+                await self._set(m.id, False, f"{NO_HEARTBEAT} for {silent:.1f}s")
+            elif not m.healthy and m.health_reason.startswith(NO_HEARTBEAT) and silent <= self.timeout:
+                await self._set(m.id, True, "")
+
+    def seen(self, mid: str) -> None:
+        """Called on every heartbeat: a machine marked unhealthy for silence is healthy again."""
+        m = self.state.machines.get(mid)
+        if m is not None and not m.healthy and m.health_reason.startswith(NO_HEARTBEAT) and mid not in self._returning:
+            self._returning.add(mid)
+            asyncio.get_running_loop().create_task(self._recover(mid))
+
+    async def _recover(self, mid: str) -> None:
+        try:
+            await self._set(mid, True, "")
+        finally:
+            self._returning.discard(mid)
+
+    async def _set(self, mid: str, healthy: bool, reason: str) -> None:
+        key = self.keys.machine(mid)
+        now = time.time()
+        open_events = [e for e in self.state.events.values()
+                       if e.kind == "failure" and e.end is None and mid in e.machines]
+
+        def compute(reads):
+            cur = reads[key].value
+            if cur is None or MachineRec.from_json(cur).healthy == healthy:
+                return {}, []
+            puts = {key: replace(MachineRec.from_json(cur), healthy=healthy, health_reason=reason).to_json()}
+            if healthy:
+                for e in open_events:
+                    puts[self.keys.event(e.id)] = replace(e, end=now).to_json()
+            else:
+                eid = f"failure-{mid}-{int(now * 1000)}"
+                puts[self.keys.event(eid)] = EventRec(eid, "failure", (mid,), now, reason).to_json()
+            return puts, []
+
+        rev = await self.store.update([key], compute)
+        if not rev:
+            return
+        await self.state.wait_for(rev)
+        if healthy:
+            self.counters["recoveries"] += 1
+            log.warning("machine %s is healthy again", mid)
+        else:
+            self.counters["failures"] += 1
+            log.warning("machine %s is unhealthy: %s", mid, reason)

@@ -1,0 +1,354 @@
+"""The records the control plane keeps in etcd, their JSON codecs, and validation of what users send.
+
+One record per key (see store/keys.py). Records are frozen: the scheduler's reconciler derives new
+ones with `dataclasses.replace` and the service commits them in one guarded transaction.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import asdict, dataclass, fields, replace
+from typing import Any
+
+from agent.errors import InputError
+from agent.models import TaskSpec
+from controlplane.allocator.model import LEVELS, STRATEGIES
+
+NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
+TASK_STATES = ("pending", "allocated", "starting", "running", "stopping", "stopped", "failed", "lost")
+JOB_STATES = ("active", "stopping", "stopped")
+# Tasks in these states are in their machine's desired state (the agent runs them).
+ON_MACHINE = ("starting", "running", "failed", "lost")
+
+
+class ApiError(Exception):
+    """A request the daemon refuses: kind maps to the HTTP status, field names what is wrong."""
+
+    STATUS = {"invalid": 400, "unauthorized": 401, "not_found": 404, "exists": 409, "conflict": 409,
+              "quota": 422, "no_placement": 422}
+
+    def __init__(self, kind: str, field: str | None, why: str):
+        super().__init__(f"{field}: {why}" if field else why)
+        self.kind, self.field, self.why = kind, field, why
+
+    @property
+    def status(self) -> int:
+        return self.STATUS[self.kind]
+
+    def to_json(self) -> dict:
+        return {"error": self.kind, "field": self.field, "why": self.why}
+
+
+def _check_keys(data: Any, known: set[str], where: str) -> dict:
+    if not isinstance(data, dict):
+        raise ApiError("invalid", where or None, "must be an object")
+    for k in data:
+        if k not in known:
+            prefix = f"{where}." if where else ""
+            raise ApiError("invalid", prefix + k, f"unknown field; known: {', '.join(sorted(known))}")
+    return data
+
+
+def _name(value: Any, field_: str) -> str:
+    if not isinstance(value, str) or not NAME.match(value):
+        raise ApiError("invalid", field_, f"{value!r} must be lower case letters, digits, '_.-' (1-63)")
+    return value
+
+
+def _int(value: Any, field_: str, low: int, high: int = 1_000_000) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise ApiError("invalid", field_, f"{value!r} must be an integer from {low} to {high}")
+    return value
+
+
+def _opt_str(value: Any, field_: str) -> str | None:
+    if value is not None and (not isinstance(value, str) or not value):
+        raise ApiError("invalid", field_, f"{value!r} must be a non-empty string or null")
+    return value
+
+
+# -- entitlements ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Spread:
+    properties: tuple[str, ...] = ("dc", "msb")
+    pinned_dc: str | None = None
+
+    @classmethod
+    def parse(cls, data: Any, where: str = "spread") -> Spread:
+        _check_keys(data, {"properties", "pinned_dc"}, where)
+        props = data.get("properties", ["dc", "msb"])
+        if isinstance(props, str):
+            props = [p for p in props.split(",") if p]
+        if not isinstance(props, list) or not all(p in LEVELS for p in props):
+            raise ApiError("invalid", f"{where}.properties", f"{props!r} must be a list of {', '.join(LEVELS)}")
+        return cls(tuple(props), _opt_str(data.get("pinned_dc"), f"{where}.pinned_dc"))
+
+    def to_json(self) -> dict:
+        return {"properties": list(self.properties), "pinned_dc": self.pinned_dc}
+
+
+@dataclass(frozen=True)
+class EntitlementRec:
+    name: str
+    machine_type: str
+    quota: int
+    profile: str | None = None
+    owner: str = ""
+    spread: Spread = Spread()
+    shard: int = 0
+    created_at: float = 0.0
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        d["spread"] = self.spread.to_json()
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict) -> EntitlementRec:
+        return cls(**{**d, "spread": Spread(tuple(d["spread"]["properties"]), d["spread"]["pinned_dc"])})
+
+    @classmethod
+    def parse(cls, data: Any, shards: int = 1) -> EntitlementRec:
+        _check_keys(data, {"name", "machine_type", "quota", "profile", "owner", "spread"}, "")
+        for required in ("name", "machine_type", "quota"):
+            if required not in data:
+                raise ApiError("invalid", required, "missing")
+        name = _name(data["name"], "name")
+        ent = cls(name=name, machine_type=_name(data["machine_type"], "machine_type"),
+                  quota=_int(data["quota"], "quota", 0), created_at=time.time(),
+                  shard=sum(name.encode()) % max(shards, 1))
+        return ent.modified({k: v for k, v in data.items() if k in ("profile", "owner", "spread")})
+
+    def modified(self, data: Any) -> EntitlementRec:
+        """The entitlement with the fields of a PATCH body changed."""
+        _check_keys(data, {"quota", "profile", "owner", "spread"}, "")
+        changes: dict[str, Any] = {}
+        if "quota" in data:
+            changes["quota"] = _int(data["quota"], "quota", 0)
+        if "profile" in data:
+            changes["profile"] = _opt_str(data["profile"], "profile")
+        if "owner" in data:
+            if not isinstance(data["owner"], str):
+                raise ApiError("invalid", "owner", "must be a string")
+            changes["owner"] = data["owner"]
+        if "spread" in data:
+            changes["spread"] = Spread.parse(data["spread"])
+        return replace(self, **changes)
+
+
+# -- jobs --------------------------------------------------------------------------------------
+
+TASK_FIELDS = ("image", "command", "env", "cpus", "memory_mb", "pids", "network_mode")
+
+
+def parse_task(data: Any, handle: str) -> dict:
+    """A job's task template, validated by the agent's own TaskSpec codec (one codec for both
+    ends), returned in the canonical form the agent will receive."""
+    _check_keys(data, set(TASK_FIELDS), "task")
+    try:
+        spec = TaskSpec.from_json({**data, "job": handle, "index": 0, "spec_version": 1}, "job", "task")
+    except InputError as e:
+        raise ApiError("invalid", e.field, e.why) from None
+    return {k: v for k, v in spec.to_json().items() if k in TASK_FIELDS}
+
+
+@dataclass(frozen=True)
+class Preference:
+    property: str = "msb"
+    strategy: str = "spread"
+    weight: float = 1.0
+
+
+@dataclass(frozen=True)
+class JobRec:
+    entitlement: str
+    name: str
+    count: int
+    task: dict
+    spec_version: int = 1
+    machine_type: str | None = None
+    dc: str | None = None
+    preferences: tuple[Preference, ...] | None = None
+    max_unavailable: int = 1
+    controller: str | None = None
+    state: str = "active"
+    created_at: float = 0.0
+    updated_at: float = 0.0
+
+    @property
+    def handle(self) -> str:
+        return f"{self.entitlement}/{self.name}"
+
+    def to_json(self) -> dict:
+        return {
+            "handle": self.handle, "entitlement": self.entitlement, "name": self.name, "count": self.count,
+            "task": self.task, "spec_version": self.spec_version,
+            "requirements": {"machine_type": self.machine_type, "dc": self.dc},
+            "preferences": None if self.preferences is None else [asdict(p) for p in self.preferences],
+            "update": {"max_unavailable": self.max_unavailable}, "controller": self.controller,
+            "state": self.state, "created_at": self.created_at, "updated_at": self.updated_at,
+        }
+
+    @classmethod
+    def from_json(cls, d: dict) -> JobRec:
+        prefs = d.get("preferences")
+        return cls(
+            entitlement=d["entitlement"], name=d["name"], count=d["count"], task=d["task"],
+            spec_version=d["spec_version"], machine_type=d["requirements"]["machine_type"],
+            dc=d["requirements"]["dc"], preferences=None if prefs is None else tuple(Preference(**p) for p in prefs),
+            max_unavailable=d["update"]["max_unavailable"], controller=d.get("controller"), state=d["state"],
+            created_at=d.get("created_at", 0.0), updated_at=d.get("updated_at", 0.0),
+        )
+
+    @classmethod
+    def parse(cls, data: Any) -> JobRec:
+        """A job spec from a user (docs/api.md). Raises ApiError naming the field."""
+        _check_keys(data, {"entitlement", "name", "count", "task", "requirements", "preferences", "update",
+                           "controller"}, "")
+        for required in ("entitlement", "name", "count", "task"):
+            if required not in data:
+                raise ApiError("invalid", required, "missing")
+        ent, name = _name(data["entitlement"], "entitlement"), _name(data["name"], "name")
+        req = _check_keys(data.get("requirements") or {}, {"machine_type", "dc"}, "requirements")
+        update = _check_keys(data.get("update") or {}, {"max_unavailable"}, "update")
+        controller = _opt_str(data.get("controller"), "controller")
+        if controller is not None and not re.match(r"^https?://", controller):
+            raise ApiError("invalid", "controller", f"{controller!r} must be an http(s) URL")
+        now = time.time()
+        return cls(
+            entitlement=ent, name=name, count=_int(data["count"], "count", 0, 10_000),
+            task=parse_task(data["task"], f"{ent}/{name}"),
+            machine_type=_opt_str(req.get("machine_type"), "requirements.machine_type"),
+            dc=_opt_str(req.get("dc"), "requirements.dc"), preferences=_preferences(data.get("preferences")),
+            max_unavailable=_int(update.get("max_unavailable", 1), "update.max_unavailable", 1, 10_000),
+            controller=controller, created_at=now, updated_at=now,
+        )
+
+    def resources(self) -> tuple[float, int]:
+        return float(self.task["cpus"]), int(self.task["memory_mb"])
+
+
+def _preferences(data: Any) -> tuple[Preference, ...] | None:
+    if data is None:
+        return None
+    if not isinstance(data, list):
+        raise ApiError("invalid", "preferences", "must be a list of {property, strategy, weight}")
+    out = []
+    for i, p in enumerate(data):
+        where = f"preferences[{i}]"
+        _check_keys(p, {"property", "strategy", "weight"}, where)
+        prop, strategy = p.get("property", "msb"), p.get("strategy", "spread")
+        weight = p.get("weight", 1.0)
+        if prop not in LEVELS:
+            raise ApiError("invalid", f"{where}.property", f"{prop!r} is not one of {', '.join(LEVELS)}")
+        if strategy not in STRATEGIES:
+            raise ApiError("invalid", f"{where}.strategy", f"{strategy!r} is not one of {', '.join(STRATEGIES)}")
+        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or weight < 0:
+            raise ApiError("invalid", f"{where}.weight", f"{weight!r} must be a number >= 0")
+        out.append(Preference(prop, strategy, float(weight)))
+    return tuple(out)
+
+
+# -- tasks, machines, events -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TaskRec:
+    job: str
+    index: int
+    spec_version: int
+    spec: dict  # the job's task template at spec_version
+    machine: str | None = None
+    state: str = "pending"
+    reason: str = ""
+    discovery: bool = False
+    since: float = 0.0
+
+    @property
+    def resources(self) -> tuple[float, int]:
+        return float(self.spec["cpus"]), int(self.spec["memory_mb"])
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict) -> TaskRec:
+        return cls(**d)
+
+    def moved(self, **changes: Any) -> TaskRec:
+        """The task with changes; `since` is reset when the state changes."""
+        new = replace(self, **changes)
+        if new.state != self.state:
+            new = replace(new, since=time.time())
+        return new
+
+    def agent_spec(self) -> dict:
+        return {"job": self.job, "index": self.index, "spec_version": self.spec_version, **self.spec}
+
+
+@dataclass(frozen=True)
+class MachineRec:
+    id: str
+    hostname: str
+    labels: dict
+    capacity: dict
+    entitlement: str | None = None
+    healthy: bool = True
+    health_reason: str = ""
+    profile_applied: str | None = None
+    profile_ok: bool = True
+    profile_error: str = ""
+    alloc_tasks: int = 0
+    alloc_cpus: float = 0.0
+    alloc_memory_mb: int = 0
+    address: str = ""
+    agent_version: str = ""
+    credential_sha256: str = ""
+    registered_at: float = 0.0
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict) -> MachineRec:
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in known})
+
+
+@dataclass(frozen=True)
+class EventRec:
+    id: str
+    kind: str  # failure | maintenance
+    machines: tuple[str, ...]
+    start: float
+    reason: str = ""
+    duration: float | None = None
+    deadline: float | None = None
+    end: float | None = None
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        d["machines"] = list(self.machines)
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict) -> EventRec:
+        return cls(**{**d, "machines": tuple(d["machines"])})
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """A discovery record: where a task answers, and whether clients should send it traffic."""
+
+    job: str
+    index: int
+    machine: str
+    address: str
+    enabled: bool
+    spec_version: int = 0
+
+    def to_json(self) -> dict:
+        return asdict(self)

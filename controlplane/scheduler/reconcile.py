@@ -1,0 +1,197 @@
+"""The scheduler's reconciler: a pure function from one job's desired state (count, spec version,
+state) and its tasks, as the machines see them, to named operations and the new task records.
+
+Level-triggered like the agent's: the service runs it on every change and on a steady interval,
+commits what it returns in one guarded transaction, and runs it again. Placement itself is the
+allocator's; the reconciler only says which tasks need a machine.
+
+Lifecycle of a task (DESIGN.md):
+    pending -> allocated -> starting -> running          (placed; profile applied; agent runs it)
+    running -> starting                                   (restart for update: new spec on the same machine)
+    any -> lost                                           (its machine stopped answering) -> placed elsewhere
+    running <-> failed                                    (the container exited; the agent restarts it)
+    any -> stopping -> stopped / deleted                  (job stopped / shrunk: gone from the agent)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Mapping
+
+from controlplane.records import JobRec, TaskRec
+
+# Disruptive operations: they take a running task down, so they need approval (the job's
+# update policy now, its TaskController in #4) and are rate limited.
+DISRUPTIVE = ("restart", "move", "stop")
+
+
+@dataclass(frozen=True)
+class MachineView:
+    """What the reconciler needs to know of a task's machine."""
+
+    id: str
+    healthy: bool
+    health_reason: str = ""
+    profile_ready: bool = True
+    desired_profile: str | None = None
+    address: str = ""
+    # The agent's last report of its containers since this daemon started, by (job, index);
+    # None: no report yet (after a daemon restart): task states are left as they are.
+    reports: Mapping[tuple[str, int], dict] | None = None
+
+
+@dataclass(frozen=True)
+class Op:
+    kind: str  # place, start, stop, restart, move, lost, running, failed, delete
+    index: int
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.kind} #{self.index}: {self.reason}"
+
+
+@dataclass
+class JobPlan:
+    changes: list[tuple[TaskRec | None, TaskRec | None]] = field(default_factory=list)  # (old, new); new None: delete
+    ops: list[Op] = field(default_factory=list)
+    held: list[Op] = field(default_factory=list)  # disruptive operations not approved now
+    waiting: list[str] = field(default_factory=list)
+    place: tuple[int, ...] = ()  # task indices that need a machine (pending, lost, moved)
+    job: JobRec | None = None  # the job record when it changes (e.g. stopping -> stopped)
+
+    def empty(self) -> bool:
+        return not (self.changes or self.job)
+
+
+def _unavailable(t: TaskRec | None) -> bool:
+    return t is None or t.state != "running"
+
+
+def reconcile(job: JobRec, tasks: Mapping[int, TaskRec], machines: Mapping[str, MachineView]) -> JobPlan:
+    plan = JobPlan()
+    current: dict[int, TaskRec] = dict(tasks)
+
+    def change(t: TaskRec, new: TaskRec | None, op: Op | None) -> None:
+        plan.changes.append((t, new))
+        if new is None:
+            current.pop(t.index, None)
+        else:
+            current[t.index] = new
+        if op is not None:
+            plan.ops.append(op)
+
+    stopping_job = job.state != "active"
+    for t in sorted(tasks.values(), key=lambda t: t.index):
+        m = machines.get(t.machine) if t.machine else None
+        if stopping_job or t.index >= job.count or t.state == "stopping":
+            _stop_step(job, t, m, change, final="stopped" if stopping_job and t.index < job.count else None)
+        else:
+            _live_step(t, m, change, plan)
+
+    if not stopping_job:
+        _rolling_update(job, current, machines, change, plan)
+        plan.place = tuple(i for i in range(job.count) if _needs_machine(current.get(i), machines))
+    elif all(t.state == "stopped" for t in current.values()) and job.state != "stopped":
+        plan.job = replace(job, state="stopped")
+    return plan
+
+
+def _needs_machine(t: TaskRec | None, machines: Mapping[str, MachineView]) -> bool:
+    if t is None or t.machine is None:
+        return t is None or t.state in ("pending", "stopped")
+    m = machines.get(t.machine)
+    return m is None or not m.healthy
+
+
+def _stop_step(job: JobRec, t: TaskRec, m: MachineView | None, change, final: str | None) -> None:
+    """A task that should not run: disable discovery and take it off its machine; once the agent
+    no longer reports it (or its machine is gone), it is stopped (kept as a record when the job
+    stopped, deleted when the job shrank)."""
+    gone = m is None or not m.healthy or (m.reports is not None and (t.job, t.index) not in m.reports)
+    reason = "job stopped" if job.state != "active" else f"resize to {job.count}"
+    if t.state == "stopped":
+        if t.index >= job.count:
+            change(t, None, Op("delete", t.index, reason))
+        return
+    if t.machine is None or (t.state == "stopping" and gone) or (m is None or not m.healthy):
+        if final:
+            change(t, t.moved(state=final, machine=None, discovery=False, reason=reason), Op("stopped", t.index, reason))
+        else:
+            change(t, None, Op("delete", t.index, reason))
+    elif t.state != "stopping":
+        change(t, t.moved(state="stopping", discovery=False, reason=reason), Op("stop", t.index, reason))
+
+
+def _live_step(t: TaskRec, m: MachineView | None, change, plan: JobPlan) -> None:
+    key = (t.job, t.index)
+    if t.machine is None:
+        if t.state == "pending":
+            plan.waiting.append(f"#{t.index}: pending{': ' + t.reason if t.reason else ''}")
+        return
+    if m is None or not m.healthy:
+        if t.state != "lost":
+            why = f"machine {t.machine} {'is gone' if m is None else 'unhealthy: ' + m.health_reason}"
+            change(t, t.moved(state="lost", discovery=False, reason=why), Op("lost", t.index, why))
+        return
+    if t.state == "lost":
+        change(t, t.moved(state="starting", reason=f"machine {m.id} is back"), Op("start", t.index, "machine back"))
+        return
+    if t.state == "allocated":
+        if m.profile_ready:
+            change(t, t.moved(state="starting", reason=""), Op("start", t.index, f"on {m.id}"))
+        else:
+            plan.waiting.append(f"#{t.index}: waiting for profile {m.desired_profile} on {m.id}")
+        return
+    if m.reports is None:
+        return
+    r = m.reports.get(key)
+    new = _from_report(t, r)
+    if new != t:
+        change(t, new, Op(new.state, t.index, new.reason) if new.state != t.state else None)
+
+
+def _from_report(t: TaskRec, r: dict | None) -> TaskRec:
+    """The task as its agent reports it (states starting, running, failed)."""
+    if r is None:
+        return t.moved(state="starting", discovery=False, reason="" if t.state == "starting" else "no container yet")
+    if r.get("spec_version") != t.spec_version:
+        return t.moved(state="starting", discovery=False, reason=f"replacing spec v{r.get('spec_version')}")
+    if r.get("state") == "running":
+        return t.moved(state="running", discovery=True, reason="")
+    if r.get("state") in ("exited", "failed") or r.get("error"):
+        why = r.get("error") or f"exited with code {r.get('exit_code')}; restarts {r.get('restarts', 0)}"
+        return t.moved(state="failed", discovery=False, reason=why)
+    return t.moved(state="starting", discovery=False, reason="")
+
+
+def _rolling_update(job: JobRec, current: dict[int, TaskRec], machines: Mapping[str, MachineView],
+                    change, plan: JobPlan) -> None:
+    """Bring tasks to the job's spec version. A task that is down anyway is updated at once; a
+    running one is restarted only while fewer than max_unavailable tasks are down. A task whose
+    size changed moves (it is placed afresh), the rest restart in place."""
+    outdated = sorted((t for i, t in current.items() if i < job.count and t.spec_version < job.spec_version
+                       and t.state != "stopping"), key=lambda t: t.index)
+    down = sum(1 for i in range(job.count) if _unavailable(current.get(i)))
+    for t in outdated:
+        was_down = _unavailable(t)
+        if not was_down and down >= job.max_unavailable:
+            plan.held.append(Op("restart", t.index, f"update to v{job.spec_version}: {down} of max "
+                                f"{job.max_unavailable} unavailable"))
+            continue
+        new = _updated(job, t)
+        kind = "move" if new.machine is None and t.machine is not None else "restart"
+        change(t, new, Op(kind, t.index, f"update v{t.spec_version} -> v{job.spec_version}"))
+        if not was_down:
+            down += 1
+
+
+def _updated(job: JobRec, t: TaskRec) -> TaskRec:
+    new_res = (float(job.task["cpus"]), int(job.task["memory_mb"]))
+    base = dict(spec=job.task, spec_version=job.spec_version, discovery=False,
+                reason=f"update to v{job.spec_version}")
+    if t.machine is None or t.state in ("pending", "stopped"):
+        return t.moved(**base)
+    if new_res != t.resources:
+        return t.moved(**base, machine=None, state="pending")
+    state = t.state if t.state in ("allocated", "lost") else "starting"
+    return t.moved(**base, state=state)

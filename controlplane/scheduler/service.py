@@ -1,0 +1,216 @@
+"""The scheduler service: runs the pure reconciler for every job, places what needs a machine with
+the allocator, and commits each step in one etcd transaction guarded by the mod revisions of the
+records it read (the job, its tasks, every machine whose allocation changes, the entitlement when
+it takes or returns machines). A lost race is a Conflict: the next pass sees the winner's write.
+
+The same transaction keeps, per machine, the resources its tasks hold and its entitlement: a free
+machine joins the entitlement when a task is placed on it, and returns to the free pool when its
+last task leaves (paper Figure 7). Discovery records are written in the transaction that changes
+the task they describe, so a task is disabled before its agent can see it stopped or moved.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import replace
+from typing import Callable, Mapping
+
+from controlplane.allocator import AllocationCache, AllocationError, JobRequest, Placement, SoftPreference, allocate
+from controlplane.records import Endpoint, JobRec, MachineRec, TaskRec
+from controlplane.scheduler.reconcile import JobPlan, MachineView, reconcile
+from controlplane.state import RegionState
+from controlplane.store import Conflict, Store, Versioned
+from controlplane.store.keys import Keys
+
+log = logging.getLogger("twine.controld.scheduler")
+Reports = Callable[[str], Mapping[tuple[str, int], dict] | None]
+PASS_INTERVAL = 1.0
+
+
+def job_request(job: JobRec) -> JobRequest:
+    cpus, mem = job.resources()
+    prefs = None if job.preferences is None else tuple(
+        SoftPreference(p.property, p.strategy, p.weight) for p in job.preferences)
+    return JobRequest(job.handle, job.count, cpus, mem, machine_type=job.machine_type, dc=job.dc, preferences=prefs)
+
+
+class Scheduler:
+    def __init__(self, state: RegionState, store: Store, keys: Keys, reports: Reports):
+        self.state = state
+        self.store = store
+        self.keys = keys
+        self.reports = reports
+        self.cache = AllocationCache()
+        self.lock = asyncio.Lock()  # one shard in this process: its commits do not race each other
+        self.plans: dict[str, JobPlan] = {}
+        self.messages: dict[str, str] = {}  # why a job's tasks cannot be placed, for job status
+        self.counters = {"passes": 0, "commits": 0, "conflicts": 0, "placements": 0, "errors": 0}
+
+    # -- the loop ----------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        while True:
+            self.state.changed.clear()
+            await self.pass_all()
+            try:
+                await asyncio.wait_for(self.state.changed.wait(), PASS_INTERVAL)
+            except TimeoutError:
+                pass
+
+    async def pass_all(self) -> None:
+        self.counters["passes"] += 1
+        for handle in sorted(self.state.jobs):
+            try:
+                await self.pass_job(handle)
+            except Conflict:
+                self.counters["conflicts"] += 1
+                self.state.changed.set()
+            except Exception:  # one job's failure must not stop the others; the next pass retries
+                self.counters["errors"] += 1
+                log.exception("scheduling %s failed", handle)
+
+    def view(self, mid: str) -> MachineView | None:
+        m = self.state.machines.get(mid)
+        if m is None:
+            return None
+        return MachineView(m.id, m.healthy, m.health_reason, self.state.profile_ready(m),
+                           self.state.desired_profile(m), m.address, self.reports(mid))
+
+    async def pass_job(self, handle: str) -> None:
+        async with self.lock:
+            job = self.state.jobs.get(handle)
+            if job is None or job.state == "stopped":
+                return
+            tasks = self.state.tasks.get(handle, {})
+            views = {mid: v for mid in {t.machine for t in tasks.values() if t.machine} if (v := self.view(mid))}
+            plan = reconcile(job, tasks, views)
+            self.plans[handle] = plan
+            if not plan.empty():
+                for op in plan.ops:
+                    log.info("%s %s", handle, op)
+                rev = await self.commit(job, plan.changes, job_put=plan.job)
+                await self.state.wait_for(rev)
+                return
+            if plan.place:
+                try:
+                    placement = allocate(self.state.snapshot(), job_request(job), cache=self.cache)
+                except AllocationError as e:
+                    if self.messages.get(handle) != e.message:
+                        log.warning("%s: %s", handle, e.message)
+                    self.messages[handle] = e.message
+                    return
+                self.messages.pop(handle, None)
+                rev = await self.commit_placement(job, placement, plan.place)
+                await self.state.wait_for(rev)
+
+    # -- transactions ------------------------------------------------------------------------
+
+    def new_tasks(self, job: JobRec, placement: Placement, indices: tuple[int, ...]) -> list[tuple[TaskRec | None, TaskRec]]:
+        existing = self.state.tasks.get(job.handle, {})
+        now = time.time()
+        out = []
+        for i in indices:
+            mid = placement.machine_of(i)
+            old = existing.get(i)
+            why = f"moved from {old.machine}" if old is not None and old.machine and old.machine != mid else "placed"
+            out.append((old, TaskRec(job.handle, i, job.spec_version, job.task, mid, "allocated", why, False, now)))
+        return out
+
+    async def commit_placement(self, job: JobRec, placement: Placement, indices: tuple[int, ...],
+                               job_put: JobRec | None = None, deletes: tuple[TaskRec, ...] = ()) -> int:
+        chosen = tuple(i for i in indices if i in set(placement.new_tasks))
+        changes: list[tuple[TaskRec | None, TaskRec | None]] = list(self.new_tasks(job, placement, chosen))
+        changes += [(t, None) for t in deletes]
+        taken = {placement.machine_of(i) for i in chosen} & set(placement.machines_taken)
+        rev = await self.commit(job, changes, job_put=job_put, taken=taken)
+        self.counters["placements"] += 1
+        for old, new in changes:
+            if new is not None:
+                log.info("%s #%d -> %s (%s)", job.handle, new.index, new.machine, new.reason)
+        return rev
+
+    async def commit(self, job: JobRec, changes: list[tuple[TaskRec | None, TaskRec | None]],
+                     job_put: JobRec | None = None, taken: set[str] = frozenset()) -> int:
+        """One transaction for a job's task changes and everything that follows from them."""
+        keys, st = self.keys, self.state
+        guards: dict[str, Versioned] = {keys.job(job.handle): st.guard(keys.job(job.handle))}
+        puts: dict[str, dict] = {}
+        deletes: list[str] = []
+        if job_put is not None:
+            puts[keys.job(job.handle)] = job_put.to_json()
+        delta: dict[str, list[float]] = {}
+        for old, new in changes:
+            index = (old or new).index
+            tkey = keys.task(job.handle, index)
+            guards[tkey] = st.guard(tkey)
+            for t, sign in ((old, -1), (new, 1)):
+                if t is not None and t.machine:
+                    cpus, mem = t.resources
+                    d = delta.setdefault(t.machine, [0, 0.0, 0])
+                    d[0] += sign
+                    d[1] += sign * cpus
+                    d[2] += sign * mem
+            dkey = keys.discovery(job.handle) + f"{index:06d}"
+            if new is None:
+                puts.pop(tkey, None)
+                deletes += [tkey, dkey]
+            else:
+                puts[tkey] = new.to_json()
+                if old is None or (old.machine, old.discovery, old.spec_version) != (new.machine, new.discovery, new.spec_version):
+                    m = st.machines.get(new.machine) if new.machine else None
+                    puts[dkey] = Endpoint(job.handle, index, new.machine or "", m.address if m else "",
+                                          new.discovery, new.spec_version).to_json()
+        ent_touched = False
+        for mid in set(delta) | set(taken):
+            m = st.machines.get(mid)
+            if m is None:
+                continue  # a machine record that is gone holds nothing
+            mkey = keys.machine(mid)
+            guards[mkey] = st.guard(mkey)
+            n, cpus, mem = delta.get(mid, (0, 0.0, 0))
+            new_m = replace(m, alloc_tasks=m.alloc_tasks + n, alloc_cpus=round(m.alloc_cpus + cpus, 6),
+                            alloc_memory_mb=m.alloc_memory_mb + mem)
+            if mid in taken and m.entitlement is None:
+                new_m = replace(new_m, entitlement=job.entitlement)
+                ent_touched = True
+                log.info("entitlement %s takes machine %s from the free pool", job.entitlement, mid)
+            elif new_m.alloc_tasks <= 0 and m.entitlement is not None:
+                new_m = replace(new_m, entitlement=None, alloc_tasks=0, alloc_cpus=0.0, alloc_memory_mb=0)
+                ent_touched = True
+                log.info("machine %s returns from %s to the free pool", mid, m.entitlement)
+            puts[mkey] = new_m.to_json()
+        if ent_touched:
+            # Every change to what an entitlement holds writes its record: two such changes
+            # race on it, so the quota is never overrun by concurrent allocations.
+            ekey = keys.entitlement(job.entitlement)
+            guards[ekey] = st.guard(ekey)
+            puts[ekey] = st.entitlements[job.entitlement].to_json()
+        rev = await self.store.commit(list(guards.values()), puts, deletes)
+        self.counters["commits"] += 1
+        return rev
+
+    # -- front-end operations ----------------------------------------------------------------
+
+    async def create(self, job: JobRec) -> int:
+        """Place a new job and commit it with its tasks in one transaction. AllocationError: it
+        cannot fit, and nothing is written."""
+        async with self.lock:
+            placement = allocate(self.state.snapshot(), job_request(job), cache=self.cache)
+            old = tuple(t for t in self.state.tasks.get(job.handle, {}).values() if t.index >= job.count)
+            rev = await self.commit_placement(job, placement, tuple(range(job.count)), job_put=job, deletes=old)
+        await self.state.wait_for(rev)
+        return rev
+
+    async def check_fits(self, job: JobRec) -> None:
+        """Raise AllocationError if the job (as it would be) cannot be placed now."""
+        async with self.lock:
+            allocate(self.state.snapshot(), job_request(job))
+
+    async def put_job(self, job: JobRec) -> int:
+        async with self.lock:
+            key = self.keys.job(job.handle)
+            rev = await self.store.commit([self.state.guard(key)], {key: job.to_json()})
+        await self.state.wait_for(rev)
+        return rev

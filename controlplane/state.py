@@ -1,0 +1,233 @@
+"""The daemon's in-memory view of its region: one Index over /twine/<region>/ (a range read, then a
+watch), decoded into typed records, plus what is derived from them: the allocator's snapshot, each
+machine's desired state, and wake-ups for whoever waits on a change.
+
+One watch for the whole region means one revision: after a commit, `wait_for(revision)` makes the
+next read see it (read-your-writes), whichever kinds of record the commit touched.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+from collections import defaultdict
+from typing import Iterable
+
+from controlplane.allocator import Entitlement, Machine, PlacedTask, Snapshot, SpreadPolicy
+from controlplane.records import ON_MACHINE, EntitlementRec, EventRec, JobRec, MachineRec, TaskRec
+from controlplane.store import Index, Store, Versioned
+from controlplane.store.etcd import Change
+from controlplane.store.keys import Keys
+
+log = logging.getLogger("twine.controld.state")
+
+
+def to_machine(m: MachineRec, version: int) -> Machine:
+    lb = m.labels
+    return Machine(m.id, lb["region"], lb["dc"], lb["msb"], lb["rack"], lb["machine_type"],
+                   float(m.capacity["cpus"]), int(m.capacity["memory_mb"]), m.healthy, m.entitlement, version)
+
+
+def to_entitlement(e: EntitlementRec) -> Entitlement:
+    return Entitlement(e.name, e.machine_type, e.quota, SpreadPolicy(e.spread.properties, e.spread.pinned_dc))
+
+
+def to_placed(t: TaskRec) -> PlacedTask | None:
+    if t.machine is None:
+        return None
+    cpus, mem = t.resources
+    return PlacedTask(t.job, t.index, t.machine, cpus, mem)
+
+
+class RegionState:
+    def __init__(self, store: Store, keys: Keys):
+        self.store = store
+        self.keys = keys
+        self.index = Index(store, keys.root, on_change=self._on_change)
+        self.machines: dict[str, MachineRec] = {}
+        self.entitlements: dict[str, EntitlementRec] = {}
+        self.jobs: dict[str, JobRec] = {}
+        self.tasks: dict[str, dict[int, TaskRec]] = defaultdict(dict)
+        self.events: dict[str, EventRec] = {}
+        self.endpoints: dict[tuple[str, int], dict] = {}  # discovery records by (job, index)
+        self.by_machine: dict[str, set[tuple[str, int]]] = defaultdict(set)
+        self.revs: dict[str, int] = {}  # key -> mod revision, for transaction guards
+        self.credentials: dict[str, str] = {}  # sha256 of a machine credential -> machine id
+        self.changed = asyncio.Event()  # set on every change; the scheduler clears it
+        self._machine_waiters: dict[str, asyncio.Event] = {}
+        self._snapshot: Snapshot | None = None
+        self._dirty_machines: set[str] = set()
+        self._dirty_tasks: set[tuple[str, int]] = set()
+        self._dirty_ents: set[str] = set()
+
+    async def start(self) -> None:
+        await self.index.start()
+        for v in self.index.items.values():
+            self._apply(v.key, v.value, v.mod_revision)
+        self._snapshot = None
+        log.info("region %s: %d machines, %d entitlements, %d jobs, %d tasks at revision %d",
+                 self.keys.region, len(self.machines), len(self.entitlements), len(self.jobs),
+                 sum(len(t) for t in self.tasks.values()), self.index.revision)
+
+    async def stop(self) -> None:
+        await self.index.stop()
+
+    async def wait_for(self, revision: int) -> None:
+        await self.index.wait_for(revision)
+
+    @property
+    def revision(self) -> int:
+        return self.index.revision
+
+    def guard(self, key: str) -> Versioned:
+        """A transaction guard: `key` must still be at the revision this view has (0: absent)."""
+        return Versioned(key, None, self.revs.get(key, 0))
+
+    # -- decoding the watch ----------------------------------------------------------------
+
+    def _on_change(self, change: Change) -> None:
+        self._apply(change.key, change.value, change.mod_revision)
+        self.changed.set()
+
+    def _apply(self, key: str, value: dict | None, revision: int) -> None:
+        rel = key[len(self.keys.root):]
+        kind, _, rest = rel.partition("/")
+        if value is None:
+            self.revs.pop(key, None)
+        else:
+            self.revs[key] = revision
+        if kind == "machines":
+            self._set_machine(rest, None if value is None else MachineRec.from_json(value))
+        elif kind == "entitlements":
+            old = self.entitlements.get(rest)
+            if value is None:
+                self.entitlements.pop(rest, None)
+            else:
+                self.entitlements[rest] = EntitlementRec.from_json(value)
+            self._dirty_ents.add(rest)
+            self._wake_entitlement(rest, old)
+        elif kind == "jobs":
+            if value is None:
+                self.jobs.pop(rest, None)
+            else:
+                self.jobs[rest] = JobRec.from_json(value)
+        elif kind == "tasks":
+            handle, _, idx = rest.rpartition("/")
+            self._set_task(handle, int(idx), None if value is None else TaskRec.from_json(value))
+        elif kind == "events":
+            if value is None:
+                self.events.pop(rest, None)
+            else:
+                self.events[rest] = EventRec.from_json(value)
+        elif kind == "discovery":
+            handle, _, idx = rest.rpartition("/")
+            if value is None:
+                self.endpoints.pop((handle, int(idx)), None)
+            else:
+                self.endpoints[(handle, int(idx))] = value
+
+    def _set_machine(self, mid: str, m: MachineRec | None) -> None:
+        old = self.machines.get(mid)
+        if old is not None and old.credential_sha256:
+            self.credentials.pop(old.credential_sha256, None)
+        if m is None:
+            self.machines.pop(mid, None)
+        else:
+            self.machines[mid] = m
+            if m.credential_sha256:
+                self.credentials[m.credential_sha256] = mid
+        self._dirty_machines.add(mid)
+        self.wake_machine(mid)
+
+    def _set_task(self, handle: str, index: int, t: TaskRec | None) -> None:
+        old = self.tasks.get(handle, {}).get(index)
+        if t is None:
+            self.tasks.get(handle, {}).pop(index, None)
+            if handle in self.tasks and not self.tasks[handle]:
+                del self.tasks[handle]
+        else:
+            self.tasks[handle][index] = t
+        key = (handle, index)
+        if old is not None and old.machine:
+            self.by_machine[old.machine].discard(key)
+        if t is not None and t.machine:
+            self.by_machine[t.machine].add(key)
+        self._dirty_tasks.add(key)
+        for m in {old.machine if old else None, t.machine if t else None} - {None}:
+            self.wake_machine(m)
+
+    def _wake_entitlement(self, name: str, old: EntitlementRec | None) -> None:
+        new = self.entitlements.get(name)
+        if old is None or new is None or old.profile != new.profile:
+            for m in self.machines.values():
+                if m.entitlement == name:
+                    self.wake_machine(m.id)
+
+    # -- long-poll wake-ups ----------------------------------------------------------------
+
+    def wake_machine(self, mid: str) -> None:
+        ev = self._machine_waiters.pop(mid, None)
+        if ev is not None:
+            ev.set()
+
+    def machine_changed(self, mid: str) -> asyncio.Event:
+        """An event set at the next change that may touch the machine's desired state."""
+        return self._machine_waiters.setdefault(mid, asyncio.Event())
+
+    # -- derived views ---------------------------------------------------------------------
+
+    def desired_profile(self, m: MachineRec) -> str | None:
+        """The sidekick's rule: a machine in an entitlement wants the entitlement's profile; a
+        free machine wants none (its originals restored)."""
+        ent = self.entitlements.get(m.entitlement) if m.entitlement else None
+        return ent.profile if ent else None
+
+    def profile_ready(self, m: MachineRec) -> bool:
+        return m.profile_ok and m.profile_applied == self.desired_profile(m)
+
+    def tasks_on(self, mid: str) -> list[TaskRec]:
+        return [self.tasks[job][i] for job, i in sorted(self.by_machine.get(mid, ()))]
+
+    def desired_for(self, mid: str) -> dict:
+        """The machine's desired state as the agent reads it, with a version that is a hash of
+        its content: a restarted daemon computes the same version, so no agent restarts a task."""
+        m = self.machines[mid]
+        tasks = sorted((t for t in self.tasks_on(mid) if t.state in ON_MACHINE), key=lambda t: (t.job, t.index))
+        body = {"profile": self.desired_profile(m), "tasks": [t.agent_spec() for t in tasks]}
+        digest = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:20]
+        return {**body, "version": digest}
+
+    def snapshot(self) -> Snapshot:
+        """The allocator's immutable snapshot, moved forward by the changes since the last one."""
+        if self._snapshot is None:
+            self._snapshot = Snapshot.build(
+                (to_machine(m, self.revs[self.keys.machine(m.id)]) for m in self.machines.values()),
+                (to_entitlement(e) for e in self.entitlements.values()),
+                (p for ts in self.tasks.values() for t in ts.values() if (p := to_placed(t)) is not None),
+                self.revision)
+        elif self._dirty_machines or self._dirty_tasks or self._dirty_ents:
+            self._snapshot = self._snapshot.with_changes(
+                machines=[to_machine(self.machines[mid], self.revs[self.keys.machine(mid)])
+                          for mid in self._dirty_machines if mid in self.machines],
+                removed_machines=[mid for mid in self._dirty_machines if mid not in self.machines],
+                tasks=list(self._placed(self._dirty_tasks)),
+                removed_tasks=[k for k in self._dirty_tasks if self._placed_one(k) is None],
+                entitlements=[to_entitlement(self.entitlements[n]) for n in self._dirty_ents
+                              if n in self.entitlements],
+                revision=self.revision)
+        self._dirty_machines.clear()
+        self._dirty_tasks.clear()
+        self._dirty_ents.clear()
+        return self._snapshot
+
+    def _placed_one(self, key: tuple[str, int]) -> PlacedTask | None:
+        t = self.tasks.get(key[0], {}).get(key[1])
+        return to_placed(t) if t is not None else None
+
+    def _placed(self, keys: Iterable[tuple[str, int]]) -> Iterable[PlacedTask]:
+        for k in keys:
+            p = self._placed_one(k)
+            if p is not None:
+                yield p

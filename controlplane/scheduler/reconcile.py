@@ -153,7 +153,7 @@ def _live_step(t: TaskRec, m: MachineView | None, change, plan: JobPlan) -> None
 def _from_report(t: TaskRec, r: dict | None) -> TaskRec:
     """The task as its agent reports it (states starting, running, failed)."""
     if r is None:
-        return t.moved(state="starting", discovery=False, reason="" if t.state == "starting" else "no container yet")
+        return t.moved(state="starting", discovery=False, reason=t.reason if t.state == "starting" else "no container yet")
     if r.get("spec_version") != t.spec_version:
         return t.moved(state="starting", discovery=False, reason=f"replacing spec v{r.get('spec_version')}")
     if r.get("state") == "running":

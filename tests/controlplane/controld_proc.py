@@ -1,0 +1,93 @@
+"""A real `twine-controld` process on a free loopback port, on the session's etcd, in a region of
+its own (so tests sharing one etcd never see each other's keys)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import uuid
+from pathlib import Path
+
+from tests.agent.agentproc import REPO, free_port
+
+API_TOKEN = "test-api-token"
+BOOTSTRAP_TOKEN = "test-bootstrap-token"
+
+
+class Controld:
+    def __init__(self, tmp: Path, etcd_port: int, heartbeat_timeout: float = 2.0):
+        self.tmp = tmp
+        self.etcd_port = etcd_port
+        self.region = "r" + uuid.uuid4().hex[:10]
+        self.port = free_port()
+        self.heartbeat_timeout = heartbeat_timeout
+        self.api_file = tmp / "api-tokens"
+        self.boot_file = tmp / "bootstrap-tokens"
+        self.api_file.write_text(API_TOKEN + "\n")
+        self.boot_file.write_text(BOOTSTRAP_TOKEN + "\n")
+        self.log = tmp / "controld.log"
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> "Controld":
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "controlplane.daemon", "--etcd", f"127.0.0.1:{self.etcd_port}",
+             "--region", self.region, "--listen", f"127.0.0.1:{self.port}", "--api-token-file", str(self.api_file),
+             "--bootstrap-token-file", str(self.boot_file), "--heartbeat-timeout", str(self.heartbeat_timeout)],
+            stdout=open(self.log, "ab"), stderr=subprocess.STDOUT, cwd=REPO)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"controld exited {self.proc.returncode}: {self.log.read_text()[-2000:]}")
+            try:
+                urllib.request.urlopen(self.url + "/healthz", timeout=1).read()
+                return self
+            except OSError:
+                time.sleep(0.05)
+        raise AssertionError("controld did not answer in 20 s")
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(sig)
+        self.proc.wait(10)
+
+    def close(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def call(self, method: str, path: str, body: object = None, token: str | None = API_TOKEN,
+             timeout: float = 30) -> tuple[int, dict]:
+        headers = {"Content-Type": "application/json"}
+        if token is not None:
+            headers["Authorization"] = f"Bearer {token}"
+        data = body if isinstance(body, bytes) else None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(self.url + path, method=method, data=data, headers=headers)
+        try:
+            with urllib.request.urlopen(req, timeout=timeout) as r:
+                return r.status, json.loads(r.read())
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read())
+
+    def wait_for(self, path: str, predicate, timeout: float = 20, what: str = "condition") -> dict:
+        deadline = time.monotonic() + timeout
+        last = None
+        while time.monotonic() < deadline:
+            status, last = self.call("GET", path)
+            if status == 200 and predicate(last):
+                return last
+            time.sleep(0.1)
+        raise AssertionError(f"timed out waiting for {what}; last: {json.dumps(last)[:3000]}\n"
+                             f"log: {self.log.read_text()[-3000:]}")

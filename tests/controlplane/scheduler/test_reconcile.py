@@ -1,0 +1,141 @@
+"""The scheduler's pure reconciler: lifecycle transitions, moves, shrink, stop and rolling updates."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from controlplane.records import JobRec, TaskRec
+from controlplane.scheduler.reconcile import MachineView, reconcile
+
+SPEC = {"image": "twine/busybox:1", "command": [], "env": {}, "cpus": 0.5, "memory_mb": 64, "pids": 256,
+        "network_mode": "bridge"}
+H = "ent/web"
+
+
+def job(count: int = 3, **kw) -> JobRec:
+    return JobRec("ent", "web", count, SPEC, **kw)
+
+
+def task(i: int, state: str = "running", machine: str | None = "m1", v: int = 1, spec: dict = SPEC, **kw) -> TaskRec:
+    return TaskRec(H, i, v, spec, machine, state, discovery=state == "running", **kw)
+
+
+def machine(mid: str = "m1", healthy: bool = True, reports=None, ready: bool = True) -> MachineView:
+    return MachineView(mid, healthy, "" if healthy else "no heartbeat for 5.0s", ready, "web", "10.0.0.1", reports)
+
+
+def running(*tasks: TaskRec) -> dict:
+    return {(t.job, t.index): {"job": t.job, "index": t.index, "spec_version": t.spec_version, "state": "running"}
+            for t in tasks}
+
+
+def new_states(plan) -> dict[int, str | None]:
+    return {(old or new).index: (new.state if new else None) for old, new in plan.changes}
+
+
+def test_missing_tasks_are_placed():
+    ts = {0: task(0)}
+    plan = reconcile(job(3), ts, {"m1": machine(reports=running(ts[0]))})
+    assert plan.place == (1, 2)
+    assert plan.changes == []
+
+
+def test_sidekick_gate_waits_for_the_profile_then_starts():
+    ts = {0: task(0, "allocated")}
+    plan = reconcile(job(1), ts, {"m1": machine(ready=False, reports={})})
+    assert plan.changes == [] and plan.waiting == ["#0: waiting for profile web on m1"]
+    plan = reconcile(job(1), ts, {"m1": machine(ready=True, reports={})})
+    assert new_states(plan) == {0: "starting"}
+
+
+def test_agent_reports_drive_starting_running_failed():
+    t = task(0, "starting")
+    plan = reconcile(job(1), {0: t}, {"m1": machine(reports=running(t))})
+    (old, new), = plan.changes
+    assert new.state == "running" and new.discovery
+    report = {(H, 0): {"job": H, "index": 0, "spec_version": 1, "state": "exited", "exit_code": 3, "restarts": 2}}
+    plan = reconcile(job(1), {0: new}, {"m1": machine(reports=report)})
+    (_, failed), = plan.changes
+    assert failed.state == "failed" and not failed.discovery and "code 3" in failed.reason
+    stale = {(H, 0): {"job": H, "index": 0, "spec_version": 0, "state": "running"}}
+    plan = reconcile(job(1), {0: t}, {"m1": machine(reports=stale)})
+    (_, replacing), = plan.changes
+    assert replacing.state == "starting" and "replacing spec v0" in replacing.reason
+
+
+def test_no_report_since_a_daemon_restart_changes_nothing():
+    ts = {i: task(i) for i in range(3)}
+    plan = reconcile(job(3), ts, {"m1": machine(reports=None)})
+    assert plan.empty() and plan.place == ()
+
+
+def test_lost_machine_tasks_are_lost_and_placed_again():
+    ts = {0: task(0, machine="m1"), 1: task(1, machine="m2")}
+    views = {"m1": machine("m1", healthy=False), "m2": machine("m2", reports=running(ts[1]))}
+    plan = reconcile(job(2), ts, views)
+    (old, new), = plan.changes
+    assert new.state == "lost" and not new.discovery and "unhealthy" in new.reason
+    lost = {0: new, 1: ts[1]}
+    assert reconcile(job(2), lost, views).place == (0,)
+    back = reconcile(job(2), lost, {**views, "m1": machine("m1", reports=running(ts[0]))})
+    assert new_states(back) == {0: "starting"}
+
+
+def test_shrink_disables_discovery_stops_then_deletes_once_the_agent_has_no_container():
+    ts = {i: task(i) for i in range(3)}
+    plan = reconcile(job(1), ts, {"m1": machine(reports=running(*ts.values()))})
+    assert new_states(plan) == {1: "stopping", 2: "stopping"}
+    assert all(not new.discovery for _, new in plan.changes)
+    stopping = {**ts, **{new.index: new for _, new in plan.changes}}
+    plan = reconcile(job(1), stopping, {"m1": machine(reports=running(ts[0], ts[1]))})
+    assert new_states(plan) == {2: None}  # #1 still reported by the agent: it waits
+
+
+def test_job_stop_stops_every_task_then_the_job():
+    ts = {i: task(i) for i in range(2)}
+    stopping_job = job(2, state="stopping")
+    plan = reconcile(stopping_job, ts, {"m1": machine(reports=running(*ts.values()))})
+    assert new_states(plan) == {0: "stopping", 1: "stopping"}
+    after = {new.index: new for _, new in plan.changes}
+    plan = reconcile(stopping_job, after, {"m1": machine(reports={})})
+    assert new_states(plan) == {0: "stopped", 1: "stopped"}
+    assert all(new.machine is None for _, new in plan.changes)
+    done = {new.index: new for _, new in plan.changes}
+    assert reconcile(stopping_job, done, {}).job.state == "stopped"
+
+
+def test_rolling_update_keeps_at_most_max_unavailable_down():
+    ts = {i: task(i) for i in range(4)}
+    j = job(4, spec_version=2, max_unavailable=1)
+    plan = reconcile(j, ts, {"m1": machine(reports=running(*ts.values()))})
+    assert new_states(plan) == {0: "starting"}
+    assert [op.index for op in plan.held] == [1, 2, 3]
+    (_, new), = plan.changes
+    assert new.spec_version == 2 and not new.discovery
+    # while #0 is not running again, nothing else restarts
+    mid = {**ts, 0: new}
+    plan = reconcile(j, mid, {"m1": machine(reports=running(ts[1], ts[2], ts[3]))})
+    assert plan.changes == [] and [op.index for op in plan.held] == [1, 2, 3]
+    # max_unavailable 2 restarts two at once
+    plan = reconcile(replace(j, max_unavailable=2), ts, {"m1": machine(reports=running(*ts.values()))})
+    assert new_states(plan) == {0: "starting", 1: "starting"}
+
+
+def test_rolling_update_takes_down_tasks_first_without_counting_them_twice():
+    ts = {0: task(0), 1: task(1, "failed"), 2: task(2)}
+    j = job(3, spec_version=2, max_unavailable=1)
+    plan = reconcile(j, ts, {"m1": machine(reports=running(ts[0], ts[2]))})
+    # #1 is down already: updated at once; one down means no running task may restart yet
+    assert new_states(plan) == {1: "starting"}
+    assert [op.index for op in plan.held] == [0, 2]
+
+
+def test_update_that_changes_size_moves_the_task():
+    ts = {0: task(0)}
+    bigger = {**SPEC, "cpus": 1.0}
+    j = replace(job(1, spec_version=2), task=bigger)
+    plan = reconcile(j, ts, {"m1": machine(reports=running(ts[0]))})
+    (_, new), = plan.changes
+    assert new.machine is None and new.state == "pending" and new.spec == bigger
+    assert plan.ops[0].kind == "move"
+    assert reconcile(j, {0: new}, {}).place == (0,)

@@ -1,0 +1,145 @@
+"""twine-controld's API against real etcd: authentication, bad input (a 4xx naming the field, and
+nothing written), agent registration and the desired-state long poll, a restart that loses nothing.
+
+Agents are played here by plain HTTP calls on the agent endpoints (the real agents are in the
+end-to-end tests under tests/e2e)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+
+from controlplane.store import Store
+from tests.controlplane.controld_proc import BOOTSTRAP_TOKEN, Controld
+
+TASK = {"image": "twine/busybox:1", "command": ["sleep", "3600"], "cpus": 1, "memory_mb": 64}
+
+
+@pytest.fixture
+def controld(tmp_path, etcd_server):
+    c = Controld(tmp_path, etcd_server.port).start()
+    yield c
+    c.close()
+
+
+def etcd_revision(port: int) -> int:
+    async def read() -> int:
+        store = Store("127.0.0.1", port)
+        try:
+            return (await store.range("/twine/"))[1]
+        finally:
+            await store.close()
+
+    return asyncio.run(read())
+
+
+def register(c: Controld, mid: str, dc: str, msb: str, cpus: float = 2, memory_mb: int = 2048) -> str:
+    status, body = c.call("POST", "/v1/agent/register", {
+        "machine_id": mid, "hostname": mid, "address": f"10.0.0.{len(mid)}",
+        "labels": {"region": c.region, "dc": dc, "msb": msb, "rack": f"rack-{mid}", "machine_type": "generic"},
+        "capacity": {"cpus": cpus, "memory_mb": memory_mb}}, token=BOOTSTRAP_TOKEN)
+    assert status == 200, body
+    return body["credential"]
+
+
+def test_every_request_needs_a_valid_token(controld):
+    assert controld.call("GET", "/v1/machines", token=None)[0] == 401
+    status, body = controld.call("GET", "/v1/jobs", token="wrong")
+    assert status == 401 and body["error"] == "unauthorized"
+    assert controld.call("GET", "/v1/agent/desired", token=BOOTSTRAP_TOKEN)[0] == 401
+    status, doc = controld.call("GET", "/v1/openapi.json", token=None)
+    assert status == 200 and doc["openapi"].startswith("3.")
+    assert {"/v1/jobs", "/v1/entitlements", "/v1/agent/heartbeat"} <= set(doc["paths"])
+
+
+def test_bad_input_is_a_4xx_naming_the_field_and_writes_nothing(controld, etcd_server):
+    register(controld, "m1", "dc1", "msb1")
+    register(controld, "m2", "dc1", "msb2")
+    assert controld.call("POST", "/v1/entitlements", {"name": "web", "machine_type": "generic", "quota": 1})[0] == 201
+    before = etcd_revision(etcd_server.port)
+    job = {"entitlement": "web", "name": "api", "count": 1, "task": TASK}
+    cases = [
+        ("POST", "/v1/jobs", b"{not json", 400, None),
+        ("POST", "/v1/jobs", {**job, "colour": "red"}, 400, "colour"),
+        ("POST", "/v1/jobs", {**job, "task": {**TASK, "memory_mb": 1}}, 400, "task.memory_mb"),
+        ("POST", "/v1/jobs", {**job, "task": {**TASK, "image": ""}}, 400, "task.image"),
+        ("POST", "/v1/jobs", {**job, "count": -1}, 400, "count"),
+        ("POST", "/v1/jobs", {**job, "entitlement": "nope"}, 404, "entitlement"),
+        ("POST", "/v1/jobs", {**job, "count": 3}, 422, "count"),  # quota 1: m2 would fit, but the entitlement may not take it
+        ("POST", "/v1/jobs", {**job, "task": {**TASK, "cpus": 64}}, 422, "cpus"),
+        ("POST", "/v1/jobs", {**job, "requirements": {"dc": "dc9"}}, 422, "dc"),
+        ("POST", "/v1/entitlements", {"name": "web", "machine_type": "generic", "quota": 1}, 409, "name"),
+        ("POST", "/v1/entitlements", {"name": "db", "machine_type": "generic", "quota": 1, "profile": "nope"}, 400, "profile"),
+        ("POST", "/v1/entitlements", {"name": "Bad Name", "machine_type": "generic", "quota": 1}, 400, "name"),
+        ("PATCH", "/v1/entitlements/web", {"quota": "many"}, 400, "quota"),
+        ("GET", "/v1/jobs/web/none", None, 404, "job"),
+    ]
+    for method, path, body, want, field in cases:
+        status, answer = controld.call(method, path, body)
+        assert status == want, (path, body, answer)
+        assert answer["field"] == field and answer["why"], answer
+    _, quota = controld.call("POST", "/v1/jobs", {**job, "count": 3})
+    assert "quota of 1" in quota["why"]
+    _, nofit = controld.call("POST", "/v1/jobs", {**job, "task": {**TASK, "cpus": 64}})
+    assert "cpu>=64 left 0" in nofit["why"]
+    assert etcd_revision(etcd_server.port) == before, "a refused request wrote to etcd"
+
+
+def test_registration_long_poll_and_heartbeat_reports(controld):
+    cred = register(controld, "m1", "dc1", "msb1")
+    assert controld.call("GET", "/v1/jobs", token=cred)[0] == 401  # a machine credential is not an API token
+    status, empty = controld.call("GET", "/v1/agent/desired?version=&wait=5", token=cred)
+    assert status == 200 and empty["tasks"] == [] and empty["profile"] is None
+
+    t0 = time.monotonic()
+    assert controld.call("GET", f"/v1/agent/desired?version={empty['version']}&wait=0.5", token=cred)[1] == empty
+    assert time.monotonic() - t0 >= 0.45  # nothing changed: the poll waited
+
+    answer: dict = {}
+
+    def poll() -> None:
+        answer.update(controld.call("GET", f"/v1/agent/desired?version={empty['version']}&wait=20", token=cred)[1])
+        answer["after"] = time.monotonic()
+
+    waiter = threading.Thread(target=poll)
+    waiter.start()
+    time.sleep(0.3)
+    controld.call("POST", "/v1/entitlements", {"name": "web", "machine_type": "generic", "quota": 1})
+    placed_at = time.monotonic()
+    status, job = controld.call("POST", "/v1/jobs", {"entitlement": "web", "name": "api", "count": 1, "task": TASK})
+    assert status == 201 and job["tasks"][0]["machine"] == "m1"
+    controld.call("POST", "/v1/agent/heartbeat", {"machine_id": "m1", "digest": "a", "tasks": [],
+                                                   "profile": {"name": None, "ok": True}}, token=cred)
+    waiter.join(25)
+    assert [t["job"] for t in answer["tasks"]] == ["web/api"] and answer["after"] - placed_at < 5
+
+    status, hb = controld.call("POST", "/v1/agent/heartbeat", {"machine_id": "m1", "digest": "b", "tasks": [
+        {"job": "web/api", "index": 0, "spec_version": 1, "state": "running"}]}, token=cred)
+    assert status == 200 and hb["ok"]
+    job = controld.wait_for("/v1/jobs/web/api", lambda j: j["tasks"][0]["state"] == "running", what="running")
+    assert job["tasks"][0]["discovery"] is True
+    status, disc = controld.call("GET", "/v1/discovery/web/api")
+    assert disc["endpoints"][0]["enabled"] is True and disc["endpoints"][0]["machine"] == "m1"
+    # a digest the daemon has not seen, without tasks: it asks for the full report
+    assert controld.call("POST", "/v1/agent/heartbeat", {"machine_id": "m1", "digest": "zzz"}, token=cred)[1]["resend"]
+
+
+def test_restart_rebuilds_the_same_view_and_desired_state(controld, tmp_path, etcd_server):
+    creds = {m: register(controld, m, dc, msb) for m, dc, msb in (("m1", "dc1", "msb1"), ("m2", "dc2", "msb2"))}
+    controld.call("POST", "/v1/entitlements", {"name": "web", "machine_type": "generic", "quota": 2})
+    status, job = controld.call("POST", "/v1/jobs", {"entitlement": "web", "name": "api", "count": 2, "task": TASK})
+    assert status == 201
+    desired = {m: controld.call("GET", "/v1/agent/desired?wait=0", token=c)[1] for m, c in creds.items()}
+    machines = controld.call("GET", "/v1/machines")[1]
+    controld.kill()
+    controld.start()
+    again = controld.call("GET", "/v1/jobs/web/api")[1]
+    assert [(t["index"], t["machine"], t["spec_version"]) for t in again["tasks"]] == \
+        [(t["index"], t["machine"], t["spec_version"]) for t in job["tasks"]]
+    assert {m: controld.call("GET", "/v1/agent/desired?wait=0", token=c)[1] for m, c in creds.items()} == desired
+    after = controld.call("GET", "/v1/machines")[1]
+    strip = lambda ms: [{k: v for k, v in m.items() if k != "last_heartbeat"} for m in ms["machines"]]
+    assert strip(after) == strip(machines)

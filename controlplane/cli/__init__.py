@@ -1,0 +1,1 @@
+"""twinectl, the command line of twine-controld: `controlplane.cli.twinectl:main`."""

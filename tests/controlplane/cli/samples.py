@@ -1,0 +1,87 @@
+"""Bodies shaped as docs/api.md describes them (the daemon does not exist yet): what the render
+tests print and what the ContractServer answers."""
+
+from __future__ import annotations
+
+import copy
+
+ENTITLEMENT = {
+    "name": "web", "owner": "team-web", "machine_type": "c2.large", "quota": 10, "profile": "web",
+    "spread": {"properties": ["dc", "msb"], "pinned_dc": None}, "shard": 3, "held": 4,
+}
+ENTITLEMENT_DETAIL = dict(ENTITLEMENT, machines=["m-001", "m-002", "m-003", "m-004"], jobs=["web/frontend"])
+ENTITLEMENTS = {"entitlements": [
+    ENTITLEMENT,
+    {"name": "batch-analytics", "owner": None, "machine_type": "m5.xlarge", "quota": 200, "profile": None,
+     "spread": {"properties": ["msb"], "pinned_dc": "dc2"}, "shard": 0, "held": 0},
+]}
+
+
+def task(index: int, state: str = "running", spec_version: int = 2, machine: str | None = "m-001",
+         reason: str | None = None) -> dict:
+    return {"job": "web/frontend", "index": index, "spec_version": spec_version, "machine": machine,
+            "where": {"dc": "dc1", "msb": f"msb{index}", "rack": f"r{index}"} if machine else {"dc": None, "msb": None, "rack": None},
+            "state": state, "reason": reason, "discovery": state == "running", "since": "2024-05-01T12:00:00Z"}
+
+
+def job(tasks: list[dict] | None = None, state: str = "active", count: int = 3, spec_version: int = 2,
+        message: str | None = None) -> dict:
+    body = {
+        "handle": "web/frontend", "entitlement": "web", "name": "frontend", "count": count,
+        "task": {"image": "twine/busybox:1", "command": ["sh", "-c", "httpd -f -p 8080"], "env": {"GREETING": "hello"},
+                 "cpus": 0.5, "memory_mb": 64},
+        "requirements": {"machine_type": None, "dc": None}, "preferences": [{"property": "msb", "strategy": "spread"}],
+        "update": {"max_unavailable": 1}, "controller": None, "spec_version": spec_version, "state": state,
+        "created_at": "2024-05-01T11:00:00Z", "updated_at": "2024-05-01T12:00:00Z",
+        "summary": {"running": 0, "pending": 0}, "message": message,
+    }
+    if tasks is not None:
+        body["tasks"] = tasks
+        body["summary"] = {"running": sum(t["state"] == "running" for t in tasks),
+                           "pending": sum(t["state"] == "pending" for t in tasks)}
+    return body
+
+
+JOB_RUNNING = job([task(0, machine="m-001"), task(1, machine="m-002"), task(2, machine="m-003")])
+JOB_ROLLING = job([task(0, machine="m-001"), task(1, spec_version=1, machine="m-002"),
+                   task(2, state="pending", machine=None, reason="no machine with 0.5 cpus free in msb2")],
+                  message="rolling update to spec version 2")
+JOBS = {"jobs": [job(count=3), dict(job(count=1, state="stopping"), handle="batch-analytics/etl")]}
+
+MACHINE = {
+    "id": "m-001", "hostname": "host-001.dc1",
+    "labels": {"region": "eu", "dc": "dc1", "msb": "msb0", "rack": "r0", "machine_type": "c2.large"},
+    "capacity": {"cpus": 8, "memory_mb": 16384, "disk_gb": 200, "hugepage_sizes_kb": [2048],
+                 "cgroup_version": 2, "supports": {"hugepages": True, "rdt": False}},
+    "entitlement": "web", "healthy": True, "health_reason": None,
+    "profile": {"desired": "web", "applied": "web", "ok": True},
+    "alloc": {"tasks": 2, "cpus": 1.5, "memory_mb": 128},
+    "agent": {"address": "10.0.0.1:7070", "version": "0.1.0"}, "last_heartbeat": "2024-05-01T12:00:05Z",
+}
+MACHINES = {"machines": [
+    MACHINE,
+    dict(MACHINE, id="m-002", hostname="host-002.dc1", entitlement=None, healthy=False, health_reason="docker is down",
+         profile={"desired": "web", "applied": None, "ok": False}, alloc={"tasks": 0, "cpus": 0, "memory_mb": 0}),
+]}
+MACHINE_DETAIL = dict(MACHINE, tasks=[task(0), task(3, state="starting")])
+
+EVENTS = {"events": [
+    {"id": "ev-1", "kind": "maintenance", "machines": ["m-001", "m-002", "m-003", "m-004", "m-005"],
+     "start": "2024-05-02T08:00:00Z", "duration": 5400, "deadline": "2024-05-02T07:00:00Z", "end": None,
+     "reason": "kernel upgrade"},
+    {"id": "ev-2", "kind": "failure", "machines": ["m-009"], "start": 1714550400, "duration": 30,
+     "deadline": None, "end": 1714550430, "reason": "power supply"},
+]}
+
+DISCOVERY = {"job": "web/frontend", "endpoints": [
+    {"index": 1, "machine": "m-002", "address": "10.0.0.2:31001", "enabled": True},
+    {"index": 0, "machine": "m-001", "address": "10.0.0.1:31000", "enabled": False},
+]}
+
+
+def error(kind: str, field: str | None, why: str) -> dict:
+    return {"error": kind, "field": field, "why": why}
+
+
+def fresh(body: dict) -> dict:
+    return copy.deepcopy(body)

@@ -2,7 +2,13 @@
 
     machine_id = "..."            # default: /etc/machine-id
     state_dir = "/var/lib/twine-agent"
-    desired = "/etc/twine/desired.toml"
+    desired = "/etc/twine/desired.toml"   # a local file, or (not both) twine-controld:
+    # control_plane = "http://controld:7000"
+    # bootstrap_token_file = "/etc/twine/bootstrap-token"   # the token is the file's first line
+    # heartbeat_interval = 1.0
+    # address = "10.0.0.5:7070"   # advertised to the control plane; default: listen
+    # cpus = 8                    # capacity claimed at registration; default: the host's
+    # memory_mb = 16384
     listen = "127.0.0.1:7070"     # or "unix:/run/twine-agent.sock"
     task_cgroup = "twine"
     owns_kernel = true
@@ -17,6 +23,8 @@ import socket
 import tomllib
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
+from typing import Callable
+from urllib.parse import urlsplit
 
 from agent.errors import InputError
 
@@ -47,6 +55,26 @@ class AgentConfig:
     stop_grace: float = 10.0
     health_interval: float = 5.0
     image_pull: str = "if-not-present"  # or "never": use only images already on the host
+    control_plane: str | None = None  # twine-controld's URL; exclusive with `desired`
+    bootstrap_token_file: Path | None = None
+    heartbeat_interval: float = 1.0
+    cpus: float | None = None  # capacity overrides for registration (default: the host's)
+    memory_mb: int | None = None
+    address: str = ""  # advertised to the control plane; default: listen
+
+    def bootstrap_token(self) -> str:
+        """The first line of bootstrap_token_file. InputError when it is unset, unreadable or empty."""
+        path = self.bootstrap_token_file
+        if path is None:
+            raise InputError("config", "bootstrap_token_file", None, "--control-plane needs --bootstrap-token-file")
+        try:
+            lines = path.read_text().splitlines()
+        except OSError as e:
+            raise InputError(str(path), "bootstrap_token_file", str(path), e.strerror or str(e)) from None
+        token = lines[0].strip() if lines else ""
+        if not token:
+            raise InputError(str(path), "bootstrap_token_file", str(path), "the first line (the token) is empty")
+        return token
 
     def host_context(self):
         from agent.profiles.appliers.base import HostContext
@@ -74,6 +102,29 @@ def _from_file(path: Path) -> dict:
         raise InputError(str(path), "file", path.name, f"not valid TOML: {e}") from None
 
 
+def _check_url(where: str, field_: str, value: object) -> str:
+    """An http(s) URL with a host, without a trailing slash."""
+    parts = urlsplit(value) if isinstance(value, str) else None
+    if parts is None or parts.scheme not in ("http", "https") or not parts.netloc:
+        raise InputError(where, field_, value, "must be an http:// or https:// URL")
+    return value.rstrip("/")
+
+
+def _positive(kind: type) -> Callable[[str], float]:
+    """An argparse type: a number of `kind` above zero."""
+
+    def parse(text: str) -> float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a {kind.__name__}") from None
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"{text!r} must be > 0")
+        return value
+
+    return parse
+
+
 def _typed(path: str, data: dict) -> dict:
     """Check names and types of the config file's keys against AgentConfig."""
     out: dict = {}
@@ -89,14 +140,26 @@ def _typed(path: str, data: dict) -> dict:
             out["labels"] = Labels(**value)
         elif key not in known:
             raise InputError(path, key, value, f"unknown setting; known: {', '.join(sorted(known))}")
-        elif key in ("state_dir", "desired"):
+        elif key in ("state_dir", "desired", "bootstrap_token_file"):
+            if not isinstance(value, str):
+                raise InputError(path, key, value, "must be a path")
             out[key] = Path(value)
+        elif key == "control_plane":
+            out[key] = _check_url(path, key, value)
         elif key == "profiles_path":
             out[key] = tuple(Path(p) for p in (value if isinstance(value, list) else [value]))
-        elif key in ("reconcile_interval", "stop_grace", "health_interval"):
-            if not isinstance(value, (int, float)) or value <= 0:
+        elif key in ("reconcile_interval", "stop_grace", "health_interval", "heartbeat_interval"):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
                 raise InputError(path, key, value, "must be a positive number of seconds")
             out[key] = float(value)
+        elif key == "cpus":
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+                raise InputError(path, key, value, "must be a positive number of CPUs")
+            out[key] = float(value)
+        elif key == "memory_mb":
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise InputError(path, key, value, "must be a positive integer (MiB)")
+            out[key] = value
         elif key == "image_pull":
             if value not in ("if-not-present", "never"):
                 raise InputError(path, key, value, "must be if-not-present or never")
@@ -122,6 +185,12 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--health-interval", type=float, help="seconds between health probes (default 5)")
     p.add_argument("--image-pull", choices=("if-not-present", "never"), help="when to pull a missing image")
     p.add_argument("--no-kernel", action="store_true", help="another agent on this kernel owns kernel-wide settings")
+    p.add_argument("--control-plane", metavar="URL", help="take the desired state from twine-controld (not with --desired)")
+    p.add_argument("--bootstrap-token-file", metavar="FILE", help="registration token for --control-plane: the file's first line")
+    p.add_argument("--heartbeat-interval", type=_positive(float), help="seconds between heartbeats (default 1)")
+    p.add_argument("--cpus", type=_positive(float), help="CPUs to register (default: the host's)")
+    p.add_argument("--memory-mb", type=_positive(int), help="memory in MiB to register (default: the host's)")
+    p.add_argument("--address", help="address advertised to the control plane (default: --listen)")
 
 
 def load_config(args: argparse.Namespace) -> AgentConfig:
@@ -149,6 +218,13 @@ def load_config(args: argparse.Namespace) -> AgentConfig:
         flags["image_pull"] = args.image_pull
     if getattr(args, "no_kernel", False):
         flags["owns_kernel"] = False
+    if getattr(args, "control_plane", None):
+        flags["control_plane"] = _check_url("command line", "--control-plane", args.control_plane)
+    if getattr(args, "bootstrap_token_file", None):
+        flags["bootstrap_token_file"] = Path(args.bootstrap_token_file)
+    for name in ("heartbeat_interval", "cpus", "memory_mb", "address"):
+        if getattr(args, name, None):
+            flags[name] = getattr(args, name)
     label_flags = {
         name.replace("-", "_"): getattr(args, name.replace("-", "_"), None)
         for name in ("region", "dc", "msb", "rack", "machine-type")
@@ -157,6 +233,11 @@ def load_config(args: argparse.Namespace) -> AgentConfig:
     if label_flags:
         flags["labels"] = replace(cfg.labels, **label_flags)
     cfg = replace(cfg, **flags)
+    if cfg.desired is not None and cfg.control_plane is not None:
+        raise InputError(
+            "config", "--desired/--control-plane", f"{cfg.desired} / {cfg.control_plane}",
+            "--desired and --control-plane are mutually exclusive: take the desired state from one",
+        )
     if not cfg.machine_id:
         cfg = replace(cfg, machine_id=read_machine_id())
     return cfg

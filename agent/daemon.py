@@ -1,8 +1,9 @@
 """`twine-agent run`: the node agent daemon.
 
 start (recover a half-done profile switch, adopt containers, serve HTTP) -> run (watch the
-desired state, reconcile, probe health) -> stop (on SIGTERM/SIGINT: stop our loops, leave every
-task running). Tasks never depend on the agent being alive.
+desired state, reconcile, probe health, heartbeat to the control plane if there is one) -> stop
+(on SIGTERM/SIGINT: stop our loops, leave every task running). Tasks never depend on the agent
+being alive, nor on the control plane being reachable.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from dataclasses import replace
 
 from agent import desired as desired_mod
 from agent.config import AgentConfig
+from agent.controlplane_client import ControlPlaneClient, ControlPlaneSource, machine_info, task_reports
 from agent.errors import DesiredStateError, InputError
 from agent.health import HealthReport, probe
 from agent.http import serve
@@ -31,10 +33,14 @@ SHUTDOWN_BOUND = 10.0
 
 
 class Agent:
-    def __init__(self, config: AgentConfig, runtime: ContainerRuntime, source: desired_mod.DesiredSource | None):
+    def __init__(
+        self, config: AgentConfig, runtime: ContainerRuntime, source: desired_mod.DesiredSource | None,
+        client: ControlPlaneClient | None = None,
+    ):
         self.config = config
         self.runtime = runtime
         self.source = source
+        self.client = client
         self.engine = Engine(config.host_context(), config.state_dir, config.profile_search())
         self.desired: DesiredState = DesiredState()
         self.source_error = ""
@@ -76,14 +82,23 @@ class Agent:
                 loops = [tg.create_task(self._reconcile_loop()), tg.create_task(self._health_loop())]
                 if self.source is not None:
                     loops.append(tg.create_task(self.source.watch(self._on_desired, self._on_source_error)))
+                if self.client is not None:
+                    loops.append(tg.create_task(self.client.heartbeat_loop(self.heartbeat_report)))
                 await self._stop.wait()
                 for t in loops:
                     t.cancel()
         finally:
             await runner.cleanup()
+            if self.client is not None:
+                await self.client.close()
 
     def stop(self) -> None:
         self._stop.set()
+
+    def _notify(self) -> None:
+        """Tell the control plane soon that something changed."""
+        if self.client is not None:
+            self.client.notify()
 
     # -- desired state -----------------------------------------------------------------------
 
@@ -99,6 +114,7 @@ class Agent:
         await asyncio.to_thread(desired_mod.save_cache, self.config.state_dir, desired)
         log.info("new desired state %s: profile %s, %d task(s)", desired.version, desired.profile, len(desired.tasks))
         self._wake.set()
+        self._notify()
 
     def _on_source_error(self, message: str) -> None:
         self.source_error = message
@@ -158,6 +174,7 @@ class Agent:
         else:
             log.error("profile %s failed: %s", want, report.error)
             self._profile_failed_at = (want, self.desired.version, time.time())
+        self._notify()
 
     async def reconcile_once(self) -> Plan:
         self.counters["reconcile_passes"] += 1
@@ -174,6 +191,7 @@ class Agent:
             await self._start(spec, gen)
         if not p.empty():
             self.containers = await self.runtime.list(self.config.machine_id)
+            self._notify()
         return p
 
     async def _stop_container(self, c: ContainerInfo, grace: float) -> None:
@@ -211,8 +229,30 @@ class Agent:
             if self.engine.current() is not None:
                 report = await asyncio.to_thread(self.engine.verify)
                 drift = tuple(f"{r.setting_id}: {r.reason}" for r in report.failed())
+            before = self.health
             self.health = await asyncio.to_thread(probe, self.config.state_dir, docker_up, drift)
+            if before is None or before.problems != self.health.problems:
+                self._notify()
             await asyncio.sleep(self.config.health_interval)
+
+    # -- control plane -----------------------------------------------------------------------
+
+    def heartbeat_report(self) -> dict:
+        """What the heartbeat tells the control plane (docs/api.md): the client adds seq and digest."""
+        record = self.engine.current()
+        ready = self.profile_ready()
+        failed = self.profile_report is not None and not self.profile_report.ok and not ready
+        h = self.health
+        return {
+            "desired_version": self.desired.version,
+            "health": {"ok": h.ok, "problems": list(h.problems)} if h else {"ok": False, "problems": ["not probed yet"]},
+            "profile": {
+                "name": (record.get("ref") or record["profile"]) if record else None,
+                "ok": ready,
+                "error": self.profile_report.error if failed else "",
+            },
+            "tasks": task_reports(self.containers, self.desired.tasks, self.task_errors),
+        }
 
 
 def _runtime(config: AgentConfig) -> DockerRuntime:
@@ -220,11 +260,25 @@ def _runtime(config: AgentConfig) -> DockerRuntime:
     return DockerRuntime(pull=config.image_pull, cgroup_parent=parent)
 
 
+def _control_plane(config: AgentConfig) -> tuple[ControlPlaneSource, ControlPlaneClient]:
+    """The long-poll source and its client; registration happens in the background, when first needed."""
+    client = ControlPlaneClient(
+        config.control_plane, config.bootstrap_token(), config.state_dir, machine_info(config), config.heartbeat_interval,
+    )
+    cached = desired_mod.load_cache(config.state_dir)
+    return ControlPlaneSource(client, cached.version if cached else ""), client
+
+
 async def _main(config: AgentConfig) -> int:
     runtime = _runtime(config)
-    source = desired_mod.FileSource(config.desired) if config.desired else None
-    initial = source.read() if source else None  # DesiredStateError: exit 2, nothing touched
-    agent = Agent(config, runtime, source)
+    source: desired_mod.DesiredSource | None = None
+    client, initial = None, None
+    if config.control_plane:
+        source, client = _control_plane(config)
+    elif config.desired:
+        source = desired_mod.FileSource(config.desired)
+        initial = source.read()  # DesiredStateError: exit 2, nothing touched
+    agent = Agent(config, runtime, source, client)
     if initial is not None:
         await agent.validate(initial)
     loop = asyncio.get_running_loop()
@@ -252,5 +306,7 @@ def run_daemon(config: AgentConfig) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if not config.machine_id:
         raise InputError("/etc/machine-id", "machine_id", "", "no machine id: set machine_id in the config or --machine-id")
+    if config.control_plane:
+        config.bootstrap_token()  # InputError (exit 2) before anything starts
     config.state_dir.mkdir(parents=True, exist_ok=True)
     return asyncio.run(_main(replace(config)))

@@ -62,6 +62,8 @@ def status(agent: "Agent") -> dict:
         "health": agent.health.to_json() if agent.health else None,
         "counters": agent.counters,
         "uptime_seconds": round(time.time() - agent.started_at, 3),
+        # Only when the desired state comes from twine-controld: {url, registered, last_heartbeat_ok, error}.
+        **({"control_plane": agent.client.status()} if agent.client is not None else {}),
     }
 
 

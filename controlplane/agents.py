@@ -57,6 +57,7 @@ class AgentService:
         self.reports: dict[str, dict[tuple[str, int], dict]] = {}
         self.digests: dict[str, str] = {}
         self.counters = {"heartbeats": 0, "heartbeat_reports": 0, "registrations": 0, "long_polls": 0}
+        self.closing = asyncio.Event()  # set at shutdown: long polls answer at once
 
     # -- authentication ----------------------------------------------------------------------
 
@@ -110,12 +111,14 @@ class AgentService:
             changed = self.state.machine_changed(mid)
             d = self.state.desired_for(mid)
             left = deadline - time.monotonic()
-            if d["version"] != version or left <= 0:
+            if d["version"] != version or left <= 0 or self.closing.is_set():
                 return d
+            waits = [asyncio.ensure_future(changed.wait()), asyncio.ensure_future(self.closing.wait())]
             try:
-                await asyncio.wait_for(changed.wait(), left)
-            except TimeoutError:
-                pass
+                await asyncio.wait(waits, timeout=left, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for w in waits:
+                    w.cancel()
 
     # -- heartbeats --------------------------------------------------------------------------
 

@@ -67,7 +67,7 @@ class ControlDaemon:
 
     async def run(self, host: str, port: int, stop: asyncio.Event) -> None:
         await self.state.start()
-        runner = web.AppRunner(make_app(self), access_log=None)
+        runner = web.AppRunner(make_app(self), access_log=None, shutdown_timeout=2.0)
         await runner.setup()
         try:
             await web.TCPSite(runner, host, port).start()
@@ -75,6 +75,7 @@ class ControlDaemon:
             async with asyncio.TaskGroup() as tg:
                 loops = [tg.create_task(self.scheduler.run()), tg.create_task(self.health.run())]
                 await stop.wait()
+                self.agents.closing.set()
                 for t in loops:
                     t.cancel()
         finally:

@@ -147,7 +147,7 @@ def _live_step(t: TaskRec, m: MachineView | None, change, plan: JobPlan) -> None
     r = m.reports.get(key)
     new = _from_report(t, r)
     if new != t:
-        change(t, new, Op(new.state, t.index, new.reason) if new.state != t.state else None)
+        change(t, new, Op(new.state, t.index, new.reason or f"on {m.id}") if new.state != t.state else None)
 
 
 def _from_report(t: TaskRec, r: dict | None) -> TaskRec:

@@ -1,0 +1,1164 @@
+"""A local test region on this one machine: etcd, one `twine-controld`, and N agents, each agent in
+its own network namespace. Used by the README demo and by the end-to-end tests.
+
+    python -m controlplane.devregion up --dir /tmp/region [--kernel-owner m1]
+    python -m controlplane.devregion status --dir /tmp/region
+    python -m controlplane.devregion down --dir /tmp/region
+
+or, in Python::
+
+    with Region(tmp, [AgentSpec("m1", "dc1", "msb1", "rack1")]) as r:
+        print(r.twinectl("machine", "list").stdout)
+
+Network (everything named with a short random prefix `twXXXX`, unique per region):
+
+    host ── bridge `twXXXX-br`, 10.250.K.1/24 (controld listens here; K: the first /24 of
+      │     10.250.0.0/16 not routed on this host)
+      ├── veth `twXXXX-h0` ══ `eth0` in netns `twXXXX-m1`, 10.250.K.10/24, lo up
+      └── veth `twXXXX-h1` ══ `eth0` in netns `twXXXX-m2`, 10.250.K.11/24, lo up
+
+A namespace has only its connected /24 (no default route), so it can reach the bridge address and
+nothing beyond; bridge ports are isolated (namespaces cannot reach each other); the bridge and the
+host ends do not forward (`net.ipv4.conf.<if>.forwarding=0`, whatever the host's ip_forward says)
+and have IPv6 off; no NAT is set up. etcd stays on 127.0.0.1: only controld (on the host) uses it.
+
+Processes are started in their own session (setsid), logged to `DIR/logs/`, and recorded by PID
+and start time in `DIR/region.json`, which is rewritten on every change: `down` (or
+`Region.from_dir(DIR).stop()`) tears down everything from that file, also after the launcher died.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import errno
+import fcntl
+import http.client
+import ipaddress
+import json
+import logging
+import os
+import re
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Self, TypeVar
+
+import psutil
+
+from controlplane.etcdproc import EtcdServer
+
+log = logging.getLogger("twine.devregion")
+
+REPO = Path(__file__).resolve().parents[1]
+SUBNET_POOL = ipaddress.ip_network("10.250.0.0/16")
+AGENT_LISTEN = "127.0.0.1:7070"
+CONTROLD_PORT = 7080  # preferred; another free port on the bridge address if taken
+FIRST_HOST = 10  # agent i gets .(10 + i)
+MAX_AGENTS = 254 - FIRST_HOST
+STATE_FILE = "region.json"
+PROFILE_APPLIED = "profile-applied.json"  # agent/profiles/engine.py APPLIED
+MACHINE_LABEL = "twine.machine"  # agent/runtime/base.py L_MACHINE
+JOB_LABEL = "twine.job"
+NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,18}[a-z0-9])?$")
+PROXY_VARS = ("http_proxy", "https_proxy", "all_proxy", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY")
+
+T = TypeVar("T")
+
+
+# --------------------------------------------------------------------------------------------
+# process helpers
+
+
+@dataclass(frozen=True)
+class ProcRef:
+    """A process we started, by PID and start time (so a reused PID is never signalled)."""
+
+    pid: int
+    create_time: float
+
+    @classmethod
+    def of(cls, pid: int) -> ProcRef:
+        return cls(pid, psutil.Process(pid).create_time())
+
+    def process(self) -> psutil.Process | None:
+        """The process if it is still ours and has not exited, else None."""
+        try:
+            p = psutil.Process(self.pid)
+            if abs(p.create_time() - self.create_time) > 0.01 or p.status() == psutil.STATUS_ZOMBIE:
+                return None
+            return p
+        except psutil.Error:
+            return None
+
+    def alive(self) -> bool:
+        return self.process() is not None
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    """The environment for processes of the region: the repo importable, and no HTTP proxy (all
+    their traffic is local)."""
+    env = {k: v for k, v in os.environ.items() if k not in PROXY_VARS}
+    env["PYTHONPATH"] = str(REPO) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env["PYTHONUNBUFFERED"] = "1"
+    env["NO_PROXY"] = env["no_proxy"] = "*"
+    env.update(extra)
+    return env
+
+
+def spawn(argv: list[str], log_path: Path, *, env: dict[str, str] | None = None, cwd: Path = REPO) -> tuple[subprocess.Popen, ProcRef]:
+    """Start `argv` detached (own session, stdin from /dev/null), stdout+stderr appended to `log_path`."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "ab") as out:
+        out.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} starting: {' '.join(argv)}\n".encode())
+        out.flush()
+        proc = subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+            env=env if env is not None else child_env(), cwd=cwd, start_new_session=True,
+        )
+    try:
+        return proc, ProcRef.of(proc.pid)
+    except psutil.NoSuchProcess:  # exited (and was reaped) already
+        return proc, ProcRef(proc.pid, 0.0)
+
+
+def stop_process(ref: ProcRef, popen: subprocess.Popen | None = None, *, sig: int = signal.SIGTERM,
+                 timeout: float = 10.0) -> int | None:
+    """Signal one process we started (by PID, if it is still the same process), wait for it, and
+    SIGKILL it after `timeout`. Returns its exit code when known."""
+    p = ref.process()
+    if p is not None:
+        with contextlib.suppress(psutil.Error):
+            p.send_signal(sig)
+        if not _wait(ref, popen, timeout) and sig != signal.SIGKILL:
+            log.warning("pid %d did not exit %.0f s after signal %d: killing it", ref.pid, timeout, sig)
+            with contextlib.suppress(psutil.Error):
+                p.send_signal(signal.SIGKILL)
+            _wait(ref, popen, 10.0)
+    if popen is not None:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            return popen.wait(timeout=1)
+    return None
+
+
+def _wait(ref: ProcRef, popen: subprocess.Popen | None, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if popen is not None:
+            if popen.poll() is not None:
+                return True
+        elif not ref.alive():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def log_tail(path: Path, chars: int = 3000) -> str:
+    try:
+        return path.read_text(errors="replace")[-chars:]
+    except OSError:
+        return ""
+
+
+def _ip_binary() -> str:
+    return shutil.which("ip") or "/usr/sbin/ip"
+
+
+# --------------------------------------------------------------------------------------------
+# network namespaces
+
+
+def in_netns(ns: str, fn: Callable[[], T]) -> T:
+    """Run `fn` in a fresh thread that has joined network namespace `ns` (setns applies to the
+    calling thread only), e.g. to open a socket that lives in `ns`. The thread ends afterwards."""
+    from pyroute2 import netns as pnetns
+
+    out: dict = {}
+
+    def run() -> None:
+        try:
+            pnetns.setns(ns, flags=0, fork=False)
+            out["value"] = fn()
+        except BaseException as e:  # noqa: BLE001 - handed to the caller
+            out["error"] = e
+
+    t = threading.Thread(target=run, name=f"netns:{ns}", daemon=True)
+    t.start()
+    t.join()
+    if "error" in out:
+        raise out["error"]
+    return out["value"]
+
+
+def ns_socket(ns: str, family: int = socket.AF_INET, type_: int = socket.SOCK_STREAM) -> socket.socket:
+    """A socket in network namespace `ns` (usable from any thread of this process)."""
+    return in_netns(ns, lambda: socket.socket(family, type_))
+
+
+def ns_http_get(ns: str, host: str, port: int, path: str, timeout: float = 5.0) -> tuple[int, bytes]:
+    """GET http://host:port/path as seen from inside network namespace `ns`."""
+
+    class _Conn(http.client.HTTPConnection):
+        def connect(self) -> None:
+            s = ns_socket(ns)
+            s.settimeout(timeout)
+            try:
+                s.connect((host, port))
+            except BaseException:
+                s.close()
+                raise
+            self.sock = s
+
+    conn = _Conn(host, port, timeout=timeout)
+    try:
+        conn.request("GET", path)
+        r = conn.getresponse()
+        return r.status, r.read()
+    finally:
+        conn.close()
+
+
+def _write_sysctl(path: str, value: str) -> None:
+    with open(path, "w") as f:
+        f.write(value)
+
+
+def _read_sysctl(path: str) -> str:
+    with open(path) as f:
+        return f.read().strip()
+
+
+def _lock_path() -> str:
+    return "/run/twine-devregion.lock" if os.access("/run", os.W_OK) else os.path.join(tempfile.gettempdir(), "twine-devregion.lock")
+
+
+@contextlib.contextmanager
+def _allocation_lock():
+    """Serializes choosing a prefix and a subnet across processes (parallel test runs)."""
+    with open(_lock_path(), "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+@dataclass
+class NsInfo:
+    name: str  # the agent's name
+    netns: str
+    host_if: str
+    ip: str
+    index: int
+
+
+class Network:
+    """One Linux bridge with an address on the host, and per member one network namespace joined
+    to the bridge by a veth pair. See the module docstring for the scheme.
+
+    `Network().create()`, `.add_namespace("m1")`, ..., `.destroy()`. `destroy()` removes every link
+    and namespace whose name starts with `<prefix>-`, so it also cleans up after a partial create
+    and is safe to call twice (or from `Network.from_dict(...)` in another process)."""
+
+    def __init__(self, prefix: str | None = None, subnet: str | None = None,
+                 on_change: Callable[[Network], None] | None = None) -> None:
+        self.prefix = prefix
+        self.subnet = ipaddress.ip_network(subnet) if subnet else None
+        self.namespaces: dict[str, NsInfo] = {}
+        self.on_change = on_change
+        self.created = False
+
+    # names ------------------------------------------------------------------------------
+    @property
+    def bridge(self) -> str:
+        return f"{self._p()}-br"
+
+    @property
+    def bridge_ip(self) -> str:
+        assert self.subnet is not None, "network not created"
+        return str(self.subnet[1])
+
+    def netns_name(self, name: str) -> str:
+        return f"{self._p()}-{name}"
+
+    def ip(self, name: str) -> str:
+        return self.namespaces[name].ip
+
+    def _p(self) -> str:
+        assert self.prefix is not None, "network not created"
+        return self.prefix
+
+    def to_dict(self) -> dict:
+        return {
+            "prefix": self.prefix, "subnet": str(self.subnet) if self.subnet else None,
+            "bridge": self.bridge if self.prefix else None,
+            "bridge_ip": self.bridge_ip if self.subnet else None,
+            "namespaces": {k: asdict(v) for k, v in self.namespaces.items()},
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Network:
+        n = cls(d.get("prefix"), d.get("subnet"))
+        n.namespaces = {k: NsInfo(**v) for k, v in (d.get("namespaces") or {}).items()}
+        n.created = n.prefix is not None
+        return n
+
+    def _changed(self) -> None:
+        if self.on_change is not None:
+            self.on_change(self)
+
+    # creation ---------------------------------------------------------------------------
+    def create(self) -> Network:
+        """Choose a free prefix and /24 (under a host-wide lock) and create the bridge."""
+        from pyroute2 import IPRoute
+
+        with _allocation_lock(), IPRoute() as ipr:
+            if self.prefix is None:
+                self.prefix = _free_prefix(ipr)
+            if self.subnet is None:
+                self.subnet = _free_subnet(ipr)
+            elif _subnet_taken(ipr, self.subnet):
+                raise RuntimeError(f"{self.subnet} is already routed or addressed on this host")
+            self._changed()  # recorded before anything exists
+            self.created = True
+            ipr.link("add", ifname=self.bridge, kind="bridge")
+            br = ipr.link_lookup(ifname=self.bridge)[0]
+            _write_sysctl(f"/proc/sys/net/ipv6/conf/{self.bridge}/disable_ipv6", "1")
+            _write_sysctl(f"/proc/sys/net/ipv4/conf/{self.bridge}/forwarding", "0")
+            ipr.addr("add", index=br, address=self.bridge_ip, prefixlen=self.subnet.prefixlen)
+            ipr.link("set", index=br, state="up")
+        self.verify()
+        return self
+
+    def add_namespace(self, name: str) -> str:
+        """Create netns `<prefix>-<name>` joined to the bridge; returns its address."""
+        from pyroute2 import IPRoute
+        from pyroute2 import netns as pnetns
+
+        if not self.created:
+            raise RuntimeError("create() the network first")
+        if not NAME_RE.match(name):
+            raise ValueError(f"namespace member name {name!r}: 1-20 of a-z, 0-9, '-'")
+        if name in self.namespaces:
+            raise ValueError(f"{name!r} is already in the network")
+        i = len(self.namespaces)
+        if i >= MAX_AGENTS:
+            raise ValueError(f"at most {MAX_AGENTS} namespaces per network")
+        info = NsInfo(name=name, netns=self.netns_name(name), host_if=f"{self._p()}-h{i}",
+                      ip=str(self.subnet[FIRST_HOST + i]), index=i)
+        peer = f"{self._p()}-p{i}"
+        self.namespaces[name] = info
+        self._changed()  # recorded before anything exists
+
+        pnetns.create(info.netns)
+
+        def ns_sysctls() -> None:
+            for conf in ("all", "default"):
+                _write_sysctl(f"/proc/sys/net/ipv6/conf/{conf}/disable_ipv6", "1")
+                _write_sysctl(f"/proc/sys/net/ipv4/conf/{conf}/forwarding", "0")
+
+        in_netns(info.netns, ns_sysctls)
+        with IPRoute() as ipr:
+            br = ipr.link_lookup(ifname=self.bridge)[0]
+            ipr.link("add", ifname=info.host_if, kind="veth", peer={"ifname": peer})
+            h = ipr.link_lookup(ifname=info.host_if)[0]
+            p = ipr.link_lookup(ifname=peer)[0]
+            _write_sysctl(f"/proc/sys/net/ipv6/conf/{info.host_if}/disable_ipv6", "1")
+            _write_sysctl(f"/proc/sys/net/ipv4/conf/{info.host_if}/forwarding", "0")
+            ipr.link("set", index=h, master=br)
+            ipr.brport("set", index=h, isolated=1)  # members reach the host, not each other
+            ipr.link("set", index=p, net_ns_fd=info.netns)
+            ipr.link("set", index=h, state="up")
+        with IPRoute(netns=info.netns, flags=0) as nsr:
+            p = nsr.link_lookup(ifname=peer)[0]
+            nsr.link("set", index=p, ifname="eth0")
+            nsr.addr("add", index=p, address=info.ip, prefixlen=self.subnet.prefixlen)
+            nsr.link("set", index=p, state="up")
+            nsr.link("set", index=nsr.link_lookup(ifname="lo")[0], state="up")
+        self.verify(name)
+        return info.ip
+
+    def verify(self, *names: str) -> None:
+        """Check the isolation: the bridge does not forward, and each namespace (all, or `names`)
+        routes nothing but its own /24. Raises RuntimeError if not."""
+        from pyroute2 import IPRoute
+
+        problems = []
+        for ifname in (self.bridge, *(self.namespaces[n].host_if for n in names or self.namespaces)):
+            try:
+                if _read_sysctl(f"/proc/sys/net/ipv4/conf/{ifname}/forwarding") != "0":
+                    problems.append(f"{ifname} forwards IPv4")
+            except OSError as e:
+                problems.append(f"{ifname}: {e}")
+        for name in names or tuple(self.namespaces):
+            info = self.namespaces[name]
+            with IPRoute(netns=info.netns, flags=0) as nsr:
+                for r in nsr.route("dump", family=socket.AF_INET, table=254):
+                    dst = r.get_attr("RTA_DST")
+                    net = ipaddress.ip_network(f"{dst or '0.0.0.0'}/{r['dst_len']}", strict=False)
+                    if net != self.subnet:
+                        problems.append(f"netns {info.netns} routes {net}")
+        if problems:
+            raise RuntimeError("network isolation does not hold: " + "; ".join(problems))
+
+    # teardown ---------------------------------------------------------------------------
+    def leftovers(self) -> dict[str, list[str]]:
+        """Links and namespaces of this network that exist now."""
+        if self.prefix is None:
+            return {"links": [], "netns": []}
+        from pyroute2 import IPRoute
+        from pyroute2 import netns as pnetns
+
+        mark = f"{self.prefix}-"
+        with IPRoute() as ipr:
+            links = [l.get_attr("IFLA_IFNAME") for l in ipr.get_links()]
+        return {
+            "links": sorted(n for n in links if n and n.startswith(mark)),
+            "netns": sorted(n for n in pnetns.listnetns() if n.startswith(mark)),
+        }
+
+    def destroy(self) -> list[str]:
+        """Remove every link and namespace named `<prefix>-*`. Processes still inside one of our
+        namespaces are killed first (they are ours: nobody else knows the random prefix).
+        Returns the problems met (empty: all gone)."""
+        if self.prefix is None:
+            return []
+        from pyroute2 import IPRoute
+        from pyroute2 import netns as pnetns
+
+        problems: list[str] = []
+        left = self.leftovers()
+        for ns in left["netns"]:
+            for pid in _pids_in_netns(ns):
+                problems.append(f"pid {pid} was still running in netns {ns}: killed")
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+        with IPRoute() as ipr:
+            # host ends first (each takes its peer along), the bridge last
+            for name in sorted(left["links"], key=lambda n: n == self.bridge):
+                try:
+                    for idx in ipr.link_lookup(ifname=name):
+                        ipr.link("del", index=idx)
+                except Exception as e:  # noqa: BLE001
+                    if getattr(e, "code", None) != errno.ENODEV:
+                        problems.append(f"delete link {name}: {e}")
+        for ns in left["netns"]:
+            try:
+                pnetns.remove(ns)
+            except FileNotFoundError:
+                pass
+            except OSError as e:
+                problems.append(f"remove netns {ns}: {e}")
+        still = self.leftovers()
+        if still["links"] or still["netns"]:
+            problems.append(f"left behind: {still}")
+        self.created = False
+        return problems
+
+    def __enter__(self) -> Self:
+        return self.create()
+
+    def __exit__(self, *exc) -> None:
+        problems = self.destroy()
+        if problems:
+            log.warning("network %s teardown: %s", self.prefix, "; ".join(problems))
+
+
+def _pids_in_netns(ns: str) -> list[int]:
+    try:
+        st = os.stat(f"/var/run/netns/{ns}")
+    except OSError:
+        return []
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            s = os.stat(f"/proc/{entry}/ns/net")
+        except OSError:
+            continue
+        if (s.st_dev, s.st_ino) == (st.st_dev, st.st_ino):
+            pids.append(int(entry))
+    return pids
+
+
+def _free_prefix(ipr) -> str:
+    from pyroute2 import netns as pnetns
+
+    links = [l.get_attr("IFLA_IFNAME") or "" for l in ipr.get_links()]
+    spaces = pnetns.listnetns()
+    for _ in range(100):
+        prefix = "tw" + secrets.token_hex(2)
+        mark = prefix + "-"
+        if not any(n.startswith(mark) for n in (*links, *spaces)):
+            return prefix
+    raise RuntimeError("no free region prefix")
+
+
+def _host_networks(ipr) -> list[ipaddress.IPv4Network]:
+    nets = []
+    for r in ipr.route("dump", family=socket.AF_INET):  # every table
+        if r["dst_len"] > 0:
+            nets.append(ipaddress.ip_network(f"{r.get_attr('RTA_DST')}/{r['dst_len']}", strict=False))
+    for a in ipr.get_addr(family=socket.AF_INET):
+        nets.append(ipaddress.ip_interface(f"{a.get_attr('IFA_ADDRESS')}/{a['prefixlen']}").network)
+    return nets
+
+
+def _subnet_taken(ipr, subnet) -> bool:
+    return any(subnet.overlaps(n) for n in _host_networks(ipr))
+
+
+def _free_subnet(ipr) -> ipaddress.IPv4Network:
+    taken = _host_networks(ipr)
+    for candidate in SUBNET_POOL.subnets(new_prefix=24):
+        if not any(candidate.overlaps(n) for n in taken):
+            return candidate
+    raise RuntimeError(f"every /24 of {SUBNET_POOL} is already routed on this host")
+
+
+# --------------------------------------------------------------------------------------------
+# the region
+
+
+@dataclass(frozen=True)
+class AgentSpec:
+    name: str
+    dc: str
+    msb: str
+    rack: str
+    machine_type: str = "generic"
+    cpus: float = 4.0
+    memory_mb: int = 4096
+    owns_kernel: bool = False
+
+
+DEFAULT_AGENTS = (
+    AgentSpec("m1", "dc1", "msb1", "rack1", cpus=2.0, memory_mb=2048),
+    AgentSpec("m2", "dc1", "msb2", "rack2", cpus=2.0, memory_mb=2048),
+    AgentSpec("m3", "dc2", "msb3", "rack3", cpus=2.0, memory_mb=2048),
+)
+
+
+def default_agents(kernel_owner: str | None = None) -> list[AgentSpec]:
+    from dataclasses import replace
+
+    if kernel_owner is not None and kernel_owner not in {a.name for a in DEFAULT_AGENTS}:
+        raise ValueError(f"--kernel-owner {kernel_owner}: not one of {[a.name for a in DEFAULT_AGENTS]}")
+    return [replace(a, owns_kernel=a.name == kernel_owner) for a in DEFAULT_AGENTS]
+
+
+def _write_secret(path: Path, text: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text + "\n")
+    os.chmod(path, 0o600)
+
+
+_NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+class Region:
+    """etcd + one twine-controld + one agent per AgentSpec, each agent in its own netns.
+
+    `start()` brings it all up and returns once controld answers and every agent's /status
+    answers (on failure it tears down what it started and raises). `stop()` tears everything down
+    and returns the problems it met; it is safe after a partial start and safe to call twice.
+    """
+
+    def __init__(self, workdir: str | Path, agents: Iterable[AgentSpec], region: str = "local",
+                 heartbeat_timeout: float = 3.0, *, start_timeout: float = 60.0) -> None:
+        self.workdir = Path(workdir).resolve()
+        self.specs: dict[str, AgentSpec] = {}
+        for a in agents:
+            if not NAME_RE.match(a.name):
+                raise ValueError(f"agent name {a.name!r}: 1-20 of a-z, 0-9, '-'")
+            if a.name in self.specs or a.name in ("etcd", "controld"):
+                raise ValueError(f"agent name {a.name!r} is used twice or reserved")
+            self.specs[a.name] = a
+        if len(self.specs) > MAX_AGENTS:
+            raise ValueError(f"at most {MAX_AGENTS} agents")
+        owners = [a.name for a in self.specs.values() if a.owns_kernel]
+        if len(owners) > 1:
+            raise ValueError(f"only one agent may own the kernel, not {owners}")
+        self.region = region
+        self.heartbeat_timeout = heartbeat_timeout
+        self.start_timeout = start_timeout
+        self.network: Network | None = None
+        self.etcd: EtcdServer | None = None
+        self.controld_listen: str | None = None
+        self.procs: dict[str, ProcRef | None] = {}
+        self._popen: dict[str, subprocess.Popen] = {}
+        self._etcd_info: dict | None = None
+        self.stopped = False
+
+    # paths and names ----------------------------------------------------------------------
+    @property
+    def state_file(self) -> Path:
+        return self.workdir / STATE_FILE
+
+    @property
+    def log_dir(self) -> Path:
+        return self.workdir / "logs"
+
+    @property
+    def api_token_file(self) -> Path:
+        return self.workdir / "api-token"
+
+    @property
+    def bootstrap_token_file(self) -> Path:
+        return self.workdir / "bootstrap-token"
+
+    @property
+    def api_token(self) -> str:
+        return self.api_token_file.read_text().strip()
+
+    @property
+    def url(self) -> str:
+        if self.controld_listen is None:
+            raise RuntimeError("the region is not started")
+        return f"http://{self.controld_listen}"
+
+    @property
+    def prefix(self) -> str:
+        if self.network is None or self.network.prefix is None:
+            raise RuntimeError("the region is not started")
+        return self.network.prefix
+
+    def machine_id(self, name: str) -> str:
+        self._spec(name)
+        return f"{self.prefix}-{name}"
+
+    def netns(self, name: str) -> str:
+        self._spec(name)
+        return f"{self.prefix}-{name}"
+
+    def agent_ip(self, name: str) -> str:
+        assert self.network is not None
+        return self.network.ip(name)
+
+    def agent_dir(self, name: str) -> Path:
+        return self.workdir / "agents" / name
+
+    def state_dir(self, name: str) -> Path:
+        return self.agent_dir(name) / "state"
+
+    def log_path(self, name: str) -> Path:
+        if name in ("etcd", "controld"):
+            return self.log_dir / f"{name}.log"
+        self._spec(name)
+        return self.log_dir / f"agent-{name}.log"
+
+    def logs(self, name: str) -> str:
+        """The log of `etcd`, `controld` or an agent (by name)."""
+        try:
+            return self.log_path(name).read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def _spec(self, name: str) -> AgentSpec:
+        try:
+            return self.specs[name]
+        except KeyError:
+            raise KeyError(f"no agent {name!r} in this region (agents: {', '.join(self.specs)})") from None
+
+    # persisted state -----------------------------------------------------------------------
+    def to_dict(self) -> dict:
+        def proc(key: str) -> dict | None:
+            ref = self.procs.get(key)
+            return {"pid": ref.pid, "create_time": ref.create_time} if ref else None
+
+        net = self.network
+        return {
+            "version": 1,
+            "region": self.region,
+            "workdir": str(self.workdir),
+            "heartbeat_timeout": self.heartbeat_timeout,
+            "stopped": self.stopped,
+            "launcher_pid": os.getpid(),
+            "network": net.to_dict() if net else None,
+            "url": self.url if self.controld_listen else None,
+            "api_token_file": str(self.api_token_file),
+            "bootstrap_token_file": str(self.bootstrap_token_file),
+            "etcd": {**(self._etcd_info or {}), "proc": proc("etcd")},
+            "controld": {"listen": self.controld_listen, "log": str(self.log_path("controld")), "proc": proc("controld")},
+            "agents": {
+                name: {
+                    "spec": asdict(spec),
+                    "machine_id": f"{net.prefix}-{name}" if net and net.prefix else None,
+                    "netns": f"{net.prefix}-{name}" if net and net.prefix else None,
+                    "ip": net.namespaces[name].ip if net and name in net.namespaces else None,
+                    "listen": AGENT_LISTEN,
+                    "state_dir": str(self.state_dir(name)),
+                    "log": str(self.log_path(name)),
+                    "proc": proc(f"agent:{name}"),
+                }
+                for name, spec in self.specs.items()
+            },
+        }
+
+    def save(self) -> None:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        tmp = self.state_file.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+        os.replace(tmp, self.state_file)
+
+    @classmethod
+    def from_dir(cls, workdir: str | Path) -> Region:
+        """The region recorded in `workdir/region.json` (e.g. by `up` in another process)."""
+        workdir = Path(workdir).resolve()
+        d = json.loads((workdir / STATE_FILE).read_text())
+        r = cls(workdir, [AgentSpec(**a["spec"]) for a in d["agents"].values()], region=d["region"],
+                heartbeat_timeout=d["heartbeat_timeout"])
+        r.stopped = d.get("stopped", False)
+        if d.get("network"):
+            r.network = Network.from_dict(d["network"])
+        r.controld_listen = d["controld"]["listen"]
+        etcd = dict(d.get("etcd") or {})
+        p = etcd.pop("proc", None)
+        r._etcd_info = etcd or None
+        r.procs["etcd"] = ProcRef(**p) if p else None
+        p = d["controld"].get("proc")
+        r.procs["controld"] = ProcRef(**p) if p else None
+        for name, a in d["agents"].items():
+            r.procs[f"agent:{name}"] = ProcRef(**a["proc"]) if a.get("proc") else None
+        return r
+
+    # start ---------------------------------------------------------------------------------
+    def start(self) -> Region:
+        if self.state_file.exists():
+            old = Region.from_dir(self.workdir)
+            live = [k for k, ref in old.procs.items() if ref and ref.alive()]
+            if live or (old.network and any(old.network.leftovers().values())):
+                raise RuntimeError(f"a region is still running from {self.workdir} ({', '.join(live) or 'network'}): "
+                                   f"stop it first (python -m controlplane.devregion down --dir {self.workdir})")
+        self.stopped = False
+        try:
+            self.workdir.mkdir(parents=True, exist_ok=True)
+            self.log_dir.mkdir(exist_ok=True)
+            self.save()
+            self.network = Network(on_change=lambda _n: self.save())
+            self.network.create()
+            for name in self.specs:
+                self.network.add_namespace(name)
+            self._start_etcd()
+            _write_secret(self.api_token_file, secrets.token_urlsafe(32))
+            _write_secret(self.bootstrap_token_file, secrets.token_urlsafe(32))
+            self.controld_listen = f"{self.network.bridge_ip}:{_port_on(self.network.bridge_ip, CONTROLD_PORT)}"
+            self.save()
+            self.start_controld()
+            for name in self.specs:
+                self._spawn_agent(name)
+            self._wait_agents(list(self.specs))
+            return self
+        except BaseException as e:
+            problems = self.stop()
+            if problems:
+                log.warning("teardown after a failed start: %s", "; ".join(problems))
+                if isinstance(e, Exception):
+                    e.add_note("teardown after the failed start: " + "; ".join(problems))
+            raise
+
+    def _start_etcd(self) -> None:
+        self.etcd = EtcdServer(host="127.0.0.1", data_dir=self.workdir / "etcd", log_file=self.log_path("etcd"),
+                               log_level="warn", new_session=True, name=f"devregion-{self.prefix}")
+        self._etcd_info = {"endpoint": self.etcd.endpoint, "port": self.etcd.port, "peer_port": self.etcd.peer_port,
+                           "data_dir": self.etcd.data_dir, "log": str(self.log_path("etcd"))}
+        self.save()
+        try:
+            self.etcd.start()
+        finally:
+            if self.etcd.proc is not None:
+                self._popen["etcd"] = self.etcd.proc
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    self.procs["etcd"] = ProcRef.of(self.etcd.proc.pid)
+                self.save()
+
+    # commands (separate methods so tests can stand in for the processes) ----------------------
+    def controld_command(self) -> list[str]:
+        assert self._etcd_info is not None and self.controld_listen is not None
+        return [
+            sys.executable, "-m", "controlplane.daemon",
+            "--etcd", self._etcd_info["endpoint"], "--region", self.region, "--listen", self.controld_listen,
+            "--api-token-file", str(self.api_token_file), "--bootstrap-token-file", str(self.bootstrap_token_file),
+            "--heartbeat-timeout", f"{self.heartbeat_timeout:g}", "--log-level", "info",
+        ]
+
+    def agent_command(self, name: str) -> list[str]:
+        """The agent's command line (run inside its namespace with `ip netns exec`)."""
+        s = self._spec(name)
+        cmd = [
+            sys.executable, "-m", "agent", "--config", str(self._agent_config(name)),
+            "--state-dir", str(self.state_dir(name)), "run",
+            "--control-plane", self.url, "--bootstrap-token-file", str(self.bootstrap_token_file),
+            "--machine-id", self.machine_id(name), "--region", self.region, "--dc", s.dc, "--msb", s.msb,
+            "--rack", s.rack, "--machine-type", s.machine_type, "--cpus", f"{s.cpus:g}", "--memory-mb", str(s.memory_mb),
+            "--listen", AGENT_LISTEN, "--image-pull", "never", "--reconcile-interval", "0.5",
+        ]
+        if not s.owns_kernel:
+            cmd.append("--no-kernel")
+        return cmd
+
+    def _agent_config(self, name: str) -> Path:
+        """The agent's config file: the region's own, so that a host /etc/twine/agent.toml never
+        applies; it says only whether the agent owns the kernel (so `profile rollback` agrees with
+        `run --no-kernel`). Everything else comes from flags."""
+        path = self.agent_dir(name) / "agent.toml"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        owns = "true" if self._spec(name).owns_kernel else "false"
+        text = f"# twine dev region agent {name}: the rest comes from flags\nowns_kernel = {owns}\n"
+        if not path.exists() or path.read_text() != text:
+            path.write_text(text)
+        return path
+
+    def netns_command(self, name: str, argv: list[str]) -> list[str]:
+        return [_ip_binary(), "netns", "exec", self.netns(name), *argv]
+
+    def netns_exec(self, name: str, *argv: str, timeout: float = 60, **kw) -> subprocess.CompletedProcess:
+        """Run a command inside agent `name`'s network namespace."""
+        kw.setdefault("capture_output", True)
+        kw.setdefault("text", True)
+        check = kw.pop("check", False)
+        return subprocess.run(self.netns_command(name, list(argv)), check=check, timeout=timeout, env=child_env(), cwd=REPO, **kw)
+
+    # controld ------------------------------------------------------------------------------
+    def start_controld(self, wait: bool = True) -> None:
+        ref = self.procs.get("controld")
+        if ref is not None and ref.alive():
+            raise RuntimeError(f"controld is already running (pid {ref.pid})")
+        popen, ref = spawn(self.controld_command(), self.log_path("controld"))
+        self._popen["controld"], self.procs["controld"] = popen, ref
+        self.save()
+        if wait:
+            self.wait_controld()
+
+    def wait_controld(self, timeout: float | None = None) -> None:
+        deadline = time.monotonic() + (timeout or self.start_timeout)
+        last: object = None
+        while time.monotonic() < deadline:
+            self._check_running("controld")
+            try:
+                with _NO_PROXY.open(f"{self.url}/v1/openapi.json", timeout=2) as r:
+                    if r.status == 200:
+                        return
+                    last = r.status
+            except (OSError, urllib.error.HTTPError) as e:
+                last = e
+            time.sleep(0.1)
+        raise RuntimeError(f"controld did not answer on {self.url} in time (last: {last})\n{log_tail(self.log_path('controld'))}")
+
+    def kill_controld(self, sig: int = signal.SIGKILL, timeout: float = 30.0) -> int | None:
+        """Signal controld and wait until it has exited (SIGKILL after `timeout`)."""
+        return self._kill("controld", sig, timeout)
+
+    # agents --------------------------------------------------------------------------------
+    def _spawn_agent(self, name: str) -> None:
+        self.state_dir(name).mkdir(parents=True, exist_ok=True)
+        popen, ref = spawn(self.netns_command(name, self.agent_command(name)), self.log_path(name))
+        self._popen[f"agent:{name}"], self.procs[f"agent:{name}"] = popen, ref
+        self.save()
+
+    def start_agent(self, name: str, wait: bool = True) -> None:
+        ref = self.procs.get(f"agent:{name}")
+        if ref is not None and ref.alive():
+            raise RuntimeError(f"agent {name} is already running (pid {ref.pid})")
+        self._spawn_agent(name)
+        if wait:
+            self._wait_agents([name])
+
+    def kill_agent(self, name: str, sig: int = signal.SIGKILL, timeout: float = 30.0) -> int | None:
+        """Signal agent `name` and wait until it has exited (SIGKILL after `timeout`)."""
+        self._spec(name)
+        return self._kill(f"agent:{name}", sig, timeout)
+
+    def agent_pid(self, name: str) -> int | None:
+        ref = self.procs.get(f"agent:{name}")
+        return ref.pid if ref and ref.alive() else None
+
+    def agent_status(self, name: str, timeout: float = 5.0) -> dict:
+        """The agent's GET /status, fetched from inside its namespace. Raises OSError when it does
+        not answer."""
+        host, port = AGENT_LISTEN.rsplit(":", 1)
+        status, body = ns_http_get(self.netns(name), host, int(port), "/status", timeout)
+        if status != 200:
+            raise OSError(f"agent {name}: /status answered {status}: {body[:200]!r}")
+        return json.loads(body)
+
+    def _wait_agents(self, names: list[str]) -> None:
+        deadline = time.monotonic() + self.start_timeout
+        waiting = list(names)
+        last: dict[str, object] = {}
+        while waiting and time.monotonic() < deadline:
+            for name in list(waiting):
+                self._check_running(f"agent:{name}")
+                try:
+                    self.agent_status(name, timeout=2)
+                    waiting.remove(name)
+                except (OSError, ValueError) as e:
+                    last[name] = e
+            if waiting:
+                time.sleep(0.1)
+        if waiting:
+            tails = "\n".join(f"--- agent {n}:\n{log_tail(self.log_path(n), 1500)}" for n in waiting)
+            raise RuntimeError(f"agents {waiting} did not answer /status in time (last: {last})\n{tails}")
+
+    def _check_running(self, key: str) -> None:
+        popen, ref = self._popen.get(key), self.procs.get(key)
+        code = popen.poll() if popen is not None else None
+        if (popen is not None and code is not None) or ref is None or not ref.alive():
+            what = key.split(":", 1)[-1]
+            path = self.log_path(what)
+            raise RuntimeError(f"{key} exited{f' with {code}' if code is not None else ''}; log {path}:\n{log_tail(path)}")
+
+    def _kill(self, key: str, sig: int, timeout: float) -> int | None:
+        ref = self.procs.get(key)
+        if ref is None:
+            return None
+        code = stop_process(ref, self._popen.pop(key, None), sig=sig, timeout=timeout)
+        self.procs[key] = None
+        self.save()
+        return code
+
+    # tools ---------------------------------------------------------------------------------
+    def twinectl(self, *args: str, input: str | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
+        """Run `twinectl --url URL --token-file F ARGS...` (output captured as text)."""
+        return subprocess.run(  # noqa: PLW1510 - the caller looks at returncode
+            [sys.executable, "-m", "controlplane.cli.twinectl", "--url", self.url, "--token-file", str(self.api_token_file), *args],
+            input=input, capture_output=True, text=True, timeout=timeout, env=child_env(), cwd=REPO,
+        )
+
+    def containers(self, job: str | None = None) -> list[dict]:
+        """The Docker containers of this region's machines (running or not), with their labels."""
+        client = _docker()
+        out = []
+        for name in self.specs:
+            filters = [f"{MACHINE_LABEL}={self.machine_id(name)}"]
+            if job is not None:
+                filters.append(f"{JOB_LABEL}={job}")
+            for c in client.containers.list(all=True, filters={"label": filters}):
+                out.append({"id": c.id, "name": c.name, "status": c.status, "agent": name,
+                            "machine": self.machine_id(name), "job": c.labels.get(JOB_LABEL), "labels": dict(c.labels)})
+        return out
+
+    # stop ----------------------------------------------------------------------------------
+    def stop(self) -> list[str]:
+        """Tear down everything this region started; returns the problems met (empty: clean)."""
+        problems: list[str] = []
+
+        def attempt(what: str, fn: Callable[[], object]) -> None:
+            try:
+                fn()
+            except Exception as e:  # noqa: BLE001 - keep tearing down
+                problems.append(f"{what}: {type(e).__name__}: {e}")
+
+        # agents: SIGTERM to all at once, then wait (SIGKILL after 10 s)
+        agent_keys = [k for k in self.procs if k.startswith("agent:") and self.procs[k] is not None]
+        for key in agent_keys:
+            p = self.procs[key].process()
+            if p is not None:
+                with contextlib.suppress(psutil.Error):
+                    p.send_signal(signal.SIGTERM)
+        for key in agent_keys:
+            attempt(f"stop {key}", lambda key=key: self._kill(key, signal.SIGTERM, 10.0))
+        if self.procs.get("controld") is not None:
+            attempt("stop controld", lambda: self._kill("controld", signal.SIGTERM, 10.0))
+        # hand the kernel back, then the containers
+        for name in self.specs:
+            if (self.state_dir(name) / PROFILE_APPLIED).exists():
+                attempt(f"profile rollback of {name}", lambda name=name: self._rollback(name))
+        if self.network is not None and self.network.prefix is not None:
+            attempt("remove containers", self._remove_containers)
+            attempt("network teardown", lambda: problems.extend(self.network.destroy()))
+        # etcd
+        if self.procs.get("etcd") is not None:
+            attempt("stop etcd", lambda: self._kill("etcd", signal.SIGTERM, 10.0))
+        if self.etcd is not None and self.etcd.proc is not None and self.etcd.proc.stderr is not None:
+            self.etcd.proc.stderr.close()
+        data_dir = (self._etcd_info or {}).get("data_dir")
+        if data_dir:
+            shutil.rmtree(data_dir, ignore_errors=True)
+        self.stopped = True
+        if self.workdir.exists():
+            attempt("save region.json", self.save)
+        return problems
+
+    def _rollback(self, name: str) -> None:
+        argv = [sys.executable, "-m", "agent", "--config", str(self._agent_config(name)),
+                "--state-dir", str(self.state_dir(name)), "profile", "rollback"]
+        if self.network is not None and self.netns(name) in self.network.leftovers()["netns"]:
+            argv = self.netns_command(name, argv)
+        r = subprocess.run(argv, check=False, capture_output=True, text=True, timeout=120, env=child_env(), cwd=REPO)
+        with open(self.log_path(name), "a") as f:
+            f.write(f"\n=== profile rollback (exit {r.returncode})\n{r.stdout}{r.stderr}")
+        if r.returncode != 0:
+            raise RuntimeError(f"exit {r.returncode}: {(r.stderr or r.stdout)[-1000:]}")
+
+    def _remove_containers(self) -> None:
+        try:
+            client = _docker()
+        except Exception as e:
+            if any((self.state_dir(n)).exists() for n in self.specs):
+                raise RuntimeError(f"docker is not reachable, containers of this region may be left: {e}") from e
+            return
+        for name in self.specs:
+            for c in client.containers.list(all=True, filters={"label": f"{MACHINE_LABEL}={self.machine_id(name)}"}):
+                c.remove(force=True)
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        problems = self.stop()
+        if problems:
+            log.warning("region teardown: %s", "; ".join(problems))
+
+
+def _docker():
+    import docker
+
+    client = docker.from_env(version="auto")
+    client.ping()
+    return client
+
+
+def _port_on(host: str, preferred: int) -> int:
+    for port in (preferred, 0):
+        with socket.socket() as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server will (TIME_WAIT is no obstacle)
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+            return s.getsockname()[1]
+    raise RuntimeError(f"no free port on {host}")
+
+
+# --------------------------------------------------------------------------------------------
+# command line
+
+
+def _load_agents(arg: str, kernel_owner: str | None) -> list[AgentSpec]:
+    if arg == "default":
+        return default_agents(kernel_owner)
+    specs = [AgentSpec(**a) for a in json.loads(Path(arg).read_text())]
+    if kernel_owner is not None:
+        from dataclasses import replace
+
+        if kernel_owner not in {a.name for a in specs}:
+            raise ValueError(f"--kernel-owner {kernel_owner}: no such agent")
+        specs = [replace(a, owns_kernel=a.name == kernel_owner) for a in specs]
+    return specs
+
+
+def _cmd_up(args) -> int:
+    agents = _load_agents(args.agents, args.kernel_owner)
+    region = Region(args.dir, agents, region=args.region, heartbeat_timeout=args.heartbeat_timeout,
+                    start_timeout=args.timeout)
+
+    def on_term(signum, frame):  # tear down what was started, as on Ctrl-C
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, on_term)
+    try:
+        region.start()
+    except Exception as e:  # noqa: BLE001
+        print(f"devregion: up failed: {e}", file=sys.stderr)
+        print(f"devregion: everything started was stopped again; logs in {region.log_dir}", file=sys.stderr)
+        return 1
+    py = sys.executable
+    print(f"region {region.region} is up (prefix {region.prefix}, network {region.network.subnet}, bridge {region.network.bridge})")
+    print(f"  controld   {region.url}   (log {region.log_path('controld')})")
+    print(f"  etcd       {region._etcd_info['endpoint']}")
+    for name, s in region.specs.items():
+        kernel = ", owns the kernel" if s.owns_kernel else ""
+        print(f"  agent {name:<4} machine {region.machine_id(name)}  {region.agent_ip(name)}  {s.dc}/{s.msb}/{s.rack}{kernel}")
+    print(f"  api token  {region.api_token_file}")
+    print("twinectl:")
+    print(f"  {py} -m controlplane.cli.twinectl --url {region.url} --token-file {region.api_token_file} machine list")
+    print(f"  (or: export TWINE_URL={region.url} TWINE_TOKEN_FILE={region.api_token_file}; .venv/bin/twinectl machine list)")
+    print("status / stop:")
+    print(f"  {py} -m controlplane.devregion status --dir {region.workdir}")
+    print(f"  {py} -m controlplane.devregion down --dir {region.workdir}")
+    return 0
+
+
+def _cmd_down(args) -> int:
+    if not (Path(args.dir) / STATE_FILE).exists():
+        print(f"devregion: no {STATE_FILE} in {args.dir}: nothing to stop")
+        return 0
+    region = Region.from_dir(args.dir)
+    problems = region.stop()
+    for p in problems:
+        print(f"devregion: {p}", file=sys.stderr)
+    print(f"region in {region.workdir} stopped{' with problems' if problems else ''} (logs kept in {region.log_dir})")
+    return 1 if problems else 0
+
+
+def _cmd_status(args) -> int:
+    if not (Path(args.dir) / STATE_FILE).exists():
+        print(f"devregion: no {STATE_FILE} in {args.dir}", file=sys.stderr)
+        return 3
+    region = Region.from_dir(args.dir)
+    procs = {k: (ref.pid if ref and ref.alive() else None) for k, ref in region.procs.items()}
+    agents = {}
+    for name in region.specs:
+        if region.stopped:
+            agents[name] = {"answers": False, "error": "region stopped"}
+            continue
+        try:
+            s = region.agent_status(name, timeout=2)
+            agents[name] = {"answers": True, "tasks": len(s.get("tasks", [])), "profile": (s.get("profile") or {}).get("applied")}
+        except Exception as e:  # noqa: BLE001
+            agents[name] = {"answers": False, "error": str(e)}
+    data = region.to_dict()
+    if args.json:
+        json.dump({"region": data, "alive": procs, "agents": agents}, sys.stdout, indent=2)
+        print()
+    else:
+        print(f"region {region.region} in {region.workdir}: {'stopped' if region.stopped else 'started'}, url {data['url']}")
+        for key, pid in procs.items():
+            print(f"  {key:<16} {'running, pid ' + str(pid) if pid else 'not running'}")
+        for name, a in agents.items():
+            print(f"  agent {name}: " + (f"answers, {a['tasks']} task(s), profile {a['profile']}" if a["answers"] else f"no answer ({a['error']})"))
+    ok = not region.stopped and all(procs.values()) and all(a["answers"] for a in agents.values())
+    return 0 if ok else 3
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m controlplane.devregion", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True)
+    up = sub.add_parser("up", help="start a region (returns once everything answers; processes keep running)")
+    up.add_argument("--dir", required=True, help="working directory: region.json, tokens, logs/, agent state")
+    up.add_argument("--agents", default="default",
+                    help="'default' (m1 dc1/msb1/rack1, m2 dc1/msb2/rack2, m3 dc2/msb3/rack3) or a JSON file of AgentSpec objects")
+    up.add_argument("--kernel-owner", metavar="NAME", help="the agent that owns kernel-wide settings (default: none)")
+    up.add_argument("--region", default="local")
+    up.add_argument("--heartbeat-timeout", type=float, default=3.0)
+    up.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for each process to answer")
+    down = sub.add_parser("down", help="stop everything recorded in DIR/region.json")
+    down.add_argument("--dir", required=True)
+    st = sub.add_parser("status", help="what is running")
+    st.add_argument("--dir", required=True)
+    st.add_argument("--json", action="store_true")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="devregion: %(message)s")
+    if os.geteuid() != 0:
+        print("devregion: run as root (network namespaces, bridge, veths)", file=sys.stderr)
+        return 1
+    return {"up": _cmd_up, "down": _cmd_down, "status": _cmd_status}[args.command](args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,118 @@
+"""A real etcd (Debian's `etcd`) on free loopback ports with its own data dir.
+
+Used by the tests (`tests/etcd_server.py` re-exports it) and by the local dev region
+(`controlplane/devregion.py`). The data dir belongs to the server: `stop()` removes it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+_NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+class EtcdServer:
+    """`EtcdServer().start()` ... `.stop()`; clients use `host:port` (`.endpoint`)."""
+
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        *,
+        data_dir: str | Path | None = None,
+        log_file: str | Path | None = None,
+        log_level: str = "error",
+        new_session: bool = False,
+        name: str = "test",
+    ) -> None:
+        self.host = host
+        self.port = free_port(host)
+        self.peer_port = free_port(host)
+        if data_dir is None:
+            self.data_dir = tempfile.mkdtemp(prefix="twine-etcd-")
+        else:
+            self.data_dir = str(data_dir)
+            os.makedirs(self.data_dir, mode=0o700, exist_ok=True)
+        self.log_file = Path(log_file) if log_file is not None else None
+        self.log_level = log_level
+        self.new_session = new_session
+        self.name = name
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def endpoint(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None else None
+
+    def command(self) -> list[str]:
+        client, peer = self.url, f"http://{self.host}:{self.peer_port}"
+        return [
+            "etcd", "--name", self.name, "--data-dir", self.data_dir,
+            "--listen-client-urls", client, "--advertise-client-urls", client,
+            "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+            "--initial-cluster", f"{self.name}={peer}", "--log-level", self.log_level, "--logger", "zap",
+        ]
+
+    def start(self, timeout: float = 20.0) -> EtcdServer:
+        if self.log_file is not None:
+            self.log_file.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_file, "ab") if self.log_file is not None else contextlib.nullcontext(subprocess.PIPE) as out:
+            self.proc = subprocess.Popen(
+                self.command(), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=out,
+                start_new_session=self.new_session,
+            )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"etcd exited with {self.proc.returncode}: {self._stderr_tail()}")
+            try:
+                with _NO_PROXY.open(f"{self.url}/health", timeout=1) as r:
+                    if b'"true"' in r.read():
+                        return self
+            except OSError:
+                time.sleep(0.1)
+        self.stop()
+        raise RuntimeError(f"etcd did not become healthy in {timeout:g} s")
+
+    def _stderr_tail(self) -> str:
+        if self.log_file is not None:
+            try:
+                return self.log_file.read_text(errors="replace")[-2000:]
+            except OSError:
+                return ""
+        if self.proc is not None and self.proc.stderr is not None:
+            return self.proc.stderr.read().decode(errors="replace")[-2000:]
+        return ""
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if self.proc is not None and self.proc.stderr is not None:
+            self.proc.stderr.close()
+        shutil.rmtree(self.data_dir, ignore_errors=True)

@@ -245,6 +245,7 @@ class Agent:
         h = self.health
         return {
             "desired_version": self.desired.version,
+            "desired_error": self.source_error,
             "health": {"ok": h.ok, "problems": list(h.problems)} if h else {"ok": False, "problems": ["not probed yet"]},
             "profile": {
                 "name": (record.get("ref") or record["profile"]) if record else None,

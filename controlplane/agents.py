@@ -56,6 +56,7 @@ class AgentService:
         self.last_seen_wall: dict[str, float] = {}
         self.reports: dict[str, dict[tuple[str, int], dict]] = {}
         self.digests: dict[str, str] = {}
+        self.errors: dict[str, str] = {}  # machine id -> why its agent rejected its desired state
         self.counters = {"heartbeats": 0, "heartbeat_reports": 0, "registrations": 0, "long_polls": 0}
         self.closing = asyncio.Event()  # set at shutdown: long polls answer at once
 
@@ -130,6 +131,10 @@ class AgentService:
         self.last_seen_wall[mid] = time.time()
         if self.on_seen is not None:
             self.on_seen(mid)
+        error = str(body.get("desired_error") or "")
+        if error != self.errors.get(mid, ""):
+            self.errors[mid] = error
+            self.state.changed.set()
         digest = body.get("digest")
         tasks = body.get("tasks")
         if tasks is None:

@@ -43,7 +43,7 @@ class ControlDaemon:
         self.agents = AgentService(self.state, store, self.keys, bootstrap_tokens, heartbeat_interval)
         self.health = HealthService(self.state, store, self.keys, self.agents.last_seen, heartbeat_timeout)
         self.agents.on_seen = self.health.seen
-        self.scheduler = Scheduler(self.state, store, self.keys, self.agents.report_of)
+        self.scheduler = Scheduler(self.state, store, self.keys, self.agents.report_of, self.agents.errors)
 
     def metrics_text(self) -> str:
         lines = []

@@ -129,7 +129,7 @@ def machine_view(d: ControlDaemon, mid: str, detail: bool = False) -> dict:
         "profile": {"desired": d.state.desired_profile(m), "applied": m.profile_applied, "ok": m.profile_ok,
                     "error": m.profile_error},
         "alloc": {"tasks": m.alloc_tasks, "cpus": m.alloc_cpus, "memory_mb": m.alloc_memory_mb},
-        "agent": {"address": m.address, "version": m.agent_version},
+        "agent": {"address": m.address, "version": m.agent_version, "error": d.agents.errors.get(mid, "")},
         "last_heartbeat": d.agents.last_seen_wall.get(mid),
     }
     if detail:

@@ -35,6 +35,7 @@ class MachineView:
     profile_ready: bool = True
     desired_profile: str | None = None
     address: str = ""
+    error: str = ""  # why the machine's agent rejected its desired state, if it did
     # The agent's last report of its containers since this daemon started, by (job, index);
     # None: no report yet (after a daemon restart): task states are left as they are.
     reports: Mapping[tuple[str, int], dict] | None = None
@@ -140,7 +141,8 @@ def _live_step(t: TaskRec, m: MachineView | None, change, plan: JobPlan) -> None
         if m.profile_ready:
             change(t, t.moved(state="starting", reason=""), Op("start", t.index, f"on {m.id}"))
         else:
-            plan.waiting.append(f"#{t.index}: waiting for profile {m.desired_profile} on {m.id}")
+            why = f": the agent refused it: {m.error}" if m.error else ""
+            plan.waiting.append(f"#{t.index}: waiting for profile {m.desired_profile} on {m.id}{why}")
         return
     if m.reports is None:
         return

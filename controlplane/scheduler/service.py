@@ -37,8 +37,10 @@ def job_request(job: JobRec) -> JobRequest:
 
 
 class Scheduler:
-    def __init__(self, state: RegionState, store: Store, keys: Keys, reports: Reports):
+    def __init__(self, state: RegionState, store: Store, keys: Keys, reports: Reports,
+                 agent_errors: Mapping[str, str] | None = None):
         self.state = state
+        self.agent_errors = agent_errors if agent_errors is not None else {}
         self.store = store
         self.keys = keys
         self.reports = reports
@@ -76,7 +78,7 @@ class Scheduler:
         if m is None:
             return None
         return MachineView(m.id, m.healthy, m.health_reason, self.state.profile_ready(m),
-                           self.state.desired_profile(m), m.address, self.reports(mid))
+                           self.state.desired_profile(m), m.address, self.agent_errors.get(mid, ""), self.reports(mid))
 
     async def pass_job(self, handle: str) -> None:
         async with self.lock:

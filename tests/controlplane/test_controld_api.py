@@ -132,6 +132,8 @@ def test_restart_rebuilds_the_same_view_and_desired_state(controld, tmp_path, et
     controld.call("POST", "/v1/entitlements", {"name": "web", "machine_type": "generic", "quota": 2})
     status, job = controld.call("POST", "/v1/jobs", {"entitlement": "web", "name": "api", "count": 2, "task": TASK})
     assert status == 201
+    job = controld.wait_for("/v1/jobs/web/api", lambda j: all(t["state"] == "starting" for t in j["tasks"]),
+                            what="tasks in their machines' desired state")
     desired = {m: controld.call("GET", "/v1/agent/desired?wait=0", token=c)[1] for m, c in creds.items()}
     machines = controld.call("GET", "/v1/machines")[1]
     controld.kill()

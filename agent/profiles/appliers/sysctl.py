@@ -14,7 +14,7 @@ from typing import Any, Mapping
 
 from agent.errors import ProfileError
 from agent.profiles.appliers.base import KERNEL, NETNS, Applier, ApplierError
-from agent.profiles.model import Setting
+from agent.profiles.model import NotApplicable, Setting
 
 _NAME = re.compile(r"^[a-z][a-z0-9_]*(\.[A-Za-z0-9_][A-Za-z0-9_\-]*)+$")
 # Knobs another applier owns: two owners of one fact would fight.
@@ -68,7 +68,7 @@ class Sysctl(Applier):
     def check(self, settings: list[Setting]) -> None:
         for s in settings:
             path = self._path(s.key)
-            if self.applicable(s.key) is not None:
+            if self.applicable(s.key) is not None or (not self.ctx.owns_kernel and self.scope(s.key) == KERNEL):
                 continue  # reported as not applicable, not an error
             if not path.is_file():
                 raise ProfileError(s.origin, f"[sysctl] {s.key}", s.value, f"no such sysctl on this host ({path})")
@@ -76,7 +76,17 @@ class Sysctl(Applier):
                 raise ProfileError(s.origin, f"[sysctl] {s.key}", s.value, f"read-only on this host ({path})")
 
     def scope(self, key: str) -> str:
-        return NETNS if key.startswith("net.") else KERNEL
+        """net.* sysctls belong to the network namespace, except the few that are kernel-wide
+        (net.core.netdev_max_backlog...): a namespace other than the host's does not show those."""
+        if not key.startswith("net."):
+            return KERNEL
+        return NETNS if self._path(key).exists() or _in_host_netns(self.ctx.proc) else KERNEL
+
+    def applicable(self, key: str) -> NotApplicable | None:
+        if self.scope(key) == KERNEL and key.startswith("net.") and not self._path(key).exists():
+            return NotApplicable("kernel-wide net sysctl: not visible from this agent's network namespace; "
+                                 "set it from the host's")
+        return None
 
     def read(self, key: str) -> str:
         return normalise(self._path(key).read_text())
@@ -87,6 +97,16 @@ class Sysctl(Applier):
                 f.write(value)
         except OSError as e:
             raise ApplierError(f"writing {value!r} to {self._path(key)}: {e.strerror}") from e
+
+
+def _in_host_netns(proc: Path) -> bool:
+    """Whether this process is in the host's network namespace: it shares PID 1's, or (when PID 1's
+    is not readable, as in some containers) it sees net.core.dev_weight, which the kernel shows in
+    the initial network namespace only."""
+    try:
+        return os.stat(proc / "self/ns/net").st_ino == os.stat(proc / "1/ns/net").st_ino
+    except OSError:
+        return (proc / "sys/net/core/dev_weight").exists() or not (proc / "self/ns/net").exists()
 
 
 APPLIER = Sysctl

@@ -21,7 +21,7 @@ def task(i: int, state: str = "running", machine: str | None = "m1", v: int = 1,
 
 
 def machine(mid: str = "m1", healthy: bool = True, reports=None, ready: bool = True) -> MachineView:
-    return MachineView(mid, healthy, "" if healthy else "no heartbeat for 5.0s", ready, "web", "10.0.0.1", reports)
+    return MachineView(mid, healthy, "" if healthy else "no heartbeat for 5.0s", ready, "web", "10.0.0.1", reports=reports)
 
 
 def running(*tasks: TaskRec) -> dict:

@@ -1,0 +1,278 @@
+"""End to end: real etcd, real twine-controld, four real agents each in its own network namespace
+(two data centers, three MSBs), real Docker containers. One region for the module; each test
+uses entitlements and jobs of its own and stops its jobs.
+
+Run with -s to see the measured figures (failover time)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from controlplane.devregion import AgentSpec, Region
+from tests.conftest import TEST_IMAGE
+
+pytestmark = pytest.mark.docker
+
+AGENTS = [
+    AgentSpec("m1", "dc1", "msb1", "rack1", cpus=2.0, memory_mb=1024),
+    AgentSpec("m2", "dc1", "msb2", "rack2", cpus=2.0, memory_mb=1024),
+    AgentSpec("m3", "dc2", "msb3", "rack3", cpus=2.0, memory_mb=1024),
+    AgentSpec("m4", "dc2", "msb3", "rack4", cpus=2.0, memory_mb=1024),
+]
+# Exits at once on SIGTERM, so a stop or restart takes a fraction of a second, not the grace period.
+COMMAND = ["sh", "-c", "trap 'exit 0' TERM; while :; do sleep 0.2; done"]
+
+
+class Api:
+    def __init__(self, region: Region):
+        self.region = region
+
+    def call(self, method: str, path: str, body: object = None) -> tuple[int, dict]:
+        import urllib.error
+        import urllib.request
+
+        req = urllib.request.Request(self.region.url + path, method=method,
+                                     data=None if body is None else json.dumps(body).encode(),
+                                     headers={"Authorization": f"Bearer {self.region.api_token}",
+                                              "Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=30) as r:
+                return r.status, json.loads(r.read())
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read())
+
+    def ok(self, method: str, path: str, body: object = None) -> dict:
+        status, answer = self.call(method, path, body)
+        assert status < 300, (method, path, status, answer)
+        return answer
+
+    def job(self, handle: str) -> dict:
+        return self.ok("GET", f"/v1/jobs/{handle}")
+
+    def wait_job(self, handle: str, predicate, timeout: float = 60, what: str = "condition") -> dict:
+        deadline = time.monotonic() + timeout
+        job = None
+        while time.monotonic() < deadline:
+            job = self.job(handle)
+            if predicate(job):
+                return job
+            time.sleep(0.1)
+        raise AssertionError(f"{handle}: timed out waiting for {what}: {json.dumps(job)[:3000]}\n"
+                             f"controld: {self.region.logs('controld')[-3000:]}")
+
+    def wait_running(self, handle: str, timeout: float = 60) -> dict:
+        return self.wait_job(handle, lambda j: len(j["tasks"]) >= j["count"] and all(
+            t["state"] == "running" and t["spec_version"] == j["spec_version"]
+            for t in j["tasks"] if t["index"] < j["count"]), timeout, "all tasks running")
+
+    def stop(self, handle: str) -> None:
+        self.ok("DELETE", f"/v1/jobs/{handle}")
+        self.wait_job(handle, lambda j: j["state"] == "stopped", what="job stopped")
+
+    def held(self, entitlement: str) -> list[str]:
+        return self.ok("GET", f"/v1/entitlements/{entitlement}")["machines"]
+
+    def machine_of(self, machine_id: str) -> dict:
+        return self.ok("GET", f"/v1/machines/{machine_id}")
+
+
+@pytest.fixture(scope="module")
+def region(tmp_path_factory, docker_client):
+    r = Region(tmp_path_factory.mktemp("region"), AGENTS, heartbeat_timeout=2.0)
+    try:
+        r.start()
+        yield r
+    finally:
+        problems = r.stop()
+        assert not problems, problems
+
+
+@pytest.fixture
+def api(region):
+    return Api(region)
+
+
+def job_spec(ent: str, name: str, count: int, cpus: float = 0.25, **kw) -> dict:
+    return {"entitlement": ent, "name": name, "count": count,
+            "task": {"image": TEST_IMAGE, "command": COMMAND, "cpus": cpus, "memory_mb": 32, **kw.pop("task", {})}, **kw}
+
+
+def running_indices(region: Region, job: str) -> dict[int, list[str]]:
+    """task index -> machines with a running container of it (Docker's view, not the daemon's)."""
+    out: dict[int, list[str]] = {}
+    for c in region.containers(job):
+        if c["status"] == "running":
+            out.setdefault(int(c["labels"]["twine.task-index"]), []).append(c["machine"])
+    return out
+
+
+def test_figure7_entitlement_grows_from_and_shrinks_to_the_free_pool(region, api):
+    """Paper Figure 7: an empty entitlement takes one machine for job D, stacks job E's first
+    task on it, takes a second machine for E's second, and returns that machine when E stops.
+    The entitlement's host profile is applied (sidekick) before its tasks start."""
+    api.ok("POST", "/v1/entitlements", {"name": "fig7", "machine_type": "generic", "quota": 3, "profile": "web"})
+    assert api.held("fig7") == []
+    spec_file = Path(region.workdir) / "d.yaml"
+    spec_file.write_text(
+        "entitlement: fig7\nname: d\ncount: 1\ntask:\n"
+        f"  image: {TEST_IMAGE}\n  command: {json.dumps(COMMAND)}\n  cpus: 1.0\n  memory_mb: 32\n")
+    ran = region.twinectl("job", "run", str(spec_file), "--wait", "40", timeout=90)
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    d = api.wait_running("fig7/d")
+    a = d["tasks"][0]["machine"]
+    assert api.held("fig7") == [a]
+    prof = api.machine_of(a)["profile"]
+    assert prof == {"desired": "web", "applied": "web", "ok": True, "error": ""}
+
+    api.ok("POST", "/v1/jobs", job_spec("fig7", "e", 2, cpus=1.0))
+    e = api.wait_running("fig7/e")
+    e0, e1 = (t["machine"] for t in e["tasks"])
+    assert e0 == a, "E's first task stacks on the entitlement's machine"
+    assert e1 != a
+    assert sorted(api.held("fig7")) == sorted([a, e1]), "a second machine was taken from the free pool"
+    assert running_indices(region, "fig7/e") == {0: [a], 1: [e1]}
+
+    api.stop("fig7/e")
+    deadline = time.monotonic() + 30
+    while api.held("fig7") != [a] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert api.held("fig7") == [a], "E's machine returns to the free pool when E stops"
+    assert api.machine_of(e1)["entitlement"] is None
+    assert region.containers("fig7/e") == []
+    # the returned machine's profile is rolled back (desired none)
+    deadline = time.monotonic() + 30
+    while api.machine_of(e1)["profile"]["applied"] is not None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert api.machine_of(e1)["profile"]["applied"] is None
+    api.stop("fig7/d")
+    deadline = time.monotonic() + 30
+    while api.held("fig7") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert api.held("fig7") == []
+
+
+def test_net_sysctls_apply_per_namespace_and_kernel_wide_ones_are_left_to_the_owner(region, api):
+    api.ok("POST", "/v1/entitlements", {"name": "tuned", "machine_type": "generic", "quota": 1, "profile": "web"})
+    api.ok("POST", "/v1/jobs", job_spec("tuned", "one", 1))
+    job = api.wait_running("tuned/one")
+    name = next(a.name for a in AGENTS if region.machine_id(a.name) == job["tasks"][0]["machine"])
+    host = Path("/proc/sys/net/core/somaxconn").read_text().strip()
+    inside = region.netns_exec(name, "cat", "/proc/sys/net/core/somaxconn").stdout.strip()
+    assert inside == "16384" and host != "16384"
+    status = region.agent_status(name)
+    text = json.dumps(status)
+    assert "shared kernel" in text, "kernel-wide settings are reported as not applicable"
+    api.stop("tuned/one")
+
+
+def test_tasks_spread_over_msbs_and_a_pinned_entitlement_stays_in_its_dc(region, api):
+    api.ok("POST", "/v1/entitlements", {"name": "spread", "machine_type": "generic", "quota": 4})
+    api.ok("POST", "/v1/jobs", job_spec("spread", "svc", 3))
+    job = api.wait_running("spread/svc")
+    assert sorted(t["where"]["msb"] for t in job["tasks"]) == ["msb1", "msb2", "msb3"]
+
+    api.ok("POST", "/v1/entitlements", {"name": "pinned", "machine_type": "generic", "quota": 4,
+                                        "spread": {"properties": ["msb"], "pinned_dc": "dc2"}})
+    api.ok("POST", "/v1/jobs", job_spec("pinned", "svc", 4))
+    pinned = api.wait_running("pinned/svc")
+    assert {t["where"]["dc"] for t in pinned["tasks"]} == {"dc2"}
+    dc2 = {region.machine_id("m3"), region.machine_id("m4")}
+    assert set(api.held("pinned")) <= dc2
+    assert {m for ms in running_indices(region, "pinned/svc").values() for m in ms} <= dc2
+    api.stop("spread/svc")
+    api.stop("pinned/svc")
+
+
+def test_rolling_update_with_max_unavailable_1_never_has_two_tasks_down(region, api):
+    api.ok("POST", "/v1/entitlements", {"name": "roll", "machine_type": "generic", "quota": 4})
+    api.ok("POST", "/v1/jobs", job_spec("roll", "svc", 3, update={"max_unavailable": 1}))
+    api.wait_running("roll/svc")
+    samples: list[tuple[int, int]] = []  # (tasks down per Docker, tasks not running per the daemon)
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            docker_down = 3 - len(running_indices(region, "roll/svc"))
+            daemon_down = sum(1 for t in api.job("roll/svc")["tasks"] if t["state"] != "running")
+            samples.append((docker_down, daemon_down))
+            time.sleep(0.02)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    try:
+        api.ok("PUT", "/v1/jobs/roll/svc", job_spec("roll", "svc", 3, task={"env": {"VERSION": "2"}},
+                                                     update={"max_unavailable": 1}))
+        job = api.wait_running("roll/svc")
+    finally:
+        done.set()
+        sampler.join()
+    assert job["spec_version"] == 2
+    versions = {c["labels"]["twine.spec-version"] for c in region.containers("roll/svc")}
+    assert versions == {"2"}
+    assert max(d for d, _ in samples) <= 1 and max(d for _, d in samples) <= 1, samples
+    assert any(d == 1 for _, d in samples), "the sampler saw the restarts"
+    api.stop("roll/svc")
+
+
+def test_killed_agent_tasks_run_again_elsewhere_and_its_stale_copies_stop(region, api):
+    api.ok("POST", "/v1/entitlements", {"name": "failover", "machine_type": "generic", "quota": 4})
+    api.ok("POST", "/v1/jobs", job_spec("failover", "svc", 3))
+    job = api.wait_running("failover/svc")
+    victim_id = job["tasks"][0]["machine"]
+    victim = next(a.name for a in AGENTS if region.machine_id(a.name) == victim_id)
+    moved = sorted(t["index"] for t in job["tasks"] if t["machine"] == victim_id)
+
+    t0 = time.monotonic()
+    region.kill_agent(victim)
+    job = api.wait_job("failover/svc", lambda j: all(
+        t["state"] == "running" and t["machine"] != victim_id for t in j["tasks"]), 60, "replacements running")
+    elapsed = time.monotonic() - t0
+    print(f"\nagent {victim} killed: {len(moved)} task(s) running again elsewhere after {elapsed:.2f} s "
+          f"(heartbeat timeout 2.0 s)")
+    events = api.ok("GET", "/v1/events")["events"]
+    assert any(e["kind"] == "failure" and victim_id in e["machines"] for e in events)
+    # tasks keep running without their agent: the old copies are still there...
+    assert all(victim_id in running_indices(region, "failover/svc").get(i, []) for i in moved)
+
+    region.start_agent(victim)  # ...until the agent is back and learns they moved
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and any(c["machine"] == victim_id for c in region.containers("failover/svc")):
+        time.sleep(0.1)
+    per_task = running_indices(region, "failover/svc")
+    assert sorted(per_task) == [0, 1, 2] and all(len(ms) == 1 for ms in per_task.values()), per_task
+    assert victim_id not in {m for ms in per_task.values() for m in ms}
+    api.wait_job("failover/svc", lambda j: True)
+    assert api.machine_of(victim_id)["healthy"] is True
+    api.stop("failover/svc")
+
+
+def test_controld_sigkill_and_restart_restarts_no_task_and_loses_none(region, api):
+    api.ok("POST", "/v1/entitlements", {"name": "durable", "machine_type": "generic", "quota": 4})
+    api.ok("POST", "/v1/jobs", job_spec("durable", "svc", 3))
+    before_job = api.wait_running("durable/svc")
+    before = {c["id"]: c["labels"]["twine.generation"] for c in region.containers("durable/svc")}
+    started = {cid: _started_at(cid) for cid in before}
+
+    region.kill_controld()
+    time.sleep(1.0)
+    region.start_controld()
+    time.sleep(2.0 * 2 + 1)  # past a heartbeat timeout after the restart
+    after_job = api.wait_running("durable/svc")
+    assert [(t["index"], t["machine"]) for t in after_job["tasks"]] == \
+        [(t["index"], t["machine"]) for t in before_job["tasks"]]
+    after = {c["id"]: c["labels"]["twine.generation"] for c in region.containers("durable/svc")}
+    assert after == before, "no container was replaced, added or lost"
+    assert {cid: _started_at(cid) for cid in after} == started, "no container was restarted"
+    api.stop("durable/svc")
+
+
+def _started_at(container_id: str) -> str:
+    out = subprocess.run(["docker", "inspect", "-f", "{{.State.StartedAt}} {{.RestartCount}}", container_id],
+                         capture_output=True, text=True, check=True)
+    return out.stdout.strip()

@@ -804,7 +804,8 @@ class Region:
             "--control-plane", self.url, "--bootstrap-token-file", str(self.bootstrap_token_file),
             "--machine-id", self.machine_id(name), "--region", self.region, "--dc", s.dc, "--msb", s.msb,
             "--rack", s.rack, "--machine-type", s.machine_type, "--cpus", f"{s.cpus:g}", "--memory-mb", str(s.memory_mb),
-            "--listen", AGENT_LISTEN, "--image-pull", "never", "--reconcile-interval", "0.5",
+            "--listen", AGENT_LISTEN, "--address", self.agent_ip(name), "--image-pull", "never",
+            "--reconcile-interval", "0.5",
         ]
         if not s.owns_kernel:
             cmd.append("--no-kernel")

@@ -27,6 +27,12 @@ def task_labels(machine_id: str, spec: TaskSpec, generation: int) -> dict[str, s
     }
 
 
+def task_env(machine_id: str, spec: TaskSpec) -> dict[str, str]:
+    """What every task is told of itself (the job's own env may not override these names)."""
+    return {"TWINE_MACHINE": machine_id, "TWINE_JOB": spec.job, "TWINE_TASK_INDEX": str(spec.index),
+            "TWINE_SPEC_VERSION": str(spec.spec_version)}
+
+
 @dataclass(frozen=True)
 class ContainerInfo:
     id: str

@@ -12,7 +12,7 @@ import docker.errors
 import requests.exceptions
 
 from agent.models import TaskSpec
-from agent.runtime.base import L_MACHINE, ContainerInfo, ImageNotFound, RuntimeUnavailable, task_labels
+from agent.runtime.base import L_MACHINE, ContainerInfo, ImageNotFound, RuntimeUnavailable, task_env, task_labels
 
 _UNSAFE = re.compile(r"[^a-zA-Z0-9_.-]")
 PULL_POLICIES = ("if-not-present", "never")
@@ -96,7 +96,7 @@ class DockerRuntime:
             command=list(spec.command) or None,
             name=container_name(machine_id, spec, generation),
             labels=task_labels(machine_id, spec, generation),
-            environment=dict(spec.env),
+            environment={**dict(spec.env), **task_env(machine_id, spec)},
             nano_cpus=int(spec.cpus * 1e9),
             mem_limit=f"{spec.memory_mb}m",
             pids_limit=spec.pids,

@@ -276,7 +276,7 @@ def test_region_commands_follow_the_process_contract(tmp_path, cleanup):
         "--control-plane": r.url, "--bootstrap-token-file": str(r.bootstrap_token_file),
         "--machine-id": r.machine_id("m1"), "--region": "lab", "--dc": "dc1", "--msb": "msb1", "--rack": "rack1",
         "--machine-type": "generic", "--cpus": "4", "--memory-mb": "4096", "--listen": "127.0.0.1:7070",
-        "--image-pull": "never", "--reconcile-interval": "0.5",
+        "--address": r.agent_ip("m1"), "--image-pull": "never", "--reconcile-interval": "0.5",
     }
     assert r.netns_command("m1", ["x"])[-3:] == ["exec", r.netns("m1"), "x"]
     assert r.machine_id("m1") == f"{r.prefix}-m1"

@@ -36,6 +36,7 @@ def test_start_applies_limits_env_and_labels(docker_client, machine_id):
     assert host["PidsLimit"] == 33
     assert host["NetworkMode"] == "none"
     assert "GREETING=hi" in c.attrs["Config"]["Env"]
+    assert {"TWINE_TASK_INDEX=0", "TWINE_JOB=ent/web", f"TWINE_MACHINE={machine_id}"} <= set(c.attrs["Config"]["Env"])
     assert c.labels == {
         "twine.machine": machine_id, "twine.job": "ent/web", "twine.task-index": "0",
         "twine.spec-version": "3", "twine.spec-hash": s.spec_hash(), "twine.generation": "2",

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from aiohttp import web
 
-from controlplane.agents import AgentService
+from controlplane.broker.agents import AgentService
 from controlplane.api.app import make_app
 from controlplane.health import HealthService
 from controlplane.scheduler.service import Scheduler

@@ -27,6 +27,7 @@ from controlplane.store.keys import Keys
 log = logging.getLogger("twine.controld.scheduler")
 Reports = Callable[[str], Mapping[tuple[str, int], dict] | None]
 PASS_INTERVAL = 1.0
+CREATE_RETRIES = 8
 
 
 def job_request(job: JobRec) -> JobRequest:
@@ -198,12 +199,20 @@ class Scheduler:
     async def create(self, job: JobRec) -> int:
         """Place a new job and commit it with its tasks in one transaction. AllocationError: it
         cannot fit, and nothing is written."""
-        async with self.lock:
-            placement = allocate(self.state.snapshot(), job_request(job), cache=self.cache)
-            old = tuple(t for t in self.state.tasks.get(job.handle, {}).values() if t.index >= job.count)
-            rev = await self.commit_placement(job, placement, tuple(range(job.count)), job_put=job, deletes=old)
-        await self.state.wait_for(rev)
-        return rev
+        for attempt in range(CREATE_RETRIES):
+            async with self.lock:
+                placement = allocate(self.state.snapshot(), job_request(job), cache=self.cache)
+                old = tuple(t for t in self.state.tasks.get(job.handle, {}).values() if t.index >= job.count)
+                try:
+                    rev = await self.commit_placement(job, placement, tuple(range(job.count)), job_put=job, deletes=old)
+                except Conflict:
+                    # another writer (a replica) changed a machine we chose: see its write, place again
+                    self.counters["conflicts"] += 1
+                    await asyncio.sleep(0.01 * 2**attempt)
+                    continue
+            await self.state.wait_for(rev)
+            return rev
+        raise Conflict(f"{job.handle}: gave up after {CREATE_RETRIES} conflicting placements")
 
     async def check_fits(self, job: JobRec) -> None:
         """Raise AllocationError if the job (as it would be) cannot be placed now."""

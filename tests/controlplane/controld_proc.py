@@ -20,17 +20,17 @@ BOOTSTRAP_TOKEN = "test-bootstrap-token"
 
 
 class Controld:
-    def __init__(self, tmp: Path, etcd_port: int, heartbeat_timeout: float = 2.0):
+    def __init__(self, tmp: Path, etcd_port: int, heartbeat_timeout: float = 2.0, region: str | None = None):
         self.tmp = tmp
         self.etcd_port = etcd_port
-        self.region = "r" + uuid.uuid4().hex[:10]
+        self.region = region or "r" + uuid.uuid4().hex[:10]
         self.port = free_port()
         self.heartbeat_timeout = heartbeat_timeout
         self.api_file = tmp / "api-tokens"
         self.boot_file = tmp / "bootstrap-tokens"
         self.api_file.write_text(API_TOKEN + "\n")
         self.boot_file.write_text(BOOTSTRAP_TOKEN + "\n")
-        self.log = tmp / "controld.log"
+        self.log = tmp / f"controld-{self.port}.log"
         self.proc: subprocess.Popen | None = None
 
     @property

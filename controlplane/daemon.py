@@ -22,6 +22,7 @@ from aiohttp import web
 from controlplane.broker.agents import AgentService
 from controlplane.api.app import make_app
 from controlplane.health import HealthService
+from controlplane.scheduler.ratelimit import Limits
 from controlplane.scheduler.service import Scheduler
 from controlplane.state import RegionState
 from controlplane.store import Store
@@ -34,7 +35,8 @@ EXIT_OK, EXIT_INPUT, EXIT_UNAVAILABLE = 0, 2, 3
 class ControlDaemon:
     def __init__(self, store: Store, region: str, api_tokens: set[str], bootstrap_tokens: set[str],
                  heartbeat_timeout: float = 5.0, heartbeat_interval: float = 1.0,
-                 profile_search: tuple[Path, ...] | None = None):
+                 profile_search: tuple[Path, ...] | None = None, limits: Limits = Limits(),
+                 taskcontrol_interval: float = 1.0):
         self.store = store
         self.keys = Keys(region)
         self.api_tokens = api_tokens
@@ -43,7 +45,8 @@ class ControlDaemon:
         self.agents = AgentService(self.state, store, self.keys, bootstrap_tokens, heartbeat_interval)
         self.health = HealthService(self.state, store, self.keys, self.agents.last_seen, heartbeat_timeout)
         self.agents.on_seen = self.health.seen
-        self.scheduler = Scheduler(self.state, store, self.keys, self.agents.report_of, self.agents.errors)
+        self.scheduler = Scheduler(self.state, store, self.keys, self.agents.report_of, self.agents.errors, limits,
+                                   taskcontrol_interval)
 
     def metrics_text(self) -> str:
         lines = []
@@ -52,6 +55,9 @@ class ControlDaemon:
             **{f"twine_scheduler_{k}_total": v for k, v in self.scheduler.counters.items()},
             **{f"twine_agents_{k}_total": v for k, v in self.agents.counters.items()},
             **{f"twine_health_{k}_total": v for k, v in self.health.counters.items()},
+            "twine_ratelimit_held_operations_total": self.scheduler.counters["rate_limited"],
+            "twine_taskcontrol_sessions": len(self.scheduler.sessions),
+            "twine_taskcontrol_failing": sum(1 for s in self.scheduler.sessions.values() if s.status["ok"] is False),
             "twine_allocation_cache_hit_ratio": round(stats.hit_ratio, 4),
             "twine_allocation_cache_hits_total": stats.hits,
             "twine_allocation_cache_misses_total": stats.misses,
@@ -118,6 +124,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--bootstrap-token-file", required=True, help="agent bootstrap tokens, one per line")
     p.add_argument("--heartbeat-timeout", type=float, default=5.0, help="seconds without a heartbeat before a machine is unhealthy")
     p.add_argument("--heartbeat-interval", type=float, default=1.0, help="seconds between agent heartbeats (told to agents)")
+    p.add_argument("--rate-limits", default="job=1:10,shard=10:100,region=20:200",
+                   help="token buckets on stops and moves, SCOPE=RATE_PER_S:BURST (default %(default)s)")
+    p.add_argument("--taskcontrol-interval", type=float, default=1.0,
+                   help="seconds between TaskController calls while operations are pending")
     p.add_argument("--profiles", action="append", default=[], help="extra profile directory for validating entitlement profiles")
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     return p
@@ -128,11 +138,15 @@ async def _main(args: argparse.Namespace) -> int:
     lhost, lport = _hostport(args.listen, "--listen", 8080)
     from agent.profiles.loader import default_search_path
 
+    try:
+        limits = Limits.parse(args.rate_limits)
+    except ValueError as e:
+        raise SystemExit(_input_error("--rate-limits", str(e)))
     store = Store(host, port)
     daemon = ControlDaemon(store, args.region, _tokens(args.api_token_file, "--api-token-file"),
                            _tokens(args.bootstrap_token_file, "--bootstrap-token-file"),
                            args.heartbeat_timeout, args.heartbeat_interval,
-                           (*map(Path, args.profiles), *default_search_path()))
+                           (*map(Path, args.profiles), *default_search_path()), limits, args.taskcontrol_interval)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -578,8 +578,10 @@ class Region:
     """
 
     def __init__(self, workdir: str | Path, agents: Iterable[AgentSpec], region: str = "local",
-                 heartbeat_timeout: float = 3.0, *, start_timeout: float = 60.0) -> None:
+                 heartbeat_timeout: float = 3.0, *, start_timeout: float = 60.0,
+                 controld_args: tuple[str, ...] = ()) -> None:
         self.workdir = Path(workdir).resolve()
+        self.controld_args = tuple(controld_args)  # extra twine-controld flags (e.g. --rate-limits)
         self.specs: dict[str, AgentSpec] = {}
         for a in agents:
             if not NAME_RE.match(a.name):
@@ -792,7 +794,7 @@ class Region:
             sys.executable, "-m", "controlplane.daemon",
             "--etcd", self._etcd_info["endpoint"], "--region", self.region, "--listen", self.controld_listen,
             "--api-token-file", str(self.api_token_file), "--bootstrap-token-file", str(self.bootstrap_token_file),
-            "--heartbeat-timeout", f"{self.heartbeat_timeout:g}", "--log-level", "info",
+            "--heartbeat-timeout", f"{self.heartbeat_timeout:g}", "--log-level", "info", *self.controld_args,
         ]
 
     def agent_command(self, name: str) -> list[str]:

@@ -101,12 +101,18 @@ def job_view(d: ControlDaemon, job: JobRec) -> dict:
     for t in tasks:
         summary[t.state] = summary.get(t.state, 0) + 1
     plan = d.scheduler.plans.get(job.handle)
+    session = d.scheduler.sessions.get(job.handle)
+    message = d.scheduler.messages.get(job.handle) or d.scheduler.rate_limit_note(job.handle)
+    if session is not None and session.status["ok"] is False:
+        message = message or f"TaskController {session.url} acks nothing: {session.status['error']}"
     return {
-        **job.to_json(), "summary": summary, "message": d.scheduler.messages.get(job.handle, ""),
+        **job.to_json(), "summary": summary, "message": message,
         "operations": {
             "held": [str(op) for op in plan.held] if plan else [],
             "waiting": list(plan.waiting) if plan else [],
+            "rate_limited": plan.rate_limited if plan else 0,
         },
+        "taskcontrol": session.view() if session is not None else None,
         "tasks": [task_view(d, t) for t in tasks],
     }
 
@@ -232,7 +238,8 @@ async def update_job(request: web.Request) -> web.Response:
         raise ApiError("conflict", "state", f"job {old.handle} is {old.state}; run it again instead")
     changed_task = new.task != old.task
     new = replace(new, spec_version=old.spec_version + (1 if changed_task else 0), created_at=old.created_at)
-    await _fits(d, new)
+    if new.count > old.count or new.resources() != old.resources() or (new.machine_type, new.dc) != (old.machine_type, old.dc):
+        await _fits(d, new)  # what the update asks for must fit; a task already without room is not its fault
     await d.scheduler.put_job(new)
     return reply(job_view(d, d.state.jobs[new.handle]))
 

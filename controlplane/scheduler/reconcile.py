@@ -23,6 +23,7 @@ from controlplane.records import JobRec, TaskRec
 # Disruptive operations: they take a running task down, so they need approval (the job's
 # update policy now, its TaskController in #4) and are rate limited.
 DISRUPTIVE = ("restart", "move", "stop")
+DESTRUCTIVE = ("move", "stop")  # rate limited, whatever their cause
 
 
 @dataclass(frozen=True)
@@ -46,16 +47,49 @@ class Op:
     kind: str  # place, start, stop, restart, move, lost, running, failed, delete
     index: int
     reason: str
+    id: str = ""  # disruptive operations only: stable across passes, what a TaskController acks
+    machine: str | None = None
+    cause: str = ""  # update, machine failure, maintenance, rebalance, resize, stop
+    version: int | None = None  # the spec version an update brings the task to
 
     def __str__(self) -> str:
         return f"{self.kind} #{self.index}: {self.reason}"
 
 
 @dataclass
+class Gate:
+    """Which disruptive operations may proceed in this pass: those the job's TaskController acked
+    (`approved`; None for a job without one: the built-in policy), and then only as many stops and
+    moves as the rate limiter's buckets hold tokens for (`budget`)."""
+
+    approved: frozenset[str] | None = None
+    budget: int = 1_000_000
+    controller_gates_stops: bool = True  # False for a whole-job stop the owner asked for
+
+    def allow(self, op: Op, plan: "JobPlan", controller: bool = True) -> bool:
+        if controller:
+            plan.proposed.append(op)
+            if self.approved is not None and op.id not in self.approved:
+                plan.held.append(replace(op, reason=f"{op.reason}: waiting for the TaskController"))
+                return False
+        if op.kind in DESTRUCTIVE:
+            if self.budget <= 0:
+                plan.held.append(replace(op, reason=f"{op.reason}: rate limited"))
+                plan.rate_limited += 1
+                return False
+            self.budget -= 1
+            plan.destructive += 1
+        return True
+
+
+@dataclass
 class JobPlan:
     changes: list[tuple[TaskRec | None, TaskRec | None]] = field(default_factory=list)  # (old, new); new None: delete
     ops: list[Op] = field(default_factory=list)
-    held: list[Op] = field(default_factory=list)  # disruptive operations not approved now
+    proposed: list[Op] = field(default_factory=list)  # disruptive operations a TaskController must ack
+    held: list[Op] = field(default_factory=list)  # disruptive operations not approved now, with why
+    rate_limited: int = 0
+    destructive: int = 0  # stops and moves done in this plan (tokens to take)
     waiting: list[str] = field(default_factory=list)
     place: tuple[int, ...] = ()  # task indices that need a machine (pending, lost, moved)
     job: JobRec | None = None  # the job record when it changes (e.g. stopping -> stopped)
@@ -68,9 +102,12 @@ def _unavailable(t: TaskRec | None) -> bool:
     return t is None or t.state != "running"
 
 
-def reconcile(job: JobRec, tasks: Mapping[int, TaskRec], machines: Mapping[str, MachineView]) -> JobPlan:
+def reconcile(job: JobRec, tasks: Mapping[int, TaskRec], machines: Mapping[str, MachineView],
+              gate: Gate | None = None) -> JobPlan:
     plan = JobPlan()
+    gate = gate or Gate()
     current: dict[int, TaskRec] = dict(tasks)
+    movable: set[int] = set()
 
     def change(t: TaskRec, new: TaskRec | None, op: Op | None) -> None:
         plan.changes.append((t, new))
@@ -85,16 +122,31 @@ def reconcile(job: JobRec, tasks: Mapping[int, TaskRec], machines: Mapping[str, 
     for t in sorted(tasks.values(), key=lambda t: t.index):
         m = machines.get(t.machine) if t.machine else None
         if stopping_job or t.index >= job.count or t.state == "stopping":
-            _stop_step(job, t, m, change, final="stopped" if stopping_job and t.index < job.count else None)
+            _stop_step(job, t, m, change, plan, gate, final="stopped" if stopping_job and t.index < job.count else None)
         else:
             _live_step(t, m, change, plan)
 
     if not stopping_job:
-        _rolling_update(job, current, machines, change, plan)
-        plan.place = tuple(i for i in range(job.count) if _needs_machine(current.get(i), machines))
+        _rolling_update(job, current, machines, change, plan, gate)
+        if not plan.changes:
+            # Moves away from a failed machine happen in a pass of their own: their placement is
+            # the next commit, and only then are their rate-limit tokens taken.
+            for i, t in sorted(current.items()):
+                m = machines.get(t.machine) if t.machine else None
+                if i < job.count and t.state == "lost" and (m is None or not m.healthy):
+                    op = Op("move", i, f"machine failure: {t.reason}", f"move/{i}/{t.machine}", t.machine, "machine failure")
+                    if gate.allow(op, plan):
+                        movable.add(i)
+                        plan.ops.append(op)
+        plan.place = tuple(i for i in range(job.count)
+                           if _needs_machine(current.get(i), machines) and (i in movable or not _is_lost(current.get(i))))
     elif all(t.state == "stopped" for t in current.values()) and job.state != "stopped":
         plan.job = replace(job, state="stopped")
     return plan
+
+
+def _is_lost(t: TaskRec | None) -> bool:
+    return t is not None and t.state == "lost"
 
 
 def _needs_machine(t: TaskRec | None, machines: Mapping[str, MachineView]) -> bool:
@@ -104,7 +156,8 @@ def _needs_machine(t: TaskRec | None, machines: Mapping[str, MachineView]) -> bo
     return m is None or not m.healthy
 
 
-def _stop_step(job: JobRec, t: TaskRec, m: MachineView | None, change, final: str | None) -> None:
+def _stop_step(job: JobRec, t: TaskRec, m: MachineView | None, change, plan: JobPlan, gate: Gate,
+               final: str | None) -> None:
     """A task that should not run: disable discovery and take it off its machine; once the agent
     no longer reports it (or its machine is gone), it is stopped (kept as a record when the job
     stopped, deleted when the job shrank)."""
@@ -120,7 +173,10 @@ def _stop_step(job: JobRec, t: TaskRec, m: MachineView | None, change, final: st
         else:
             change(t, None, Op("delete", t.index, reason))
     elif t.state != "stopping":
-        change(t, t.moved(state="stopping", discovery=False, reason=reason), Op("stop", t.index, reason))
+        op = Op("stop", t.index, reason, f"stop/{t.index}", t.machine, "resize" if job.state == "active" else "stop")
+        # a shrink is the job's TaskController's to approve; a whole-job stop is the owner's order
+        if gate.allow(op, plan, controller=job.state == "active"):
+            change(t, t.moved(state="stopping", discovery=False, reason=reason), op)
 
 
 def _live_step(t: TaskRec, m: MachineView | None, change, plan: JobPlan) -> None:
@@ -167,7 +223,7 @@ def _from_report(t: TaskRec, r: dict | None) -> TaskRec:
 
 
 def _rolling_update(job: JobRec, current: dict[int, TaskRec], machines: Mapping[str, MachineView],
-                    change, plan: JobPlan) -> None:
+                    change, plan: JobPlan, gate: Gate) -> None:
     """Bring tasks to the job's spec version. A task that is down anyway is updated at once; a
     running one is restarted only while fewer than max_unavailable tasks are down. A task whose
     size changed moves (it is placed afresh), the rest restart in place."""
@@ -176,13 +232,17 @@ def _rolling_update(job: JobRec, current: dict[int, TaskRec], machines: Mapping[
     down = sum(1 for i in range(job.count) if _unavailable(current.get(i)))
     for t in outdated:
         was_down = _unavailable(t)
-        if not was_down and down >= job.max_unavailable:
-            plan.held.append(Op("restart", t.index, f"update to v{job.spec_version}: {down} of max "
-                                f"{job.max_unavailable} unavailable"))
-            continue
         new = _updated(job, t)
         kind = "move" if new.machine is None and t.machine is not None else "restart"
-        change(t, new, Op(kind, t.index, f"update v{t.spec_version} -> v{job.spec_version}"))
+        op = Op(kind, t.index, f"update v{t.spec_version} -> v{job.spec_version}",
+                f"{kind}/{t.index}/v{job.spec_version}", t.machine, "update", job.spec_version)
+        if not was_down:
+            if gate.approved is None and down >= job.max_unavailable:
+                plan.held.append(replace(op, reason=f"{op.reason}: {down} of max {job.max_unavailable} unavailable"))
+                continue
+            if not gate.allow(op, plan):
+                continue
+        change(t, new, op)
         if not was_down:
             down += 1
 

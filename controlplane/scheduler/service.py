@@ -13,13 +13,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
+
+import aiohttp
 import time
 from dataclasses import replace
 from typing import Callable, Mapping
 
 from controlplane.allocator import AllocationCache, AllocationError, JobRequest, Placement, SoftPreference, allocate
-from controlplane.records import Endpoint, JobRec, MachineRec, TaskRec
-from controlplane.scheduler.reconcile import JobPlan, MachineView, reconcile
+from controlplane.records import Endpoint, JobRec, TaskRec
+from controlplane.scheduler.ratelimit import Limiter, Limits
+from controlplane.scheduler.reconcile import Gate, JobPlan, MachineView, reconcile
+from controlplane.taskcontrol.session import TaskControlSession, unhealthy
 from controlplane.state import RegionState
 from controlplane.store import Conflict, Store, Versioned
 from controlplane.store.keys import Keys
@@ -39,8 +43,14 @@ def job_request(job: JobRec) -> JobRequest:
 
 class Scheduler:
     def __init__(self, state: RegionState, store: Store, keys: Keys, reports: Reports,
-                 agent_errors: Mapping[str, str] | None = None):
+                 agent_errors: Mapping[str, str] | None = None, limits: Limits = Limits(),
+                 taskcontrol_interval: float = 1.0, taskcontrol_timeout: float = 2.0):
         self.state = state
+        self.limiter = Limiter(limits)
+        self.sessions: dict[str, TaskControlSession] = {}
+        self.taskcontrol_interval = taskcontrol_interval
+        self.taskcontrol_timeout = taskcontrol_timeout
+        self._http: aiohttp.ClientSession | None = None
         self.agent_errors = agent_errors if agent_errors is not None else {}
         self.store = store
         self.keys = keys
@@ -49,18 +59,44 @@ class Scheduler:
         self.lock = asyncio.Lock()  # one shard in this process: its commits do not race each other
         self.plans: dict[str, JobPlan] = {}
         self.messages: dict[str, str] = {}  # why a job's tasks cannot be placed, for job status
-        self.counters = {"passes": 0, "commits": 0, "conflicts": 0, "placements": 0, "errors": 0}
+        self.counters = {"passes": 0, "commits": 0, "conflicts": 0, "placements": 0, "errors": 0,
+                         "rate_limited": 0}
 
     # -- the loop ----------------------------------------------------------------------------
 
     async def run(self) -> None:
-        while True:
-            self.state.changed.clear()
-            await self.pass_all()
-            try:
-                await asyncio.wait_for(self.state.changed.wait(), PASS_INTERVAL)
-            except TimeoutError:
-                pass
+        try:
+            while True:
+                self.state.changed.clear()
+                await self.pass_all()
+                try:
+                    await asyncio.wait_for(self.state.changed.wait(), PASS_INTERVAL)
+                except TimeoutError:
+                    pass
+        finally:
+            for session in self.sessions.values():
+                await session.close()
+            if self._http is not None:
+                await self._http.close()
+
+    def http(self) -> aiohttp.ClientSession:
+        if self._http is None:
+            self._http = aiohttp.ClientSession()
+        return self._http
+
+    def session(self, job: JobRec) -> TaskControlSession | None:
+        """The job's TaskController session: made when the job names a controller, replaced when
+        the URL changes, dropped when it names none."""
+        s = self.sessions.get(job.handle)
+        if s is not None and (job.controller is None or s.url != job.controller or job.state != "active"):
+            asyncio.get_running_loop().create_task(s.close())
+            del self.sessions[job.handle]
+            s = None
+        if s is None and job.controller and job.state == "active":
+            s = self.sessions[job.handle] = TaskControlSession(
+                job.handle, job.controller, self.http, self.taskcontrol_interval, self.taskcontrol_timeout,
+                on_answer=self.state.changed.set)
+        return s
 
     async def pass_all(self) -> None:
         self.counters["passes"] += 1
@@ -88,12 +124,22 @@ class Scheduler:
                 return
             tasks = self.state.tasks.get(handle, {})
             views = {mid: v for mid in {t.machine for t in tasks.values() if t.machine} if (v := self.view(mid))}
-            plan = reconcile(job, tasks, views)
+            session = self.session(job)
+            if session is not None:
+                session.observe(tasks)
+            gate = Gate(frozenset(session.approved) if session else None, self.limiter.available(handle))
+            plan = reconcile(job, tasks, views, gate)
             self.plans[handle] = plan
+            if plan.rate_limited:
+                self.counters["rate_limited"] += plan.rate_limited
+            if session is not None:
+                session.offer(plan.proposed, unhealthy(tasks, job.count))
+            started = [op.id for op in plan.ops if op.id]
             if not plan.empty():
                 for op in plan.ops:
                     log.info("%s %s", handle, op)
                 rev = await self.commit(job, plan.changes, job_put=plan.job)
+                self._started(handle, plan, started, session)
                 await self.state.wait_for(rev)
                 return
             if plan.place:
@@ -106,7 +152,21 @@ class Scheduler:
                     return
                 self.messages.pop(handle, None)
                 rev = await self.commit_placement(job, placement, plan.place)
+                self._started(handle, plan, started, session)
                 await self.state.wait_for(rev)
+
+    def _started(self, handle: str, plan: JobPlan, started: list[str], session: TaskControlSession | None) -> None:
+        """After a commit: the rate-limit tokens of its stops and moves are spent, and the approved
+        operations it carried out are in flight for the TaskController."""
+        self.limiter.take(handle, plan.destructive)
+        if session is not None and started:
+            session.started(started, plan.ops)
+
+    def rate_limit_note(self, handle: str) -> str:
+        plan = self.plans.get(handle)
+        if plan is None or not plan.rate_limited:
+            return ""
+        return f"{plan.rate_limited} stop/move operation(s) held by the {self.limiter.which(handle)} rate limit"
 
     # -- transactions ------------------------------------------------------------------------
 

@@ -16,6 +16,7 @@ import pytest
 
 from controlplane.devregion import AgentSpec, Region
 from tests.conftest import TEST_IMAGE
+from tests.e2e.helpers import COMMAND, Api, job_spec, running_indices
 
 pytestmark = pytest.mark.docker
 
@@ -25,63 +26,6 @@ AGENTS = [
     AgentSpec("m3", "dc2", "msb3", "rack3", cpus=2.0, memory_mb=1024),
     AgentSpec("m4", "dc2", "msb3", "rack4", cpus=2.0, memory_mb=1024),
 ]
-# Exits at once on SIGTERM, so a stop or restart takes a fraction of a second, not the grace period.
-COMMAND = ["sh", "-c", "trap 'exit 0' TERM; while :; do sleep 0.2; done"]
-
-
-class Api:
-    def __init__(self, region: Region):
-        self.region = region
-
-    def call(self, method: str, path: str, body: object = None) -> tuple[int, dict]:
-        import urllib.error
-        import urllib.request
-
-        req = urllib.request.Request(self.region.url + path, method=method,
-                                     data=None if body is None else json.dumps(body).encode(),
-                                     headers={"Authorization": f"Bearer {self.region.api_token}",
-                                              "Content-Type": "application/json"})
-        try:
-            with urllib.request.urlopen(req, timeout=30) as r:
-                return r.status, json.loads(r.read())
-        except urllib.error.HTTPError as e:
-            return e.code, json.loads(e.read())
-
-    def ok(self, method: str, path: str, body: object = None) -> dict:
-        status, answer = self.call(method, path, body)
-        assert status < 300, (method, path, status, answer)
-        return answer
-
-    def job(self, handle: str) -> dict:
-        return self.ok("GET", f"/v1/jobs/{handle}")
-
-    def wait_job(self, handle: str, predicate, timeout: float = 60, what: str = "condition") -> dict:
-        deadline = time.monotonic() + timeout
-        job = None
-        while time.monotonic() < deadline:
-            job = self.job(handle)
-            if predicate(job):
-                return job
-            time.sleep(0.1)
-        raise AssertionError(f"{handle}: timed out waiting for {what}: {json.dumps(job)[:3000]}\n"
-                             f"controld: {self.region.logs('controld')[-3000:]}")
-
-    def wait_running(self, handle: str, timeout: float = 60) -> dict:
-        return self.wait_job(handle, lambda j: len(j["tasks"]) >= j["count"] and all(
-            t["state"] == "running" and t["spec_version"] == j["spec_version"]
-            for t in j["tasks"] if t["index"] < j["count"]), timeout, "all tasks running")
-
-    def stop(self, handle: str) -> None:
-        self.ok("DELETE", f"/v1/jobs/{handle}")
-        self.wait_job(handle, lambda j: j["state"] == "stopped", what="job stopped")
-
-    def held(self, entitlement: str) -> list[str]:
-        return self.ok("GET", f"/v1/entitlements/{entitlement}")["machines"]
-
-    def machine_of(self, machine_id: str) -> dict:
-        return self.ok("GET", f"/v1/machines/{machine_id}")
-
-
 @pytest.fixture(scope="module")
 def region(tmp_path_factory, docker_client):
     r = Region(tmp_path_factory.mktemp("region"), AGENTS, heartbeat_timeout=2.0)
@@ -96,20 +40,6 @@ def region(tmp_path_factory, docker_client):
 @pytest.fixture
 def api(region):
     return Api(region)
-
-
-def job_spec(ent: str, name: str, count: int, cpus: float = 0.25, **kw) -> dict:
-    return {"entitlement": ent, "name": name, "count": count,
-            "task": {"image": TEST_IMAGE, "command": COMMAND, "cpus": cpus, "memory_mb": 32, **kw.pop("task", {})}, **kw}
-
-
-def running_indices(region: Region, job: str) -> dict[int, list[str]]:
-    """task index -> machines with a running container of it (Docker's view, not the daemon's)."""
-    out: dict[int, list[str]] = {}
-    for c in region.containers(job):
-        if c["status"] == "running":
-            out.setdefault(int(c["labels"]["twine.task-index"]), []).append(c["machine"])
-    return out
 
 
 def test_figure7_entitlement_grows_from_and_shrinks_to_the_free_pool(region, api):

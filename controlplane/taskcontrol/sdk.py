@@ -1,0 +1,203 @@
+"""The TaskController SDK: write a class with one method, serve it over HTTP, and Twine's scheduler
+asks it before any disruptive operation on the job's tasks (paper Figure 8).
+
+    from controlplane.taskcontrol.sdk import TaskController, run
+
+    class OneAtATime(TaskController):
+        def decide(self, request):
+            if self.in_flight or request.unhealthy:
+                return []                       # wait: something is already down
+            return [request.ops[0]] if request.ops else []
+
+    run(OneAtATime(), "127.0.0.1", 9090)        # the job's spec: controller: http://127.0.0.1:9090/
+
+The SDK does the bookkeeping: `self.in_flight` holds the operations this controller approved that
+the scheduler has not reported completed yet (an approval the scheduler did not act on comes back
+in `request.ops` and leaves `in_flight`); `self.completed` counts what finished; sequence numbers
+are checked (an old call is answered with no acks); `self.calls` keeps a short history.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Iterable
+
+from aiohttp import web
+
+log = logging.getLogger("twine.taskcontrol.sdk")
+
+
+@dataclass(frozen=True)
+class Operation:
+    id: str
+    job: str
+    index: int
+    machine: str | None
+    kind: str  # restart, move, stop
+    reason: str  # update, machine failure, maintenance, rebalance, resize
+
+    @classmethod
+    def from_json(cls, d: dict) -> Operation:
+        t = d.get("task") or {}
+        return cls(str(d["id"]), str(t.get("job", "")), int(t.get("index", -1)), t.get("machine"),
+                   str(d.get("kind", "")), str(d.get("reason", "")))
+
+
+@dataclass(frozen=True)
+class Notice:
+    id: str
+    machines: tuple[str, ...]
+    start: float
+    deadline: float
+    duration: float | None
+    tasks: tuple[int, ...]  # this job's task indices on those machines
+    raw: dict = field(default_factory=dict, compare=False)
+
+    @classmethod
+    def from_json(cls, d: dict) -> Notice:
+        return cls(str(d.get("id")), tuple(d.get("machines", ())), float(d.get("start", 0)),
+                   float(d.get("deadline", 0)), d.get("duration"), tuple(d.get("tasks", ())), d)
+
+
+@dataclass(frozen=True)
+class UnhealthyTask:
+    job: str
+    index: int
+    machine: str | None
+    state: str
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class Request:
+    job: str
+    ops: tuple[Operation, ...]  # pending operations to approve (or not, for now)
+    completed: tuple[Operation, ...]
+    notices: tuple[Notice, ...]
+    unhealthy: tuple[UnhealthyTask, ...]
+    sequence: int
+
+    def unhealthy_indices(self) -> set[int]:
+        return {u.index for u in self.unhealthy}
+
+
+def parse_request(body: object) -> Request:
+    if not isinstance(body, dict):
+        raise ValueError("the request is not a JSON object")
+    return Request(
+        job=str(body.get("jobHandle", "")),
+        ops=tuple(Operation.from_json(o) for o in body.get("request", [])),
+        completed=tuple(Operation.from_json(o) for o in body.get("completed", [])),
+        notices=tuple(Notice.from_json(n) for n in body.get("advanceNotices", [])),
+        unhealthy=tuple(UnhealthyTask(str(u.get("job", "")), int(u.get("index", -1)), u.get("machine"),
+                                      str(u.get("state", "")), str(u.get("reason", "")))
+                        for u in body.get("allUnhealthyTasks", [])),
+        sequence=int(body.get("sequenceNumber", 0)),
+    )
+
+
+class TaskController:
+    """Subclass and implement `decide`."""
+
+    def __init__(self) -> None:
+        self.in_flight: dict[str, Operation] = {}
+        self.completed = 0
+        self.last_sequence = -1
+        self.calls: deque[dict] = deque(maxlen=1000)
+        self._lock = threading.Lock()
+
+    def decide(self, request: Request) -> Iterable[str | Operation]:
+        """Which of `request.ops` may proceed now (any subset, any order)."""
+        raise NotImplementedError
+
+    def process(self, body: object) -> dict:
+        """One call of the TaskControl protocol: bookkeeping, then `decide`."""
+        request = parse_request(body)
+        with self._lock:
+            if request.sequence <= self.last_sequence:
+                log.warning("%s: stale call %d (last %d): no acks", request.job, request.sequence, self.last_sequence)
+                return {"ack": []}
+            self.last_sequence = request.sequence
+            for op in request.completed:  # done, or cancelled before it ran
+                if self.in_flight.pop(op.id, None) is not None:
+                    self.completed += 1
+            for op in request.ops:  # asked again: the scheduler did not act on our approval
+                self.in_flight.pop(op.id, None)
+            asked = {op.id: op for op in request.ops}
+            acks = []
+            for choice in self.decide(request):
+                op_id = choice.id if isinstance(choice, Operation) else str(choice)
+                if op_id in asked and op_id not in acks:
+                    acks.append(op_id)
+                    self.in_flight[op_id] = asked[op_id]
+            self.calls.append({"sequence": request.sequence, "request": sorted(asked), "ack": list(acks),
+                               "completed": [op.id for op in request.completed],
+                               "unhealthy": sorted(request.unhealthy_indices()),
+                               "notices": [n.id for n in request.notices]})
+            return {"ack": acks}
+
+    def app(self) -> web.Application:
+        async def handle(request: web.Request) -> web.Response:
+            try:
+                body = await request.json()
+                return web.json_response(self.process(body))
+            except (ValueError, TypeError, KeyError) as e:
+                return web.json_response({"error": str(e)}, status=400)
+
+        app = web.Application()
+        app.router.add_post("/", handle)
+        return app
+
+
+async def serve(controller: TaskController, host: str, port: int) -> web.AppRunner:
+    runner = web.AppRunner(controller.app(), access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, host, port).start()
+    return runner
+
+
+def run(controller: TaskController, host: str, port: int) -> None:
+    """Serve until interrupted (the body of a controller program's main)."""
+
+    async def main() -> None:
+        runner = await serve(controller, host, port)
+        log.info("TaskController %s on http://%s:%d/", type(controller).__name__, host, port)
+        try:
+            await asyncio.Event().wait()
+        finally:
+            await runner.cleanup()
+
+    try:
+        asyncio.run(main())
+    except KeyboardInterrupt:
+        pass
+
+
+class Background:
+    """A controller served from a thread of its own (for tests and embedding):
+    `with Background(controller) as url: ...`."""
+
+    def __init__(self, controller: TaskController, host: str = "127.0.0.1", port: int = 0):
+        self.controller, self.host, self.port = controller, host, port
+        self._loop = asyncio.new_event_loop()
+        self._runner: web.AppRunner | None = None
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+
+    def __enter__(self) -> str:
+        self._thread.start()
+        fut = asyncio.run_coroutine_threadsafe(serve(self.controller, self.host, self.port), self._loop)
+        self._runner = fut.result(10)
+        sockets = [s for site in self._runner.sites for s in site._server.sockets]  # noqa: SLF001
+        self.port = sockets[0].getsockname()[1]
+        return f"http://{self.host}:{self.port}/"
+
+    def __exit__(self, *exc: object) -> None:
+        if self._runner is not None:
+            asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+        self._loop.close()

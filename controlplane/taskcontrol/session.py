@@ -1,0 +1,177 @@
+"""The scheduler's side of one job's TaskController (paper Figure 8; DESIGN.md wire contract).
+
+`POST <controller>` with {jobHandle, request, completed, advanceNotices, allUnhealthyTasks,
+sequenceNumber}; the answer {ack: [op id]} approves any subset of `request`. The session calls
+again whenever the pending set (or what completed) changes, and every `interval` seconds while
+anything is pending. A controller that is slow, unreachable, answers garbage or acks an id it was
+not asked about acks nothing, and `status` says why.
+
+Op lifecycle here: pending (proposed by the reconciler) -> approved (acked) -> in flight (the
+scheduler committed it) -> completed (the task runs again at its target, or is gone) -> reported
+once in `completed` with "outcome": "done". An approved op that is no longer wanted before it ran
+(its failed machine came back) is reported in `completed` with "outcome": "cancelled".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from typing import Callable, Mapping
+
+import aiohttp
+
+from controlplane.records import TaskRec
+from controlplane.scheduler.reconcile import Op
+
+log = logging.getLogger("twine.controld.taskcontrol")
+HISTORY = 50
+
+
+def op_json(handle: str, op: Op) -> dict:
+    return {"id": op.id, "task": {"job": handle, "index": op.index, "machine": op.machine},
+            "kind": op.kind, "reason": op.cause or op.kind}
+
+
+def unhealthy(tasks: Mapping[int, TaskRec], count: int) -> list[dict]:
+    return [{"job": t.job, "index": t.index, "machine": t.machine, "state": t.state, "reason": t.reason}
+            for i, t in sorted(tasks.items()) if i < count and t.state != "running"]
+
+
+def done(op: Op, tasks: Mapping[int, TaskRec]) -> bool:
+    """Whether an operation the scheduler started has finished: the task is gone (a stop), runs at
+    the new spec version (an update), or runs on another machine (a move)."""
+    t = tasks.get(op.index)
+    if op.kind == "stop":
+        return t is None or t.state == "stopped"
+    if t is None or t.state != "running":
+        return False
+    if op.version is not None:
+        return t.spec_version >= op.version
+    return t.machine != op.machine
+
+
+class TaskControlSession:
+    def __init__(self, handle: str, url: str, http: Callable[[], aiohttp.ClientSession],
+                 interval: float = 1.0, timeout: float = 2.0, on_answer: Callable[[], None] | None = None):
+        self.handle = handle
+        self.url = url
+        self.http = http
+        self.interval = interval
+        self.timeout = timeout
+        self.on_answer = on_answer
+        self.pending: dict[str, dict] = {}
+        self.approved: set[str] = set()
+        self.approved_ops: dict[str, dict] = {}  # the wire form of each approved op
+        self.in_flight: dict[str, Op] = {}
+        self.completed: list[dict] = []  # finished, not yet reported
+        self.unhealthy: list[dict] = []
+        self.notices: list[dict] = []
+        self.seq = int(time.time() * 1000)  # increases with every call, also across daemon restarts
+        self.status: dict = {"calls": 0, "ok": None, "error": "", "last_call": None}
+        self.calls: deque[dict] = deque(maxlen=HISTORY)  # what was sent and acked, for job status
+        self._last_sent: tuple = ()
+        self._last_call_at = 0.0
+        self._task: asyncio.Task | None = None
+        self._again = False
+
+    # -- driven by the scheduler, once per pass ------------------------------------------------
+
+    def observe(self, tasks: Mapping[int, TaskRec]) -> None:
+        for op_id, op in list(self.in_flight.items()):
+            if done(op, tasks):
+                del self.in_flight[op_id]
+                self.completed.append({**op_json(self.handle, op), "outcome": "done"})
+
+    def offer(self, proposed: list[Op], unhealthy: list[dict], notices: list[dict] = ()) -> None:
+        """The disruptive operations the job wants now; calls the controller if anything changed
+        or, while something is pending, when the interval has passed."""
+        self.pending = {op.id: op_json(self.handle, op) for op in proposed
+                        if op.id not in self.in_flight and op.id not in self.approved}
+        wanted = {op.id for op in proposed}
+        for op_id in sorted(self.approved - wanted):
+            # approved, but no longer wanted (the failed machine came back, the job changed): the
+            # operation is over without running; the controller hears so in `completed`
+            self.completed.append({**self.approved_ops[op_id], "outcome": "cancelled"})
+            self.approved.discard(op_id)
+        self.approved_ops = {k: v for k, v in self.approved_ops.items() if k in self.approved}
+        self.unhealthy = unhealthy
+        self.notices = list(notices)
+        key = (tuple(sorted(self.pending)), tuple(op["id"] for op in self.completed),
+               tuple((u["index"], u["state"]) for u in unhealthy), tuple(n.get("id") for n in self.notices))
+        due = (self.pending or self.notices) and time.monotonic() - self._last_call_at >= self.interval
+        if key != self._last_sent or due:
+            self._last_sent = key
+            self._kick()
+
+    def started(self, op_ids: list[str], ops: list[Op]) -> None:
+        by_id = {op.id: op for op in ops}
+        for op_id in op_ids:
+            self.approved.discard(op_id)
+            if op_id in by_id:
+                self.in_flight[op_id] = by_id[op_id]
+
+    def view(self) -> dict:
+        return {"url": self.url, **self.status, "pending": sorted(self.pending), "approved": sorted(self.approved),
+                "in_flight": sorted(self.in_flight), "recent_calls": list(self.calls)[-10:]}
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+
+    # -- the call ----------------------------------------------------------------------------
+
+    def _kick(self) -> None:
+        if self._task is not None and not self._task.done():
+            self._again = True
+            return
+        self._task = asyncio.get_running_loop().create_task(self._call())
+
+    async def _call(self) -> None:
+        while True:
+            self._again = False
+            await self._call_once()
+            if not self._again:
+                return
+
+    async def _call_once(self) -> None:
+        self.seq += 1
+        completed, self.completed = self.completed, []
+        request = list(self.pending.values())
+        body = {"jobHandle": self.handle, "request": request, "completed": completed,
+                "advanceNotices": self.notices, "allUnhealthyTasks": self.unhealthy, "sequenceNumber": self.seq}
+        self._last_call_at = time.monotonic()
+        acked, error = [], ""
+        try:
+            async with self.http().post(self.url, json=body, timeout=aiohttp.ClientTimeout(total=self.timeout)) as r:
+                if r.status != 200:
+                    raise ValueError(f"HTTP {r.status}")
+                answer = await r.json(content_type=None)
+            acked = self._validate(answer, {op["id"] for op in request})
+        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, TypeError) as e:
+            error = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+            acked = []
+        self.approved |= set(acked)
+        self.approved_ops.update({op["id"]: op for op in request if op["id"] in acked})
+        self.status = {"calls": self.status["calls"] + 1, "ok": not error, "error": error, "last_call": time.time(),
+                       "sequence": self.seq}
+        self.calls.append({"sequence": self.seq, "request": [op["id"] for op in request],
+                           "completed": [op["id"] for op in completed], "ack": acked, "error": error,
+                           "notices": [n.get("id") for n in self.notices]})
+        if error:
+            log.warning("%s: TaskController %s acked nothing: %s", self.handle, self.url, error)
+        if self.on_answer is not None:
+            self.on_answer()
+
+    @staticmethod
+    def _validate(answer: object, asked: set[str]) -> list[str]:
+        if not isinstance(answer, dict) or not isinstance(answer.get("ack"), list):
+            raise ValueError("the answer is not {\"ack\": [op id, ...]}")
+        ack = answer["ack"]
+        if not all(isinstance(i, str) for i in ack):
+            raise ValueError("ack must list op ids (strings)")
+        unknown = [i for i in ack if i not in asked]
+        if unknown:
+            raise ValueError(f"acked op id(s) it was not asked about: {', '.join(unknown[:5])}")
+        return ack

@@ -1,0 +1,247 @@
+"""TaskControl end to end: real controld, eight real agents in network namespaces, real containers,
+and TaskControllers written with the SDK (the reference controllers are the same classes their
+programs serve).
+
+Machines have 1 cpu; a task of 0.6 cpu has a machine to itself, so a machine failure takes down
+exactly one task. The daemon's rate limit on stops and moves is tight here (1 per second per
+job, burst 2) so the rate-limit test can see it hold operations back."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from controlplane.devregion import AgentSpec, Region
+from controlplane.taskcontrol.controllers.leader_last import LeaderLast
+from controlplane.taskcontrol.controllers.replica_aware import ReplicaAware
+from controlplane.taskcontrol.sdk import Background, Request, TaskController
+from tests.agent.agentproc import free_port
+from tests.e2e.helpers import Api, job_spec
+
+pytestmark = pytest.mark.docker
+
+AGENTS = [AgentSpec(f"m{i}", f"dc{1 + i // 5}", f"msb{1 + i // 3}", f"rack{i}", cpus=1.0, memory_mb=512)
+          for i in range(8)]
+HEARTBEAT_TIMEOUT = 2.0
+
+
+@pytest.fixture(scope="module")
+def region(tmp_path_factory, docker_client):
+    r = Region(tmp_path_factory.mktemp("tc-region"), AGENTS, heartbeat_timeout=HEARTBEAT_TIMEOUT,
+               controld_args=("--rate-limits", "job=1:2", "--taskcontrol-interval", "0.5"))
+    try:
+        r.start()
+        yield r
+    finally:
+        problems = r.stop()
+        assert not problems, problems
+
+
+@pytest.fixture
+def api(region):
+    return Api(region)
+
+
+def entitlement(api: Api, name: str) -> None:
+    api.ok("POST", "/v1/entitlements", {"name": name, "machine_type": "generic", "quota": 8})
+
+
+def update(api: Api, ent: str, name: str, count: int, version: str, **kw) -> None:
+    api.ok("PUT", f"/v1/jobs/{ent}/{name}", job_spec(ent, name, count, task={"env": {"V": version}}, **kw))
+
+
+class Sampler:
+    """Which task indices the daemon has down (not running), every 20 ms, in a thread."""
+
+    def __init__(self, api: Api, handle: str):
+        self.api, self.handle = api, handle
+        self.samples: list[set[int]] = []
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run)
+
+    def _run(self) -> None:
+        while not self._done.is_set():
+            job = self.api.job(self.handle)
+            self.samples.append({t["index"] for t in job["tasks"] if t["state"] != "running"})
+            time.sleep(0.02)
+
+    def __enter__(self) -> "Sampler":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._done.set()
+        self._thread.join()
+
+
+class OneAtATimeHighestFirst(TaskController):
+    """Figure 8's controller: approves one update at a time, the highest index first."""
+
+    def decide(self, request: Request) -> list[str]:
+        if self.in_flight or not request.ops:
+            return []
+        return [max(request.ops, key=lambda op: op.index).id]
+
+
+def test_figure8_calling_sequence_for_a_two_task_job(api):
+    entitlement(api, "fig8")
+    controller = OneAtATimeHighestFirst()
+    with Background(controller) as url:
+        api.ok("POST", "/v1/jobs", job_spec("fig8", "svc", 2, controller=url))
+        api.wait_running("fig8/svc")
+        update(api, "fig8", "svc", 2, "2", controller=url)
+        job = api.wait_running("fig8/svc")
+    assert job["spec_version"] == 2
+    calls = [c for c in controller.calls if c["request"] or c["completed"]]
+    t0, t1 = "restart/0/v2", "restart/1/v2"
+    assert calls[0]["request"] == [t0, t1] and calls[0]["ack"] == [t1], calls
+    finished_t1 = next(c for c in calls if t1 in c["completed"])
+    assert finished_t1["request"] == [t0] and finished_t1["ack"] == [t0], calls
+    acks = [a for c in calls for a in c["ack"]]
+    assert acks == [t1, t0], "each update approved once, t1 first"
+    seqs = [c["sequence"] for c in controller.calls]
+    assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs), "sequenceNumber increases with every call"
+    api.stop("fig8/svc")
+
+
+def test_leader_last_updates_followers_first_and_the_leader_once(api, region):
+    entitlement(api, "zk")
+    leader = 2
+    controller = LeaderLast(lambda: leader)
+    with Background(controller) as url:
+        api.ok("POST", "/v1/jobs", job_spec("zk", "ensemble", 5, controller=url))
+        api.wait_running("zk/ensemble")
+        before = {c["labels"]["twine.task-index"]: c["id"] for c in region.containers("zk/ensemble")}
+        with Sampler(api, "zk/ensemble") as sampler:
+            update(api, "zk", "ensemble", 5, "2", controller=url)
+            api.wait_running("zk/ensemble", timeout=90)
+    order = [int(a.split("/")[1]) for c in controller.calls for a in c["ack"]]
+    assert order[-1] == leader and sorted(order) == [0, 1, 2, 3, 4], order
+    assert max(len(s) for s in sampler.samples) <= 1, "one member at a time"
+    after = {c["labels"]["twine.task-index"]: c for c in region.containers("zk/ensemble")}
+    assert after[str(leader)]["id"] != before[str(leader)] and after[str(leader)]["labels"]["twine.generation"] == "1"
+    assert len(after) == 5, "the leader was restarted once: one new container, no others"
+    api.stop("zk/ensemble")
+
+
+# Paper Figure 2: shards A-D over tasks 1-7 (task k is index k-1 here).
+FIG2 = {"A": [1, 3], "B": [2, 5, 6], "C": [1, 4, 7], "D": [2, 3, 6]}
+FIG2_BY_INDEX = {shard: {t - 1 for t in tasks} for shard, tasks in FIG2.items()}
+
+
+def shards_down(down: set[int]) -> list[str]:
+    return [s for s, replicas in FIG2_BY_INDEX.items() if len(down & replicas) > 1]
+
+
+def test_figure2_replica_aware_rolling_update_and_machine_failure(api, region):
+    entitlement(api, "fig2")
+    controller = ReplicaAware(FIG2_BY_INDEX)
+    with Background(controller) as url:
+        api.ok("POST", "/v1/jobs", job_spec("fig2", "shards", 7, cpus=0.6, controller=url))
+        job = api.wait_running("fig2/shards")
+        assert len({t["machine"] for t in job["tasks"]}) == 7, "a machine per task"
+
+        with Sampler(api, "fig2/shards") as sampler:
+            update(api, "fig2", "shards", 7, "2", cpus=0.6, controller=url)
+            api.wait_running("fig2/shards", timeout=90)
+        assert all(not shards_down(s) for s in sampler.samples), [s for s in sampler.samples if shards_down(s)]
+        assert not any({0, 2} <= s for s in sampler.samples), "tasks 1 and 3 were never restarted together"
+        assert max(len(s) for s in sampler.samples) >= 2, "batches of more than one task were approved"
+
+        # The one spare machine gets other work, so task 4 has nowhere to move. Task 4's machine
+        # fails; then an update: neither task 1 nor task 7 may restart until task 4 is back.
+        entitlement(api, "filler")
+        api.ok("POST", "/v1/jobs", job_spec("filler", "svc", 1, cpus=0.6))
+        api.wait_running("filler/svc")
+        task4_machine = next(t["machine"] for t in api.job("fig2/shards")["tasks"] if t["index"] == 3)
+        victim = next(a.name for a in AGENTS if region.machine_id(a.name) == task4_machine)
+        region.kill_agent(victim)
+        try:
+            api.wait_job("fig2/shards", lambda j: j["tasks"][3]["state"] == "lost", 30, "task 4 lost")
+            with Sampler(api, "fig2/shards") as sampler:
+                update(api, "fig2", "shards", 7, "3", cpus=0.6, controller=url)
+                api.wait_job("fig2/shards", lambda j: all(t["spec_version"] == 3 and t["state"] == "running"
+                                                          for t in j["tasks"] if t["index"] not in (0, 3, 6)),
+                             60, "the tasks that share no shard with task 4 updated")
+                time.sleep(2)  # task 1 and task 7 stay untouched while task 4 is down
+                region.start_agent(victim)
+                api.wait_running("fig2/shards", timeout=120)
+        finally:
+            if region.agent_pid(victim) is None:
+                region.start_agent(victim)
+        while_4_down = [s for s in sampler.samples if 3 in s]
+        assert while_4_down, "the sampler saw task 4 down"
+        assert not any(s & {0, 6} for s in while_4_down), "task 1 or 7 restarted while task 4 was down"
+        assert all(not shards_down(s - {3}) for s in sampler.samples), "no shard lost two replicas but for the failure"
+        back = api.job("fig2/shards")["tasks"][3]
+        assert back["machine"] == task4_machine and back["spec_version"] == 3
+        requested = [r for c in controller.calls for r in c["request"]]
+        assert f"move/3/{task4_machine}" in requested, "the move after the failure was put to the controller"
+    api.stop("fig2/shards")
+    api.stop("filler/svc")
+
+
+def test_unreachable_controller_blocks_its_job_only(api, region):
+    entitlement(api, "blocked")
+    dead = f"http://127.0.0.1:{free_port()}/"  # nothing listens there
+    api.ok("POST", "/v1/jobs", job_spec("blocked", "x", 2, controller=dead))
+    api.ok("POST", "/v1/jobs", job_spec("blocked", "y", 2))
+    api.wait_running("blocked/x")
+    api.wait_running("blocked/y")
+    x_before = {c["id"] for c in region.containers("blocked/x")}
+    update(api, "blocked", "x", 2, "2", controller=dead)
+    update(api, "blocked", "y", 2, "2")
+    api.wait_running("blocked/y")
+    time.sleep(3)
+    x = api.job("blocked/x")
+    assert x["spec_version"] == 2 and all(t["spec_version"] == 1 and t["state"] == "running" for t in x["tasks"])
+    assert {c["id"] for c in region.containers("blocked/x")} == x_before, "no task of x was touched"
+    assert "acks nothing" in x["message"] and x["taskcontrol"]["ok"] is False, x["message"]
+    assert sorted(x["taskcontrol"]["pending"]) == ["restart/0/v2", "restart/1/v2"]
+    api.stop("blocked/x")
+    api.stop("blocked/y")
+
+
+def test_a_bug_that_moves_half_the_tasks_is_held_to_the_rate_limit(api, region):
+    """Half of the job's machines "fail" at once (their agents stop heartbeating): the moves are
+    paced by the job's token bucket (burst 2, then 1 per second) and the status says why."""
+    entitlement(api, "limited")
+    api.ok("POST", "/v1/jobs", job_spec("limited", "svc", 4, cpus=0.6))
+    job = api.wait_running("limited/svc")
+    victims = [next(a.name for a in AGENTS if region.machine_id(a.name) == t["machine"]) for t in job["tasks"]]
+    seen_note = ""
+    try:
+        for v in victims:
+            region.kill_agent(v)
+        moved_at: dict[int, float] = {}
+        deadline = time.monotonic() + 60
+        while len(moved_at) < 4 and time.monotonic() < deadline:
+            j = api.job("limited/svc")
+            for t in j["tasks"]:
+                if t["index"] not in moved_at and t["machine"] not in {region.machine_id(v) for v in victims}:
+                    moved_at[t["index"]] = time.monotonic()
+            if "rate limit" in j["message"]:
+                seen_note = j["message"]
+            time.sleep(0.05)
+    finally:
+        for v in victims:
+            region.start_agent(v)
+    times = sorted(moved_at.values())
+    assert len(times) == 4, moved_at
+    assert times[-1] - times[0] >= 1.5, f"4 moves with burst 2 at 1/s took {times[-1] - times[0]:.2f} s"
+    assert "held by the job rate limit" in seen_note, seen_note
+    metrics = region_metrics(api)
+    assert metrics["twine_ratelimit_held_operations_total"] > 0
+    api.wait_running("limited/svc")
+    api.stop("limited/svc")
+
+
+def region_metrics(api: Api) -> dict[str, float]:
+    import urllib.request
+
+    req = urllib.request.Request(api.region.url + "/v1/metrics",
+                                 headers={"Authorization": f"Bearer {api.region.api_token}"})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        return {k: float(v) for k, v in (line.split() for line in r.read().decode().splitlines() if line)}

@@ -142,7 +142,27 @@ def job_status(job: dict) -> str:
     if "tasks" in job:
         tasks = sorted(job.get("tasks") or [], key=lambda t: (t.get("index") is None, t.get("index") or 0))
         out += "\n" + (table(TASK_HEADERS, (task_row(t) for t in tasks)) if tasks else "(no tasks)")
-    return out
+    return out + operations(job)
+
+
+def operations(job: dict) -> str:
+    """Disruptive operations: what waits and why, and the job's TaskController conversation."""
+    ops = job.get("operations") or {}
+    tc = job.get("taskcontrol")
+    lines = []
+    if tc:
+        state = "ok" if tc.get("ok") else ("never called" if tc.get("ok") is None else f"FAILING: {tc.get('error')}")
+        lines.append(f"taskcontroller: {tc.get('url')}  calls={tc.get('calls')}  {state}")
+        for name in ("pending", "approved", "in_flight"):
+            if tc.get(name):
+                lines.append(f"  {name.replace('_', ' ')}: {', '.join(tc[name])}")
+        done = [op for call in tc.get("recent_calls") or [] for op in call.get("completed") or []]
+        if done:
+            lines.append(f"  recently completed: {', '.join(done[-10:])}")
+    for name in ("held", "waiting"):
+        for item in ops.get(name) or []:
+            lines.append(f"{name}: {item}")
+    return ("\n" + "\n".join(lines)) if lines else ""
 
 
 def job_list(body: dict) -> str:

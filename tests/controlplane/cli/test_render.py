@@ -111,3 +111,19 @@ def test_durations_and_cells():
     assert [render.duration(v) for v in (0, 59, 60, 3661, 86400 + 7200, "PT5M", None)] == ["0s", "59s", "1m", "1h1m1s", "1d2h", "PT5M", "-"]
     assert render.cell("two\nlines") == "two lines"
     assert render.cell(0) == "0" and render.cell(False) == "no"
+
+
+def test_job_status_shows_taskcontrol_operations_and_why_they_wait():
+    job = {"handle": "web/zk", "state": "active", "count": 2, "spec_version": 2, "summary": {"running": 2},
+           "tasks": [],
+           "operations": {"held": ["restart #0: update v1 -> v2: waiting for the TaskController"],
+                          "waiting": [], "rate_limited": 0},
+           "taskcontrol": {"url": "http://127.0.0.1:9090/", "calls": 3, "ok": False,
+                           "error": "ClientConnectorError: connection refused",
+                           "pending": ["restart/0/v2"], "approved": [], "in_flight": ["restart/1/v2"],
+                           "recent_calls": [{"completed": ["restart/2/v2"]}]}}
+    text = render.job_status(job)
+    assert "taskcontroller: http://127.0.0.1:9090/  calls=3  FAILING: ClientConnectorError" in text
+    assert "pending: restart/0/v2" in text and "in flight: restart/1/v2" in text
+    assert "recently completed: restart/2/v2" in text
+    assert "held: restart #0: update v1 -> v2: waiting for the TaskController" in text

@@ -123,6 +123,10 @@ class Agent:
         """Everything that can be checked before touching the host: the profile and the images."""
         if desired.profile:
             await asyncio.to_thread(self.engine.load, desired.profile)
+        if self.client is not None:
+            # From the control plane, one task's missing image must not hold back the machine's
+            # other tasks: it fails to start, and its report says why.
+            return
         for i, t in enumerate(desired.tasks):
             try:
                 await self.runtime.ensure_image(t.image)

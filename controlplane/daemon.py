@@ -79,7 +79,8 @@ class ControlDaemon:
             await web.TCPSite(runner, host, port).start()
             log.info("twine-controld for region %s listening on %s:%d", self.keys.region, host, port)
             async with asyncio.TaskGroup() as tg:
-                loops = [tg.create_task(self.scheduler.run()), tg.create_task(self.health.run())]
+                loops = [tg.create_task(self.scheduler.run()), tg.create_task(self.health.run()),
+                         tg.create_task(self.state.index.watching())]
                 await stop.wait()
                 self.agents.closing.set()
                 for t in loops:
@@ -151,18 +152,17 @@ async def _main(args: argparse.Namespace) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    failed: list[BaseException] = []
     try:
         await daemon.run(lhost, lport, stop)
-    except OSError as e:
-        log.error("unavailable: %s", e)
-        return EXIT_UNAVAILABLE
-    except Exception as e:  # aetcd raises its own types when etcd cannot be reached
-        if type(e).__module__.startswith(("aetcd", "grpc")):
-            log.error("etcd at %s is unavailable: %s", args.etcd, e)
-            return EXIT_UNAVAILABLE
-        raise
+    except* Exception as group:  # etcd unreachable, the listen address taken, the etcd watch ended
+        failed.extend(group.exceptions)
     finally:
         await store.close()
+    for e in failed:
+        log.error("stopping: %s: %s", type(e).__name__, e)
+    if failed:
+        return EXIT_UNAVAILABLE
     return EXIT_OK
 
 

@@ -31,10 +31,15 @@ class HealthService:
         self.last_seen = last_seen
         self.timeout = timeout
         self.started = time.monotonic()
+        # A restarted daemon has no heartbeat times: it waits a timeout plus an agent's longest
+        # retry gap (its backoff is capped at 5 s) before it judges anyone.
+        self.grace = timeout + 5.0
         self._returning: set[str] = set()
+        self._tasks: set[asyncio.Task] = set()
         self.counters = {"failures": 0, "recoveries": 0}
 
     async def run(self) -> None:
+        self.started = time.monotonic()  # the clock starts when the API listens, not at construction
         while True:
             await asyncio.sleep(min(self.timeout / 4, 0.5))
             try:
@@ -45,11 +50,14 @@ class HealthService:
     async def check(self) -> None:
         now = time.monotonic()
         for m in list(self.state.machines.values()):
-            seen = self.last_seen.get(m.id, self.started)
-            silent = now - seen
-            if m.healthy and silent > self.timeout:
+            seen = self.last_seen.get(m.id)
+            if seen is None:  # not heard from since this daemon started
+                silent, limit = now - self.started, self.grace
+            else:
+                silent, limit = now - seen, self.timeout
+            if m.healthy and silent > limit:
                 await self._set(m.id, False, f"{NO_HEARTBEAT} for {silent:.1f}s")
-            elif not m.healthy and m.health_reason.startswith(NO_HEARTBEAT) and silent <= self.timeout:
+            elif not m.healthy and seen is not None and m.health_reason.startswith(NO_HEARTBEAT) and silent <= limit:
                 await self._set(m.id, True, "")
 
     def seen(self, mid: str) -> None:
@@ -57,7 +65,9 @@ class HealthService:
         m = self.state.machines.get(mid)
         if m is not None and not m.healthy and m.health_reason.startswith(NO_HEARTBEAT) and mid not in self._returning:
             self._returning.add(mid)
-            asyncio.get_running_loop().create_task(self._recover(mid))
+            task = asyncio.get_running_loop().create_task(self._recover(mid))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
 
     async def _recover(self, mid: str) -> None:
         try:

@@ -19,7 +19,7 @@ from agent.errors import InputError
 from controlplane.allocator import AllocationError, InvalidRequest, QuotaExceeded
 from controlplane.api.openapi import document
 from controlplane.records import ApiError, EntitlementRec, JobRec, TaskRec
-from controlplane.store import Conflict
+from controlplane.store import Conflict, Versioned
 
 if TYPE_CHECKING:
     from controlplane.daemon import ControlDaemon
@@ -179,6 +179,7 @@ async def create_entitlement(request: web.Request) -> web.Response:
 async def modify_entitlement(request: web.Request) -> web.Response:
     d: ControlDaemon = request.app[DAEMON]
     old = _entitlement(d, request.match_info["name"])
+    read_revision = d.state.revs[d.keys.entitlement(old.name)]
     new = old.modified(await body(request))
     held = sum(1 for m in d.state.machines.values() if m.entitlement == old.name)
     if new.quota < held:
@@ -186,7 +187,7 @@ async def modify_entitlement(request: web.Request) -> web.Response:
                        "shrink its jobs first")
     _check_profile(d, new)
     key = d.keys.entitlement(old.name)
-    rev = await d.store.commit([d.state.guard(key)], {key: new.to_json()})
+    rev = await d.store.commit([Versioned(key, None, read_revision)], {key: new.to_json()})
     await d.state.wait_for(rev)
     return reply(entitlement_view(d, new.name, detail=True))
 
@@ -212,17 +213,26 @@ def _job(d: ControlDaemon, request: web.Request) -> JobRec:
     return job
 
 
+def _read(d: ControlDaemon, request: web.Request) -> tuple[JobRec, int]:
+    """The job and the revision it was read at: a later write is guarded by that revision."""
+    job = _job(d, request)
+    return job, d.state.revs[d.keys.job(job.handle)]
+
+
 async def create_job(request: web.Request) -> web.Response:
     d: ControlDaemon = request.app[DAEMON]
     job = JobRec.parse(await body(request))
     _entitlement(d, job.entitlement)
     old = d.state.jobs.get(job.handle)
+    read_revision = d.state.revs.get(d.keys.job(job.handle), 0)
     if old is not None and old.state != "stopped":
         raise ApiError("exists", "name", f"job {job.handle!r} exists ({old.state}); use update, or stop it first")
     if old is not None:
         job = replace(job, spec_version=old.spec_version + 1, created_at=old.created_at)
     try:
-        await d.scheduler.create(job)
+        await d.scheduler.create(job, read_revision)
+    except Conflict:
+        raise ApiError("exists", "name", f"job {job.handle!r} was created or changed concurrently") from None
     except AllocationError as e:
         raise allocation_error(e) from None
     return reply(job_view(d, d.state.jobs[job.handle]), 201)
@@ -230,7 +240,7 @@ async def create_job(request: web.Request) -> web.Response:
 
 async def update_job(request: web.Request) -> web.Response:
     d: ControlDaemon = request.app[DAEMON]
-    old = _job(d, request)
+    old, read_revision = _read(d, request)
     new = JobRec.parse(await body(request))
     if new.handle != old.handle:
         raise ApiError("invalid", "name", f"the spec is for {new.handle}, not {old.handle}")
@@ -240,13 +250,13 @@ async def update_job(request: web.Request) -> web.Response:
     new = replace(new, spec_version=old.spec_version + (1 if changed_task else 0), created_at=old.created_at)
     if new.count > old.count or new.resources() != old.resources() or (new.machine_type, new.dc) != (old.machine_type, old.dc):
         await _fits(d, new)  # what the update asks for must fit; a task already without room is not its fault
-    await d.scheduler.put_job(new)
+    await d.scheduler.put_job(new, read_revision)
     return reply(job_view(d, d.state.jobs[new.handle]))
 
 
 async def resize_job(request: web.Request) -> web.Response:
     d: ControlDaemon = request.app[DAEMON]
-    old = _job(d, request)
+    old, read_revision = _read(d, request)
     data = await body(request)
     if not isinstance(data, dict) or set(data) != {"count"}:
         raise ApiError("invalid", "count", "the body must be {\"count\": N}")
@@ -258,7 +268,7 @@ async def resize_job(request: web.Request) -> web.Response:
     new = replace(old, count=count, updated_at=time.time())
     if count > old.count:
         await _fits(d, new)
-    await d.scheduler.put_job(new)
+    await d.scheduler.put_job(new, read_revision)
     return reply(job_view(d, d.state.jobs[new.handle]))
 
 
@@ -271,9 +281,9 @@ async def _fits(d: ControlDaemon, job: JobRec) -> None:
 
 async def stop_job(request: web.Request) -> web.Response:
     d: ControlDaemon = request.app[DAEMON]
-    old = _job(d, request)
+    old, read_revision = _read(d, request)
     if old.state == "active":
-        await d.scheduler.put_job(replace(old, state="stopping", updated_at=time.time()))
+        await d.scheduler.put_job(replace(old, state="stopping", updated_at=time.time()), read_revision)
     return reply(job_view(d, d.state.jobs[old.handle]), 202)
 
 

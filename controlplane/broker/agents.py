@@ -143,18 +143,22 @@ class AgentService:
             return {"ok": True, "interval": self.heartbeat_interval}
         if not isinstance(tasks, list) or not all(isinstance(t, dict) for t in tasks):
             raise ApiError("invalid", "tasks", "must be a list of objects")
-        self.counters["heartbeat_reports"] += 1
-        self.digests[mid] = digest
         report = {}
         for t in tasks:
             try:
                 report[(str(t["job"]), int(t["index"]))] = t
             except (KeyError, TypeError, ValueError):
                 raise ApiError("invalid", "tasks", f"{t!r}: each needs job and index") from None
+        profile = body.get("profile") or {}
+        if not isinstance(profile, dict) or not isinstance(profile.get("name") or "", str) \
+                or not isinstance(profile.get("ok", True), bool):
+            raise ApiError("invalid", "profile", f"{profile!r}: must be {{name: string|null, ok: bool, error}}")
+        self.counters["heartbeat_reports"] += 1
+        self.digests[mid] = digest
         if report != self.reports.get(mid):
             self.reports[mid] = report
             self.state.changed.set()
-        await self._profile(mid, body.get("profile") or {})
+        await self._profile(mid, profile)
         return {"ok": True, "interval": self.heartbeat_interval}
 
     async def _profile(self, mid: str, profile: dict) -> None:

@@ -89,7 +89,7 @@ class Scheduler:
         the URL changes, dropped when it names none."""
         s = self.sessions.get(job.handle)
         if s is not None and (job.controller is None or s.url != job.controller or job.state != "active"):
-            asyncio.get_running_loop().create_task(s.close())
+            s.close_now()
             del self.sessions[job.handle]
             s = None
         if s is None and job.controller and job.state == "active":
@@ -256,11 +256,14 @@ class Scheduler:
 
     # -- front-end operations ----------------------------------------------------------------
 
-    async def create(self, job: JobRec) -> int:
-        """Place a new job and commit it with its tasks in one transaction. AllocationError: it
-        cannot fit, and nothing is written."""
+    async def create(self, job: JobRec, read_revision: int) -> int:
+        """Place a new job and commit it with its tasks in one transaction, provided the job's
+        record is still as the front end read it (absent, or a stopped job: `read_revision`).
+        AllocationError: it cannot fit; Conflict: someone else wrote the job. Nothing is written."""
         for attempt in range(CREATE_RETRIES):
             async with self.lock:
+                if self.state.revs.get(self.keys.job(job.handle), 0) != read_revision:
+                    raise Conflict(f"job {job.handle} was written concurrently")
                 placement = allocate(self.state.snapshot(), job_request(job), cache=self.cache)
                 old = tuple(t for t in self.state.tasks.get(job.handle, {}).values() if t.index >= job.count)
                 try:
@@ -279,9 +282,11 @@ class Scheduler:
         async with self.lock:
             allocate(self.state.snapshot(), job_request(job))
 
-    async def put_job(self, job: JobRec) -> int:
+    async def put_job(self, job: JobRec, read_revision: int) -> int:
+        """Write a job record the front end derived from the one it read at `read_revision`:
+        Conflict if anything wrote the job since (no lost update)."""
         async with self.lock:
             key = self.keys.job(job.handle)
-            rev = await self.store.commit([self.state.guard(key)], {key: job.to_json()})
+            rev = await self.store.commit([Versioned(key, None, read_revision)], {key: job.to_json()})
         await self.state.wait_for(rev)
         return rev

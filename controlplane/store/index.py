@@ -50,6 +50,13 @@ class Index:
             async with self._advanced:
                 self._advanced.notify_all()
 
+    async def watching(self) -> None:
+        """Until the watch ends; then raise: the cache is no longer current (etcd went away, or
+        compacted past us). The owner exits, and its restart rebuilds the cache."""
+        assert self._task is not None
+        await asyncio.shield(self._task)
+        raise ConnectionError(f"the watch on {self.prefix} ended")
+
     async def wait_for(self, revision: int, timeout: float = 10) -> None:
         """Until the cache has seen every change up to revision (read-your-writes)."""
         async with self._advanced:

@@ -116,9 +116,12 @@ class TaskControlSession:
         return {"url": self.url, **self.status, "pending": sorted(self.pending), "approved": sorted(self.approved),
                 "in_flight": sorted(self.in_flight), "recent_calls": list(self.calls)[-10:]}
 
-    async def close(self) -> None:
+    def close_now(self) -> None:
         if self._task is not None:
             self._task.cancel()
+
+    async def close(self) -> None:
+        self.close_now()
 
     # -- the call ----------------------------------------------------------------------------
 
@@ -152,6 +155,8 @@ class TaskControlSession:
         except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, TypeError) as e:
             error = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
             acked = []
+        if error:
+            self.completed = completed + self.completed  # not heard: say it again next call
         self.approved |= set(acked)
         self.approved_ops.update({op["id"]: op for op in request if op["id"] in acked})
         self.status = {"calls": self.status["calls"] + 1, "ok": not error, "error": error, "last_call": time.time(),

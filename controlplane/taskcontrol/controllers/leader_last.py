@@ -31,9 +31,8 @@ class LeaderLast(TaskController):
             return []  # one member at a time
         leader = self.leader()
         for op in sorted(request.ops, key=lambda op: (op.index == leader, op.index)):
-            others_down = request.unhealthy_indices() - {op.index}
-            if others_down:
-                return []  # a member is down already: another one down could cost the quorum
+            if request.unhealthy_indices() - {op.index}:
+                continue  # another member is down: taking this one down too could cost the quorum
             return [op.id]
         return []
 

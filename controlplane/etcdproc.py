@@ -106,13 +106,20 @@ class EtcdServer:
         return ""
 
     def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        if self.proc is not None:
+            terminate(self.proc)
         if self.proc is not None and self.proc.stderr is not None:
             self.proc.stderr.close()
         shutil.rmtree(self.data_dir, ignore_errors=True)
+
+
+def terminate(proc: subprocess.Popen, timeout: float = 10) -> None:
+    """SIGTERM a child we started, SIGKILL it if it has not exited after `timeout`, and reap it."""
+    if proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()

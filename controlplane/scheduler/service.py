@@ -48,6 +48,7 @@ class Scheduler:
         self.state = state
         self.limiter = Limiter(limits)
         self.sessions: dict[str, TaskControlSession] = {}
+        self._held: dict[str, set[str]] = {}  # op ids the rate limit held in a job's last pass
         self.taskcontrol_interval = taskcontrol_interval
         self.taskcontrol_timeout = taskcontrol_timeout
         self._http: aiohttp.ClientSession | None = None
@@ -121,6 +122,9 @@ class Scheduler:
         async with self.lock:
             job = self.state.jobs.get(handle)
             if job is None or job.state == "stopped":
+                self.limiter.forget(handle)  # per-job state ends with the job
+                self.plans.pop(handle, None)
+                self._held.pop(handle, None)
                 return
             tasks = self.state.tasks.get(handle, {})
             views = {mid: v for mid in {t.machine for t in tasks.values() if t.machine} if (v := self.view(mid))}
@@ -130,8 +134,10 @@ class Scheduler:
             gate = Gate(frozenset(session.approved) if session else None, self.limiter.available(handle))
             plan = reconcile(job, tasks, views, gate)
             self.plans[handle] = plan
-            if plan.rate_limited:
-                self.counters["rate_limited"] += plan.rate_limited
+            held = {op.id for op in plan.held if op.reason.endswith("rate limited")}
+            # the metric counts operations held back, each once, not passes that saw them held
+            self.counters["rate_limited"] += len(held - self._held.get(handle, set()))
+            self._held[handle] = held
             if session is not None:
                 session.offer(plan.proposed, unhealthy(tasks, job.count))
             started = [op.id for op in plan.ops if op.id]

@@ -13,6 +13,7 @@ import urllib.request
 import uuid
 from pathlib import Path
 
+from controlplane.etcdproc import terminate
 from tests.agent.agentproc import REPO, free_port
 
 API_TOKEN = "test-api-token"
@@ -60,13 +61,8 @@ class Controld:
         self.proc.wait(10)
 
     def close(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        if self.proc is not None:
+            terminate(self.proc)
 
     def call(self, method: str, path: str, body: object = None, token: str | None = API_TOKEN,
              timeout: float = 30) -> tuple[int, dict]:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import time
 
+from collections.abc import Iterator
+
 from controlplane.devregion import Region
 from tests.conftest import TEST_IMAGE
 
@@ -79,3 +81,14 @@ def running_indices(region: Region, job: str) -> dict[int, list[str]]:
     return out
 
 
+
+
+def running_region(region: Region) -> Iterator[Region]:
+    """A module fixture's body: start the region, hand it out, tear it down and check that the
+    teardown left nothing behind (pass or fail)."""
+    try:
+        region.start()
+        yield region
+    finally:
+        problems = region.stop()
+        assert not problems, problems

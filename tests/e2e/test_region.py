@@ -16,7 +16,7 @@ import pytest
 
 from controlplane.devregion import AgentSpec, Region
 from tests.conftest import TEST_IMAGE
-from tests.e2e.helpers import COMMAND, Api, job_spec, running_indices
+from tests.e2e.helpers import COMMAND, job_spec, running_indices, running_region
 
 pytestmark = pytest.mark.docker
 
@@ -28,18 +28,7 @@ AGENTS = [
 ]
 @pytest.fixture(scope="module")
 def region(tmp_path_factory, docker_client):
-    r = Region(tmp_path_factory.mktemp("region"), AGENTS, heartbeat_timeout=2.0)
-    try:
-        r.start()
-        yield r
-    finally:
-        problems = r.stop()
-        assert not problems, problems
-
-
-@pytest.fixture
-def api(region):
-    return Api(region)
+    yield from running_region(Region(tmp_path_factory.mktemp("region"), AGENTS, heartbeat_timeout=2.0))
 
 
 def test_figure7_entitlement_grows_from_and_shrinks_to_the_free_pool(region, api):

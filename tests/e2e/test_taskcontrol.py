@@ -18,7 +18,7 @@ from controlplane.taskcontrol.controllers.leader_last import LeaderLast
 from controlplane.taskcontrol.controllers.replica_aware import ReplicaAware
 from controlplane.taskcontrol.sdk import Background, Request, TaskController
 from tests.agent.agentproc import free_port
-from tests.e2e.helpers import Api, job_spec
+from tests.e2e.helpers import Api, job_spec, running_region
 
 pytestmark = pytest.mark.docker
 
@@ -29,19 +29,8 @@ HEARTBEAT_TIMEOUT = 2.0
 
 @pytest.fixture(scope="module")
 def region(tmp_path_factory, docker_client):
-    r = Region(tmp_path_factory.mktemp("tc-region"), AGENTS, heartbeat_timeout=HEARTBEAT_TIMEOUT,
-               controld_args=("--rate-limits", "job=1:2", "--taskcontrol-interval", "0.5"))
-    try:
-        r.start()
-        yield r
-    finally:
-        problems = r.stop()
-        assert not problems, problems
-
-
-@pytest.fixture
-def api(region):
-    return Api(region)
+    yield from running_region(Region(tmp_path_factory.mktemp("tc-region"), AGENTS, heartbeat_timeout=HEARTBEAT_TIMEOUT,
+                                   controld_args=("--rate-limits", "job=1:2", "--taskcontrol-interval", "0.5")))
 
 
 def entitlement(api: Api, name: str) -> None:

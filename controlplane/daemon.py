@@ -15,6 +15,7 @@ import asyncio
 import logging
 import signal
 import sys
+import time
 from pathlib import Path
 
 from aiohttp import web
@@ -36,7 +37,7 @@ class ControlDaemon:
     def __init__(self, store: Store, region: str, api_tokens: set[str], bootstrap_tokens: set[str],
                  heartbeat_timeout: float = 5.0, heartbeat_interval: float = 1.0,
                  profile_search: tuple[Path, ...] | None = None, limits: Limits = Limits(),
-                 taskcontrol_interval: float = 1.0):
+                 taskcontrol_interval: float = 1.0, maintenance_policy: str = "move"):
         self.store = store
         self.keys = Keys(region)
         self.api_tokens = api_tokens
@@ -46,7 +47,7 @@ class ControlDaemon:
         self.health = HealthService(self.state, store, self.keys, self.agents.last_seen, heartbeat_timeout)
         self.agents.on_seen = self.health.seen
         self.scheduler = Scheduler(self.state, store, self.keys, self.agents.report_of, self.agents.errors, limits,
-                                   taskcontrol_interval)
+                                   taskcontrol_interval, maintenance_policy=maintenance_policy)
 
     def metrics_text(self) -> str:
         lines = []
@@ -63,6 +64,9 @@ class ControlDaemon:
             "twine_allocation_cache_misses_total": stats.misses,
             "twine_machines": len(self.state.machines),
             "twine_machines_unhealthy": sum(1 for m in self.state.machines.values() if not m.healthy),
+            "twine_machines_in_maintenance": sum(1 for mid in self.state.machines
+                                                 if (e := self.state.maintenance_of(mid, time.time()))
+                                                 and e.phase(time.time()) == "in progress"),
             "twine_machines_free": sum(1 for m in self.state.machines.values() if m.entitlement is None),
             "twine_jobs": len(self.state.jobs),
             "twine_etcd_revision": self.state.revision,
@@ -129,6 +133,10 @@ def parser() -> argparse.ArgumentParser:
                    help="token buckets on stops and moves, SCOPE=RATE_PER_S:BURST (default %(default)s)")
     p.add_argument("--taskcontrol-interval", type=float, default=1.0,
                    help="seconds between TaskController calls while operations are pending")
+    p.add_argument("--maintenance-policy", choices=("move", "stop"), default="move",
+                   help="for jobs without a TaskController, unless a maintenance names its own: move their tasks "
+                        "away before the deadline (max-unavailable at a time), or stop them at the deadline and "
+                        "restart them on the same machine after (default %(default)s)")
     p.add_argument("--profiles", action="append", default=[], help="extra profile directory for validating entitlement profiles")
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     return p
@@ -147,7 +155,8 @@ async def _main(args: argparse.Namespace) -> int:
     daemon = ControlDaemon(store, args.region, _tokens(args.api_token_file, "--api-token-file"),
                            _tokens(args.bootstrap_token_file, "--bootstrap-token-file"),
                            args.heartbeat_timeout, args.heartbeat_interval,
-                           (*map(Path, args.profiles), *default_search_path()), limits, args.taskcontrol_interval)
+                           (*map(Path, args.profiles), *default_search_path()), limits, args.taskcontrol_interval,
+                           args.maintenance_policy)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

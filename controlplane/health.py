@@ -80,6 +80,12 @@ class HealthService:
         now = time.time()
         open_events = [e for e in self.state.events.values()
                        if e.kind == "failure" and e.end is None and mid in e.machines]
+        maint = self.state.maintenance_of(mid, now)
+        if not healthy and maint is not None and maint.phase(now) == "in progress":
+            # expected: the machine is in maintenance; it is down, but that is no failure
+            reason, maint_id = f"{reason} (in maintenance {maint.id})", maint.id
+        else:
+            maint_id = None
 
         def compute(reads):
             cur = reads[key].value
@@ -89,7 +95,7 @@ class HealthService:
             if healthy:
                 for e in open_events:
                     puts[self.keys.event(e.id)] = replace(e, end=now).to_json()
-            else:
+            elif maint_id is None:
                 eid = f"failure-{mid}-{int(now * 1000)}"
                 puts[self.keys.event(eid)] = EventRec(eid, "failure", (mid,), now, reason).to_json()
             return puts, []

@@ -7,6 +7,7 @@ ones with `dataclasses.replace` and the service commits them in one guarded tran
 from __future__ import annotations
 
 import re
+import secrets
 import time
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
@@ -16,10 +17,13 @@ from agent.models import TaskSpec
 from controlplane.allocator.model import LEVELS, STRATEGIES
 
 NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
-TASK_STATES = ("pending", "allocated", "starting", "running", "stopping", "stopped", "failed", "lost")
+TASK_STATES = ("pending", "allocated", "starting", "running", "stopping", "stopped", "failed", "lost", "suspended")
 JOB_STATES = ("active", "stopping", "stopped")
-# Tasks in these states are in their machine's desired state (the agent runs them).
+# Tasks in these states are in their machine's desired state (the agent runs them). A suspended
+# task keeps its machine (and the resources it holds there) while the machine is in maintenance,
+# but its container is stopped; it starts there again when the maintenance ends.
 ON_MACHINE = ("starting", "running", "failed", "lost")
+MAINTENANCE_POLICIES = ("move", "stop")
 
 
 class ApiError(Exception):
@@ -320,6 +324,11 @@ class MachineRec:
 
 @dataclass(frozen=True)
 class EventRec:
+    """An unavailability event. A failure is opened by the health check and ended when the machine
+    answers again. A maintenance is scheduled by an operator: its machines take no new tasks from
+    then on; jobs hear of it in advance notices; at `deadline` the tasks still on the machines are
+    stopped; the machines are back at `start + duration` (or at `end`, if an operator ended it)."""
+
     id: str
     kind: str  # failure | maintenance
     machines: tuple[str, ...]
@@ -328,6 +337,23 @@ class EventRec:
     duration: float | None = None
     deadline: float | None = None
     end: float | None = None
+    scope: str = ""  # maintenance: what the operator selected ("msb dc1/msb1", "3 machines")
+    policy: str | None = None  # maintenance: for jobs without a TaskController; None: the region default
+    created: float = 0.0
+
+    @property
+    def until(self) -> float:
+        """When the machines are back: the end an operator set, else start + duration."""
+        if self.end is not None:
+            return self.end
+        return self.start + (self.duration or 0.0) if self.kind == "maintenance" else float("inf")
+
+    def phase(self, now: float) -> str:
+        """A maintenance's phase: scheduled (before its deadline), in progress (its machines may
+        run nothing), or over."""
+        if now >= self.until:
+            return "over"
+        return "scheduled" if now < (self.deadline if self.deadline is not None else self.start) else "in progress"
 
     def to_json(self) -> dict:
         d = asdict(self)
@@ -336,7 +362,65 @@ class EventRec:
 
     @classmethod
     def from_json(cls, d: dict) -> EventRec:
-        return cls(**{**d, "machines": tuple(d["machines"])})
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in known and k != "machines"}, machines=tuple(d["machines"]))
+
+
+MAINTENANCE_FIELDS = {"machines", "dc", "msb", "rack", "start", "duration", "deadline", "policy", "reason"}
+MAX_MAINTENANCE = 30 * 86400.0  # seconds: a window longer than a month is a typo
+
+
+def _time(value: Any, field_: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ApiError("invalid", field_, f"{value!r} must be a time in seconds since the epoch")
+    return float(value)
+
+
+def parse_maintenance(data: Any, machines: dict[str, MachineRec], now: float) -> EventRec:
+    """A maintenance the operator asks for: the machines (listed, or every machine in a dc, msb or
+    rack, the labels ANDed), a start, a duration, and a deadline at or before the start (default:
+    the start). Names the field at fault; writes nothing."""
+    d = _check_keys(data, MAINTENANCE_FIELDS, "")
+    listed = d.get("machines")
+    labels = {k: d[k] for k in ("dc", "msb", "rack") if d.get(k) is not None}
+    for k, v in labels.items():
+        if not isinstance(v, str) or not v:
+            raise ApiError("invalid", k, f"{v!r} must be a non-empty string")
+    if listed is None and not labels:
+        raise ApiError("invalid", "machines", "name the machines: a list of machine ids, or dc, msb or rack")
+    if listed is not None:
+        if not isinstance(listed, list) or not listed or not all(isinstance(m, str) for m in listed):
+            raise ApiError("invalid", "machines", "must be a non-empty list of machine ids")
+        unknown = [m for m in listed if m not in machines]
+        if unknown:
+            raise ApiError("invalid", "machines", f"no such machine(s): {', '.join(unknown[:5])}")
+    chosen = sorted(mid for mid, m in machines.items() if (listed is None or mid in listed)
+                    and all(m.labels.get(k) == v for k, v in labels.items()))
+    if not chosen:
+        what = ", ".join(f"{k}={v}" for k, v in labels.items())
+        raise ApiError("invalid", next(iter(labels)) if labels else "machines", f"no machine matches {what}")
+    start = _time(d.get("start"), "start")
+    duration = d.get("duration")
+    if isinstance(duration, bool) or not isinstance(duration, (int, float)) or not 0 < duration <= MAX_MAINTENANCE:
+        raise ApiError("invalid", "duration", f"{duration!r} must be seconds, more than 0 and at most {MAX_MAINTENANCE:.0f}")
+    deadline = start if d.get("deadline") is None else _time(d["deadline"], "deadline")
+    if deadline > start:
+        raise ApiError("invalid", "deadline", "must be at or before the start: tasks leave before the work begins")
+    if start + duration <= now:
+        raise ApiError("invalid", "start", "the maintenance would be over already")
+    policy = d.get("policy")
+    if policy is not None and policy not in MAINTENANCE_POLICIES:
+        raise ApiError("invalid", "policy", f"{policy!r} is not one of {', '.join(MAINTENANCE_POLICIES)}")
+    reason = d.get("reason", "")
+    if not isinstance(reason, str) or len(reason) > 500:
+        raise ApiError("invalid", "reason", "must be a string of at most 500 characters")
+    if labels:
+        scope = " ".join(f"{k}={v}" for k, v in labels.items())
+    else:
+        scope = ", ".join(chosen) if len(chosen) <= 3 else f"{len(chosen)} machines"
+    eid = f"maint-{int(now)}-{secrets.token_hex(3)}"
+    return EventRec(eid, "maintenance", tuple(chosen), start, reason, float(duration), deadline, None,
+                    scope, policy, now)
 
 
 @dataclass(frozen=True)

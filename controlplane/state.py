@@ -12,6 +12,7 @@ import asyncio
 import hashlib
 import json
 import logging
+import time
 from collections import defaultdict
 from typing import Iterable
 
@@ -24,10 +25,13 @@ from controlplane.store.keys import Keys
 log = logging.getLogger("twine.controld.state")
 
 
-def to_machine(m: MachineRec, version: int) -> Machine:
+def to_machine(m: MachineRec, version: int, cordoned: bool = False) -> Machine:
+    """The allocator's machine. One under (or scheduled for) maintenance takes no new tasks: to the
+    allocator it is not healthy, so the tasks on it are placed elsewhere when they move."""
     lb = m.labels
     return Machine(m.id, lb["region"], lb["dc"], lb["msb"], lb["rack"], lb["machine_type"],
-                   float(m.capacity["cpus"]), int(m.capacity["memory_mb"]), m.healthy, m.entitlement, version)
+                   float(m.capacity["cpus"]), int(m.capacity["memory_mb"]), m.healthy and not cordoned,
+                   m.entitlement, version)
 
 
 def to_entitlement(e: EntitlementRec) -> Entitlement:
@@ -61,6 +65,8 @@ class RegionState:
         self._dirty_machines: set[str] = set()
         self._dirty_tasks: set[tuple[str, int]] = set()
         self._dirty_ents: set[str] = set()
+        self._maintenance: dict[str, list[EventRec]] = {}  # machine -> maintenance events not ended
+        self._cordoned: set[str] = set()  # machines the snapshot has as unavailable for maintenance
 
     async def start(self) -> None:
         await self.index.start()
@@ -117,10 +123,11 @@ class RegionState:
             handle, _, idx = rest.rpartition("/")
             self._set_task(handle, int(idx), None if value is None else TaskRec.from_json(value))
         elif kind == "events":
-            if value is None:
-                self.events.pop(rest, None)
-            else:
+            old = self.events.pop(rest, None)
+            if value is not None:
                 self.events[rest] = EventRec.from_json(value)
+            if any(e is not None and e.kind == "maintenance" for e in (old, self.events.get(rest))):
+                self._index_maintenance()
         elif kind == "discovery":
             handle, _, idx = rest.rpartition("/")
             if value is None:
@@ -165,6 +172,30 @@ class RegionState:
                 if m.entitlement == name:
                     self.wake_machine(m.id)
 
+    def _index_maintenance(self) -> None:
+        by_machine: dict[str, list[EventRec]] = {}
+        for e in self.events.values():
+            if e.kind == "maintenance" and e.end is None:
+                for mid in e.machines:
+                    by_machine.setdefault(mid, []).append(e)
+        self._maintenance = by_machine
+
+    def maintenance_of(self, mid: str, now: float) -> EventRec | None:
+        """The maintenance that governs a machine now: one in progress, else the next deadline."""
+        open_ = [e for e in self._maintenance.get(mid, ()) if e.phase(now) != "over"]
+        if not open_:
+            return None
+        return min(open_, key=lambda e: (e.phase(now) != "in progress", e.deadline or e.start, e.id))
+
+    def open_maintenance(self, now: float) -> list[EventRec]:
+        return sorted({e.id: e for es in self._maintenance.values() for e in es if e.phase(now) != "over"}.values(),
+                      key=lambda e: (e.deadline or e.start, e.id))
+
+    def _refresh_cordons(self, now: float) -> None:
+        cordoned = {mid for mid in self._maintenance if mid in self.machines and self.maintenance_of(mid, now)}
+        self._dirty_machines |= cordoned ^ self._cordoned
+        self._cordoned = cordoned
+
     # -- long-poll wake-ups ----------------------------------------------------------------
 
     def wake_machine(self, mid: str) -> None:
@@ -201,15 +232,16 @@ class RegionState:
 
     def snapshot(self) -> Snapshot:
         """The allocator's immutable snapshot, moved forward by the changes since the last one."""
+        self._refresh_cordons(time.time())
         if self._snapshot is None:
             self._snapshot = Snapshot.build(
-                (to_machine(m, self.revs[self.keys.machine(m.id)]) for m in self.machines.values()),
+                (to_machine(m, self.revs[self.keys.machine(m.id)], m.id in self._cordoned) for m in self.machines.values()),
                 (to_entitlement(e) for e in self.entitlements.values()),
                 (p for ts in self.tasks.values() for t in ts.values() if (p := to_placed(t)) is not None),
                 self.revision)
         elif self._dirty_machines or self._dirty_tasks or self._dirty_ents:
             self._snapshot = self._snapshot.with_changes(
-                machines=[to_machine(self.machines[mid], self.revs[self.keys.machine(mid)])
+                machines=[to_machine(self.machines[mid], self.revs[self.keys.machine(mid)], mid in self._cordoned)
                           for mid in self._dirty_machines if mid in self.machines],
                 removed_machines=[mid for mid in self._dirty_machines if mid not in self.machines],
                 tasks=list(self._placed(self._dirty_tasks)),

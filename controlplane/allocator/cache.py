@@ -98,7 +98,9 @@ def _validate(entry: _Entry | None, snapshot: Snapshot, req: Requirements) -> tu
     machines = snapshot.machines
     for mid, version, props in entry.machines:
         m = machines.get(mid)
-        if m is None or (m.version != version and m.placement_properties() != props):
+        # a version bump alone (our own commit took the machine) leaves the placement valid; a
+        # property change does, with or without one (a cordon for maintenance writes no record)
+        if m is None or m.placement_properties() != props:
             return "machine changed", None
     kept, to_place = split_tasks(snapshot, req)
     if any(entry.task_machines[i] != mid for i, mid in kept.items()):

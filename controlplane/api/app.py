@@ -18,7 +18,7 @@ from aiohttp import web
 from agent.errors import InputError
 from controlplane.allocator import AllocationError, InvalidRequest, QuotaExceeded
 from controlplane.api.openapi import document
-from controlplane.records import ApiError, EntitlementRec, JobRec, TaskRec
+from controlplane.records import ApiError, EntitlementRec, EventRec, JobRec, TaskRec, parse_maintenance
 from controlplane.store import Conflict, Versioned
 
 if TYPE_CHECKING:
@@ -323,6 +323,64 @@ async def list_events(request: web.Request) -> web.Response:
     return reply({"events": [e.to_json() for e in events]})
 
 
+# -- maintenance (the ops planner) -------------------------------------------------------------
+
+
+def maintenance_view(d: ControlDaemon, e: EventRec, now: float) -> dict:
+    tasks = [{"job": t.job, "index": t.index, "machine": t.machine, "state": t.state}
+             for mid in e.machines for t in d.state.tasks_on(mid)]
+    return {**e.to_json(), "phase": e.phase(now), "until": e.until,
+            "policy": e.policy or d.scheduler.maintenance_policy, "policy_default": e.policy is None,
+            "tasks": tasks}
+
+
+def _maintenance(d: ControlDaemon, request: web.Request) -> EventRec:
+    e = d.state.events.get(request.match_info["id"])
+    if e is None or e.kind != "maintenance":
+        raise ApiError("not_found", "maintenance", f"no maintenance {request.match_info['id']!r}")
+    return e
+
+
+async def schedule_maintenance(request: web.Request) -> web.Response:
+    d: ControlDaemon = request.app[DAEMON]
+    now = time.time()
+    e = parse_maintenance(await body(request), d.state.machines, now)
+    key = d.keys.event(e.id)
+    rev = await d.store.commit([d.state.guard(key)], {key: e.to_json()})
+    await d.state.wait_for(rev)
+    d.state.changed.set()
+    return reply(maintenance_view(d, d.state.events[e.id], now), 201)
+
+
+async def list_maintenance(request: web.Request) -> web.Response:
+    d: ControlDaemon = request.app[DAEMON]
+    now = time.time()
+    events = sorted((e for e in d.state.events.values() if e.kind == "maintenance"), key=lambda e: (e.start, e.id))
+    if request.query.get("all") not in ("1", "true"):
+        events = [e for e in events if e.phase(now) != "over"]
+    return reply({"maintenance": [maintenance_view(d, e, now) for e in events]})
+
+
+async def show_maintenance(request: web.Request) -> web.Response:
+    d: ControlDaemon = request.app[DAEMON]
+    return reply(maintenance_view(d, _maintenance(d, request), time.time()))
+
+
+async def end_maintenance(request: web.Request) -> web.Response:
+    """End a maintenance now: before its deadline this cancels it; during it, its machines are
+    back (their suspended tasks start again)."""
+    d: ControlDaemon = request.app[DAEMON]
+    e = _maintenance(d, request)
+    now = time.time()
+    if e.phase(now) == "over":
+        raise ApiError("conflict", "maintenance", f"maintenance {e.id} is over already")
+    key = d.keys.event(e.id)
+    rev = await d.store.commit([d.state.guard(key)], {key: replace(e, end=now).to_json()})
+    await d.state.wait_for(rev)
+    d.state.changed.set()
+    return reply(maintenance_view(d, d.state.events[e.id], now))
+
+
 async def discovery(request: web.Request) -> web.Response:
     d: ControlDaemon = request.app[DAEMON]
     job = _job(d, request)
@@ -382,6 +440,10 @@ ROUTES = [
     ("GET", "/v1/machines", list_machines),
     ("GET", "/v1/machines/{id}", show_machine),
     ("GET", "/v1/events", list_events),
+    ("POST", "/v1/maintenance", schedule_maintenance),
+    ("GET", "/v1/maintenance", list_maintenance),
+    ("GET", "/v1/maintenance/{id}", show_maintenance),
+    ("POST", "/v1/maintenance/{id}/end", end_maintenance),
     ("GET", "/v1/discovery/{ent}/{name}", discovery),
     ("POST", "/v1/agent/register", agent_register),
     ("GET", "/v1/agent/desired", agent_desired),

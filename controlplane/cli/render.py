@@ -258,6 +258,33 @@ def event_list(body: dict) -> str:
     return table(EVENT_HEADERS, rows)
 
 
+MAINTENANCE_HEADERS = ("ID", "PHASE", "SCOPE", "MACHINES", "DEADLINE", "START", "UNTIL", "POLICY", "TASKS", "REASON")
+
+
+def maintenance_row(e: dict) -> list:
+    policy = cell(e.get("policy")) + (" (default)" if e.get("policy_default") else "")
+    return [e.get("id"), e.get("phase"), e.get("scope"), machines_text(e.get("machines")), when(e.get("deadline")),
+            when(e.get("start")), when(e.get("until")), policy, len(e.get("tasks") or []), e.get("reason")]
+
+
+def maintenance_list(body: dict) -> str:
+    rows = [maintenance_row(e) for e in body.get("maintenance") or []]
+    return table(MAINTENANCE_HEADERS, rows) if rows else "(no maintenance scheduled)"
+
+
+def maintenance_show(e: dict) -> str:
+    policy = cell(e.get("policy")) + (" (the region default)" if e.get("policy_default") else "")
+    out = key_values([
+        ("id", e.get("id")), ("phase", e.get("phase")), ("scope", e.get("scope")),
+        ("machines", ", ".join(map(str, e.get("machines") or [])) or NONE),
+        ("deadline", when(e.get("deadline"))), ("start", when(e.get("start"))),
+        ("duration", duration(e.get("duration"))), ("until", when(e.get("until"))),
+        ("policy", policy + " for jobs without a TaskController"), ("reason", e.get("reason") or NONE),
+    ])
+    rows = [[t.get("job"), t.get("index"), t.get("machine"), t.get("state")] for t in e.get("tasks") or []]
+    return out + "\n" + (table(("JOB", "INDEX", "MACHINE", "STATE"), rows) if rows else "(no tasks on its machines)")
+
+
 DISCOVERY_HEADERS = ("INDEX", "MACHINE", "ADDRESS", "ENABLED")
 
 

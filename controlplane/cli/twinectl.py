@@ -3,6 +3,12 @@
   twinectl entitlement create|modify|list|show ...
   twinectl job run|update FILE [--wait [S]]   job status|resize|stop HANDLE ...   job list
   twinectl machine list|show ID     twinectl events     twinectl discovery HANDLE
+  twinectl maintenance schedule (--machine ID ... | --dc DC | --msb MSB | --rack RACK) --start WHEN
+           --duration DUR [--deadline WHEN] [--policy move|stop] [--reason TEXT]
+  twinectl maintenance list [--all] | show ID | end ID
+
+WHEN is +90s, +10m, +2h, now, seconds since the epoch, or a local ISO time (2026-11-21T14:00);
+DUR is 90, 90s, 10m, 2h or 1d.
 
 A HANDLE is <entitlement>/<job name>. Job spec files are YAML (.yaml, .yml) or TOML (.toml).
 Global options go before or after the command; --json prints the daemon's JSON as it is.
@@ -22,6 +28,8 @@ import asyncio
 import json
 import os
 import sys
+import time
+from datetime import datetime
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, Self
@@ -157,6 +165,39 @@ def _count(text: str) -> int:
     return v
 
 
+UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def _duration(text: str) -> float:
+    """`90`, `90s`, `10m`, `2h`, `1d` -> seconds (> 0)."""
+    t = text.strip().lower()
+    unit = UNITS.get(t[-1:], None)
+    try:
+        v = float(t[:-1] if unit else t) * (unit or 1)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a duration like 90s, 10m, 2h or 1d") from None
+    if not 0 < v < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} must be more than 0")
+    return v
+
+
+def _when(text: str) -> float:
+    """`now`, `+10m`, seconds since the epoch, or a local ISO time -> seconds since the epoch."""
+    t = text.strip()
+    if t.lower() == "now":
+        return time.time()
+    if t.startswith("+"):
+        return time.time() + _duration(t[1:])
+    try:
+        return float(t)
+    except ValueError:
+        pass
+    try:
+        return datetime.fromisoformat(t).timestamp()
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a time: now, +10m, epoch seconds or 2026-11-21T14:00") from None
+
+
 def _spread(text: str) -> list[str]:
     """`dc,msb` -> ["dc", "msb"]; `` or `none` -> [] (no spread)."""
     if text.strip().lower() in ("", "none"):
@@ -242,6 +283,26 @@ def _parser() -> argparse.ArgumentParser:
     mach_sub = mach.add_subparsers(dest="action", required=True, metavar="ACTION")
     leaf(mach_sub, "list", "list machines")
     leaf(mach_sub, "show", "a machine with its tasks").add_argument("id", metavar="ID")
+
+    mt = sub.add_parser("maintenance", help="schedule, list, show and end maintenance (the ops planner)")
+    mt_sub = mt.add_subparsers(dest="action", required=True, metavar="ACTION")
+    sc = leaf(mt_sub, "schedule", "schedule maintenance: jobs on the machines get advance notice; at the deadline "
+                                   "what is still there stops; the machines are back after the duration")
+    sc.add_argument("--machine", action="append", metavar="ID", help="a machine (repeat for more)")
+    sc.add_argument("--dc", metavar="DC", help="every machine in this dc (ANDed with --msb/--rack)")
+    sc.add_argument("--msb", metavar="MSB", help="every machine behind this main switchboard")
+    sc.add_argument("--rack", metavar="RACK", help="every machine in this rack")
+    sc.add_argument("--start", required=True, type=_when, metavar="WHEN", help="when the work begins")
+    sc.add_argument("--duration", required=True, type=_duration, metavar="DUR", help="how long the machines are away")
+    sc.add_argument("--deadline", type=_when, metavar="WHEN",
+                    help="when tasks still on the machines are stopped (at or before --start; default: --start)")
+    sc.add_argument("--policy", choices=("move", "stop"),
+                    help="for jobs without a TaskController: move tasks away before the deadline, or stop them at "
+                         "it and restart them after (default: the daemon's --maintenance-policy)")
+    sc.add_argument("--reason", default="", metavar="TEXT")
+    leaf(mt_sub, "list", "maintenance not over yet").add_argument("--all", action="store_true", help="also what is over")
+    leaf(mt_sub, "show", "a maintenance with the tasks on its machines").add_argument("id", metavar="ID")
+    leaf(mt_sub, "end", "end a maintenance now (before its deadline: cancel it)").add_argument("id", metavar="ID")
 
     leaf(sub, "events", "unavailability events (failures, maintenance)")
     leaf(sub, "discovery", "a job's endpoints").add_argument("handle", metavar="HANDLE")
@@ -483,6 +544,34 @@ async def events(api: Api, args, out: Out) -> int:
     return EXIT_OK
 
 
+async def maintenance_schedule(api: Api, args, out: Out) -> int:
+    body: dict[str, Any] = {"start": args.start, "duration": args.duration, "reason": args.reason}
+    for k in ("dc", "msb", "rack", "deadline", "policy"):
+        if getattr(args, k) is not None:
+            body[k] = getattr(args, k)
+    if args.machine:
+        body["machines"] = args.machine
+    if not (args.machine or args.dc or args.msb or args.rack):
+        raise CliError(EXIT_INPUT, "name the machines: --machine ID (repeatable), --dc, --msb or --rack")
+    out(await api.call("POST", "/v1/maintenance", body), render.maintenance_show)
+    return EXIT_OK
+
+
+async def maintenance_list(api: Api, args, out: Out) -> int:
+    out(await api.call("GET", "/v1/maintenance", params={"all": "1"} if args.all else None), render.maintenance_list)
+    return EXIT_OK
+
+
+async def maintenance_show(api: Api, args, out: Out) -> int:
+    out(await api.call("GET", f"/v1/maintenance/{_q(args.id)}"), render.maintenance_show)
+    return EXIT_OK
+
+
+async def maintenance_end(api: Api, args, out: Out) -> int:
+    out(await api.call("POST", f"/v1/maintenance/{_q(args.id)}/end"), render.maintenance_show)
+    return EXIT_OK
+
+
 async def discovery(api: Api, args, out: Out) -> int:
     out(await api.call("GET", f"/v1/discovery/{split_handle(args.handle)}"), render.discovery)
     return EXIT_OK
@@ -501,6 +590,10 @@ COMMANDS: dict[tuple[str, str | None], Command] = {
     ("job", "stop"): job_stop,
     ("machine", "list"): machine_list,
     ("machine", "show"): machine_show,
+    ("maintenance", "schedule"): maintenance_schedule,
+    ("maintenance", "list"): maintenance_list,
+    ("maintenance", "show"): maintenance_show,
+    ("maintenance", "end"): maintenance_end,
     ("events", None): events,
     ("discovery", None): discovery,
 }

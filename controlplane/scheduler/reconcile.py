@@ -9,12 +9,14 @@ Lifecycle of a task (DESIGN.md):
     pending -> allocated -> starting -> running          (placed; profile applied; agent runs it)
     running -> starting                                   (restart for update: new spec on the same machine)
     any -> lost                                           (its machine stopped answering) -> placed elsewhere
+    any -> suspended -> starting                          (its machine's maintenance began; it ended)
     running <-> failed                                    (the container exited; the agent restarts it)
     any -> stopping -> stopped / deleted                  (job stopped / shrunk: gone from the agent)
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field, replace
 from typing import Mapping
 
@@ -24,6 +26,19 @@ from controlplane.records import JobRec, TaskRec
 # update policy now, its TaskController in #4) and are rate limited.
 DISRUPTIVE = ("restart", "move", "stop")
 DESTRUCTIVE = ("move", "stop")  # rate limited, whatever their cause
+
+
+@dataclass(frozen=True)
+class Maintenance:
+    """A maintenance that covers a machine: before its deadline the job may move its tasks away
+    (its TaskController acks the moves; a job without one follows `policy`); from the deadline
+    until `until` nothing of the job runs on the machine."""
+
+    id: str
+    active: bool  # the deadline has passed
+    deadline: float
+    until: float
+    policy: str = "move"  # for jobs without a TaskController: "move" before the deadline, or "stop" at it
 
 
 @dataclass(frozen=True)
@@ -40,6 +55,7 @@ class MachineView:
     # The agent's last report of its containers since this daemon started, by (job, index);
     # None: no report yet (after a daemon restart): task states are left as they are.
     reports: Mapping[tuple[str, int], dict] | None = None
+    maintenance: Maintenance | None = None
 
 
 @dataclass(frozen=True)
@@ -129,31 +145,60 @@ def reconcile(job: JobRec, tasks: Mapping[int, TaskRec], machines: Mapping[str, 
     if not stopping_job:
         _rolling_update(job, current, machines, change, plan, gate)
         if not plan.changes:
-            # Moves away from a failed machine happen in a pass of their own: their placement is
-            # the next commit, and only then are their rate-limit tokens taken.
-            for i, t in sorted(current.items()):
-                m = machines.get(t.machine) if t.machine else None
-                if i < job.count and t.state == "lost" and (m is None or not m.healthy):
-                    op = Op("move", i, f"machine failure: {t.reason}", f"move/{i}/{t.machine}", t.machine, "machine failure")
-                    if gate.allow(op, plan):
-                        movable.add(i)
-                        plan.ops.append(op)
-        plan.place = tuple(i for i in range(job.count)
-                           if _needs_machine(current.get(i), machines) and (i in movable or not _is_lost(current.get(i))))
+            # Moves (away from a failed machine, or one in maintenance) happen in a pass of their
+            # own: their placement is the next commit, and only then are their rate-limit tokens taken.
+            movable = _moves(job, current, machines, plan, gate)
+        plan.place = tuple(i for i in range(job.count) if i in movable or _needs_machine(current.get(i)))
     elif all(t.state == "stopped" for t in current.values()) and job.state != "stopped":
         plan.job = replace(job, state="stopped")
     return plan
 
 
-def _is_lost(t: TaskRec | None) -> bool:
-    return t is not None and t.state == "lost"
+def _needs_machine(t: TaskRec | None) -> bool:
+    """A task without a machine that should have one. (Tasks on a failed machine or one in
+    maintenance are placed only when their move is approved: see _moves.)"""
+    return t is None or (t.machine is None and t.state in ("pending", "stopped"))
 
 
-def _needs_machine(t: TaskRec | None, machines: Mapping[str, MachineView]) -> bool:
-    if t is None or t.machine is None:
-        return t is None or t.state in ("pending", "stopped")
-    m = machines.get(t.machine)
-    return m is None or not m.healthy
+def _moves(job: JobRec, current: dict[int, TaskRec], machines: Mapping[str, MachineView], plan: JobPlan,
+           gate: Gate) -> set[int]:
+    """The tasks to place elsewhere now: those on a failed machine, and those on a machine in
+    maintenance. Each is a move operation the job's TaskController acks; a job without one moves
+    failed tasks at once, and maintenance tasks as its policy says, before the deadline only while
+    fewer than max_unavailable tasks are down."""
+    movable: set[int] = set()
+    down = sum(1 for i in range(job.count) if _unavailable(current.get(i)))
+    for i, t in sorted(current.items()):
+        m = machines.get(t.machine) if t.machine else None
+        if i >= job.count or t.machine is None:
+            continue
+        mt = m.maintenance if m is not None else None
+        if t.state == "lost" and (m is None or not m.healthy):
+            op = Op("move", i, f"machine failure: {t.reason}", f"move/{i}/{t.machine}", t.machine, "machine failure")
+        elif mt is not None and t.state in ("allocated", "starting", "running", "failed", "suspended"):
+            when = "now" if mt.active else f"deadline {_clock(mt.deadline)}"
+            op = Op("move", i, f"maintenance {mt.id} ({when})", f"move/{i}/{t.machine}", t.machine, "maintenance")
+            if gate.approved is None:  # the built-in policy
+                if mt.policy == "stop":
+                    if not mt.active:
+                        plan.waiting.append(f"#{i}: stays on {t.machine} until maintenance {mt.id} stops it at "
+                                            f"{_clock(mt.deadline)} (policy stop)")
+                    continue
+                if not _unavailable(t) and down >= job.max_unavailable:
+                    plan.held.append(replace(op, reason=f"{op.reason}: {down} of max {job.max_unavailable} unavailable"))
+                    continue
+        else:
+            continue
+        if gate.allow(op, plan):
+            movable.add(i)
+            plan.ops.append(op)
+            if not _unavailable(t):
+                down += 1
+    return movable
+
+
+def _clock(ts: float) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(ts))
 
 
 def _stop_step(job: JobRec, t: TaskRec, m: MachineView | None, change, plan: JobPlan, gate: Gate,
@@ -185,13 +230,21 @@ def _live_step(t: TaskRec, m: MachineView | None, change, plan: JobPlan) -> None
         if t.state == "pending":
             plan.waiting.append(f"#{t.index}: pending{': ' + t.reason if t.reason else ''}")
         return
+    mt = m.maintenance if m is not None else None
+    if mt is not None and mt.active:
+        # the maintenance proceeds at its deadline: what is still here stops, whoever wanted it kept
+        if t.state != "suspended":
+            why = f"maintenance {mt.id} until {_clock(mt.until)}"
+            change(t, t.moved(state="suspended", discovery=False, reason=why), Op("suspend", t.index, why))
+        return
     if m is None or not m.healthy:
         if t.state != "lost":
             why = f"machine {t.machine} {'is gone' if m is None else 'unhealthy: ' + m.health_reason}"
             change(t, t.moved(state="lost", discovery=False, reason=why), Op("lost", t.index, why))
         return
-    if t.state == "lost":
-        change(t, t.moved(state="starting", reason=f"machine {m.id} is back"), Op("start", t.index, "machine back"))
+    if t.state in ("lost", "suspended"):
+        why = "maintenance over" if t.state == "suspended" else "machine back"
+        change(t, t.moved(state="starting", reason=f"{why} on {m.id}"), Op("start", t.index, why))
         return
     if t.state == "allocated":
         if m.profile_ready:
@@ -255,5 +308,5 @@ def _updated(job: JobRec, t: TaskRec) -> TaskRec:
         return t.moved(**base)
     if new_res != t.resources:
         return t.moved(**base, machine=None, state="pending")
-    state = t.state if t.state in ("allocated", "lost") else "starting"
+    state = t.state if t.state in ("allocated", "lost", "suspended") else "starting"
     return t.moved(**base, state=state)

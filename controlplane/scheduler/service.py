@@ -22,7 +22,7 @@ from typing import Callable, Mapping
 from controlplane.allocator import AllocationCache, AllocationError, JobRequest, Placement, SoftPreference, allocate
 from controlplane.records import Endpoint, JobRec, TaskRec
 from controlplane.scheduler.ratelimit import Limiter, Limits
-from controlplane.scheduler.reconcile import Gate, JobPlan, MachineView, reconcile
+from controlplane.scheduler.reconcile import Gate, JobPlan, MachineView, Maintenance, reconcile
 from controlplane.taskcontrol.session import TaskControlSession, unhealthy
 from controlplane.state import RegionState
 from controlplane.store import Conflict, Store, Versioned
@@ -44,8 +44,10 @@ def job_request(job: JobRec) -> JobRequest:
 class Scheduler:
     def __init__(self, state: RegionState, store: Store, keys: Keys, reports: Reports,
                  agent_errors: Mapping[str, str] | None = None, limits: Limits = Limits(),
-                 taskcontrol_interval: float = 1.0, taskcontrol_timeout: float = 2.0):
+                 taskcontrol_interval: float = 1.0, taskcontrol_timeout: float = 2.0,
+                 maintenance_policy: str = "move"):
         self.state = state
+        self.maintenance_policy = maintenance_policy  # for jobs without a TaskController, unless the event says
         self.limiter = Limiter(limits)
         self.sessions: dict[str, TaskControlSession] = {}
         self._held: dict[str, set[str]] = {}  # op ids the rate limit held in a job's last pass
@@ -111,12 +113,28 @@ class Scheduler:
                 self.counters["errors"] += 1
                 log.exception("scheduling %s failed", handle)
 
-    def view(self, mid: str) -> MachineView | None:
+    def view(self, mid: str, now: float) -> MachineView | None:
         m = self.state.machines.get(mid)
         if m is None:
             return None
+        e = self.state.maintenance_of(mid, now)
+        mt = None if e is None else Maintenance(e.id, e.phase(now) == "in progress", e.deadline or e.start, e.until,
+                                                e.policy or self.maintenance_policy)
         return MachineView(m.id, m.healthy, m.health_reason, self.state.profile_ready(m),
-                           self.state.desired_profile(m), m.address, self.agent_errors.get(mid, ""), self.reports(mid))
+                           self.state.desired_profile(m), m.address, self.agent_errors.get(mid, ""), self.reports(mid),
+                           mt)
+
+    def notices(self, tasks: Mapping[int, TaskRec], count: int, now: float) -> list[dict]:
+        """Advance notices for a job: each maintenance not over that covers a machine one of its
+        tasks holds, with the tasks it affects."""
+        out = []
+        for e in self.state.open_maintenance(now):
+            hit = sorted(i for i, t in tasks.items() if i < count and t.machine in e.machines)
+            if hit:
+                out.append({"id": e.id, "machines": sorted({tasks[i].machine for i in hit}), "start": e.start,
+                            "deadline": e.deadline or e.start, "duration": e.duration, "end": e.until,
+                            "phase": e.phase(now), "reason": e.reason, "tasks": hit})
+        return out
 
     async def pass_job(self, handle: str) -> None:
         async with self.lock:
@@ -127,7 +145,8 @@ class Scheduler:
                 self._held.pop(handle, None)
                 return
             tasks = self.state.tasks.get(handle, {})
-            views = {mid: v for mid in {t.machine for t in tasks.values() if t.machine} if (v := self.view(mid))}
+            now = time.time()
+            views = {mid: v for mid in {t.machine for t in tasks.values() if t.machine} if (v := self.view(mid, now))}
             session = self.session(job)
             if session is not None:
                 session.observe(tasks)
@@ -139,7 +158,7 @@ class Scheduler:
             self.counters["rate_limited"] += len(held - self._held.get(handle, set()))
             self._held[handle] = held
             if session is not None:
-                session.offer(plan.proposed, unhealthy(tasks, job.count))
+                session.offer(plan.proposed, unhealthy(tasks, job.count), self.notices(tasks, job.count, now))
             started = [op.id for op in plan.ops if op.id]
             if not plan.empty():
                 for op in plan.ops:

@@ -99,7 +99,7 @@ class TaskControlSession:
         self.unhealthy = unhealthy
         self.notices = list(notices)
         key = (tuple(sorted(self.pending)), tuple(op["id"] for op in self.completed),
-               tuple((u["index"], u["state"]) for u in unhealthy), tuple(n.get("id") for n in self.notices))
+               tuple((u["index"], u["state"]) for u in unhealthy), tuple((n.get("id"), n.get("phase"), tuple(n.get("tasks", ()))) for n in self.notices))
         due = (self.pending or self.notices) and time.monotonic() - self._last_call_at >= self.interval
         if key != self._last_sent or due:
             self._last_sent = key

@@ -16,6 +16,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+from controlplane.store.etcd import ETCD_FLAGS
+
 
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
@@ -72,6 +74,7 @@ class EtcdServer:
             "--listen-client-urls", client, "--advertise-client-urls", client,
             "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
             "--initial-cluster", f"{self.name}={peer}", "--log-level", self.log_level, "--logger", "zap",
+            *ETCD_FLAGS,
         ]
 
     def start(self, timeout: float = 20.0) -> EtcdServer:

@@ -28,8 +28,32 @@ class Versioned:
     mod_revision: int
 
 
+class Revision(int):
+    """A committed transaction's revision, with how many watch events it makes (its puts, and its
+    deletes that found a key). etcd may deliver one transaction's events in several watch
+    responses: a cache has seen the whole commit only when it has seen that many events at this
+    revision, or any later one."""
+
+    events: int | None
+
+    def __new__(cls, value: int, events: int | None = None) -> Revision:
+        r = super().__new__(cls, value)
+        r.events = events
+        return r
+
+
 class Conflict(Exception):
     """A guarded transaction lost: something it read changed. Re-read, recompute, retry."""
+
+
+class TooLarge(Exception):
+    """etcd refused a transaction for its size (operations or bytes): a deployment limit, not a
+    conflict. Retrying does not help; etcd needs larger limits (docs/api.md, "etcd")."""
+
+
+# etcd's defaults (128 operations, 1.5 MiB a request) fit a job of about 60 tasks in the one
+# transaction that creates it; the daemon's etcd runs with these instead (a 10,000-task job).
+ETCD_FLAGS = ("--max-txn-ops", "65536", "--max-request-bytes", str(32 * 1024 * 1024))
 
 
 @dataclass(frozen=True)
@@ -68,10 +92,20 @@ class Store:
         compare = [t.mod(r.key.encode()) == r.mod_revision for r in reads]
         ops = [t.put(k.encode(), encode(v)) for k, v in puts.items()]
         ops += [t.delete(k.encode()) for k in deletes]
-        ok, responses = await self.client.transaction(compare=compare, success=ops, failure=[])
+        try:
+            ok, responses = await self.client.transaction(compare=compare, success=ops, failure=[])
+        except aetcd.exceptions.InvalidArgumentError as e:
+            if "too many operations" in str(e) or "too large" in str(e):
+                raise TooLarge(f"etcd refused a transaction of {len(compare)} compares and {len(ops)} operations "
+                               f"({e}); run etcd with {' '.join(ETCD_FLAGS)}") from None
+            raise
         if not ok:
             raise Conflict(", ".join(r.key for r in reads))
-        return max((getattr(r, r.WhichOneof("response")).header.revision for r in responses), default=0)
+        events = 0
+        for r in responses:
+            kind = r.WhichOneof("response")
+            events += 1 if kind == "response_put" else getattr(r, kind).deleted if kind == "response_delete_range" else 0
+        return Revision(max((getattr(r, r.WhichOneof("response")).header.revision for r in responses), default=0), events)
 
     async def update(
         self, keys: list[str], compute: Callable[[dict[str, Versioned]], Plan | Awaitable[Plan]], retries: int = 20

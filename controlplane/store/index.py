@@ -20,6 +20,7 @@ class Index:
         self.prefix = prefix
         self.items: dict[str, Versioned] = {}
         self.revision = 0
+        self._events: dict[int, int] = {}  # revision -> events seen at it (the latest few)
         self.on_change = on_change
         self._advanced = asyncio.Condition()
         self._task: asyncio.Task | None = None
@@ -45,6 +46,10 @@ class Index:
             else:
                 self.items[change.key] = Versioned(change.key, change.value, change.mod_revision)
             self.revision = max(self.revision, change.mod_revision)
+            self._events[change.mod_revision] = self._events.get(change.mod_revision, 0) + 1
+            if len(self._events) > 256:
+                for r in [r for r in self._events if r < self.revision - 128]:
+                    del self._events[r]
             if self.on_change:
                 self.on_change(change)
             async with self._advanced:
@@ -58,6 +63,14 @@ class Index:
         raise ConnectionError(f"the watch on {self.prefix} ended")
 
     async def wait_for(self, revision: int, timeout: float = 10) -> None:
-        """Until the cache has seen every change up to revision (read-your-writes)."""
+        """Until the cache has seen every change up to revision (read-your-writes). For a
+        Revision from a commit, that is all of its events, not the first of them."""
+        events = getattr(revision, "events", None)
+
+        def seen() -> bool:
+            if self.revision != revision or events is None:
+                return self.revision >= revision
+            return self._events.get(revision, 0) >= events
+
         async with self._advanced:
-            await asyncio.wait_for(self._advanced.wait_for(lambda: self.revision >= revision), timeout)
+            await asyncio.wait_for(self._advanced.wait_for(seen), timeout)

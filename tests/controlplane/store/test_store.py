@@ -75,3 +75,28 @@ def test_index_is_built_by_range_and_kept_current_by_watch(etcd_server, keys):
         await store.close()
 
     run(body())
+
+
+def test_wait_for_a_large_commit_sees_all_of_it(etcd_server, keys):
+    """etcd may deliver one transaction's events in several watch responses: waiting for the
+    revision a commit returned must see every key it wrote, not only the first (this failed about
+    half the time with 200 keys before the commit counted its events)."""
+
+    async def go() -> list[int]:
+        store = Store("127.0.0.1", etcd_server.port)
+        seen = []
+        try:
+            for n in range(8):
+                index = Index(store, keys.machines())
+                await index.start()
+                rev = await store.commit([], {keys.machine(f"batch{n}-{i}"): {"i": i, "pad": "x" * 300}
+                                              for i in range(200)}, [keys.machine("absent")])
+                assert rev.events == 200, "a delete that found no key makes no event"
+                await index.wait_for(rev)
+                seen.append(sum(1 for k in index.items if f"batch{n}-" in k))
+                await index.stop()
+        finally:
+            await store.close()
+        return seen
+
+    assert run(go()) == [200] * 8

@@ -19,7 +19,7 @@ from agent.errors import InputError
 from controlplane.allocator import AllocationError, InvalidRequest, QuotaExceeded
 from controlplane.api.openapi import document
 from controlplane.records import ApiError, EntitlementRec, EventRec, JobRec, TaskRec, parse_maintenance
-from controlplane.store import Conflict, Versioned
+from controlplane.store import Conflict, TooLarge, Versioned
 
 if TYPE_CHECKING:
     from controlplane.daemon import ControlDaemon
@@ -53,6 +53,8 @@ async def errors_and_auth(request: web.Request, handler: Callable[[web.Request],
         return reply(e.to_json(), e.status)
     except Conflict:
         return reply(ApiError("conflict", None, "a concurrent change won; retry").to_json(), 409)
+    except TooLarge as e:
+        return reply(ApiError("unavailable", None, str(e)).to_json(), 503)
     except web.HTTPNotFound:
         return reply(ApiError("not_found", "path", f"no such endpoint {request.path}").to_json(), 404)
     except web.HTTPMethodNotAllowed as e:

@@ -53,6 +53,14 @@ PATHS = {
     "/v1/machines": {"get": _op("list machines", "the machines", "MachineList")},
     "/v1/machines/{id}": {"get": _op("show a machine with its tasks", "the machine", "Machine")},
     "/v1/events": {"get": _op("unavailability events", "the events", "EventList")},
+    "/v1/maintenance": {
+        "post": _op("schedule maintenance on machines (listed, or by dc/msb/rack)", "scheduled", "Maintenance",
+                    "MaintenanceSpec", "201"),
+        "get": _op("maintenance not over yet (?all=1: all)", "the maintenance", "MaintenanceList"),
+    },
+    "/v1/maintenance/{id}": {"get": _op("a maintenance with the tasks on its machines", "the maintenance", "Maintenance")},
+    "/v1/maintenance/{id}/end": {"post": _op("end a maintenance now (before its deadline: cancel it)", "the maintenance",
+                                             "Maintenance")},
     "/v1/discovery/{ent}/{name}": {"get": _op("a job's service discovery records", "the endpoints", "Discovery")},
     "/v1/agent/register": {"post": _op("register a machine (bootstrap token); returns its credential",
                                        "registered", "Registration", "AgentRegister", security="bootstrapToken")},
@@ -67,7 +75,8 @@ OBJ = {"type": "object"}
 STR = {"type": "string"}
 NSTR = {"type": ["string", "null"]}
 INT = {"type": "integer"}
-TASK_STATES = ["pending", "allocated", "starting", "running", "stopping", "stopped", "failed", "lost"]
+NUM = {"type": "number"}
+TASK_STATES = ["pending", "allocated", "starting", "running", "stopping", "stopped", "failed", "lost", "suspended"]
 
 SCHEMAS = {
     "Error": {**OBJ, "required": ["error", "why"], "properties": {
@@ -111,6 +120,16 @@ SCHEMAS = {
     "Event": {**OBJ, "properties": {"id": STR, "kind": {"enum": ["failure", "maintenance"]},
                                     "machines": {"type": "array", "items": STR}, "start": {"type": "number"},
                                     "end": {"type": ["number", "null"]}, "reason": STR}},
+    "MaintenanceSpec": {**OBJ, "required": ["start", "duration"], "additionalProperties": False, "properties": {
+        "machines": {"type": "array", "items": STR, "minItems": 1}, "dc": STR, "msb": STR, "rack": STR,
+        "start": NUM, "duration": {**NUM, "exclusiveMinimum": 0}, "deadline": NUM,
+        "policy": {"enum": ["move", "stop", None]}, "reason": STR}},
+    "Maintenance": {**OBJ, "properties": {
+        "id": STR, "kind": {"const": "maintenance"}, "machines": {"type": "array", "items": STR}, "scope": STR,
+        "start": NUM, "duration": NUM, "deadline": NUM, "end": {"type": ["number", "null"]}, "until": NUM,
+        "phase": {"enum": ["scheduled", "in progress", "over"]}, "policy": {"enum": ["move", "stop"]},
+        "policy_default": {"type": "boolean"}, "reason": STR, "tasks": {"type": "array", "items": OBJ}}},
+    "MaintenanceList": {**OBJ, "properties": {"maintenance": {"type": "array", "items": _ref("Maintenance")}}},
     "EventList": {**OBJ, "properties": {"events": {"type": "array", "items": _ref("Event")}}},
     "Discovery": {**OBJ, "properties": {"job": STR, "endpoints": {"type": "array", "items": {**OBJ, "properties": {
         "index": INT, "machine": STR, "address": STR, "enabled": {"type": "boolean"}}}}}},

@@ -25,7 +25,7 @@ from controlplane.scheduler.ratelimit import Limiter, Limits
 from controlplane.scheduler.reconcile import Gate, JobPlan, MachineView, Maintenance, reconcile
 from controlplane.taskcontrol.session import TaskControlSession, unhealthy
 from controlplane.state import RegionState
-from controlplane.store import Conflict, Store, Versioned
+from controlplane.store import Conflict, Store, TooLarge, Versioned
 from controlplane.store.keys import Keys
 
 log = logging.getLogger("twine.controld.scheduler")
@@ -109,6 +109,11 @@ class Scheduler:
             except Conflict:
                 self.counters["conflicts"] += 1
                 self.state.changed.set()
+            except TooLarge as e:
+                self.counters["errors"] += 1
+                if self.messages.get(handle) != str(e):
+                    log.error("%s: %s", handle, e)
+                self.messages[handle] = str(e)
             except Exception:  # one job's failure must not stop the others; the next pass retries
                 self.counters["errors"] += 1
                 log.exception("scheduling %s failed", handle)

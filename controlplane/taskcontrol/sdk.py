@@ -56,11 +56,15 @@ class Notice:
     duration: float | None
     tasks: tuple[int, ...]  # this job's task indices on those machines
     raw: dict = field(default_factory=dict, compare=False)
+    phase: str = "scheduled"  # scheduled (before the deadline), in progress (its tasks are stopped)
+    end: float | None = None  # when the machines are back
+    reason: str = ""
 
     @classmethod
     def from_json(cls, d: dict) -> Notice:
         return cls(str(d.get("id")), tuple(d.get("machines", ())), float(d.get("start", 0)),
-                   float(d.get("deadline", 0)), d.get("duration"), tuple(d.get("tasks", ())), d)
+                   float(d.get("deadline", 0)), d.get("duration"), tuple(d.get("tasks", ())), d,
+                   str(d.get("phase", "scheduled")), d.get("end"), str(d.get("reason", "")))
 
 
 @dataclass(frozen=True)

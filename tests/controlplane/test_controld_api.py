@@ -76,6 +76,12 @@ def test_bad_input_is_a_4xx_naming_the_field_and_writes_nothing(controld, etcd_s
         ("POST", "/v1/entitlements", {"name": "Bad Name", "machine_type": "generic", "quota": 1}, 400, "name"),
         ("PATCH", "/v1/entitlements/web", {"quota": "many"}, 400, "quota"),
         ("GET", "/v1/jobs/web/none", None, 404, "job"),
+        ("POST", "/v1/maintenance", {"msb": "msb9", "start": time.time() + 60, "duration": 60}, 400, "msb"),
+        ("POST", "/v1/maintenance", {"machines": ["m1"], "start": time.time() + 60, "duration": 60,
+                                     "deadline": time.time() + 120}, 400, "deadline"),
+        ("POST", "/v1/maintenance", {"machines": ["m1"], "start": "soon", "duration": 60}, 400, "start"),
+        ("GET", "/v1/maintenance/maint-none", None, 404, "maintenance"),
+        ("POST", "/v1/maintenance/maint-none/end", None, 404, "maintenance"),
     ]
     for method, path, body, want, field in cases:
         status, answer = controld.call(method, path, body)
@@ -145,3 +151,37 @@ def test_restart_rebuilds_the_same_view_and_desired_state(controld, tmp_path, et
     after = controld.call("GET", "/v1/machines")[1]
     strip = lambda ms: [{k: v for k, v in m.items() if k != "last_heartbeat"} for m in ms["machines"]]
     assert strip(after) == strip(machines)
+
+
+def test_machines_in_maintenance_take_no_new_tasks_until_it_ends(controld):
+    register(controld, "m1", "dc1", "msb1", cpus=1)
+    register(controld, "m2", "dc1", "msb2", cpus=1)
+    assert controld.call("POST", "/v1/entitlements", {"name": "web", "machine_type": "generic", "quota": 2})[0] == 201
+    status, event = controld.call("POST", "/v1/maintenance", {"msb": "msb1", "start": time.time() + 600,
+                                                              "duration": 60, "reason": "switch"})
+    assert status == 201 and event["machines"] == ["m1"] and event["phase"] == "scheduled", event
+    assert event["policy"] == "move" and event["policy_default"] is True and event["scope"] == "msb=msb1"
+    big = {**TASK, "cpus": 0.6}
+    status, job = controld.call("POST", "/v1/jobs", {"entitlement": "web", "name": "a", "count": 1, "task": big})
+    assert status == 201 and job["tasks"][0]["machine"] == "m2", "the machine in maintenance was left alone"
+    status, refused = controld.call("POST", "/v1/jobs", {"entitlement": "web", "name": "b", "count": 1, "task": big})
+    assert status == 422, refused
+    status, ended = controld.call("POST", f"/v1/maintenance/{event['id']}/end")
+    assert status == 200 and ended["phase"] == "over"
+    assert controld.call("POST", f"/v1/maintenance/{event['id']}/end")[0] == 409
+    assert controld.call("GET", "/v1/maintenance")[1]["maintenance"] == []
+    assert [e["id"] for e in controld.call("GET", "/v1/maintenance?all=1")[1]["maintenance"]] == [event["id"]]
+    status, job = controld.call("POST", "/v1/jobs", {"entitlement": "web", "name": "b", "count": 1, "task": big})
+    assert status == 201 and job["tasks"][0]["machine"] == "m1", job
+
+
+def test_a_large_job_commits_in_one_transaction(controld):
+    """Job creation is one etcd transaction (tasks, discovery records, machines): etcd runs with
+    room for it (--max-txn-ops, --max-request-bytes; see docs/api.md)."""
+    for i in range(10):
+        register(controld, f"m{i}", "dc1", f"msb{i % 3}", cpus=64, memory_mb=65536)
+    assert controld.call("POST", "/v1/entitlements", {"name": "big", "machine_type": "generic", "quota": 10})[0] == 201
+    status, job = controld.call("POST", "/v1/jobs", {"entitlement": "big", "name": "fleet", "count": 600,
+                                                     "task": {**TASK, "cpus": 1, "memory_mb": 64}})
+    assert status == 201, job
+    assert len(job["tasks"]) == 600 and len({t["machine"] for t in job["tasks"]}) == 10

@@ -8,6 +8,7 @@ job, burst 2) so the rate-limit test can see it hold operations back."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 
@@ -18,7 +19,7 @@ from controlplane.taskcontrol.controllers.leader_last import LeaderLast
 from controlplane.taskcontrol.controllers.replica_aware import ReplicaAware
 from controlplane.taskcontrol.sdk import Background, Request, TaskController
 from tests.agent.agentproc import free_port
-from tests.e2e.helpers import Api, job_spec, running_region
+from tests.e2e.helpers import Api, job_spec, running_indices, running_region
 
 pytestmark = pytest.mark.docker
 
@@ -234,3 +235,126 @@ def region_metrics(api: Api) -> dict[str, float]:
                                  headers={"Authorization": f"Bearer {api.region.api_token}"})
     with urllib.request.urlopen(req, timeout=10) as r:
         return {k: float(v) for k, v in (line.split() for line in r.read().decode().splitlines() if line)}
+
+
+# -- maintenance ---------------------------------------------------------------------------------
+
+
+class Keeps(TaskController):
+    """Keeps its tasks through maintenance (a short switch outage, say): acks no maintenance move."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.notices: list[dict] = []
+
+    def decide(self, request: Request) -> list[str]:
+        self.notices += [n.raw for n in request.notices]
+        return [op.id for op in request.ops if op.reason != "maintenance"]
+
+
+class MovesEarly(Keeps):
+    """Moves its tasks off machines in maintenance as soon as it hears of it."""
+
+    def decide(self, request: Request) -> list[str]:
+        super().decide(request)
+        return [op.id for op in request.ops]
+
+
+def docker_sees(region, handle: str, index: int, machines: list[str] | None, timeout: float = 10) -> bool:
+    """Whether Docker, within `timeout`, runs task `index` on exactly `machines` (None: nowhere)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if running_indices(region, handle).get(index) == machines:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def machines_of(api: Api, handle: str) -> dict[int, str]:
+    return {t["index"]: t["machine"] for t in api.job(handle)["tasks"]}
+
+
+def test_maintenance_notice_then_early_move_or_stop_at_the_deadline(api, region):
+    entitlement(api, "maint")
+    keeps, early = Keeps(), MovesEarly()
+    with Background(keeps) as keep_url, Background(early) as early_url:
+        api.ok("POST", "/v1/jobs", job_spec("maint", "keep", 2, cpus=0.6, controller=keep_url))
+        api.ok("POST", "/v1/jobs", job_spec("maint", "early", 2, cpus=0.6, controller=early_url))
+        api.wait_running("maint/keep")
+        api.wait_running("maint/early")
+        keep_m, early_m = machines_of(api, "maint/keep")[0], machines_of(api, "maint/early")[0]
+        keep_container = next(c["id"] for c in region.containers("maint/keep") if c["labels"]["twine.task-index"] == "0")
+        start = time.time() + 8
+        event = api.ok("POST", "/v1/maintenance", {"machines": [keep_m, early_m], "start": start, "duration": 6,
+                                                   "reason": "firmware"})
+        assert event["phase"] == "scheduled" and event["deadline"] == start
+        assert {(t["job"], t["index"]) for t in event["tasks"]} == {("maint/keep", 0), ("maint/early", 0)}
+
+        # the early mover: task 0 leaves before the deadline, to a machine not in maintenance
+        moved = api.wait_job("maint/early", lambda j: j["tasks"][0]["machine"] != early_m
+                             and j["tasks"][0]["state"] == "running", 8, "early move")
+        assert time.time() < start, "moved before the deadline"
+        assert moved["tasks"][0]["machine"] != keep_m
+        assert docker_sees(region, "maint/early", 0, [moved["tasks"][0]["machine"]]), "the old copy stopped"
+
+        # the keeper heard of it, and keeps its task running until the deadline
+        notice = next(n for n in keeps.notices if n["id"] == event["id"])
+        assert notice["tasks"] == [0] and notice["machines"] == [keep_m] and notice["deadline"] == start
+        assert notice["duration"] == 6 and notice["reason"] == "firmware"
+        assert any(f"move/0/{keep_m}" in c["request"] and not c["ack"] for c in keeps.calls)
+        while time.time() < start - 0.5:
+            j = api.job("maint/keep")
+            assert j["tasks"][0]["state"] == "running" and j["tasks"][0]["machine"] == keep_m
+            time.sleep(0.1)
+        # ... and is overridden at the deadline: stopped, discovery off, container gone
+        j = api.wait_job("maint/keep", lambda j: j["tasks"][0]["state"] == "suspended", 5, "suspended at the deadline")
+        assert time.time() >= start and not j["tasks"][0]["discovery"]
+        assert docker_sees(region, "maint/keep", 0, None), "the container stopped at the deadline"
+        assert api.ok("GET", f"/v1/maintenance/{event['id']}")["phase"] == "in progress"
+
+        # the maintenance is over: the kept task starts again where it was, in a new container
+        j = api.wait_job("maint/keep", lambda j: j["tasks"][0]["state"] == "running", 15, "back after maintenance")
+        assert time.time() >= start + 6 and j["tasks"][0]["machine"] == keep_m
+        assert docker_sees(region, "maint/keep", 0, [keep_m])
+        assert next(c["id"] for c in region.containers("maint/keep")
+                    if c["labels"]["twine.task-index"] == "0" and c["status"] == "running") != keep_container
+        assert api.ok("GET", f"/v1/maintenance/{event['id']}")["phase"] == "over"
+    api.stop("maint/keep")
+    api.stop("maint/early")
+
+
+def test_maintenance_without_a_controller_follows_the_default_policy(api, region, capsys):
+    """Scheduled with twinectl, as an operator would: a job without a TaskController moves its task
+    away before the deadline (the region default, policy move); with policy stop it keeps it there,
+    stops it at the deadline, and it starts again on the same machine when the operator ends the
+    maintenance early."""
+    from controlplane.cli.twinectl import main as twinectl
+
+    entitlement(api, "plain")
+    api.ok("POST", "/v1/jobs", job_spec("plain", "svc", 2, cpus=0.6))
+    api.wait_running("plain/svc")
+    m0 = machines_of(api, "plain/svc")[0]
+    cli = ["--url", region.url, "--token", region.api_token]
+    assert twinectl([*cli, "maintenance", "schedule", "--machine", m0, "--start", "+8s", "--duration", "5s"]) == 0
+    assert "(the region default)" in capsys.readouterr().out
+    start = time.time() + 7.5
+    j = api.wait_job("plain/svc", lambda j: j["tasks"][0]["machine"] != m0 and j["tasks"][0]["state"] == "running",
+                     8, "moved by the default policy")
+    assert time.time() < start
+
+    m1 = j["tasks"][1]["machine"]
+    assert twinectl([*cli, "maintenance", "schedule", "--machine", m1, "--start", "+4s", "--duration", "1h",
+                     "--policy", "stop", "--reason", "disk swap"]) == 0
+    capsys.readouterr()
+    assert twinectl([*cli, "--json", "maintenance", "list"]) == 0
+    listed = json.loads(capsys.readouterr().out)["maintenance"]
+    stop_event = next(e for e in listed if e["machines"] == [m1])
+    assert stop_event["policy"] == "stop" and not stop_event["policy_default"]
+    time.sleep(2)
+    assert machines_of(api, "plain/svc")[1] == m1, "policy stop: not moved before the deadline"
+    api.wait_job("plain/svc", lambda j: j["tasks"][1]["state"] == "suspended", 8, "stopped at the deadline")
+    assert twinectl([*cli, "maintenance", "end", stop_event["id"]]) == 0
+    j = api.wait_job("plain/svc", lambda j: j["tasks"][1]["state"] == "running", 15, "back when the operator ends it")
+    assert j["tasks"][1]["machine"] == m1
+    assert twinectl([*cli, "maintenance", "end", "maint-nope"]) == 1
+    api.stop("plain/svc")

@@ -1,9 +1,10 @@
 """replica-aware: the TaskController of a sharded service whose shards have replicas on several
 tasks (paper Figure 2 and section 5.1).
 
-A set of operations is approved only if no shard would have more than `max_down` replicas down
-(default 1), counting the tasks that are already unhealthy for any reason and the operations
-approved earlier that have not completed. Batches are shaped around failures: operations on tasks
+An operation is approved only if none of its task's shards would have more than `max_down`
+replicas down (default 1), counting the tasks that are already unhealthy for any reason and the
+operations approved earlier that have not completed. A shard already past the limit because of a
+failure blocks the operations on its own tasks, not those of unrelated shards. Batches are shaped around failures: operations on tasks
 that share no shard with a down task are taken first, greedily, in the order that fits the most.
 
     python -m controlplane.taskcontrol.controllers.replica_aware --listen 127.0.0.1:9091 --shards shards.json
@@ -25,27 +26,34 @@ class ReplicaAware(TaskController):
     def __init__(self, shards: Mapping[str, set[int] | list[int]], max_down: int = 1):
         super().__init__()
         self.shards = {name: frozenset(tasks) for name, tasks in shards.items()}
-        self.by_task: dict[int, list[frozenset[int]]] = {}
-        for replicas in self.shards.values():
+        # task index -> the shards it hosts a replica of (shard numbers): a decision touches only
+        # the shards of the tasks involved, not all of them (15,000 shards in paper section 5.1)
+        self.by_task: dict[int, list[int]] = {}
+        for n, replicas in enumerate(self.shards.values()):
             for t in replicas:
-                self.by_task.setdefault(t, []).append(replicas)
+                self.by_task.setdefault(t, []).append(n)
         self.max_down = max_down
-
-    def fits(self, down: set[int]) -> bool:
-        return all(len(down & replicas) <= self.max_down for replicas in self.shards.values())
 
     def decide(self, request: Request) -> list[str]:
         down = request.unhealthy_indices() | {op.index for op in self.in_flight.values()}
+        count: dict[int, int] = {}  # shard -> replicas down
+        for t in down:
+            for sh in self.by_task.get(t, ()):
+                count[sh] = count.get(sh, 0) + 1
 
         def crowding(op) -> tuple[int, int]:  # replicas already down in the op's shards, then index
-            return (sum(len(down & r) for r in self.by_task.get(op.index, ())), op.index)
+            return (sum(count.get(sh, 0) for sh in self.by_task.get(op.index, ())), op.index)
 
         approved = []
         for op in sorted(request.ops, key=crowding):
-            trial = down | {op.index}
-            if op.index in down or self.fits(trial):
+            shards = self.by_task.get(op.index, ())
+            if op.index in down:  # down anyway: operating on it takes no further replica down
                 approved.append(op.id)
-                down = trial
+            elif all(count.get(sh, 0) < self.max_down for sh in shards):
+                approved.append(op.id)
+                down.add(op.index)
+                for sh in shards:
+                    count[sh] = count.get(sh, 0) + 1
         return approved
 
 

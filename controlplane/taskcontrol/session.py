@@ -141,7 +141,10 @@ class TaskControlSession:
     async def _call_once(self) -> None:
         self.seq += 1
         completed, self.completed = self.completed, []
-        request = list(self.pending.values())
+        # pending as of the last pass, less what an answer approved since (a call queued while the
+        # previous one was out must not ask again: the controller would take an approved op for one
+        # the scheduler dropped, and could approve a conflicting one next to it)
+        request = [op for op_id, op in self.pending.items() if op_id not in self.approved and op_id not in self.in_flight]
         body = {"jobHandle": self.handle, "request": request, "completed": completed,
                 "advanceNotices": self.notices, "allUnhealthyTasks": self.unhealthy, "sequenceNumber": self.seq}
         self._last_call_at = time.monotonic()

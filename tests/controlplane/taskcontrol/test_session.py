@@ -226,6 +226,28 @@ def test_an_offer_during_a_call_leads_to_one_more_call_with_the_latest_set():
     assert run(body()) == [["restart/0/v2"], ["restart/1/v2"]]
 
 
+def test_a_call_queued_during_an_acking_one_does_not_ask_again_for_what_it_acked():
+    """An offer made while a call is out (same pending set, so still listing restart/0) queues one
+    more call; by then restart/0 is approved, and asking again would make the controller take it
+    for an op the scheduler dropped and approve a conflicting one next to it."""
+
+    async def ack_first_slowly(b):
+        await asyncio.sleep(0.05)
+        return web.json_response({"ack": [o["id"] for o in b["request"]][:1]})
+
+    async def body():
+        async with Stub(ack_first_slowly) as stub, Scheduler(stub.url) as sch:
+            sch.s.offer([restart(0), restart(1)], [])
+            await asyncio.sleep(0.01)
+            sch.s.offer([restart(0), restart(1)], [{"index": 5, "state": "lost"}])  # while the first call is out
+            await until(lambda: sch.answers >= 2)
+            return [[o["id"] for o in b["request"]] for b in stub.bodies], sorted(sch.s.approved)
+
+    requests, approved = run(body())
+    assert requests == [["restart/0/v2", "restart/1/v2"], ["restart/1/v2"]]
+    assert approved == ["restart/0/v2", "restart/1/v2"]
+
+
 async def slow_answer(body: dict) -> web.Response:
     await asyncio.sleep(0.3)
     return web.json_response({"ack": [o["id"] for o in body["request"]]})

@@ -110,7 +110,7 @@ def test_replica_aware_all_restarts_at_once_never_two_replicas_of_a_shard():
     batch = indices(d.ask(range(7)))
     assert batch  # something may go
     assert max(down_per_shard(batch).values()) <= 1
-    assert batch == [0, 1]
+    assert sorted(batch) == [2, 3, 4], "the largest batch: tasks 3, 4 and 5 (one replica of each shard)"
 
 
 def test_replica_aware_a_rolling_restart_finishes_in_batches_that_each_fit():

@@ -1,0 +1,254 @@
+"""Paper section 5.1 (Figure 14) at full size: a rolling update of a sharded cache with its
+TaskController, and an MSB failure in the middle of it.
+
+15,000 shards with 3 replicas each on 1,000 tasks (one per machine; 20 MSBs of 50 machines). The
+job is updated; at `--fail-at` seconds into the update one MSB fails, killing its 50 tasks, and
+comes back `--fail-for` seconds later. The control plane is the real one, in this process: etcd,
+RegionState, the scheduler (reconciler, allocator, guarded commits), the health check, and the
+TaskControl session calling the reference replica-aware controller over HTTP. Only the agents and
+their containers are simulated: bench/fake_runtime.py (a FAKE runtime; a restart takes
+`--restart` seconds, the paper's took about 120).
+
+Sampled every 50 ms from the fake runtime's containers (ground truth, not the scheduler's view):
+shards with one replica down, with two or more down, and with two or more down not counting the
+failed tasks ("outside the injected failure"; the paper: zero). Baseline, in the same run: the
+same update and the same failure with the built-in policy instead of a controller (a static
+max-unavailable equal to the controller's first batch: the same speed, no shard knowledge).
+
+    .venv/bin/python bench/bench_taskcontrol.py [--shards 15000] [--tasks 1000] [--replicas 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import random
+import sys
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.fake_runtime import FakeRuntime  # noqa: E402
+from controlplane.etcdproc import EtcdServer  # noqa: E402
+from controlplane.health import HealthService  # noqa: E402
+from controlplane.records import EntitlementRec, JobRec, MachineRec  # noqa: E402
+from controlplane.scheduler.ratelimit import Limits  # noqa: E402
+from controlplane.scheduler.service import Scheduler  # noqa: E402
+from controlplane.state import RegionState  # noqa: E402
+from controlplane.store import Store  # noqa: E402
+from controlplane.store.keys import Keys  # noqa: E402
+from controlplane.taskcontrol.controllers.replica_aware import ReplicaAware  # noqa: E402
+from controlplane.taskcontrol.sdk import Background  # noqa: E402
+
+MSB_SIZE = 50
+TASK = {"image": "twine/cache:1", "command": ["cache"], "env": {"V": "1"}, "cpus": 1.0, "memory_mb": 512,
+        "pids": 256, "network_mode": "bridge"}
+
+
+def shard_map(shards: int, msb_of_task: dict[int, str], replicas: int, seed: int) -> dict[str, list[int]]:
+    """Shard Manager's placement over fault domains: the MSBs fall into `replicas` groups and each
+    shard has one replica in each group (a random task there), so one MSB failure takes down at
+    most one replica of any shard, and a whole group could restart at once."""
+    rng = random.Random(seed)
+    msbs = sorted(set(msb_of_task.values()))
+    group_of = {msb: n % replicas for n, msb in enumerate(msbs)}
+    groups: list[list[int]] = [[] for _ in range(replicas)]
+    for t, msb in sorted(msb_of_task.items()):
+        groups[group_of[msb]].append(t)
+    return {f"s{n}": [rng.choice(g) for g in groups] for n in range(shards)}
+
+
+@dataclass
+class Result:
+    name: str
+    duration: float = 0.0
+    first_batch: int = 0
+    peak_one_down: int = 0
+    peak_two_down: int = 0  # counting every task down, the failed ones too
+    peak_two_down_outside: int = 0  # not counting the failed tasks
+    # counting the failed tasks, once the controller could know: the batch in flight at the failure
+    # is done, and so is every operation approved before the health check saw the failure
+    two_down_after_batch: int = 0
+    failure_detected_after: float = 0.0
+    samples: int = 0
+    timeline: list[tuple[float, int, int, int]] = field(default_factory=list)
+
+
+class ShardCounter:
+    def __init__(self, shards: dict[str, list[int]]):
+        self.by_task: dict[int, list[int]] = {}
+        for n, replicas in enumerate(shards.values()):
+            for t in replicas:
+                self.by_task.setdefault(t, []).append(n)
+
+    def down_counts(self, down: set[int]) -> dict[int, int]:
+        count: dict[int, int] = {}
+        for t in down:
+            for sh in self.by_task.get(t, ()):
+                count[sh] = count.get(sh, 0) + 1
+        return count
+
+
+async def scenario(args: argparse.Namespace, controlled: bool, max_unavailable: int) -> Result:
+    name = "replica-aware TaskController" if controlled else f"built-in policy, max_unavailable {max_unavailable}"
+    res = Result(name)
+    etcd = EtcdServer().start()
+    store = Store("127.0.0.1", etcd.port)
+    keys = Keys("bench")
+    state = RegionState(store, keys)
+    mids = [f"m{i:04d}" for i in range(args.tasks)]
+    msbs = {mid: f"msb{i // args.msb_size:02d}" for i, mid in enumerate(mids)}
+    try:
+        for i in range(0, len(mids), 200):
+            await store.commit([], {keys.machine(mid): MachineRec(
+                mid, mid, {"region": "bench", "dc": "dc1", "msb": msbs[mid], "rack": f"r{int(mid[1:]) // 10}",
+                           "machine_type": "generic"}, {"cpus": 1.0, "memory_mb": 1024}).to_json()
+                for mid in mids[i:i + 200]})
+        await store.commit([], {keys.entitlement("cache"): EntitlementRec("cache", "generic", args.tasks).to_json()})
+        await state.start()
+        watch = asyncio.create_task(state.index.watching())
+        runtime = FakeRuntime(state, mids, (args.restart * 0.8, args.restart * 1.2), seed=args.seed)
+        health = HealthService(state, store, keys, runtime.last_seen, timeout=args.heartbeat_timeout)
+        unlimited = Limits.parse("job=100000:100000,shard=100000:100000,region=100000:100000")
+        scheduler = Scheduler(state, store, keys, runtime.reports, limits=unlimited, taskcontrol_interval=0.5)
+        job = JobRec("cache", "shards", args.tasks, TASK, max_unavailable=max_unavailable)
+        await scheduler.create(job, 0)
+        # the shards go where the tasks landed: replicas in distinct MSBs
+        shards = shard_map(args.shards, {i: msbs[t.machine] for i, t in state.tasks[job.handle].items()},
+                           args.replicas, args.seed)
+        controller = ReplicaAware(shards)
+        counter = ShardCounter(shards)
+        with Background(controller) as url:
+            loops = [asyncio.create_task(c) for c in (runtime.run(), health.run(), scheduler.run())]
+            try:
+                await wait_for(lambda: len(runtime.up(job.handle)) == args.tasks, 120, "the job running")
+                print(f"  {name}: {args.tasks} tasks running; updating", flush=True)
+                await run_update(args, res, state, scheduler, runtime, counter, job, msbs, url if controlled else None)
+            finally:
+                for t in (*loops, watch):
+                    t.cancel()
+                await asyncio.gather(*loops, watch, return_exceptions=True)
+        logging.getLogger().info("%s: scheduler counters %s", name, scheduler.counters)
+    finally:
+        await state.stop()
+        await store.close()
+        etcd.stop()
+    return res
+
+
+async def wait_for(predicate, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise SystemExit(f"timed out waiting for {what}")
+        await asyncio.sleep(0.05)
+
+
+async def run_update(args, res: Result, state: RegionState, scheduler: Scheduler, runtime: FakeRuntime,
+                     counter: ShardCounter, job: JobRec, msbs: dict[str, str], controller: str | None) -> None:
+    handle = job.handle
+    victims = [mid for mid, msb in msbs.items() if msb == args.fail_msb]
+    failed_tasks = {t.index for t in state.tasks[handle].values() if t.machine in victims}
+    new = replace(job, task={**TASK, "env": {"V": "2"}}, spec_version=job.spec_version + 1, controller=controller)
+    await scheduler.put_job(new, state.revs[scheduler.keys.job(handle)])
+    t0 = time.monotonic()
+    failed_at = revived_at = None
+    in_flight_at_failure: set[int] = set()
+    batch_done_at = None
+    detected = False
+    approved_blind: set[int] = set()
+    while True:
+        now = time.monotonic() - t0
+        up = runtime.up(handle)
+        down = set(range(args.tasks)) - set(up)
+        if failed_at is None and now >= args.fail_at:
+            in_flight_at_failure = down.copy()
+            runtime.kill(victims)
+            failed_at = now
+            down |= failed_tasks
+        if failed_at is not None and revived_at is None and now >= failed_at + args.fail_for:
+            runtime.revive(victims)
+            revived_at = now
+        if failed_at is not None and not detected and all(
+                not state.machines[m].healthy for m in victims):
+            detected = True
+            res.failure_detected_after = now - failed_at
+            approved_blind = down - failed_tasks  # what the controller approved before it knew
+        if detected and batch_done_at is None and not ((in_flight_at_failure | approved_blind) & down - failed_tasks):
+            batch_done_at = now
+        counts = counter.down_counts(down)
+        outside = counter.down_counts(down - failed_tasks)
+        one = sum(1 for c in counts.values() if c == 1)
+        two = sum(1 for c in counts.values() if c >= 2)
+        two_out = sum(1 for c in outside.values() if c >= 2)
+        res.samples += 1
+        res.peak_one_down = max(res.peak_one_down, one)
+        res.peak_two_down = max(res.peak_two_down, two)
+        res.peak_two_down_outside = max(res.peak_two_down_outside, two_out)
+        if batch_done_at is not None and (revived_at is None or now < revived_at):
+            res.two_down_after_batch = max(res.two_down_after_batch, two)
+        if not res.first_batch and down:
+            res.first_batch = len(down)
+        res.timeline.append((round(now, 2), len(down), one, two))
+        if args.progress and res.samples % int(args.progress / 0.05) == 0:
+            updated = sum(1 for v in up.values() if v == new.spec_version)
+            print(f"    t={now:6.1f}s  updated {updated:5d}  down {len(down):4d}  shards 1 down {one:6d}  "
+                  f"2+ down {two:5d} (outside the failure {two_out})", flush=True)
+        if len(up) == args.tasks and all(v == new.spec_version for v in up.values()) and revived_at is not None:
+            res.duration = now
+            return
+        if now > args.timeout:
+            raise SystemExit(f"{res.name}: the update did not finish in {args.timeout} s "
+                             f"({sum(1 for v in up.values() if v == new.spec_version)} of {args.tasks} updated)")
+        await asyncio.sleep(0.05)
+
+
+def report(r: Result) -> None:
+    print(f"  {r.name}")
+    print(f"    update took                                   {r.duration:8.1f} s")
+    print(f"    first batch (tasks down at once)              {r.first_batch:8d}")
+    print(f"    peak shards with 1 replica down               {r.peak_one_down:8d}")
+    print(f"    peak shards with 2+ down, failure included    {r.peak_two_down:8d}")
+    print(f"    peak shards with 2+ down outside the failure  {r.peak_two_down_outside:8d}   (paper: 0)")
+    print(f"    peak shards with 2+ down, failure included, once what was approved before the health check "
+          f"saw the failure was done: {r.two_down_after_batch}   (paper: 0)")
+    print(f"    failure detected by the health check after    {r.failure_detected_after:8.2f} s")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--shards", type=int, default=15_000)
+    p.add_argument("--tasks", type=int, default=1_000)
+    p.add_argument("--replicas", type=int, default=3)
+    p.add_argument("--restart", type=float, default=5.0, help="seconds a task takes to restart (+-20%%)")
+    p.add_argument("--fail-at", type=float, default=2.0, help="seconds into the update the MSB fails")
+    p.add_argument("--fail-for", type=float, default=15.0, help="seconds the MSB stays down")
+    p.add_argument("--fail-msb", default="msb07")
+    p.add_argument("--msb-size", type=int, default=MSB_SIZE, help="machines per MSB (the failure kills one MSB)")
+    p.add_argument("--heartbeat-timeout", type=float, default=1.0)
+    p.add_argument("--timeout", type=float, default=600.0)
+    p.add_argument("--seed", type=int, default=5)
+    p.add_argument("--log-level", default="warning")
+    p.add_argument("--progress", type=float, default=0, metavar="S", help="print a line every S seconds")
+    args = p.parse_args()
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    print(f"paper 5.1: {args.shards} shards x {args.replicas} replicas on {args.tasks} tasks; "
+          f"{args.fail_msb} ({args.msb_size} tasks) fails {args.fail_at:g} s into the update for {args.fail_for:g} s; "
+          f"restart {args.restart:g} s (FAKE runtime)")
+    for name in ("twine.controld.health", "twine.controld.scheduler"):  # 50 machines fail, return: expected
+        logging.getLogger(name).setLevel(logging.ERROR)
+    controlled = asyncio.run(scenario(args, True, 1))
+    baseline = asyncio.run(scenario(args, False, max(controlled.first_batch, 1)))
+    report(controlled)
+    report(baseline)
+    print("  ratios (controller / baseline)")
+    print(f"    update duration                               {controlled.duration / baseline.duration:8.2f}x")
+    print(f"    peak shards with 2+ down outside the failure  "
+          f"{controlled.peak_two_down_outside} vs {baseline.peak_two_down_outside}")
+
+
+if __name__ == "__main__":
+    main()

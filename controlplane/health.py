@@ -21,6 +21,7 @@ from controlplane.store.keys import Keys
 
 log = logging.getLogger("twine.controld.health")
 NO_HEARTBEAT = "no heartbeat"
+IN_MAINTENANCE = " (in maintenance "  # tags the reason of a machine that went silent during its maintenance
 
 
 class HealthService:
@@ -83,7 +84,7 @@ class HealthService:
         maint = self.state.maintenance_of(mid, now)
         if not healthy and maint is not None and maint.phase(now) == "in progress":
             # expected: the machine is in maintenance; it is down, but that is no failure
-            reason, maint_id = f"{reason} (in maintenance {maint.id})", maint.id
+            reason, maint_id = f"{reason}{IN_MAINTENANCE}{maint.id})", maint.id
         else:
             maint_id = None
 

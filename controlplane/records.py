@@ -368,11 +368,15 @@ class EventRec:
 
 MAINTENANCE_FIELDS = {"machines", "dc", "msb", "rack", "start", "duration", "deadline", "policy", "reason"}
 MAX_MAINTENANCE = 30 * 86400.0  # seconds: a window longer than a month is a typo
+MAX_AHEAD = 366 * 86400.0  # seconds: maintenance is scheduled at most a year ahead
 
 
-def _time(value: Any, field_: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+def _time(value: Any, field_: str, now: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
         raise ApiError("invalid", field_, f"{value!r} must be a time in seconds since the epoch")
+    if value > now + MAX_AHEAD:
+        raise ApiError("invalid", field_, f"{value!r} is more than a year ahead (seconds since the epoch, "
+                       "not milliseconds?)")
     return float(value)
 
 
@@ -399,11 +403,11 @@ def parse_maintenance(data: Any, machines: dict[str, MachineRec], now: float) ->
     if not chosen:
         what = ", ".join(f"{k}={v}" for k, v in labels.items())
         raise ApiError("invalid", next(iter(labels)) if labels else "machines", f"no machine matches {what}")
-    start = _time(d.get("start"), "start")
+    start = _time(d.get("start"), "start", now)
     duration = d.get("duration")
     if isinstance(duration, bool) or not isinstance(duration, (int, float)) or not 0 < duration <= MAX_MAINTENANCE:
         raise ApiError("invalid", "duration", f"{duration!r} must be seconds, more than 0 and at most {MAX_MAINTENANCE:.0f}")
-    deadline = start if d.get("deadline") is None else _time(d["deadline"], "deadline")
+    deadline = start if d.get("deadline") is None else _time(d["deadline"], "deadline", now)
     if deadline > start:
         raise ApiError("invalid", "deadline", "must be at or before the start: tasks leave before the work begins")
     if start + duration <= now:

@@ -26,12 +26,12 @@ log = logging.getLogger("twine.controld.state")
 
 
 def to_machine(m: MachineRec, version: int, cordoned: bool = False) -> Machine:
-    """The allocator's machine. One under (or scheduled for) maintenance takes no new tasks: to the
-    allocator it is not healthy, so the tasks on it are placed elsewhere when they move."""
+    """The allocator's machine. One under (or scheduled for) maintenance is cordoned: it takes no
+    new tasks, and the tasks on it stay unless the scheduler asks to place them afresh (a move)."""
     lb = m.labels
     return Machine(m.id, lb["region"], lb["dc"], lb["msb"], lb["rack"], lb["machine_type"],
-                   float(m.capacity["cpus"]), int(m.capacity["memory_mb"]), m.healthy and not cordoned,
-                   m.entitlement, version)
+                   float(m.capacity["cpus"]), int(m.capacity["memory_mb"]), m.healthy, m.entitlement, version,
+                   cordoned)
 
 
 def to_entitlement(e: EntitlementRec) -> Entitlement:

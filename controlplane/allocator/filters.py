@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import ClassVar, Protocol
 
 from .model import EPSILON, Machine
 from .view import View
@@ -50,6 +50,23 @@ class HealthyFilter:
 
     def passes(self, machine: Machine, view: View) -> bool:
         return machine.healthy
+
+
+@dataclass(frozen=True, slots=True)
+class CordonFilter:
+    """No new task on a machine in (or scheduled for) maintenance; the tasks already there stay
+    (`keeps` False: split_tasks does not move a task for it)."""
+
+    field: str = "maintenance"
+    resource: bool = False
+    keeps: ClassVar[bool] = False
+
+    @property
+    def name(self) -> str:
+        return "not in maintenance"
+
+    def passes(self, machine: Machine, view: View) -> bool:
+        return not machine.cordoned
 
 
 @dataclass(frozen=True, slots=True)

@@ -43,7 +43,7 @@ class MachineIndex:
         for m in machines:
             if m.entitlement is not None:
                 held[m.entitlement] = held.get(m.entitlement, 0) + 1
-            if not m.healthy:
+            if not m.schedulable:
                 continue
             e = entries[m.id] = (*free_of(m.id), m.id)
             group = (m.machine_type, m.entitlement)
@@ -88,7 +88,7 @@ class MachineIndex:
             if new is not None:
                 if new.entitlement is not None:
                     held[new.entitlement] = held.get(new.entitlement, 0) + 1
-                if new.healthy:
+                if new.schedulable:
                     e = entries[new.id] = (*free_of(new.id), new.id)
                     for level in INDEXED_LEVELS:
                         insort(bucket(level, (new.machine_type, new.entitlement), new.path(level)), e)

@@ -28,6 +28,11 @@ class Machine:
     healthy: bool = True
     entitlement: str | None = None  # None: in the region's free pool
     version: int = 0  # mod revision of the machine's record; the caller's commit guard
+    cordoned: bool = False  # in (or scheduled for) maintenance: its tasks stay, it takes no new ones
+
+    @property
+    def schedulable(self) -> bool:
+        return self.healthy and not self.cordoned
 
     def path(self, level: str) -> tuple[str, ...]:
         full = (self.region, self.dc, self.msb, self.rack)
@@ -37,7 +42,7 @@ class Machine:
         """What a placement depends on. Ownership and version are left out on purpose: a free
         machine that our own commit moved into the entitlement has not changed for the cache."""
         return (self.region, self.dc, self.msb, self.rack, self.machine_type,
-                self.cpus, self.memory_mb, self.healthy)
+                self.cpus, self.memory_mb, self.healthy, self.cordoned)
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +105,7 @@ class JobRequest:
     machine_type: str | None = None  # None: the entitlement's machine type
     dc: str | None = None  # a hard dc requirement on top of the entitlement's pin
     preferences: tuple[SoftPreference, ...] | None = None  # None: the entitlement's spread policy
+    replace: tuple[int, ...] = ()  # tasks to place afresh although their machine is fine (a move)
 
     def __post_init__(self) -> None:
         ent, sep, name = self.job.partition("/")

@@ -30,7 +30,7 @@ def allocate_naive(snapshot: Snapshot, request: JobRequest) -> Placement:
         allow_free = view.held() < ent.quota
         survivors = []  # (bin, tier, free cpus, free memory, machine id, machine)
         for m in snapshot.machines.values():
-            if m.machine_type != req.machine_type or not m.healthy or (dcs and (len(dcs) > 1 or m.dc not in dcs)):
+            if m.machine_type != req.machine_type or not m.schedulable or (dcs and (len(dcs) > 1 or m.dc not in dcs)):
                 continue
             owner = view.owner(m.id)
             if owner != ent.name and not (allow_free and owner is None):

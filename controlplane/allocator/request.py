@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from .errors import InvalidRequest
 from .filters import (DcFilter, EntitlementFilter, Filter, FreeCpuFilter, FreeMemoryFilter,
-                      HealthyFilter, MachineTypeFilter)
+                      CordonFilter, HealthyFilter, MachineTypeFilter)
 from .model import Entitlement, JobRequest, Machine, MachineClaim, Placement, SoftPreference
 from .snapshot import Snapshot
 
@@ -25,7 +25,7 @@ class Requirements:
 
     def filters(self, allow_free: bool) -> tuple[Filter, ...]:
         r = self.request
-        return (MachineTypeFilter(self.machine_type), HealthyFilter(), *self.dcs,
+        return (MachineTypeFilter(self.machine_type), HealthyFilter(), CordonFilter(), *self.dcs,
                 EntitlementFilter(self.entitlement.name, allow_free),
                 FreeCpuFilter(r.cpus), FreeMemoryFilter(r.memory_mb))
 
@@ -57,7 +57,7 @@ def split_tasks(snapshot: Snapshot, req: Requirements) -> tuple[dict[int, str], 
     requested size and its machine still meets every requirement but free room (it holds its
     own room). Any other task is placed afresh; its old copy holds resources until stopped."""
     r = req.request
-    keep = [f for f in req.filters(allow_free=False) if not f.resource]
+    keep = [f for f in req.filters(allow_free=False) if not f.resource and getattr(f, "keeps", True)]
     existing = snapshot.tasks_of(r.job)
     static = _Static(snapshot)
     kept: dict[int, str] = {}
@@ -65,7 +65,7 @@ def split_tasks(snapshot: Snapshot, req: Requirements) -> tuple[dict[int, str], 
     for i in range(r.count):
         t = existing.get(i)
         m = snapshot.machines.get(t.machine_id) if t is not None else None
-        if (m is not None and t.cpus == r.cpus and t.memory_mb == r.memory_mb
+        if (m is not None and i not in r.replace and t.cpus == r.cpus and t.memory_mb == r.memory_mb
                 and all(f.passes(m, static) for f in keep)):
             kept[i] = m.id
         else:

@@ -181,15 +181,28 @@ def _duration(text: str) -> float:
     return v
 
 
+_NOW: list[float] = []
+
+
+def _now() -> float:
+    """One `now` for the whole command: `--start +1h --deadline +1h` are the same time."""
+    if not _NOW:
+        _NOW.append(time.time())
+    return _NOW[0]
+
+
 def _when(text: str) -> float:
     """`now`, `+10m`, seconds since the epoch, or a local ISO time -> seconds since the epoch."""
     t = text.strip()
     if t.lower() == "now":
-        return time.time()
+        return _now()
     if t.startswith("+"):
-        return time.time() + _duration(t[1:])
+        return _now() + _duration(t[1:])
     try:
-        return float(t)
+        v = float(t)
+        if not 0 < v < float("inf"):
+            raise argparse.ArgumentTypeError(f"{text!r} is not a time")
+        return v
     except ValueError:
         pass
     try:

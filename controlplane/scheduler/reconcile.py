@@ -244,7 +244,9 @@ def _live_step(t: TaskRec, m: MachineView | None, change, plan: JobPlan) -> None
         return
     if t.state in ("lost", "suspended"):
         why = "maintenance over" if t.state == "suspended" else "machine back"
-        change(t, t.moved(state="starting", reason=f"{why} on {m.id}"), Op("start", t.index, why))
+        # the machine may have lost its profile meanwhile (reimaged): the sidekick gate again
+        state = "starting" if m.profile_ready else "allocated"
+        change(t, t.moved(state=state, reason=f"{why} on {m.id}"), Op(state if state == "allocated" else "start", t.index, why))
         return
     if t.state == "allocated":
         if m.profile_ready:

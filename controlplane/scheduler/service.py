@@ -20,6 +20,7 @@ from dataclasses import replace
 from typing import Callable, Mapping
 
 from controlplane.allocator import AllocationCache, AllocationError, JobRequest, Placement, SoftPreference, allocate
+from controlplane.health import IN_MAINTENANCE
 from controlplane.records import Endpoint, JobRec, TaskRec
 from controlplane.scheduler.ratelimit import Limiter, Limits
 from controlplane.scheduler.reconcile import Gate, JobPlan, MachineView, Maintenance, reconcile
@@ -32,13 +33,17 @@ log = logging.getLogger("twine.controld.scheduler")
 Reports = Callable[[str], Mapping[tuple[str, int], dict] | None]
 PASS_INTERVAL = 1.0
 CREATE_RETRIES = 8
+MAINTENANCE_GRACE = 120.0  # seconds after a maintenance for its silent machines to come back
 
 
-def job_request(job: JobRec) -> JobRequest:
+def job_request(job: JobRec, replace: tuple[int, ...] = ()) -> JobRequest:
+    """The allocator's request for a job; `replace`: tasks to move although their machine is fine
+    (away from a machine in maintenance)."""
     cpus, mem = job.resources()
     prefs = None if job.preferences is None else tuple(
         SoftPreference(p.property, p.strategy, p.weight) for p in job.preferences)
-    return JobRequest(job.handle, job.count, cpus, mem, machine_type=job.machine_type, dc=job.dc, preferences=prefs)
+    return JobRequest(job.handle, job.count, cpus, mem, machine_type=job.machine_type, dc=job.dc, preferences=prefs,
+                      replace=replace)
 
 
 class Scheduler:
@@ -123,7 +128,15 @@ class Scheduler:
         if m is None:
             return None
         e = self.state.maintenance_of(mid, now)
-        mt = None if e is None else Maintenance(e.id, e.phase(now) == "in progress", e.deadline or e.start, e.until,
+        until = None if e is None else e.until
+        if e is None and not m.healthy and IN_MAINTENANCE in m.health_reason:
+            # It went silent during its maintenance (powered off for the work, say): it has a grace
+            # after the end to come back before its suspended tasks count as lost and move.
+            e = self.state.events.get(m.health_reason.rsplit(IN_MAINTENANCE, 1)[1].rstrip(")"))
+            until = None if e is None else e.until + MAINTENANCE_GRACE
+            if until is not None and now >= until:
+                e = None
+        mt = None if e is None else Maintenance(e.id, now >= (e.deadline or e.start), e.deadline or e.start, until,
                                                 e.policy or self.maintenance_policy)
         return MachineView(m.id, m.healthy, m.health_reason, self.state.profile_ready(m),
                            self.state.desired_profile(m), m.address, self.agent_errors.get(mid, ""), self.reports(mid),
@@ -174,7 +187,8 @@ class Scheduler:
                 return
             if plan.place:
                 try:
-                    placement = allocate(self.state.snapshot(), job_request(job), cache=self.cache)
+                    moving = tuple(i for i in plan.place if i in tasks and tasks[i].machine)
+                    placement = allocate(self.state.snapshot(), job_request(job, moving), cache=self.cache)
                 except AllocationError as e:
                     if self.messages.get(handle) != e.message:
                         log.warning("%s: %s", handle, e.message)

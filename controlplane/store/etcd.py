@@ -32,7 +32,8 @@ class Revision(int):
     """A committed transaction's revision, with how many watch events it makes (its puts, and its
     deletes that found a key). etcd may deliver one transaction's events in several watch
     responses: a cache has seen the whole commit only when it has seen that many events at this
-    revision, or any later one."""
+    revision, or any later one. (So a commit waited on writes only keys the cache watches: all of
+    the daemon's keys are under /twine/<region>/.)"""
 
     events: int | None
 

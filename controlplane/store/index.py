@@ -20,6 +20,7 @@ class Index:
         self.prefix = prefix
         self.items: dict[str, Versioned] = {}
         self.revision = 0
+        self._start_revision = 0  # the range read's: everything up to it is in `items`
         self._events: dict[int, int] = {}  # revision -> events seen at it (the latest few)
         self.on_change = on_change
         self._advanced = asyncio.Condition()
@@ -28,7 +29,7 @@ class Index:
     async def start(self) -> None:
         items, revision = await self.store.range(self.prefix)
         self.items = {v.key: v for v in items}
-        self.revision = revision
+        self.revision = self._start_revision = revision
         self._task = asyncio.create_task(self._follow(revision + 1))
 
     async def stop(self) -> None:
@@ -68,7 +69,7 @@ class Index:
         events = getattr(revision, "events", None)
 
         def seen() -> bool:
-            if self.revision != revision or events is None:
+            if self.revision != revision or events is None or revision <= self._start_revision:
                 return self.revision >= revision
             return self._events.get(revision, 0) >= events
 

@@ -139,3 +139,17 @@ def test_a_replacement_keeps_healthy_tasks_and_spreads_against_them():
 
     grown = allocate(snap, job(count=4))  # the fourth task goes with the others, stacked
     assert grown.new_tasks == (3,) and grown.task_machines[:3] == tuple(t.machine_id for t in placed)
+
+
+def test_a_cordoned_machine_keeps_its_tasks_takes_no_new_ones_and_moves_one_on_request():
+    from dataclasses import replace as dc_replace
+
+    machines = [make_machine("a", cpus=4, entitlement="ent"), make_machine("b", msb="m2", cpus=4, entitlement="ent")]
+    placed = [PlacedTask("ent/job", 0, "a", 1.0, 512), PlacedTask("ent/job", 1, "a", 1.0, 512)]
+    snap = snapshot([dc_replace(machines[0], cordoned=True), machines[1]], tasks=placed)
+    grown = allocate(snap, job("ent/job", 3))
+    assert grown.task_machines == ("a", "a", "b") and grown.new_tasks == (2,), "kept where they are; new one elsewhere"
+    moved = allocate(snap, job("ent/job", 2, replace=(1,)))
+    assert moved.task_machines == ("a", "b") and moved.new_tasks == (1,)
+    with pytest.raises(NoPlacement, match="healthy left 1; not in maintenance left 0"):
+        allocate(snapshot([dc_replace(machines[0], cordoned=True)]), job("ent/other", 1))

@@ -140,8 +140,22 @@ def test_a_maintenance_selects_machines_by_label_or_id():
     ({"msb": "msb1", "start": 100.0, "duration": 60}, "start"),
     ({"msb": "msb1", "start": 2000.0, "duration": 60, "policy": "drain"}, "policy"),
     ({"msb": "msb1", "start": 2000.0, "duration": 60, "color": "red"}, "color"),
+    ({"msb": "msb1", "start": float("inf"), "duration": 60}, "start"),
+    ({"msb": "msb1", "start": 1.7e12, "duration": 60}, "start"),  # milliseconds by mistake
+    ({"msb": "msb1", "start": 2000.0, "deadline": float("nan"), "duration": 60}, "deadline"),
 ])
 def test_a_bad_maintenance_request_names_its_field(body, field):
     with pytest.raises(ApiError) as e:
         parse_maintenance(body, machines(), now=1000.0)
     assert e.value.field == field and e.value.status == 400
+
+
+def test_twinectl_times_share_one_now():
+    from controlplane.cli import twinectl
+
+    twinectl._NOW.clear()  # noqa: SLF001
+    start, deadline = twinectl._when("+1h"), twinectl._when("+1h")  # noqa: SLF001
+    assert start == deadline and twinectl._duration("90s") == 90 and twinectl._duration("2h") == 7200  # noqa: SLF001
+    for bad in ("inf", "soon", "-5"):
+        with pytest.raises(Exception):
+            twinectl._when(bad)  # noqa: SLF001

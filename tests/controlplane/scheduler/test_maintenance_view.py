@@ -1,0 +1,35 @@
+"""How the scheduler sees a machine in maintenance (Scheduler.view), including a machine that went
+silent during its maintenance and has a grace after it to come back."""
+
+from __future__ import annotations
+
+import time
+
+from controlplane.health import IN_MAINTENANCE
+from controlplane.records import EventRec, MachineRec
+from controlplane.scheduler.service import MAINTENANCE_GRACE, Scheduler
+from controlplane.state import RegionState
+from controlplane.store.keys import Keys
+
+
+def scheduler(machine: MachineRec, event: EventRec) -> Scheduler:
+    keys = Keys("r")
+    state = RegionState(None, keys)  # fed by hand: no store is touched by view()
+    state.machines[machine.id] = machine
+    state._apply(keys.event(event.id), event.to_json(), 1)  # noqa: SLF001 - the watch's own path
+    return Scheduler(state, None, keys, reports=lambda mid: {})
+
+
+def test_view_phases_and_the_grace_for_a_machine_still_silent_after_its_maintenance():
+    now = time.time()
+    m = MachineRec("m1", "m1", {}, {})
+    e = EventRec("maint-1", "maintenance", ("m1",), now + 100, duration=60.0, deadline=now + 50)
+    s = scheduler(m, e)
+    assert s.view("m1", now).maintenance.active is False
+    assert s.view("m1", now + 50).maintenance.active is True
+    assert s.view("m1", now + 160).maintenance is None, "over, and the machine is healthy"
+    silent = MachineRec("m1", "m1", {}, {}, healthy=False, health_reason=f"no heartbeat for 5.0s{IN_MAINTENANCE}maint-1)")
+    s = scheduler(silent, e)
+    graced = s.view("m1", now + 160).maintenance
+    assert graced.active and graced.until == now + 160 + MAINTENANCE_GRACE
+    assert s.view("m1", now + 161 + MAINTENANCE_GRACE).maintenance is None, "then it is an ordinary failure"

@@ -190,8 +190,8 @@ async def run_update(args, res: Result, state: RegionState, scheduler: Scheduler
         res.peak_two_down_outside = max(res.peak_two_down_outside, two_out)
         if batch_done_at is not None and (revived_at is None or now < revived_at):
             res.two_down_after_batch = max(res.two_down_after_batch, two)
-        if not res.first_batch and down:
-            res.first_batch = len(down)
+        if now < args.restart * 0.8:  # before any restart can have finished: the first batch
+            res.first_batch = max(res.first_batch, len(down - failed_tasks))
         res.timeline.append((round(now, 2), len(down), one, two))
         if args.progress and res.samples % int(args.progress / 0.05) == 0:
             updated = sum(1 for v in up.values() if v == new.spec_version)

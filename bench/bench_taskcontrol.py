@@ -130,11 +130,14 @@ async def scenario(args: argparse.Namespace, controlled: bool, max_unavailable: 
             finally:
                 for t in (*loops, watch):
                     t.cancel()
-                await asyncio.gather(*loops, watch, return_exceptions=True)
+                await asyncio.wait([*loops, watch], timeout=10)
         logging.getLogger().info("%s: scheduler counters %s", name, scheduler.counters)
     finally:
-        await state.stop()
-        await store.close()
+        try:
+            await asyncio.wait_for(state.stop(), 10)
+            await asyncio.wait_for(store.close(), 10)
+        except TimeoutError:
+            logging.getLogger().warning("teardown timed out")
         etcd.stop()
     return res
 
@@ -199,6 +202,7 @@ async def run_update(args, res: Result, state: RegionState, scheduler: Scheduler
                   f"2+ down {two:5d} (outside the failure {two_out})", flush=True)
         if len(up) == args.tasks and all(v == new.spec_version for v in up.values()) and revived_at is not None:
             res.duration = now
+            print(f"  {res.name}: done at t={now:.1f}s", flush=True)
             return
         if now > args.timeout:
             raise SystemExit(f"{res.name}: the update did not finish in {args.timeout} s "
@@ -241,8 +245,8 @@ def main() -> None:
     for name in ("twine.controld.health", "twine.controld.scheduler"):  # 50 machines fail, return: expected
         logging.getLogger(name).setLevel(logging.ERROR)
     controlled = asyncio.run(scenario(args, True, 1))
-    baseline = asyncio.run(scenario(args, False, max(controlled.first_batch, 1)))
     report(controlled)
+    baseline = asyncio.run(scenario(args, False, max(controlled.first_batch, 1)))
     report(baseline)
     print("  ratios (controller / baseline)")
     print(f"    update duration                               {controlled.duration / baseline.duration:8.2f}x")

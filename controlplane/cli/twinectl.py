@@ -618,6 +618,7 @@ async def _run(command: Command, args: argparse.Namespace, url: str, token: str 
 
 
 def main(argv: list[str] | None = None) -> int:
+    _NOW.clear()  # relative times are relative to this command's start
     try:
         args = _parser().parse_args(argv)
     except SystemExit as e:  # --help: 0; a bad argument: argparse's 2

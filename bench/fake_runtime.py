@@ -15,6 +15,7 @@ import random
 import time
 from dataclasses import dataclass
 
+from controlplane.records import ON_MACHINE
 from controlplane.state import RegionState
 
 
@@ -106,7 +107,6 @@ class FakeRuntime:
         return changed
 
     def _desired_tasks(self, mid: str) -> list[dict]:
-        from controlplane.records import ON_MACHINE
-
+        # what state.desired_for(mid) lists, without hashing the whole state for a version
         return [{"job": t.job, "index": t.index, "spec_version": t.spec_version}
                 for t in self.state.tasks_on(mid) if t.state in ON_MACHINE]

@@ -51,6 +51,7 @@ class ControlDaemon:
 
     def metrics_text(self) -> str:
         lines = []
+        now = time.time()
         stats = self.scheduler.cache.stats()
         values = {
             **{f"twine_scheduler_{k}_total": v for k, v in self.scheduler.counters.items()},
@@ -65,8 +66,8 @@ class ControlDaemon:
             "twine_machines": len(self.state.machines),
             "twine_machines_unhealthy": sum(1 for m in self.state.machines.values() if not m.healthy),
             "twine_machines_in_maintenance": sum(1 for mid in self.state.machines
-                                                 if (e := self.state.maintenance_of(mid, time.time()))
-                                                 and e.phase(time.time()) == "in progress"),
+                                                 if (e := self.state.maintenance_of(mid, now))
+                                                 and e.phase(now) == "in progress"),
             "twine_machines_free": sum(1 for m in self.state.machines.values() if m.entitlement is None),
             "twine_jobs": len(self.state.jobs),
             "twine_etcd_revision": self.state.revision,

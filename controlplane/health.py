@@ -21,7 +21,7 @@ from controlplane.store.keys import Keys
 
 log = logging.getLogger("twine.controld.health")
 NO_HEARTBEAT = "no heartbeat"
-IN_MAINTENANCE = " (in maintenance "  # tags the reason of a machine that went silent during its maintenance
+IN_MAINTENANCE = " (in maintenance "  # tags, for people, the reason of a machine silent during its maintenance
 
 
 class HealthService:

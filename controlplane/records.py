@@ -342,6 +342,11 @@ class EventRec:
     created: float = 0.0
 
     @property
+    def due(self) -> float:
+        """When the tasks must be off the machines: the deadline, else the start."""
+        return self.deadline if self.deadline is not None else self.start
+
+    @property
     def until(self) -> float:
         """When the machines are back: the end an operator set, else start + duration."""
         if self.end is not None:
@@ -353,7 +358,7 @@ class EventRec:
         run nothing), or over."""
         if now >= self.until:
             return "over"
-        return "scheduled" if now < (self.deadline if self.deadline is not None else self.start) else "in progress"
+        return "scheduled" if now < self.due else "in progress"
 
     def to_json(self) -> dict:
         d = asdict(self)

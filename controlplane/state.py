@@ -65,7 +65,7 @@ class RegionState:
         self._dirty_machines: set[str] = set()
         self._dirty_tasks: set[tuple[str, int]] = set()
         self._dirty_ents: set[str] = set()
-        self._maintenance: dict[str, list[EventRec]] = {}  # machine -> maintenance events not ended
+        self._maintenance: dict[str, list[EventRec]] = {}  # machine -> its maintenance events
         self._cordoned: set[str] = set()  # machines the snapshot has as unavailable for maintenance
 
     async def start(self) -> None:
@@ -175,7 +175,7 @@ class RegionState:
     def _index_maintenance(self) -> None:
         by_machine: dict[str, list[EventRec]] = {}
         for e in self.events.values():
-            if e.kind == "maintenance" and e.end is None:
+            if e.kind == "maintenance":
                 for mid in e.machines:
                     by_machine.setdefault(mid, []).append(e)
         self._maintenance = by_machine
@@ -185,11 +185,16 @@ class RegionState:
         open_ = [e for e in self._maintenance.get(mid, ()) if e.phase(now) != "over"]
         if not open_:
             return None
-        return min(open_, key=lambda e: (e.phase(now) != "in progress", e.deadline or e.start, e.id))
+        return min(open_, key=lambda e: (e.phase(now) != "in progress", e.due, e.id))
+
+    def maintenance_just_over(self, mid: str, now: float, grace: float) -> EventRec | None:
+        """The machine's latest maintenance that ended less than `grace` seconds ago."""
+        recent = [e for e in self._maintenance.get(mid, ()) if e.until <= now < e.until + grace]
+        return max(recent, key=lambda e: (e.until, e.id)) if recent else None
 
     def open_maintenance(self, now: float) -> list[EventRec]:
         return sorted({e.id: e for es in self._maintenance.values() for e in es if e.phase(now) != "over"}.values(),
-                      key=lambda e: (e.deadline or e.start, e.id))
+                      key=lambda e: (e.due, e.id))
 
     def _refresh_cordons(self, now: float) -> None:
         cordoned = {mid for mid in self._maintenance if mid in self.machines and self.maintenance_of(mid, now)}

@@ -246,7 +246,7 @@ def _live_step(t: TaskRec, m: MachineView | None, change, plan: JobPlan) -> None
         why = "maintenance over" if t.state == "suspended" else "machine back"
         # the machine may have lost its profile meanwhile (reimaged): the sidekick gate again
         state = "starting" if m.profile_ready else "allocated"
-        change(t, t.moved(state=state, reason=f"{why} on {m.id}"), Op(state if state == "allocated" else "start", t.index, why))
+        change(t, t.moved(state=state, reason=f"{why} on {m.id}"), Op("start" if state == "starting" else state, t.index, why))
         return
     if t.state == "allocated":
         if m.profile_ready:

@@ -20,7 +20,6 @@ from dataclasses import replace
 from typing import Callable, Mapping
 
 from controlplane.allocator import AllocationCache, AllocationError, JobRequest, Placement, SoftPreference, allocate
-from controlplane.health import IN_MAINTENANCE
 from controlplane.records import Endpoint, JobRec, TaskRec
 from controlplane.scheduler.ratelimit import Limiter, Limits
 from controlplane.scheduler.reconcile import Gate, JobPlan, MachineView, Maintenance, reconcile
@@ -129,15 +128,12 @@ class Scheduler:
             return None
         e = self.state.maintenance_of(mid, now)
         until = None if e is None else e.until
-        if e is None and not m.healthy and IN_MAINTENANCE in m.health_reason:
-            # It went silent during its maintenance (powered off for the work, say): it has a grace
-            # after the end to come back before its suspended tasks count as lost and move.
-            e = self.state.events.get(m.health_reason.rsplit(IN_MAINTENANCE, 1)[1].rstrip(")"))
+        if e is None and not m.healthy:
+            # Still down when its maintenance ended (powered off for the work, say): a grace to come
+            # back before its suspended tasks count as lost and move.
+            e = self.state.maintenance_just_over(mid, now, MAINTENANCE_GRACE)
             until = None if e is None else e.until + MAINTENANCE_GRACE
-            if until is not None and now >= until:
-                e = None
-        mt = None if e is None else Maintenance(e.id, now >= (e.deadline or e.start), e.deadline or e.start, until,
-                                                e.policy or self.maintenance_policy)
+        mt = None if e is None else Maintenance(e.id, now >= e.due, e.due, until, e.policy or self.maintenance_policy)
         return MachineView(m.id, m.healthy, m.health_reason, self.state.profile_ready(m),
                            self.state.desired_profile(m), m.address, self.agent_errors.get(mid, ""), self.reports(mid),
                            mt)
@@ -150,7 +146,7 @@ class Scheduler:
             hit = sorted(i for i, t in tasks.items() if i < count and t.machine in e.machines)
             if hit:
                 out.append({"id": e.id, "machines": sorted({tasks[i].machine for i in hit}), "start": e.start,
-                            "deadline": e.deadline or e.start, "duration": e.duration, "end": e.until,
+                            "deadline": e.due, "duration": e.duration, "end": e.until,
                             "phase": e.phase(now), "reason": e.reason, "tasks": hit})
         return out
 

@@ -1,11 +1,10 @@
-"""How the scheduler sees a machine in maintenance (Scheduler.view), including a machine that went
-silent during its maintenance and has a grace after it to come back."""
+"""How the scheduler sees a machine in maintenance (Scheduler.view), including a machine still down
+when its maintenance ends, which has a grace to come back."""
 
 from __future__ import annotations
 
 import time
 
-from controlplane.health import IN_MAINTENANCE
 from controlplane.records import EventRec, MachineRec
 from controlplane.scheduler.service import MAINTENANCE_GRACE, Scheduler
 from controlplane.state import RegionState
@@ -28,8 +27,19 @@ def test_view_phases_and_the_grace_for_a_machine_still_silent_after_its_maintena
     assert s.view("m1", now).maintenance.active is False
     assert s.view("m1", now + 50).maintenance.active is True
     assert s.view("m1", now + 160).maintenance is None, "over, and the machine is healthy"
-    silent = MachineRec("m1", "m1", {}, {}, healthy=False, health_reason=f"no heartbeat for 5.0s{IN_MAINTENANCE}maint-1)")
+    silent = MachineRec("m1", "m1", {}, {}, healthy=False, health_reason="no heartbeat for 5.0s")
     s = scheduler(silent, e)
     graced = s.view("m1", now + 160).maintenance
     assert graced.active and graced.until == now + 160 + MAINTENANCE_GRACE
     assert s.view("m1", now + 161 + MAINTENANCE_GRACE).maintenance is None, "then it is an ordinary failure"
+
+
+def test_a_maintenance_ended_early_gives_the_same_grace_from_its_end():
+    from dataclasses import replace
+
+    now = time.time()
+    e = EventRec("maint-1", "maintenance", ("m1",), now - 10, duration=3600.0, deadline=now - 20, end=now - 5)
+    s = scheduler(MachineRec("m1", "m1", {}, {}, healthy=False, health_reason="no heartbeat for 9.0s"), e)
+    assert s.view("m1", now).maintenance.until == now - 5 + MAINTENANCE_GRACE
+    s = scheduler(MachineRec("m1", "m1", {}, {}), replace(e))
+    assert s.view("m1", now).maintenance is None, "a healthy machine is simply back"

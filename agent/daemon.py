@@ -26,6 +26,7 @@ from agent.profiles.model import Report
 from agent.reconcile import Plan, plan
 from agent.runtime.base import ContainerInfo, ContainerRuntime, ImageNotFound, RuntimeUnavailable
 from agent.runtime.docker_runtime import DockerRuntime
+from agent.sdnotify import Notifier
 
 log = logging.getLogger("twine.agent")
 PROFILE_RETRY = 60.0  # a failed profile is retried after this long, or at once when desired changes
@@ -56,6 +57,7 @@ class Agent:
         self.started_at = time.time()
         self._wake = asyncio.Event()
         self._stop = asyncio.Event()
+        self.notifier = Notifier()
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -77,9 +79,11 @@ class Agent:
 
     async def run(self) -> None:
         runner = await serve(self)
+        self.notifier.ready(f"machine {self.config.machine_id}: {len(self.adopted)} task container(s) adopted")
         try:
             async with asyncio.TaskGroup() as tg:
-                loops = [tg.create_task(self._reconcile_loop()), tg.create_task(self._health_loop())]
+                loops = [tg.create_task(self._reconcile_loop()), tg.create_task(self._health_loop()),
+                         tg.create_task(self.notifier.watchdog_loop())]
                 if self.source is not None:
                     loops.append(tg.create_task(self.source.watch(self._on_desired, self._on_source_error)))
                 if self.client is not None:

@@ -20,6 +20,8 @@ from pathlib import Path
 
 from aiohttp import web
 
+from agent.sdnotify import Notifier
+from controlplane import daemon_config
 from controlplane.broker.agents import AgentService
 from controlplane.api.app import make_app
 from controlplane.health import HealthService
@@ -76,16 +78,18 @@ class ControlDaemon:
             lines.append(f"{k} {v}")
         return "\n".join(lines) + "\n"
 
-    async def run(self, host: str, port: int, stop: asyncio.Event) -> None:
+    async def run(self, host: str, port: int, stop: asyncio.Event, notifier: Notifier | None = None) -> None:
+        notifier = notifier or Notifier()
         await self.state.start()
         runner = web.AppRunner(make_app(self), access_log=None, shutdown_timeout=2.0)
         await runner.setup()
         try:
             await web.TCPSite(runner, host, port).start()
             log.info("twine-controld for region %s listening on %s:%d", self.keys.region, host, port)
+            notifier.ready(f"region {self.keys.region}: {len(self.state.machines)} machines, {len(self.state.jobs)} jobs")
             async with asyncio.TaskGroup() as tg:
                 loops = [tg.create_task(self.scheduler.run()), tg.create_task(self.health.run()),
-                         tg.create_task(self.state.index.watching())]
+                         tg.create_task(self.state.index.watching()), tg.create_task(notifier.watchdog_loop())]
                 await stop.wait()
                 self.agents.closing.set()
                 for t in loops:
@@ -123,11 +127,13 @@ def _hostport(value: str, flag: str, default_port: int) -> tuple[str, int]:
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="twine-controld", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", default=daemon_config.DEFAULT,
+                   help="TOML file of these settings (keys are the flags' names); flags override it (default %(default)s)")
     p.add_argument("--etcd", default="127.0.0.1:2379", help="etcd client address HOST:PORT (default %(default)s)")
     p.add_argument("--region", default="region1", help="the region this daemon serves (default %(default)s)")
     p.add_argument("--listen", default="127.0.0.1:8080", help="API address HOST:PORT (default %(default)s)")
-    p.add_argument("--api-token-file", required=True, help="operator/job owner tokens, one per line")
-    p.add_argument("--bootstrap-token-file", required=True, help="agent bootstrap tokens, one per line")
+    p.add_argument("--api-token-file", help="operator/job owner tokens, one per line (required)")
+    p.add_argument("--bootstrap-token-file", help="agent bootstrap tokens, one per line (required)")
     p.add_argument("--heartbeat-timeout", type=float, default=5.0, help="seconds without a heartbeat before a machine is unhealthy")
     p.add_argument("--heartbeat-interval", type=float, default=1.0, help="seconds between agent heartbeats (told to agents)")
     p.add_argument("--rate-limits", default="job=1:10,shard=10:100,region=20:200",
@@ -177,7 +183,7 @@ async def _main(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    args = daemon_config.parse_args(parser(), argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         return asyncio.run(_main(args))

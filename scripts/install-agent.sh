@@ -1,24 +1,104 @@
 #!/usr/bin/env bash
-# Install twine-agent as a systemd service on this host:
-#   /opt/twine (this checkout's code and a virtualenv), /etc/twine (config, profiles, desired
-#   state), /etc/systemd/system/twine-agent.service. Idempotent; keeps an existing config.
+# Install (or upgrade) twine-agent as a systemd service on this host, or uninstall it.
+#
+#   install-agent.sh --control-plane URL --bootstrap-token-file FILE [--dc DC] [--msb MSB]
+#                    [--rack RACK] [--machine-type TYPE] [--region R] [--listen HOST:PORT]
+#                    [--address HOST:PORT] [--wheelhouse DIR]
+#   install-agent.sh --uninstall [--purge]
+#
+# Installs /opt/twine (code in a virtualenv, shipped profiles), /etc/twine/agent.toml (written from
+# the flags; kept as it is when re-run without them), /etc/twine/bootstrap-token (mode 0600) and
+# twine-agent.service, then starts it. Re-running it upgrades the code and restarts the agent;
+# tasks keep running through the restart (KillMode=process, adopted by label).
+# --wheelhouse DIR installs offline, from wheels made by scripts/build-wheelhouse.sh.
+# --uninstall stops and removes the service and /opt/twine; task containers keep running
+# (docker ps); --purge also removes /etc/twine and the agent's state (its machine credential).
+# Checks first: cgroup v2, Docker answering, a machine id; each failure says what to do.
 set -euo pipefail
 src=$(cd "$(dirname "$0")/.." && pwd)
-[ "$(id -u)" = 0 ] || { echo "install-agent: run as root" >&2; exit 1; }
-mkdir -p /opt/twine /etc/twine/profiles
-if [ "$src" != /opt/twine ]; then
-  tar -C "$src" --exclude=.venv --exclude=.git -c . | tar -C /opt/twine -x
+. "$src/scripts/install-lib.sh"
+
+control_plane="" token_file="" wheelhouse="" uninstall=0 purge=0
+listen="" address="" region="" dc="" msb="" rack="" machine_type=""
+while [ $# -gt 0 ]; do
+  case $1 in
+    --control-plane) control_plane=${2:?}; shift 2;;
+    --bootstrap-token-file) token_file=${2:?}; shift 2;;
+    --wheelhouse) wheelhouse=$(cd "${2:?}" 2>/dev/null && pwd) || usage_error "--wheelhouse $2: no such directory"; shift 2;;
+    --region) region=${2:?}; shift 2;;
+    --dc) dc=${2:?}; shift 2;;
+    --msb) msb=${2:?}; shift 2;;
+    --rack) rack=${2:?}; shift 2;;
+    --machine-type) machine_type=${2:?}; shift 2;;
+    --listen) listen=${2:?}; shift 2;;
+    --address) address=${2:?}; shift 2;;
+    --uninstall) uninstall=1; shift;;
+    --purge) purge=1; shift;;
+    -h|--help) sed -n '2,/^set -e/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0;;
+    *) usage_error "unknown argument: $1";;
+  esac
+done
+[ "$(id -u)" = 0 ] || die "run as root (the agent manages containers and kernel settings)"
+
+if [ $uninstall = 1 ]; then
+  if have_systemd; then
+    systemctl disable --now twine-agent.service 2>/dev/null || true
+  fi
+  rm -f /etc/systemd/system/twine-agent.service
+  have_systemd && systemctl daemon-reload
+  rm -rf /opt/twine/venv /opt/twine/profiles /opt/twine/README.md
+  rmdir /opt/twine 2>/dev/null || true
+  if [ $purge = 1 ]; then
+    rm -rf /etc/twine/agent.toml /etc/twine/bootstrap-token /etc/twine/desired.toml /var/lib/twine-agent
+  fi
+  n=$(docker ps -q --filter label=twine.machine 2>/dev/null | wc -l || echo 0)
+  echo "install-agent: twine-agent removed; $n task container(s) left running (docker ps --filter label=twine.machine)"
+  exit 0
 fi
-cd /opt/twine
-[ -x .venv/bin/python ] || python3 -m venv .venv
-.venv/bin/pip install -q -e .   # editable: profiles/ is found beside the code
-[ -e /etc/twine/agent.toml ] || cp systemd/agent.toml.example /etc/twine/agent.toml
-[ -e /etc/twine/desired.toml ] || printf 'profile = "default"\ntasks = []\n' > /etc/twine/desired.toml
-install -m 0644 systemd/twine-agent.service /etc/systemd/system/twine-agent.service
-if [ "$(ps -o comm= -p 1)" = systemd ]; then
-  systemctl daemon-reload
-  systemctl enable --now twine-agent.service
-  systemctl --no-pager status twine-agent.service | head -n 5
-else
-  echo "install-agent: systemd is not PID 1 here; unit installed, start it with systemd on a real host"
+
+# -- checks before anything is written --
+[ -f /sys/fs/cgroup/cgroup.controllers ] \
+  || die "this host is not on cgroup v2 only (no /sys/fs/cgroup/cgroup.controllers): boot with systemd.unified_cgroup_hierarchy=1"
+command -v docker >/dev/null || die "docker is missing: apt-get install docker.io"
+docker info >/dev/null 2>&1 || die "Docker does not answer (docker info): systemctl enable --now docker"
+[ -s /etc/machine-id ] || die "/etc/machine-id is empty or missing: systemd-machine-id-setup"
+if [ -n "$control_plane" ]; then
+  case $control_plane in http://*|https://*) ;; *) usage_error "--control-plane $control_plane: must be an http:// or https:// URL";; esac
+  [ -n "$token_file" ] || usage_error "--control-plane needs --bootstrap-token-file FILE"
+  [ -r "$token_file" ] || die "--bootstrap-token-file $token_file: cannot read it"
 fi
+
+install_code "$src" "$wheelhouse"
+
+config=/etc/twine/agent.toml
+if [ -n "$control_plane$dc$msb$rack$machine_type$region$listen$address" ] || [ ! -e $config ]; then
+  {
+    echo "# Written by install-agent.sh; flags of a re-run replace it."
+    echo 'state_dir = "/var/lib/twine-agent"'
+    if [ -n "$control_plane" ]; then
+      echo "control_plane = \"$control_plane\""
+      echo 'bootstrap_token_file = "/etc/twine/bootstrap-token"'
+    else
+      echo 'desired = "/etc/twine/desired.toml"'
+    fi
+    echo "listen = \"${listen:-127.0.0.1:7070}\""
+    [ -z "$address" ] || echo "address = \"$address\""
+    echo 'task_cgroup = "twine.slice"'
+    echo 'profiles_path = ["/etc/twine/profiles", "/opt/twine/profiles"]'
+    echo
+    echo '[labels]'
+    echo "region = \"${region:-region1}\""
+    echo "dc = \"${dc:-dc1}\""
+    echo "msb = \"${msb:-msb1}\""
+    echo "rack = \"${rack:-rack1}\""
+    echo "machine_type = \"${machine_type:-generic}\""
+  } > $config.new
+  mv $config.new $config
+fi
+[ -z "$token_file" ] || put_secret "$token_file" /etc/twine/bootstrap-token root
+[ -e /etc/twine/desired.toml ] || printf 'tasks = []\n' > /etc/twine/desired.toml
+# Bad config is exit 2 before anything starts: say so here rather than in a unit that will not run.
+/opt/twine/venv/bin/twine-agent --config $config profile current >/dev/null \
+  || die "$config is not valid (see the message above)"
+
+install_unit twine-agent "$src"

@@ -22,8 +22,10 @@ def free_port() -> int:
 
 
 class AgentProc:
-    def __init__(self, tmp: Path, machine_id: str, desired: Path, extra: tuple[str, ...] = ()):
+    def __init__(self, tmp: Path, machine_id: str, desired: Path, extra: tuple[str, ...] = (),
+                 env: dict[str, str] | None = None):
         self.tmp, self.machine_id, self.desired = tmp, machine_id, desired
+        self.env = env or {}
         self.state = tmp / "state"
         self.port = free_port()
         self.extra = extra
@@ -39,7 +41,7 @@ class AgentProc:
         ]
 
     def start(self, wait: bool = True) -> "AgentProc":
-        env = {**os.environ, "PYTHONPATH": str(REPO)}
+        env = {**os.environ, "PYTHONPATH": str(REPO), **self.env}
         self.proc = subprocess.Popen(self.command(), stdout=open(self.log, "ab"), stderr=subprocess.STDOUT, env=env, cwd=REPO)
         if wait:
             self.wait_for(lambda s: True, what="agent to answer")

@@ -4,6 +4,7 @@ its own (so tests sharing one etcd never see each other's keys)."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -21,8 +22,10 @@ BOOTSTRAP_TOKEN = "test-bootstrap-token"
 
 
 class Controld:
-    def __init__(self, tmp: Path, etcd_port: int, heartbeat_timeout: float = 2.0, region: str | None = None):
+    def __init__(self, tmp: Path, etcd_port: int, heartbeat_timeout: float = 2.0, region: str | None = None,
+                 env: dict[str, str] | None = None):
         self.tmp = tmp
+        self.env = env
         self.etcd_port = etcd_port
         self.region = region or "r" + uuid.uuid4().hex[:10]
         self.port = free_port()
@@ -43,7 +46,8 @@ class Controld:
             [sys.executable, "-m", "controlplane.daemon", "--etcd", f"127.0.0.1:{self.etcd_port}",
              "--region", self.region, "--listen", f"127.0.0.1:{self.port}", "--api-token-file", str(self.api_file),
              "--bootstrap-token-file", str(self.boot_file), "--heartbeat-timeout", str(self.heartbeat_timeout)],
-            stdout=open(self.log, "ab"), stderr=subprocess.STDOUT, cwd=REPO)
+            stdout=open(self.log, "ab"), stderr=subprocess.STDOUT, cwd=REPO,
+            env={**os.environ, **self.env} if self.env else None)
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

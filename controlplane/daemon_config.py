@@ -1,0 +1,84 @@
+"""twine-controld's config file (`--config`, default /etc/twine/controld.toml): its flags as TOML.
+
+    etcd = "127.0.0.1:2379"
+    listen = "0.0.0.0:7080"
+    api_token_file = "/etc/twine/api-tokens"
+    bootstrap_token_file = "/etc/twine/bootstrap-tokens"
+    heartbeat_timeout = 5.0
+    profiles = ["/etc/twine/profiles"]
+
+A key is a flag's name without the dashes (`-` or `_`); a flag on the command line overrides the
+file. Unknown keys and values of the wrong type are refused with the key's name (exit 2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import tomllib
+
+
+DEFAULT = "/etc/twine/controld.toml"
+
+
+class ConfigError(Exception):
+    pass
+
+
+def file_defaults(parser: argparse.ArgumentParser, path: str) -> dict:
+    """The file's settings as argparse defaults. A missing default file is no settings."""
+    try:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except FileNotFoundError:
+        if path == DEFAULT:
+            return {}
+        raise ConfigError(f"{path}: no such file") from None
+    except OSError as e:
+        raise ConfigError(f"{path}: {e.strerror}") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{path}: not valid TOML: {e}") from None
+    actions = {a.dest: a for a in parser._actions if a.dest not in ("help", "config")}
+    out: dict = {}
+    for key, value in data.items():
+        dest = key.replace("-", "_")
+        action = actions.get(dest)
+        if action is None:
+            raise ConfigError(f"{path}: {key}: unknown setting; known: {', '.join(sorted(actions))}")
+        out[dest] = _typed(path, key, value, action)
+    return out
+
+
+def _typed(path: str, key: str, value: object, action: argparse.Action) -> object:
+    if isinstance(action, argparse._AppendAction):
+        items = value if isinstance(value, list) else [value]
+        if not all(isinstance(v, str) for v in items):
+            raise ConfigError(f"{path}: {key}: must be a string or a list of strings")
+        return items
+    if action.type is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+            raise ConfigError(f"{path}: {key}: must be a positive number, not {value!r}")
+        return float(value)
+    if not isinstance(value, str):
+        raise ConfigError(f"{path}: {key}: must be a string, not {value!r}")
+    if action.choices and value not in action.choices:
+        raise ConfigError(f"{path}: {key}: must be one of {', '.join(action.choices)}, not {value!r}")
+    return value
+
+
+def parse_args(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """Flags over the config file over the built-in defaults."""
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--config", default=DEFAULT)
+    known, _ = pre.parse_known_args(argv)
+    try:
+        parser.set_defaults(**file_defaults(parser, known.config))
+    except ConfigError as e:
+        parser.exit(2, f"twine-controld: --config: {e}\n")
+    args = parser.parse_args(argv)
+    for dest in ("api_token_file", "bootstrap_token_file"):
+        if not getattr(args, dest):
+            parser.exit(2, f"twine-controld: --{dest.replace('_', '-')}: required (a flag, or {dest} in {args.config})\n")
+    return args
+
+
+

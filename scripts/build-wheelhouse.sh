@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Wheels of twine and of every dependency, for hosts that reach no package index:
+#   scripts/build-wheelhouse.sh DIR     then on each host: install-*.sh --wheelhouse DIR
+# The wheels are for this machine's Python (major.minor) and platform: build on the same
+# Debian release as the hosts. Cached: skipped when DIR already holds this tree's wheel set.
+set -euo pipefail
+src=$(cd "$(dirname "$0")/.." && pwd)
+out=${1:?usage: build-wheelhouse.sh DIR}
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+python=${PYTHON:-python3}
+key=$( (cd "$src" && git ls-files -z agent controlplane pyproject.toml 2>/dev/null | xargs -0 sha256sum 2>/dev/null \
+        || find agent controlplane pyproject.toml -name '*.py' -o -name '*.toml' | sort | xargs sha256sum) | sha256sum | cut -c1-16)
+if [ -e "$out/.built-$key" ]; then
+  echo "build-wheelhouse: $out is up to date"
+  exit 0
+fi
+rm -f "$out"/twine-*.whl "$out"/.built-*
+log=$(mktemp)
+"$python" -m pip wheel -q --wheel-dir "$out" "$src" >"$log" 2>&1 || { cat "$log" >&2; rm -f "$log"; exit 1; }
+rm -f "$log"
+rm -rf "$src/build"
+touch "$out/.built-$key"
+echo "build-wheelhouse: $(ls "$out"/*.whl | wc -l) wheels in $out"

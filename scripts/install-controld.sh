@@ -1,0 +1,102 @@
+#!/usr/bin/env bash
+# Install (or upgrade) etcd and twine-controld as systemd services on this host, or uninstall them.
+#
+#   install-controld.sh [--listen HOST:PORT] [--region R] [--heartbeat-timeout S]
+#                       [--api-token-file F] [--bootstrap-token-file F] [--wheelhouse DIR]
+#                       [--etcd-data-dir DIR]
+#   install-controld.sh --uninstall [--purge]
+#
+# etcd (Debian's etcd-server) listens on 127.0.0.1:2379 only, configured in /etc/default/etcd
+# with room for one job's transaction. twine-controld runs as the system user `twine` from
+# /etc/twine/controld.toml (see systemd/controld.toml.example). Tokens: the files given, or new
+# random ones the first time; /etc/twine/api-tokens and /etc/twine/bootstrap-tokens, mode 0600.
+# Re-running it upgrades the code and restarts controld (etcd keeps its data).
+# --uninstall stops and removes controld (etcd and its data stay); --purge also removes
+# /etc/twine/controld.toml and the token files.
+set -euo pipefail
+src=$(cd "$(dirname "$0")/.." && pwd)
+. "$src/scripts/install-lib.sh"
+
+listen=0.0.0.0:7080 region=region1 heartbeat_timeout=5 api_file="" boot_file="" wheelhouse=""
+etcd_data=/var/lib/etcd/twine uninstall=0 purge=0
+while [ $# -gt 0 ]; do
+  case $1 in
+    --listen) listen=${2:?}; shift 2;;
+    --region) region=${2:?}; shift 2;;
+    --heartbeat-timeout) heartbeat_timeout=${2:?}; shift 2;;
+    --api-token-file) api_file=${2:?}; shift 2;;
+    --bootstrap-token-file) boot_file=${2:?}; shift 2;;
+    --wheelhouse) wheelhouse=$(cd "${2:?}" 2>/dev/null && pwd) || usage_error "--wheelhouse $2: no such directory"; shift 2;;
+    --etcd-data-dir) etcd_data=${2:?}; shift 2;;
+    --uninstall) uninstall=1; shift;;
+    --purge) purge=1; shift;;
+    -h|--help) sed -n '2,/^set -e/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0;;
+    *) usage_error "unknown argument: $1";;
+  esac
+done
+[ "$(id -u)" = 0 ] || die "run as root"
+
+if [ $uninstall = 1 ]; then
+  have_systemd && systemctl disable --now twine-controld.service 2>/dev/null || true
+  rm -f /etc/systemd/system/twine-controld.service
+  have_systemd && systemctl daemon-reload
+  [ $purge = 0 ] || rm -f /etc/twine/controld.toml /etc/twine/api-tokens /etc/twine/bootstrap-tokens
+  echo "install-controld: twine-controld removed; etcd and its data are left as they were"
+  exit 0
+fi
+
+case $listen in *:[0-9]*) ;; *) usage_error "--listen $listen: must be HOST:PORT";; esac
+command -v etcd >/dev/null || die "etcd is missing: apt-get install etcd-server"
+install_code "$src" "$wheelhouse"
+getent passwd twine >/dev/null || useradd --system --home-dir /nonexistent --shell /usr/sbin/nologin twine
+
+# etcd: loopback only; controld is its only client. Debian's unit reads /etc/default/etcd.
+cat > /etc/default/etcd.new <<ETCD
+# Written by install-controld.sh.
+ETCD_NAME=$(hostname -s)
+ETCD_DATA_DIR=$etcd_data
+ETCD_LISTEN_CLIENT_URLS=http://127.0.0.1:2379
+ETCD_ADVERTISE_CLIENT_URLS=http://127.0.0.1:2379
+ETCD_LISTEN_PEER_URLS=http://127.0.0.1:2380
+ETCD_INITIAL_ADVERTISE_PEER_URLS=http://127.0.0.1:2380
+ETCD_INITIAL_CLUSTER=$(hostname -s)=http://127.0.0.1:2380
+# Room for one job's transaction (etcd's defaults fit about 60 tasks).
+ETCD_MAX_TXN_OPS=65536
+ETCD_MAX_REQUEST_BYTES=33554432
+ETCD
+mv /etc/default/etcd.new /etc/default/etcd
+mkdir -p "$etcd_data"
+chown etcd:etcd "$etcd_data" 2>/dev/null || true
+chmod 0700 "$etcd_data"
+
+# Tokens: the files given, else keep what is there, else new random ones.
+for pair in "api-tokens:$api_file" "bootstrap-tokens:$boot_file"; do
+  name=${pair%%:*} given=${pair#*:}
+  if [ -n "$given" ]; then
+    put_secret "$given" "/etc/twine/$name" twine
+  elif [ ! -s "/etc/twine/$name" ]; then
+    (umask 077; head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' > "/etc/twine/$name"; echo >> "/etc/twine/$name")
+    chown twine:twine "/etc/twine/$name"
+    echo "install-controld: made a new token in /etc/twine/$name"
+  fi
+  chmod 0600 "/etc/twine/$name"
+done
+
+cat > /etc/twine/controld.toml.new <<CONF
+# Written by install-controld.sh; see /opt/twine/README.md and twine-controld --help.
+etcd = "127.0.0.1:2379"
+region = "$region"
+listen = "$listen"
+api_token_file = "/etc/twine/api-tokens"
+bootstrap_token_file = "/etc/twine/bootstrap-tokens"
+heartbeat_timeout = $heartbeat_timeout
+profiles = ["/etc/twine/profiles", "/opt/twine/profiles"]
+CONF
+install -m 0640 -o root -g twine /etc/twine/controld.toml.new /etc/twine/controld.toml
+rm -f /etc/twine/controld.toml.new
+
+if have_systemd; then
+  systemctl enable etcd.service >/dev/null 2>&1
+  systemctl restart etcd.service || { journalctl -u etcd -n 30 --no-pager >&2; die "etcd did not start"; }
+fi
+install_unit twine-controld "$src"

@@ -1,0 +1,63 @@
+# Shared by install-agent.sh and install-controld.sh (sourced, not run): the code and its
+# virtualenv under /opt/twine, from a wheelhouse (offline hosts) or from this source tree.
+
+die() { echo "${0##*/}: $*" >&2; exit 1; }
+usage_error() { echo "${0##*/}: $*" >&2; echo "see: ${0##*/} --help" >&2; exit 2; }
+have_systemd() { [ "$(ps -o comm= -p 1)" = systemd ]; }
+
+# install_code SRC WHEELHOUSE: /opt/twine/venv with twine installed (upgraded when re-run),
+# the shipped profiles in /opt/twine/profiles and the README beside them.
+install_code() {
+  local src=$1 wheelhouse=$2 log
+  command -v python3 >/dev/null || die "python3 is missing: apt-get install python3 python3-venv"
+  python3 -c 'import sys; sys.exit(sys.version_info < (3, 11))' || die "python3 is $(python3 -V 2>&1); twine needs 3.11 or newer"
+  mkdir -p /opt/twine
+  if [ ! -x /opt/twine/venv/bin/python ]; then
+    python3 -m venv /opt/twine/venv || die "python3 -m venv failed: apt-get install python3-venv"
+  fi
+  log=$(mktemp)
+  if [ -n "$wheelhouse" ]; then
+    [ -d "$wheelhouse" ] || die "--wheelhouse $wheelhouse: no such directory (make one with scripts/build-wheelhouse.sh)"
+    ls "$wheelhouse"/twine-*.whl >/dev/null 2>&1 || die "--wheelhouse $wheelhouse: holds no twine wheel (make one with scripts/build-wheelhouse.sh)"
+    /opt/twine/venv/bin/pip install -q --no-index --find-links "$wheelhouse" --upgrade --force-reinstall --no-deps twine >"$log" 2>&1 \
+      && /opt/twine/venv/bin/pip install -q --no-index --find-links "$wheelhouse" twine >>"$log" 2>&1 \
+      || { cat "$log" >&2; rm -f "$log"; die "pip install from $wheelhouse failed"; }
+  else
+    /opt/twine/venv/bin/pip install -q --upgrade --force-reinstall --no-deps "$src" >"$log" 2>&1 \
+      && /opt/twine/venv/bin/pip install -q "$src" >>"$log" 2>&1 \
+      || { cat "$log" >&2; rm -f "$log"; die "pip install failed (no internet? use --wheelhouse DIR)"; }
+  fi
+  rm -f "$log"
+  rm -rf /opt/twine/profiles.new
+  cp -r "$src/profiles" /opt/twine/profiles.new
+  rm -rf /opt/twine/profiles
+  mv /opt/twine/profiles.new /opt/twine/profiles
+  install -m 0644 "$src/README.md" /opt/twine/README.md
+  mkdir -p /etc/twine/profiles
+}
+
+# install_unit NAME SRC: the unit file, then daemon-reload; start or restart it (an upgrade).
+install_unit() {
+  local name=$1 src=$2
+  install -m 0644 "$src/systemd/$name.service" "/etc/systemd/system/$name.service"
+  if ! have_systemd; then
+    echo "${0##*/}: systemd is not PID 1 here: $name.service installed, not started"
+    return 0
+  fi
+  systemctl daemon-reload
+  systemctl enable "$name.service" >/dev/null 2>&1
+  systemctl restart "$name.service" || {
+    journalctl -u "$name.service" -n 30 --no-pager >&2 || true
+    die "$name.service did not start (journalctl -u $name.service)"
+  }
+  echo "${0##*/}: $name.service $(systemctl is-active "$name.service")"
+}
+
+# put_secret SRC DEST OWNER: a token file, mode 0600, never world- or group-readable.
+put_secret() {
+  local src=$1 dest=$2 owner=$3
+  [ -r "$src" ] || die "$src: cannot read it"
+  [ -n "$(head -n1 "$src" | tr -d '[:space:]')" ] || die "$src: the first line (the token) is empty"
+  install -m 0600 -o "$owner" -g "$(id -gn "$owner")" "$src" "$dest.new"
+  mv "$dest.new" "$dest"
+}

@@ -1,0 +1,76 @@
+"""twine-controld reads its settings from a TOML config file (what the systemd unit uses); flags
+override it; a bad file is exit 2 naming the key, so systemd does not restart it in a loop."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+import urllib.request
+
+from controlplane.etcdproc import terminate
+from tests.agent.agentproc import REPO, free_port
+
+
+def run_controld(*args: str, timeout: float = 20) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "controlplane.daemon", *args], capture_output=True, text=True,
+                          cwd=REPO, timeout=timeout)
+
+
+def test_controld_serves_from_its_config_file_alone(tmp_path, etcd_server):
+    (tmp_path / "api").write_text("tok-a\n")
+    (tmp_path / "boot").write_text("tok-b\n")
+    port = free_port()
+    conf = tmp_path / "controld.toml"
+    conf.write_text(f'etcd = "127.0.0.1:{etcd_server.port}"\nregion = "cfg{port}"\nlisten = "127.0.0.1:{port}"\n'
+                    f'api_token_file = "{tmp_path / "api"}"\nbootstrap_token_file = "{tmp_path / "boot"}"\n'
+                    f'heartbeat_timeout = 7\nprofiles = ["{tmp_path}"]\n')
+    proc = subprocess.Popen([sys.executable, "-m", "controlplane.daemon", "--config", str(conf)], cwd=REPO,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/machines", headers={"Authorization": "Bearer tok-a"})
+        for _ in range(200):
+            try:
+                with urllib.request.urlopen(req, timeout=1) as r:
+                    assert r.status == 200
+                    break
+            except OSError:
+                if proc.poll() is not None:
+                    raise AssertionError(f"controld exited {proc.returncode}")
+                time.sleep(0.1)
+        else:
+            raise AssertionError("controld did not serve on the config file's address")
+    finally:
+        terminate(proc)
+
+
+def test_a_bad_config_file_is_exit_2_naming_the_key(tmp_path):
+    conf = tmp_path / "controld.toml"
+    for text, words in [
+        ("bogus = 1\n", "bogus: unknown setting"),
+        ('etcd = 2379\n', "etcd: must be a string"),
+        ('heartbeat_timeout = "soon"\n', "heartbeat_timeout: must be a positive number"),
+        ('maintenance_policy = "pray"\n', "maintenance_policy: must be one of move, stop"),
+        ("etcd = \n", "not valid TOML"),
+    ]:
+        conf.write_text(text)
+        r = run_controld("--config", str(conf))
+        assert r.returncode == 2 and words in r.stderr, (text, r.returncode, r.stderr)
+
+
+def test_token_files_are_required_from_the_file_or_the_flags(tmp_path):
+    conf = tmp_path / "controld.toml"
+    conf.write_text('region = "x"\n')
+    r = run_controld("--config", str(conf))
+    assert r.returncode == 2 and "--api-token-file: required" in r.stderr
+    r = run_controld("--config", str(tmp_path / "missing.toml"))
+    assert r.returncode == 2 and "no such file" in r.stderr
+
+
+def test_a_flag_overrides_the_file(tmp_path):
+    conf = tmp_path / "controld.toml"
+    conf.write_text('api_token_file = "/nonexistent/api"\nbootstrap_token_file = "/nonexistent/boot"\n')
+    (tmp_path / "api").write_text("")
+    r = run_controld("--config", str(conf), "--api-token-file", str(tmp_path / "api"))
+    # The flag's file (empty) is the one read, not the file's (missing).
+    assert r.returncode == 2 and f"{tmp_path / 'api'}: no token in the file" in r.stderr, r.stderr

@@ -62,6 +62,11 @@ class Agent:
     # -- lifecycle ---------------------------------------------------------------------------
 
     async def start(self, initial: DesiredState | None) -> None:
+        before_reboot = await asyncio.to_thread(self.engine.forget_previous_boot)
+        if before_reboot is not None:
+            # Tasks wait for the profile (profile_ready is False until it is applied again).
+            log.warning("the host rebooted since profile %s was applied: applying it again before any task starts",
+                        before_reboot)
         recovered = await asyncio.to_thread(self.engine.recover)
         if recovered is not None:
             log.warning("rolled back an unfinished profile switch to %s: ok=%s", recovered.profile, recovered.ok)

@@ -36,6 +36,15 @@ from agent.profiles.model import (
 
 APPLIED = "profile-applied.json"
 JOURNAL = "profile-journal.json"
+BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
+
+
+def boot_id() -> str:
+    """This boot of the kernel: a new value after every reboot."""
+    try:
+        return BOOT_ID.read_text().strip()
+    except OSError:
+        return ""
 
 
 @dataclass(frozen=True)
@@ -80,6 +89,22 @@ class Engine:
                 yield
             finally:
                 fcntl.flock(lock, fcntl.LOCK_UN)
+
+    def forget_previous_boot(self) -> str | None:
+        """After a reboot the kernel is back at its boot values: the applied record and any journal
+        describe a kernel that is gone. Drop both, so the next apply takes today's boot values as
+        its originals (and a half-done switch is not "undone" onto a fresh kernel). Returns the
+        profile that was applied before the reboot, to apply again; None when nothing was dropped."""
+        with self._locked():
+            record = self.current()
+            journal = atomic.read_json(self.state_dir / JOURNAL)
+            now = boot_id()
+            stale = [d for d in (record, journal) if d is not None and d.get("boot_id") not in (None, now)]
+            if not stale:
+                return None
+            atomic.remove(self.state_dir / JOURNAL)
+            atomic.remove(self.state_dir / APPLIED)
+            return (record.get("ref") or record["profile"]) if record in stale else None
 
     def current(self) -> dict | None:
         """The applied-profile record, or None when no profile is applied."""
@@ -165,7 +190,7 @@ class Engine:
             ]
             atomic.write_json(
                 self.state_dir / JOURNAL,
-                {"target": profile.name, "previous": previous, "undo": [u.to_json() for u in journal]},
+                {"target": profile.name, "previous": previous, "boot_id": boot_id(), "undo": [u.to_json() for u in journal]},
             )
 
             done: list[_Undo] = []
@@ -205,6 +230,7 @@ class Engine:
                     "ref": name_or_file,  # as asked for: a name or a file path
                     "files": list(profile.files),
                     "applied_at": time.time(),
+                    "boot_id": boot_id(),
                     "switch_seconds": seconds,
                     "settings": {s.id: _Undo(s.applier, s.key, s.value).to_json() for s in settings},
                     "originals": originals,
@@ -272,7 +298,7 @@ class Engine:
             journal = [_Undo(u.applier, u.key, self.applier(u.applier).read(u.key)) for u in stale]
             atomic.write_json(
                 self.state_dir / JOURNAL,
-                {"target": None, "previous": record["profile"], "undo": [u.to_json() for u in journal]},
+                {"target": None, "previous": record["profile"], "boot_id": boot_id(), "undo": [u.to_json() for u in journal]},
             )
             results = []
             for u, cur in zip(stale, journal, strict=True):

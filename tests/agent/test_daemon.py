@@ -185,3 +185,43 @@ def test_listen_address_in_use_exits_3_instead_of_hanging(tmp_path, agent):
         a.port = busy.getsockname()[1]
         r = a.run_to_exit(timeout=30)
     assert r.returncode == 3 and "address already in use" in r.stderr.lower()
+
+
+def _pretend_the_host_rebooted(state, containers) -> None:
+    """What a reboot leaves: the kernel at its boot values, task containers exited, and an applied
+    record written during another boot."""
+    import json
+
+    record_path = state / "profile-applied.json"
+    record = json.loads(record_path.read_text())
+    record["boot_id"] = "00000000-0000-0000-0000-000000000000"
+    record_path.write_text(json.dumps(record))
+    for c in containers:
+        c.stop(timeout=1)
+
+
+def test_after_a_reboot_the_profile_is_applied_again_before_tasks_start_with_boot_values_as_originals(
+        tmp_path, agent, docker_client):
+    (tmp_path / "p.toml").write_text('[sysctl]\n"vm.swappiness" = 31\n')
+    sysctl_path("vm.swappiness").write_text("17")
+    a = agent(desired(tmp_path, {"index": 0}, profile=str(tmp_path / "p.toml"))).start()
+    s = a.wait_for(lambda s: len(running(s)) == 1)
+    container = docker_client.containers.get(s["tasks"][0]["container"]["id"])
+    a.kill(signal.SIGKILL)
+
+    _pretend_the_host_rebooted(a.state, [container])
+    sysctl_path("vm.swappiness").write_text("23")  # this boot's value, not the 17 of the last one
+
+    b = agent(desired(tmp_path, {"index": 0}, profile=str(tmp_path / "p.toml"))).start()
+    s = b.wait_for(lambda s: len(running(s)) == 1, what="the task running again")
+    assert sysctl_path("vm.swappiness").read_text().strip() == "31"
+    record = Engine(HostContext(), b.state).current()
+    assert record["originals"]["sysctl:vm.swappiness"]["value"] == "23", "the original must be this boot's value"
+    from agent.profiles.engine import boot_id
+
+    assert record["boot_id"] == boot_id()
+    started = docker_client.containers.get(s["tasks"][0]["container"]["id"]).attrs["State"]["StartedAt"]
+    assert parse_time(started) >= record["applied_at"], "a task started before the profile was applied again"
+    b.close()
+    assert Engine(HostContext(), b.state).rollback().ok
+    assert sysctl_path("vm.swappiness").read_text().strip() == "23"

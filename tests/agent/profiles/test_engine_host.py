@@ -107,3 +107,26 @@ def test_failure_in_a_late_applier_rolls_back_the_earlier_ones(host, tmp_path):
     assert f"IRQ {n}" in report.error
     assert snapshot(queue) == before and affinity(n) == original_irq
     assert engine.current() is None
+
+
+def test_a_record_or_journal_from_another_boot_is_dropped_not_undone(host, tmp_path):
+    import json
+
+    engine, _ = host
+    (tmp_path / "p.toml").write_text('[sysctl]\n"vm.swappiness" = 41\n')
+    assert engine.forget_previous_boot() is None  # nothing applied: nothing to forget
+    assert engine.apply("p").ok
+    assert engine.forget_previous_boot() is None, "the same boot is not a reboot"
+    assert engine.current() is not None
+
+    # A switch that died half-way, then a reboot: the journal's undo belongs to the old kernel.
+    record = json.loads((tmp_path / "state" / "profile-applied.json").read_text())
+    record["boot_id"] = "another-boot"
+    (tmp_path / "state" / "profile-applied.json").write_text(json.dumps(record))
+    (tmp_path / "state" / "profile-journal.json").write_text(json.dumps(
+        {"target": "p", "previous": None, "boot_id": "another-boot",
+         "undo": [{"applier": "sysctl", "key": "vm.swappiness", "value": 5}]}))
+    sysctl_path("vm.swappiness").write_text("29")  # the new boot's value
+    assert engine.forget_previous_boot() == "p"
+    assert engine.current() is None and engine.recover() is None
+    assert sysctl_path("vm.swappiness").read_text().strip() == "29", "a journal of the last boot was undone"

@@ -22,6 +22,7 @@ from agent.health import HealthReport, probe
 from agent.http import serve
 from agent.models import DesiredState
 from agent.profiles.engine import Engine
+from agent.profiles.loader import from_content
 from agent.profiles.model import Report
 from agent.reconcile import Plan, plan
 from agent.runtime.base import ContainerInfo, ContainerRuntime, ImageNotFound, RuntimeUnavailable
@@ -131,7 +132,7 @@ class Agent:
     async def validate(self, desired: DesiredState) -> None:
         """Everything that can be checked before touching the host: the profile and the images."""
         if desired.profile:
-            await asyncio.to_thread(self.engine.load, desired.profile)
+            await asyncio.to_thread(self.engine.load, _target(desired))
         if self.client is not None:
             # From the control plane, one task's missing image must not hold back the machine's
             # other tasks: it fails to start, and its report says why.
@@ -164,7 +165,10 @@ class Agent:
         want = self.desired.profile
         if want is None:
             return record is None
-        return record is not None and want in (record.get("ref"), record["profile"])
+        if record is None or want not in (record.get("ref"), record["profile"]):
+            return False
+        spec = self.desired.profile_spec
+        return spec is None or record.get("hash") == spec.hash
 
     async def _converge_profile(self) -> None:
         if self.profile_ready():
@@ -177,7 +181,7 @@ class Agent:
             report = await asyncio.to_thread(self.engine.rollback)
         else:
             try:
-                report = await asyncio.to_thread(self.engine.apply, want)
+                report = await asyncio.to_thread(self.engine.apply, _target(self.desired))
             except InputError as e:
                 report = Report("apply", want, False, error=str(e))
         self.profile_report = report
@@ -267,6 +271,12 @@ class Agent:
             },
             "tasks": task_reports(self.containers, self.desired.tasks, self.task_errors),
         }
+
+
+def _target(desired: DesiredState):
+    """What to apply: the profile's content when the control plane sent it, else its name."""
+    spec = desired.profile_spec
+    return from_content(spec.name, spec.sections, spec.hash) if spec is not None else desired.profile
 
 
 def _runtime(config: AgentConfig) -> DockerRuntime:

@@ -101,28 +101,68 @@ class TaskSpec:
         )
 
 
+def profile_hash(sections: dict) -> str:
+    """The content hash of a merged profile: sha256 of its sections as canonical JSON."""
+    return hashlib.sha256(json.dumps(sections, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class ProfileSpec:
+    """A merged host profile as the control plane sends it: the host applies these sections, not
+    whatever file of that name it may hold, so profiles are edited in one place."""
+
+    name: str
+    hash: str
+    sections: dict
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "hash": self.hash, "sections": self.sections}
+
+    @classmethod
+    def from_json(cls, data: Any, where: str) -> "ProfileSpec":
+        if not isinstance(data, dict) or set(data) != {"name", "hash", "sections"}:
+            raise DesiredStateError(where, "profile_spec", data, "must be a table of name, hash and sections")
+        name, digest, sections = data["name"], data["hash"], data["sections"]
+        if not isinstance(name, str) or not name:
+            raise DesiredStateError(where, "profile_spec.name", name, "must be a profile name")
+        if not isinstance(sections, dict) or not all(isinstance(v, dict) for v in sections.values()):
+            raise DesiredStateError(where, "profile_spec.sections", sections, "must be a table of tables")
+        if digest != profile_hash(sections):
+            raise DesiredStateError(where, "profile_spec.hash", digest, "does not match the sections' content")
+        return cls(name, digest, sections)
+
+
 @dataclass(frozen=True)
 class DesiredState:
-    """What one host should be: a profile (None: no profile, originals restored) and its tasks."""
+    """What one host should be: a profile (None: no profile, originals restored) and its tasks.
+    `profile` names the profile; with `profile_spec` (from the control plane) its merged settings
+    come along, otherwise the name is looked up in the host's profile directories."""
 
     profile: str | None = None
     tasks: tuple[TaskSpec, ...] = ()
     version: str = ""  # opaque, from the source: a file's hash, a control-plane revision
     source: str = ""
+    profile_spec: ProfileSpec | None = None
 
     def to_json(self) -> dict:
-        return {"profile": self.profile, "tasks": [t.to_json() for t in self.tasks], "version": self.version}
+        out = {"profile": self.profile, "tasks": [t.to_json() for t in self.tasks], "version": self.version}
+        if self.profile_spec is not None:
+            out["profile_spec"] = self.profile_spec.to_json()
+        return out
 
     @classmethod
     def from_json(cls, data: Any, where: str, version: str = "") -> "DesiredState":
         if not isinstance(data, dict):
             raise DesiredStateError(where, "(top level)", type(data).__name__, "must be a table")
         for k in data:
-            if k not in ("profile", "tasks", "version"):
-                raise DesiredStateError(where, k, data[k], "unknown field; known: profile, tasks")
+            if k not in ("profile", "profile_spec", "tasks", "version"):
+                raise DesiredStateError(where, k, data[k], "unknown field; known: profile, profile_spec, tasks")
         profile = data.get("profile") or None
         if profile is not None and not isinstance(profile, str):
             raise DesiredStateError(where, "profile", profile, "must be a profile name or file")
+        spec = ProfileSpec.from_json(data["profile_spec"], where) if data.get("profile_spec") is not None else None
+        if spec is not None and spec.name != profile:
+            raise DesiredStateError(where, "profile_spec.name", spec.name, f"must be the profile's name, {profile!r}")
         raw_tasks = data.get("tasks", [])
         if not isinstance(raw_tasks, list):
             raise DesiredStateError(where, "tasks", raw_tasks, "must be a list of tables ([[tasks]])")
@@ -132,7 +172,7 @@ class DesiredState:
             if t.key in seen:
                 raise DesiredStateError(where, f"tasks[{i}]", str(t.key), f"same job and index as tasks[{seen[t.key]}]")
             seen[t.key] = i
-        return cls(profile, tasks, version or data.get("version", ""), where)
+        return cls(profile, tasks, version or data.get("version", ""), where, spec)
 
 
 def read_desired_file(path: Path) -> DesiredState:

@@ -27,6 +27,7 @@ from controlplane.api.app import make_app
 from controlplane.health import HealthService
 from controlplane.scheduler.ratelimit import Limits
 from controlplane.scheduler.service import Scheduler
+from controlplane.sidekick import ProfileDocuments
 from controlplane.state import RegionState
 from controlplane.store import Store
 from controlplane.store.keys import Keys
@@ -44,7 +45,7 @@ class ControlDaemon:
         self.keys = Keys(region)
         self.api_tokens = api_tokens
         self.profile_search = profile_search
-        self.state = RegionState(store, self.keys)
+        self.state = RegionState(store, self.keys, ProfileDocuments(profile_search))
         self.agents = AgentService(self.state, store, self.keys, bootstrap_tokens, heartbeat_interval)
         self.health = HealthService(self.state, store, self.keys, self.agents.last_seen, heartbeat_timeout)
         self.agents.on_seen = self.health.seen

@@ -14,13 +14,16 @@ import json
 import logging
 import time
 from collections import defaultdict
-from typing import Iterable
+from typing import TYPE_CHECKING, Iterable
 
 from controlplane.allocator import Entitlement, Machine, PlacedTask, Snapshot, SpreadPolicy
 from controlplane.records import ON_MACHINE, EntitlementRec, EventRec, JobRec, MachineRec, TaskRec
 from controlplane.store import Index, Store, Versioned
 from controlplane.store.etcd import Change
 from controlplane.store.keys import Keys
+
+if TYPE_CHECKING:
+    from controlplane.sidekick import ProfileDocuments
 
 log = logging.getLogger("twine.controld.state")
 
@@ -46,7 +49,8 @@ def to_placed(t: TaskRec) -> PlacedTask | None:
 
 
 class RegionState:
-    def __init__(self, store: Store, keys: Keys):
+    def __init__(self, store: Store, keys: Keys, profiles: "ProfileDocuments | None" = None):
+        self.profiles = profiles  # the sidekick's merged profile documents; None: send names only
         self.store = store
         self.keys = keys
         self.index = Index(store, keys.root, on_change=self._on_change)
@@ -231,7 +235,11 @@ class RegionState:
         its content: a restarted daemon computes the same version, so no agent restarts a task."""
         m = self.machines[mid]
         tasks = sorted((t for t in self.tasks_on(mid) if t.state in ON_MACHINE), key=lambda t: (t.job, t.index))
-        body = {"profile": self.desired_profile(m), "tasks": [t.agent_spec() for t in tasks]}
+        name = self.desired_profile(m)
+        body = {"profile": name, "tasks": [t.agent_spec() for t in tasks]}
+        doc = self.profiles.document(name) if name and self.profiles is not None else None
+        if doc is not None:
+            body["profile_spec"] = doc
         digest = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:20]
         return {**body, "version": digest}
 

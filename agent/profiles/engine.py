@@ -110,9 +110,10 @@ class Engine:
         """The applied-profile record, or None when no profile is applied."""
         return atomic.read_json(self.state_dir / APPLIED)
 
-    def load(self, name_or_file: str) -> tuple[Profile, list[Setting]]:
-        """Load and fully validate a profile for this host. Raises ProfileError; touches nothing."""
-        profile = loader.load(name_or_file, self.search)
+    def load(self, name_or_file: str | Profile) -> tuple[Profile, list[Setting]]:
+        """Load and fully validate a profile for this host (a name, a file, or a Profile sent as
+        content). Raises ProfileError; touches nothing."""
+        profile = name_or_file if isinstance(name_or_file, Profile) else loader.load(name_or_file, self.search)
         settings = loader.settings(profile, self.ctx)
         by_applier: dict[str, list[Setting]] = {}
         for s in settings:
@@ -153,7 +154,7 @@ class Engine:
 
     # -- apply -------------------------------------------------------------------------------
 
-    def apply(self, name_or_file: str) -> Report:
+    def apply(self, name_or_file: str | Profile) -> Report:
         t0 = time.perf_counter()
         with self._locked():
             self._recover_locked()
@@ -227,7 +228,9 @@ class Engine:
                 self.state_dir / APPLIED,
                 {
                     "profile": profile.name,
-                    "ref": name_or_file,  # as asked for: a name or a file path
+                    # as asked for: a name or a file path; a profile sent as content by its name and hash
+                    "ref": profile.name if isinstance(name_or_file, Profile) else name_or_file,
+                    "hash": profile.digest,
                     "files": list(profile.files),
                     "applied_at": time.time(),
                     "boot_id": boot_id(),

@@ -81,12 +81,7 @@ def load(name_or_file: str, search: tuple[Path, ...] | None = None, _seen: tuple
     unknown_meta = set(meta) - {"name", "description", "include"}
     if unknown_meta:
         raise ProfileError(str(path), "[profile]", sorted(unknown_meta), "unknown keys (known: name, description, include)")
-    known = appliers.known()
-    for section, body in data.items():
-        if section not in known:
-            raise ProfileError(str(path), f"[{section}]", body, f"unknown applier; known: {', '.join(known)}")
-        if not isinstance(body, dict):
-            raise ProfileError(str(path), f"[{section}]", body, "must be a table")
+    _check_sections(str(path), data)
     includes = meta.get("include", [])
     if isinstance(includes, str):
         includes = [includes]
@@ -108,6 +103,22 @@ def load(name_or_file: str, search: tuple[Path, ...] | None = None, _seen: tuple
         origins=origins,
         description=meta.get("description", ""),
     )
+
+
+def _check_sections(where: str, data: dict) -> None:
+    known = appliers.known()
+    for section, body in data.items():
+        if section not in known:
+            raise ProfileError(where, f"[{section}]", body, f"unknown applier; known: {', '.join(known)}")
+        if not isinstance(body, dict):
+            raise ProfileError(where, f"[{section}]", body, "must be a table")
+
+
+def from_content(name: str, sections: dict, digest: str) -> Profile:
+    """A merged profile sent as content (the control plane's ProfileSpec), validated like a file."""
+    where = f"profile {name} from the control plane ({digest[:12]})"
+    _check_sections(where, sections)
+    return Profile(name=name, files=(where,), sections={k: dict(v) for k, v in sections.items()}, digest=digest)
 
 
 def settings(profile: Profile, ctx: HostContext) -> list[Setting]:

@@ -139,3 +139,4 @@ class Profile:
     sections: dict[str, dict] = field(default_factory=dict)  # merged raw sections
     origins: dict[tuple[str, str], str] = field(default_factory=dict)  # (section, key) -> file
     description: str = ""
+    digest: str = ""  # content hash, for a profile sent as content (ProfileSpec) rather than a file

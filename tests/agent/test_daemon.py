@@ -225,3 +225,27 @@ def test_after_a_reboot_the_profile_is_applied_again_before_tasks_start_with_boo
     b.close()
     assert Engine(HostContext(), b.state).rollback().ok
     assert sysctl_path("vm.swappiness").read_text().strip() == "23"
+
+
+def test_a_profile_sent_as_content_is_applied_without_a_local_file_and_an_edit_is_applied_again(
+        tmp_path, agent):
+    import json
+
+    from agent.models import profile_hash
+
+    def write(swappiness: int) -> None:
+        sections = {"sysctl": {"vm.swappiness": swappiness}}
+        body = {"profile": "only-on-the-control-plane",
+                "profile_spec": {"name": "only-on-the-control-plane", "hash": profile_hash(sections), "sections": sections},
+                "tasks": []}
+        (tmp_path / "d.json.tmp").write_text(json.dumps(body))
+        (tmp_path / "d.json.tmp").replace(tmp_path / "desired.json")
+
+    write(37)
+    a = agent(tmp_path / "desired.json").start()
+    a.wait_for(lambda s: s["profile"]["ready"], what="the profile applied")
+    assert sysctl_path("vm.swappiness").read_text().strip() == "37"
+    write(38)
+    a.wait_for(lambda s: sysctl_path("vm.swappiness").read_text().strip() == "38" and s["profile"]["ready"],
+               what="the edited profile applied")
+    assert Engine(HostContext(), a.state).current()["ref"] == "only-on-the-control-plane"

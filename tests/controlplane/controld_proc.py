@@ -23,9 +23,10 @@ BOOTSTRAP_TOKEN = "test-bootstrap-token"
 
 class Controld:
     def __init__(self, tmp: Path, etcd_port: int, heartbeat_timeout: float = 2.0, region: str | None = None,
-                 env: dict[str, str] | None = None):
+                 env: dict[str, str] | None = None, extra: tuple[str, ...] = ()):
         self.tmp = tmp
         self.env = env
+        self.extra = extra
         self.etcd_port = etcd_port
         self.region = region or "r" + uuid.uuid4().hex[:10]
         self.port = free_port()
@@ -45,7 +46,7 @@ class Controld:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "controlplane.daemon", "--etcd", f"127.0.0.1:{self.etcd_port}",
              "--region", self.region, "--listen", f"127.0.0.1:{self.port}", "--api-token-file", str(self.api_file),
-             "--bootstrap-token-file", str(self.boot_file), "--heartbeat-timeout", str(self.heartbeat_timeout)],
+             "--bootstrap-token-file", str(self.boot_file), "--heartbeat-timeout", str(self.heartbeat_timeout), *self.extra],
             stdout=open(self.log, "ab"), stderr=subprocess.STDOUT, cwd=REPO,
             env={**os.environ, **self.env} if self.env else None)
         deadline = time.monotonic() + 20

@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 [ "$(id -u)" = 0 ] || { echo "setup: run as root (the agent manages containers and kernel settings)" >&2; exit 1; }
 
-packages=(docker.io etcd-server busybox-static iproute2 python3-venv)
+packages=(docker.io etcd-server busybox-static iproute2 python3-venv irqbalance)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -8,6 +8,8 @@ settings of an old profile that nothing parsed). write() takes two value forms:
   desired  {"match": regex, "cpus": "0-1"}               one CPU list for every matching IRQ
   saved    {"match": regex, "irqs": {"38": "0-1", ...}}  what read() returns, so that a rollback
                                                          restores each IRQ's own list exactly.
+irqbalance moves IRQs back within seconds: while it runs, write() refuses (the profile should
+say `[irqbalance] running = false`), and verify() names it when it finds an IRQ moved.
 The kernel refuses (EPERM/EIO) to move managed interrupts, which their driver spreads itself:
 the write fails naming every such IRQ and the profile rolls back rather than half-apply. IRQs
 already at the wanted list are not written, so a rollback never trips over them.
@@ -140,7 +142,18 @@ class IrqAffinity(Applier):
         cpus = parse_cpus(value["cpus"])
         return {n: cpus for n in self._matching(value["match"])}
 
+    def _irqbalance(self) -> str:
+        from agent.profiles.appliers.irqbalance import irqbalance_pids
+
+        pids = irqbalance_pids()
+        if not pids:
+            return ""
+        return (f"irqbalance is running (pid {', '.join(map(str, pids))}) and moves pinned IRQs back: "
+                "add `[irqbalance] running = false` to the profile, or stop it on this host")
+
     def write(self, key: str, value: dict) -> None:
+        if "cpus" in value and (conflict := self._irqbalance()):
+            raise ApplierError(conflict)
         irqs = self._interrupts()
         problems = []
         for n, cpus in self._targets(value).items():
@@ -178,6 +191,8 @@ class IrqAffinity(Applier):
                     f"outside {format_cpus(cpus)}; the kernel moves it when it next fires"
                 )
         if problems:
+            if conflict := self._irqbalance():
+                problems.append(conflict)
             return Differs(self.read(key), "; ".join(problems))
         return Holds()
 

@@ -225,8 +225,15 @@ class Agent:
             "oom_killed": c.oom_killed, "logs": logs,
         }
 
+    def cpu_controller_off(self) -> bool:
+        """The applied profile turned the cgroup cpu controller off (and it applied here)."""
+        record = self.engine.current()
+        setting = (record or {}).get("settings", {}).get("cgroup_cpu:enabled")
+        return bool(setting) and setting["value"] is False and "cgroup_cpu:enabled" not in record.get("not_applicable", {})
+
     async def _start(self, spec, generation: int) -> None:
         key = str(spec.key)
+        self.runtime.cpu_limits = not self.cpu_controller_off()
         try:
             await self.runtime.start(self.config.machine_id, spec, generation)
             self.task_errors.pop(key, None)

@@ -46,6 +46,10 @@ class DockerRuntime:
         self._client: docker.DockerClient | None = None
         self.pull = pull
         self.cgroup_parent = cgroup_parent
+        # False while the host profile turns the cgroup cpu controller off for the task group:
+        # a task's `cpus` is then a placement reservation only (no cpu.max), so that Docker (or
+        # systemd, for Docker's systemd cgroup driver) does not turn the controller back on.
+        self.cpu_limits = True
 
     def _docker(self) -> docker.DockerClient:
         if self._client is None:
@@ -97,7 +101,7 @@ class DockerRuntime:
             name=container_name(machine_id, spec, generation),
             labels=task_labels(machine_id, spec, generation),
             environment={**dict(spec.env), **task_env(machine_id, spec)},
-            nano_cpus=int(spec.cpus * 1e9),
+            nano_cpus=int(spec.cpus * 1e9) if self.cpu_limits else 0,
             mem_limit=f"{spec.memory_mb}m",
             pids_limit=spec.pids,
             network_mode=spec.network_mode,

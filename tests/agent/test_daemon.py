@@ -249,3 +249,18 @@ def test_a_profile_sent_as_content_is_applied_without_a_local_file_and_an_edit_i
     a.wait_for(lambda s: sysctl_path("vm.swappiness").read_text().strip() == "38" and s["profile"]["ready"],
                what="the edited profile applied")
     assert Engine(HostContext(), a.state).current()["ref"] == "only-on-the-control-plane"
+
+
+def test_cpu_limits_stay_when_the_profile_cannot_turn_the_cpu_controller_off(tmp_path, agent, docker_client):
+    """The rule: a profile that turns the cgroup cpu controller off makes `cpus` a placement
+    reservation only. Where it does not apply (cgroup v1 here) the limit stays; the VM tests show
+    the other side on cgroup v2."""
+    (tmp_path / "p.toml").write_text("[cgroup_cpu]\nenabled = false\n")
+    a = agent(desired(tmp_path, {"index": 0}, profile=str(tmp_path / "p.toml"))).start()
+    s = a.wait_for(lambda s: len(running(s)) == 1)
+    record = Engine(HostContext(), a.state).current()
+    c = docker_client.containers.get(s["tasks"][0]["container"]["id"])
+    if "cgroup_cpu:enabled" in record["not_applicable"]:
+        assert c.attrs["HostConfig"]["NanoCpus"] == 250_000_000
+    else:
+        assert c.attrs["HostConfig"]["NanoCpus"] == 0

@@ -264,6 +264,10 @@ class ControlPlaneClient:
             raise error
         return answer
 
+    async def announce_reboot(self) -> dict:
+        """POST /v1/agent/shutdown: the host is going down for a reboot (a planned absence)."""
+        return await self.call("POST", "/v1/agent/shutdown", 3.0, json={"reason": "reboot"})
+
     # -- heartbeats --------------------------------------------------------------------------
 
     def notify(self) -> None:

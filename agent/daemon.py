@@ -27,7 +27,7 @@ from agent.profiles.model import Report
 from agent.reconcile import Plan, plan
 from agent.runtime.base import ContainerInfo, ContainerRuntime, ImageNotFound, RuntimeUnavailable
 from agent.runtime.docker_runtime import DockerRuntime
-from agent.sdnotify import Notifier
+from agent.sdnotify import Notifier, host_rebooting
 
 log = logging.getLogger("twine.agent")
 PROFILE_RETRY = 60.0  # a failed profile is retried after this long, or at once when desired changes
@@ -97,6 +97,8 @@ class Agent:
                 await self._stop.wait()
                 for t in loops:
                     t.cancel()
+            if self.client is not None and await asyncio.to_thread(host_rebooting):
+                await self._announce_reboot()
         finally:
             await runner.cleanup()
             if self.client is not None:
@@ -104,6 +106,14 @@ class Agent:
 
     def stop(self) -> None:
         self._stop.set()
+
+    async def _announce_reboot(self) -> None:
+        """Tell the control plane this host is rebooting, so that its silence is no failure."""
+        try:
+            answer = await self.client.announce_reboot()
+            log.warning("host rebooting: told the control plane (%s)", answer.get("maintenance"))
+        except Exception as e:  # the reboot goes on; the health check handles the silence
+            log.warning("host rebooting; could not tell the control plane: %s", e)
 
     def _notify(self) -> None:
         """Tell the control plane soon that something changed."""

@@ -11,6 +11,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import subprocess
+from pathlib import Path
 
 from systemd_watchdog import WatchDog
 
@@ -50,3 +52,16 @@ class Notifier:
         while True:
             self._wd.notify()
             await asyncio.sleep(timeout / 4)
+
+
+def host_rebooting() -> bool:
+    """systemd is taking the host down for a reboot (not a restart of this service, not a
+    power-off): a reboot or kexec target is among its queued jobs."""
+    try:
+        if Path("/proc/1/comm").read_text().strip() != "systemd":
+            return False
+        jobs = subprocess.run(["systemctl", "list-jobs", "--no-legend", "--no-pager"], capture_output=True,
+                              text=True, timeout=5).stdout
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return any(line.split()[1:2] in (["reboot.target"], ["kexec.target"]) for line in jobs.splitlines())

@@ -40,13 +40,14 @@ class ControlDaemon:
     def __init__(self, store: Store, region: str, api_tokens: set[str], bootstrap_tokens: set[str],
                  heartbeat_timeout: float = 5.0, heartbeat_interval: float = 1.0,
                  profile_search: tuple[Path, ...] | None = None, limits: Limits = Limits(),
-                 taskcontrol_interval: float = 1.0, maintenance_policy: str = "move"):
+                 taskcontrol_interval: float = 1.0, maintenance_policy: str = "move", reboot_grace: float = 300.0):
         self.store = store
         self.keys = Keys(region)
         self.api_tokens = api_tokens
         self.profile_search = profile_search
         self.state = RegionState(store, self.keys, ProfileDocuments(profile_search))
-        self.agents = AgentService(self.state, store, self.keys, bootstrap_tokens, heartbeat_interval)
+        self.agents = AgentService(self.state, store, self.keys, bootstrap_tokens, heartbeat_interval,
+                                   reboot_grace=reboot_grace)
         self.health = HealthService(self.state, store, self.keys, self.agents.last_seen, heartbeat_timeout)
         self.agents.on_seen = self.health.seen
         self.scheduler = Scheduler(self.state, store, self.keys, self.agents.report_of, self.agents.errors, limits,
@@ -145,6 +146,9 @@ def parser() -> argparse.ArgumentParser:
                    help="for jobs without a TaskController, unless a maintenance names its own: move their tasks "
                         "away before the deadline (max-unavailable at a time), or stop them at the deadline and "
                         "restart them on the same machine after (default %(default)s)")
+    p.add_argument("--reboot-grace", type=float, default=300.0,
+                   help="seconds a machine whose agent announced a clean reboot has to come back before its "
+                        "tasks are placed elsewhere; meanwhile it is in maintenance, not failed (default %(default)s)")
     p.add_argument("--profiles", action="append", default=[], help="extra profile directory for validating entitlement profiles")
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     return p
@@ -164,7 +168,7 @@ async def _main(args: argparse.Namespace) -> int:
                            _tokens(args.bootstrap_token_file, "--bootstrap-token-file"),
                            args.heartbeat_timeout, args.heartbeat_interval,
                            (*map(Path, args.profiles), *default_search_path()), limits, args.taskcontrol_interval,
-                           args.maintenance_policy)
+                           args.maintenance_policy, args.reboot_grace)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -412,6 +412,11 @@ async def agent_heartbeat(request: web.Request) -> web.Response:
     return reply(await d.agents.heartbeat(request[MACHINE], await body(request)))
 
 
+async def agent_shutdown(request: web.Request) -> web.Response:
+    d: ControlDaemon = request.app[DAEMON]
+    return reply(await d.agents.reboots.announce(request[MACHINE], await body(request)))
+
+
 # -- meta --------------------------------------------------------------------------------------
 
 
@@ -450,6 +455,7 @@ ROUTES = [
     ("POST", "/v1/agent/register", agent_register),
     ("GET", "/v1/agent/desired", agent_desired),
     ("POST", "/v1/agent/heartbeat", agent_heartbeat),
+    ("POST", "/v1/agent/shutdown", agent_shutdown),
     ("GET", "/v1/openapi.json", openapi),
     ("GET", "/v1/metrics", metrics),
     ("GET", "/healthz", healthz),

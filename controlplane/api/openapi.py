@@ -68,6 +68,9 @@ PATHS = {
                                      "DesiredState", security="machineCredential")},
     "/v1/agent/heartbeat": {"post": _op("heartbeat with the machine's task report", "accepted", "HeartbeatReply",
                                         "Heartbeat", security="machineCredential")},
+    "/v1/agent/shutdown": {"post": _op("announce a clean reboot: the machine is in maintenance until it heartbeats "
+                                       "again (at most --reboot-grace seconds)", "announced", "ShutdownReply",
+                                       "Shutdown", security="machineCredential")},
     "/v1/openapi.json": {"get": {"summary": "this document", "security": [], "responses": {"200": {"description": "OpenAPI"}}}},
 }
 
@@ -136,7 +139,10 @@ SCHEMAS = {
     "AgentRegister": {**OBJ, "required": ["machine_id", "labels", "capacity"], "properties": {
         "machine_id": STR, "hostname": STR, "labels": OBJ, "capacity": OBJ, "address": STR, "version": STR}},
     "Registration": {**OBJ, "properties": {"machine_id": STR, "credential": STR}},
-    "DesiredState": {**OBJ, "properties": {"version": STR, "profile": NSTR, "tasks": {"type": "array", "items": OBJ}}},
+    "DesiredState": {**OBJ, "properties": {"version": STR, "profile": NSTR, "tasks": {"type": "array", "items": OBJ},
+                                           "profile_spec": {**OBJ, "properties": {"name": STR, "hash": STR, "sections": OBJ}}}},
+    "Shutdown": {**OBJ, "required": ["reason"], "properties": {"reason": {"type": "string", "enum": ["reboot"]}}},
+    "ShutdownReply": {**OBJ, "properties": {"ok": {"type": "boolean"}, "maintenance": STR, "until": NUM}},
     "Heartbeat": {**OBJ, "properties": {"machine_id": STR, "seq": INT, "desired_version": STR, "health": OBJ,
                                         "profile": OBJ, "tasks": {"type": "array", "items": OBJ}, "digest": STR}},
     "HeartbeatReply": {**OBJ, "properties": {"ok": {"type": "boolean"}, "resend": {"type": "boolean"},

@@ -21,6 +21,7 @@ import time
 from dataclasses import replace
 from typing import Any, Callable
 
+from controlplane.broker.reboots import Reboots
 from controlplane.records import ApiError, MachineRec
 from controlplane.state import RegionState
 from controlplane.store import Store
@@ -45,7 +46,8 @@ def _need(d: dict, key: str, where: str, check: Callable[[Any], bool], why: str)
 
 class AgentService:
     def __init__(self, state: RegionState, store: Store, keys: Keys, bootstrap_tokens: set[str],
-                 heartbeat_interval: float = 1.0, on_seen: Callable[[str], None] | None = None):
+                 heartbeat_interval: float = 1.0, on_seen: Callable[[str], None] | None = None,
+                 reboot_grace: float = 300.0):
         self.state = state
         self.store = store
         self.keys = keys
@@ -59,6 +61,7 @@ class AgentService:
         self.errors: dict[str, str] = {}  # machine id -> why its agent rejected its desired state
         self.counters = {"heartbeats": 0, "heartbeat_reports": 0, "registrations": 0, "long_polls": 0}
         self.closing = asyncio.Event()  # set at shutdown: long polls answer at once
+        self.reboots = Reboots(state, store, keys, reboot_grace)
 
     # -- authentication ----------------------------------------------------------------------
 
@@ -131,6 +134,7 @@ class AgentService:
         self.last_seen_wall[mid] = time.time()
         if self.on_seen is not None:
             self.on_seen(mid)
+        await self.reboots.seen(mid)
         error = str(body.get("desired_error") or "")
         if error != self.errors.get(mid, ""):
             self.errors[mid] = error

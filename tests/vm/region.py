@@ -1,0 +1,165 @@
+"""The Vagrant region as tests and benchmarks drive it: the same `vagrant up` users run
+(vagrant/Vagrantfile), a control VM and machine VMs, each with its own kernel and systemd as PID 1.
+
+Where systemd is not PID 1 (here, CI) libvirtd runs in a private namespace (vagrant/vmenv.sh) and
+every command that talks to the VMs (vagrant, ssh, twinectl) runs inside it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+VAGRANT = REPO / "vagrant"
+VMENV = VAGRANT / "vmenv.sh"
+REGION = VAGRANT / ".region"
+MACHINES = ("m1", "m2")
+API_PORT = 17080
+
+
+def log(message: str) -> None:
+    print(f"[vm {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def kvm_usable() -> bool:
+    """A KVM that runs stock kernels (kvm_intel/kvm_amd), not only /dev/kvm."""
+    return Path("/dev/kvm").exists() and any(Path(f"/sys/module/{m}").exists() for m in ("kvm_intel", "kvm_amd"))
+
+
+class Region:
+    def __init__(self, machines: int = len(MACHINES)) -> None:
+        self.env = {
+            **os.environ,
+            "TWINE_MACHINES": str(machines),
+            # m1 has 2 vCPUs (IRQs to move between, irqbalance to hold off), m2 and control 1: more
+            # emulated vCPUs than host cores slows every guest sharply.
+            "TWINE_VM_CPUS": "2 1",
+            "TWINE_LABELS": "dc1/msb1 dc2/msb2",
+            "TWINE_VM_MEMORY": "768",
+            "TWINE_HEARTBEAT_TIMEOUT": "10",
+            "TWINE_API_PORT": str(API_PORT),
+            "TWINE_LIBVIRT_DRIVER": os.environ.get("TWINE_LIBVIRT_DRIVER") or ("kvm" if kvm_usable() else "qemu"),
+        }
+        self.ssh_config = REGION / "ssh_config"
+        self.run_id = format(int(time.time()) % 0xFFFFF, "x")  # a kept region keeps entitlements: fresh names
+        self.timings: dict[str, float] = {}
+
+    # -- running things where the VMs are ---------------------------------------------------
+
+    def run(self, *cmd: str, timeout: float = 600, check: bool = True, inside: bool = True,
+            env: dict | None = None) -> subprocess.CompletedProcess:
+        argv = [str(VMENV), "exec", *cmd] if inside else list(cmd)
+        r = subprocess.run(argv, cwd=VAGRANT, env={**self.env, **(env or {})}, capture_output=True, text=True,
+                           timeout=timeout)
+        if check and r.returncode != 0:
+            raise AssertionError(f"{' '.join(cmd)} exited {r.returncode}:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
+        return r
+
+    def vagrant(self, *args: str, timeout: float = 1800) -> subprocess.CompletedProcess:
+        t0 = time.monotonic()
+        r = self.run("vagrant", *args, timeout=timeout)
+        log(f"vagrant {' '.join(args)}: {time.monotonic() - t0:.0f} s")
+        return r
+
+    def ssh(self, vm: str, command: str, timeout: float = 300, check: bool = True) -> str:
+        """`command` as root in the VM's shell; its stdout."""
+        # One SSH connection per VM, kept open: a new handshake costs seconds under emulation.
+        r = self.run("ssh", "-F", str(self.ssh_config), "-o", "ConnectTimeout=20", "-o", "BatchMode=yes",
+                     "-o", "ControlMaster=auto", "-o", f"ControlPath={REGION}/ssh-%r@%h:%p", "-o", "ControlPersist=600",
+                     vm,
+                     "--", "sudo", "bash", "-c", shlex.quote(command), timeout=timeout, check=check)
+        return r.stdout
+
+    def ctl(self, *args: str, check: bool = True):
+        """twinectl on this host, as an operator runs it; --json answers parsed."""
+        env = {"TWINE_URL": f"http://127.0.0.1:{API_PORT}", "TWINE_TOKEN_FILE": str(REGION / "api-token")}
+        r = self.run(str(REPO / ".venv/bin/twinectl"), "--json", *args, env=env, timeout=1200, check=check)
+        if not check:
+            return r
+        return json.loads(r.stdout) if r.stdout.strip() else None
+
+    def wait(self, predicate, timeout: float, what: str, every: float = 2.0):
+        deadline = time.monotonic() + timeout
+        last: object = None
+        while time.monotonic() < deadline:
+            try:
+                last = predicate()
+                if last:
+                    return last
+            except (AssertionError, json.JSONDecodeError, subprocess.TimeoutExpired) as e:
+                last = e
+            time.sleep(every)
+        raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}; last: {str(last)[-2000:]}")
+
+    def name(self, base: str) -> str:
+        return f"{base}-{self.run_id}"
+
+    # -- what tests read --------------------------------------------------------------------
+
+    def machines(self) -> dict[str, dict]:
+        """controld's machines by hostname."""
+        return {m["hostname"]: m for m in self.ctl("machine", "list")["machines"]}
+
+    def containers(self, vm: str) -> dict[str, tuple[str, str, int]]:
+        """The VM's task containers: name -> (id, StartedAt, RestartCount)."""
+        out = self.ssh(vm, "docker ps -q --filter label=twine.machine | xargs -r docker inspect "
+                           "-f '{{.Name}} {{.Id}} {{.State.StartedAt}} {{.RestartCount}}'")
+        found = {}
+        for line in out.split("\n"):
+            if line.strip():
+                name, cid, started, restarts = line.split()
+                found[name.lstrip("/")] = (cid, started, int(restarts))
+        return found
+
+    def unit(self, vm: str, unit: str) -> dict[str, str]:
+        out = self.ssh(vm, f"systemctl show {unit} -p ActiveState -p SubState -p MainPID -p NRestarts -p Type "
+                           "-p WatchdogUSec -p KillMode")
+        return dict(line.split("=", 1) for line in out.split("\n") if "=" in line)
+
+    # -- bringing it up and down ------------------------------------------------------------
+
+    def is_up(self) -> bool:
+        """Every VM of the region running (and the namespace that holds them, where there is one)."""
+        if self.run(str(VMENV), "status", inside=False, check=False).returncode != 0:
+            return False
+        out = self.run("vagrant", "status", "--machine-readable", check=False).stdout
+        states = [line.split(",")[3] for line in out.splitlines() if ",state," in line]
+        if not states or any(s != "running" for s in states):
+            return False
+        self.ssh_config.write_text(self.run("vagrant", "ssh-config", timeout=300).stdout)
+        return True
+
+    def up(self) -> None:
+        t0 = time.monotonic()
+        # pip needs PyPI, which the namespace's network does not reach: the wheelhouse first
+        self.run("bash", str(REPO / "scripts/build-wheelhouse.sh"), str(REGION / "wheelhouse"), inside=False,
+                 env={"PYTHON": str(REPO / ".venv/bin/python")}, timeout=900)
+        r = self.run("bash", str(VAGRANT / "box/build.sh"), inside=False, timeout=1800)
+        self.timings["box"] = time.monotonic() - t0
+        log(f"box ready in {self.timings['box']:.0f} s: {r.stdout.strip().splitlines()[-1] if r.stdout.strip() else ''}")
+        self.run(str(VMENV), "up", inside=False, timeout=120)
+        t0 = time.monotonic()
+        self.vagrant("up", timeout=2400)
+        self.timings["up"] = time.monotonic() - t0
+        config = self.run("vagrant", "ssh-config", timeout=300).stdout
+        self.ssh_config.write_text(config)
+
+    def down(self) -> None:
+        try:
+            self.vagrant("destroy", "-f", timeout=900)
+        finally:
+            self.run(str(VMENV), "down", inside=False, timeout=300, check=False)
+
+
+def missing_tools() -> str:
+    need = ["vagrant", "virsh", "libvirtd", "qemu-system-x86_64", "mmdebstrap"]
+    if Path("/proc/1/comm").read_text().strip() != "systemd":
+        need += ["tini", "nsenter", "unshare"]
+    return ", ".join(t for t in need if shutil.which(t) is None)

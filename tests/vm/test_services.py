@@ -1,0 +1,66 @@
+"""The region's daemons as systemd services on real hosts: started by systemd, restarted by it,
+and never taking a task down with them."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.vm.region import MACHINES
+
+pytestmark = [pytest.mark.vm, pytest.mark.timeout(2700)]  # the first one brings the region up
+
+JOB = {
+    "name": "loop", "count": 2,
+    "task": {"image": "twine/busybox:1", "command": ["sh", "-c", "trap 'exit 0' TERM; while true; do sleep 1; done"],
+             "cpus": 0.1, "memory_mb": 16},
+    "preferences": [{"property": "msb", "strategy": "spread"}],
+}
+
+
+def test_every_unit_is_active_under_systemd_and_every_machine_joined(region):
+    for unit in ("etcd", "twine-controld"):
+        u = region.unit("control", unit)
+        assert u["ActiveState"] == "active", (unit, u)
+    controld = region.unit("control", "twine-controld")
+    assert controld["Type"] == "notify" and controld["WatchdogUSec"] != "0"
+    assert region.ssh("control", "stat -c '%a %U' /etc/twine/api-tokens /etc/twine/bootstrap-tokens").split("\n")[:2] \
+        == ["600 twine", "600 twine"]
+    for vm in MACHINES:
+        agent = region.unit(vm, "twine-agent")
+        assert agent["ActiveState"] == "active" and agent["Type"] == "notify" and agent["KillMode"] == "process", agent
+        assert region.ssh(vm, "stat -c %a /etc/twine/bootstrap-token").strip() == "600"
+        assert "cpu" in region.ssh(vm, "cat /sys/fs/cgroup/cgroup.controllers").split()
+    machines = region.wait(lambda: (ms := region.machines()) and all(ms.get(vm, {}).get("healthy") for vm in MACHINES)
+                           and ms, 300, "both machines registered and healthy")
+    assert {vm: (machines[vm]["labels"]["dc"], machines[vm]["labels"]["msb"]) for vm in MACHINES} == \
+        {"m1": ("dc1", "msb1"), "m2": ("dc2", "msb2")}
+    # journald has the agent's log (no files of its own)
+    assert "agent" in region.ssh("m1", "journalctl -u twine-agent --no-pager -n 50")
+
+
+def test_restart_and_sigkill_of_the_agent_restart_no_container(region, tmp_path):
+    ent = region.name("svc")
+    region.ctl("entitlement", "create", ent, "--machine-type", "generic", "--quota", "2")
+    spec = tmp_path / "job.yaml"  # JSON is YAML
+    spec.write_text(json.dumps({**JOB, "entitlement": ent}))
+    try:
+        region.ctl("job", "run", str(spec), "--wait", "600")
+        before = {vm: region.containers(vm) for vm in MACHINES}
+        assert all(len(c) == 1 for c in before.values()), before
+        pids = {vm: region.unit(vm, "twine-agent")["MainPID"] for vm in MACHINES}
+
+        region.ssh("m1", "systemctl restart twine-agent")
+        region.ssh("m2", "kill -9 $(systemctl show -p MainPID --value twine-agent)")
+        for vm in MACHINES:
+            region.wait(lambda: (u := region.unit(vm, "twine-agent"))["ActiveState"] == "active"
+                        and u["MainPID"] not in ("0", pids[vm]), 300, f"{vm}'s agent back under systemd")
+        assert region.unit("m2", "twine-agent")["NRestarts"] != "0", "systemd did not restart the killed agent"
+        # back in touch with controld, and the tasks untouched: same containers, same start, no restart
+        region.wait(lambda: all(m["healthy"] for m in region.machines().values()), 120, "machines healthy")
+        job = region.ctl("job", "status", f"{ent}/loop")
+        assert [t["state"] for t in job["tasks"]] == ["running", "running"]
+        assert {vm: region.containers(vm) for vm in MACHINES} == before
+    finally:
+        region.ctl("job", "stop", f"{ent}/loop", "--wait", "300", check=False)

@@ -209,6 +209,8 @@ class Agent:
         self.containers = await self.runtime.list(self.config.machine_id)
         p = plan(self.desired.tasks, self.containers, self.profile_ready(), time.time())
         self.last_plan = p
+        if p.update or p.restart or p.place:  # the applied record is read once a pass, not per start
+            self.runtime.cpu_limits = not self.cpu_controller_off()
         grace = self.config.stop_grace
         await asyncio.gather(*(self._stop_container(c, grace) for c in p.stop))
         for old, spec, gen in (*p.update, *p.restart):
@@ -243,7 +245,6 @@ class Agent:
 
     async def _start(self, spec, generation: int) -> None:
         key = str(spec.key)
-        self.runtime.cpu_limits = not self.cpu_controller_off()
         try:
             await self.runtime.start(self.config.machine_id, spec, generation)
             self.task_errors.pop(key, None)

@@ -40,9 +40,6 @@ class Notifier:
             self._wd.status(status)
         self._wd.ready()
 
-    def status(self, text: str) -> None:
-        self._wd.status(text)
-
     async def watchdog_loop(self) -> None:
         """Ping systemd at a quarter of its timeout for as long as this event loop runs."""
         timeout = self.watchdog_seconds()

@@ -171,14 +171,8 @@ class Agent:
                 pass
 
     def profile_ready(self) -> bool:
-        record = self.engine.current()
-        want = self.desired.profile
-        if want is None:
-            return record is None
-        if record is None or want not in (record.get("ref"), record["profile"]):
-            return False
         spec = self.desired.profile_spec
-        return spec is None or record.get("hash") == spec.hash
+        return self.engine.in_force(self.desired.profile, spec.hash if spec is not None else None)
 
     async def _converge_profile(self) -> None:
         if self.profile_ready():

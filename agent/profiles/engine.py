@@ -110,6 +110,18 @@ class Engine:
         """The applied-profile record, or None when no profile is applied."""
         return atomic.read_json(self.state_dir / APPLIED)
 
+    def in_force(self, name: str | None, digest: str | None = None) -> bool:
+        """Is this profile (by name or file as asked for, and content hash when given) what the host
+        holds? None asks for no profile at all. After a rollback that could not restore everything
+        the record keeps the originals still to restore, but no profile is in force: applying any
+        profile, the same one included, must write its settings again."""
+        record = self.current()
+        if name is None:
+            return record is None
+        if record is None or record.get("rollback_incomplete") or name not in (record.get("ref"), record["profile"]):
+            return False
+        return digest is None or record.get("hash") == digest
+
     def load(self, name_or_file: str | Profile) -> tuple[Profile, list[Setting]]:
         """Load and fully validate a profile for this host (a name, a file, or a Profile sent as
         content). Raises ProfileError; touches nothing."""
@@ -312,11 +324,12 @@ class Engine:
                 # Keep the record of what could not be restored; drop the journal so that this
                 # partial restore is not itself undone.
                 record["originals"] = {k: v for k, v in record["originals"].items() if k in {r.setting_id for r in failed}}
+                record["rollback_incomplete"] = "; ".join(f"{r.setting_id}: {r.reason}" for r in failed)
                 atomic.write_json(self.state_dir / APPLIED, record)
             else:
                 atomic.remove(self.state_dir / APPLIED)
             atomic.remove(self.state_dir / JOURNAL)
-            error = "; ".join(f"{r.setting_id}: {r.reason}" for r in failed)
+            error = record.get("rollback_incomplete", "") if failed else ""
             return Report("rollback", record["profile"], not failed, tuple(results), time.perf_counter() - t0, error)
 
     def verify(self, name_or_file: str | None = None) -> Report:

@@ -98,6 +98,40 @@ def test_setting_that_fails_half_way_leaves_the_host_exactly_as_it_was(tmp_path,
     assert not (engine.state_dir / JOURNAL).exists()
 
 
+def test_a_rollback_that_restores_part_leaves_no_profile_in_force_and_the_same_profile_applies_again(
+        tmp_path, engine, originals):
+    somaxconn, swappiness = other("net.core.somaxconn", 1024, 2048), other("vm.swappiness", 33, 34)
+    write_profile(tmp_path, "p", f"""
+        [sysctl]
+        "net.core.somaxconn" = {somaxconn}
+        "vm.swappiness" = {swappiness}
+    """)
+    assert engine.apply("p").ok
+    digest = engine.current()["hash"]
+    assert engine.in_force("p", digest)
+    # An original the kernel will not take back (as an IRQ it cannot move yet): the rollback
+    # restores somaxconn and fails on swappiness.
+    record = json.loads((engine.state_dir / APPLIED).read_text())
+    record["originals"]["sysctl:vm.swappiness"]["value"] = "500"
+    (engine.state_dir / APPLIED).write_text(json.dumps(record))
+
+    report = engine.rollback()
+    assert not report.ok and "sysctl:vm.swappiness" in report.error
+    assert read("net.core.somaxconn") == originals["net.core.somaxconn"]
+    assert read("vm.swappiness") == str(swappiness)
+    # The record names what is left to restore, but p is no longer in force: neither p nor "no
+    # profile" is what the host holds.
+    assert engine.current()["rollback_incomplete"].startswith("sysctl:vm.swappiness")
+    assert not engine.in_force("p", digest) and not engine.in_force("p") and not engine.in_force(None)
+
+    again = engine.apply("p")
+    assert again.ok, again.error
+    assert {r.setting_id: r.outcome for r in again.results} == {
+        "sysctl:net.core.somaxconn": Outcome.APPLIED, "sysctl:vm.swappiness": Outcome.HELD}
+    assert read("net.core.somaxconn") == str(somaxconn)
+    assert engine.in_force("p", digest)
+
+
 def test_switch_restores_what_the_old_profile_set_and_the_new_one_does_not(tmp_path, engine, originals):
     a_swap, b_fin = other("vm.swappiness", 33, 34), other("net.ipv4.tcp_fin_timeout", 17, 18)
     write_profile(tmp_path, "a", f'[sysctl]\n"vm.swappiness" = {a_swap}\n"net.core.somaxconn" = 1111\n')

@@ -21,6 +21,7 @@ from agent.errors import DesiredStateError, InputError
 from agent.health import HealthReport, probe
 from agent.http import serve
 from agent.models import DesiredState
+from agent.profiles.appliers.base import ApplierError
 from agent.profiles.engine import Engine
 from agent.profiles.loader import from_content
 from agent.profiles.model import Report
@@ -212,6 +213,8 @@ class Agent:
             await self._start(spec, gen)
         for spec, gen in p.place:
             await self._start(spec, gen)
+        if (p.update or p.restart or p.place) and not self.runtime.cpu_limits:
+            await self._hold_cpu_controller_off()
         if not p.empty():
             self.containers = await self.runtime.list(self.config.machine_id)
             self._notify()
@@ -236,6 +239,15 @@ class Agent:
         record = self.engine.current()
         setting = (record or {}).get("settings", {}).get("cgroup_cpu:enabled")
         return bool(setting) and setting["value"] is False and "cgroup_cpu:enabled" not in record.get("not_applicable", {})
+
+    async def _hold_cpu_controller_off(self) -> None:
+        """runc turns the cgroup cpu controller on in every ancestor of each container it creates:
+        the profile that turned it off is written again (agent/profiles/appliers/cgroup_cpu.py)."""
+        try:
+            if written := await asyncio.to_thread(self.engine.hold, "cgroup_cpu"):
+                log.info("cgroup cpu controller off again after container starts (%s)", ", ".join(written))
+        except (OSError, ApplierError) as e:  # reported by the health check's verify as drift
+            log.error("could not hold the cgroup cpu controller off: %s", e)
 
     async def _start(self, spec, generation: int) -> None:
         key = str(spec.key)

@@ -279,6 +279,23 @@ class Engine:
                 errors.append(f"{u.applier}:{u.key}: {e}")
         return errors
 
+    def hold(self, applier_name: str) -> list[str]:
+        """Write again the applied profile's settings of one applier that no longer hold, when
+        something the agent itself runs undoes them (runc turns the cgroup cpu controller on for
+        every container it creates). The originals stay as they were. Returns the ids written."""
+        with self._locked():
+            record = self.current()
+            if record is None or record.get("rollback_incomplete"):
+                return []
+            applier, written = self.applier(applier_name), []
+            for sid, d in record["settings"].items():
+                if d["applier"] != applier_name or sid in record.get("not_applicable", {}):
+                    continue
+                if not isinstance(applier.verify(d["key"], d["value"]), Holds):
+                    applier.write(d["key"], d["value"])
+                    written.append(sid)
+            return written
+
     # -- recover, rollback, verify ---------------------------------------------------------------
 
     def recover(self) -> Report | None:

@@ -93,8 +93,6 @@ def test_a_profile_edited_on_the_control_vm_tunes_the_machine_kernel_and_is_undo
     assert kernel(region, vm) == before[vm]
 
 
-@pytest.mark.xfail(strict=True, reason="measured in the guest: twine.slice keeps the cpu controller on under a "
-                   "cpu-off profile (systemd/Docker turn it on); switching it through systemd is still to do (#9)")
 def test_a_profile_that_turns_the_cpu_controller_off_starts_tasks_without_a_cpu_limit(region, tmp_path):
     region.ssh("control", f"cat > /etc/twine/profiles/vm-batch.toml <<'EOF'\n{BATCH}\nEOF")
     ent = region.name("batch")
@@ -105,10 +103,14 @@ def test_a_profile_that_turns_the_cpu_controller_off_starts_tasks_without_a_cpu_
         after = kernel(region, vm)
         assert after["swappiness"] == "71" and after["cpu_controller"] == "off", after
         c = task_container(region, vm, f"{ent}/crunch")
-        assert c["HostConfig"]["NanoCpus"] == 0, "a CPU limit would make systemd turn the controller back on"
-        # and it stays off: systemd has no reason to enable it for the task's scope
+        assert c["HostConfig"]["NanoCpus"] == 0, "cpus is a placement reservation only while the controller is off"
+        scope = f"/sys/fs/cgroup/twine.slice/docker-{c['Id']}.scope"
+        assert region.ssh(vm, f"test -e {scope}/cpu.max && echo limited || echo free").strip() == "free"
+        assert region.ssh(vm, "systemctl show twine.slice -p DisableControllers --value").split() == ["cpu"]
+        # systemd does not turn it on again when it realizes the slice
         region.ssh(vm, "systemctl daemon-reload")
         assert kernel(region, vm)["cpu_controller"] == "off"
+        assert region.machines()[vm]["profile"]["ok"] is True
     finally:
         region.ctl("job", "stop", f"{ent}/crunch", "--wait", "600", check=False)
     back_in_the_free_pool(region, vm)

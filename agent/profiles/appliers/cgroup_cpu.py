@@ -6,11 +6,26 @@
 "Enabled" means `cpu` is in cgroup.subtree_control of the task group (HostContext.task_cgroup),
 so every task container below it has the cpu controller. On cgroup v1 the cpu controller is a
 hierarchy of its own that every group is always in: not applicable there.
+
+Where systemd is PID 1 and the task group is a slice (twine.slice), that file is not ours alone,
+as measured on Debian 12 (systemd 252, Docker's systemd cgroup driver, runc):
+- systemd writes it whenever it realizes the slice: it turns every controller on while a
+  container scope (Delegate=yes) lives there, off when the last one goes, and undoes a
+  hand-written `+cpu` at the next daemon-reload;
+- runc writes `+cpu` (every controller the root has) into each ancestor of every container it
+  creates, whatever systemd says.
+So the switch goes through systemd first: off is `DisableControllers=cpu` on the slice (a runtime
+drop-in: systemd never turns it on there again) and `-cpu` written on the slice; the agent writes
+`-cpu` again after each container it starts (Engine.hold), since runc has just turned it on. On
+is that drop-in cleared (and `+cpu` written while containers run): the controller is then on for
+every task container, and an idle slice that systemd trimmed reads as enabled (the parent passes
+it on and nothing disables it), so a rollback leaves the file as systemd keeps it.
 """
 
 from __future__ import annotations
 
 import errno
+import subprocess
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -81,15 +96,49 @@ class CgroupCpu(Applier):
         except FileNotFoundError:
             return False
 
+    def _slice(self) -> str | None:
+        """The systemd slice unit that owns the task group, when systemd is PID 1 and the task group
+        is a slice; None when the agent alone writes its cgroup.subtree_control."""
+        name = Path(self.ctx.task_cgroup).name
+        try:
+            systemd = (self.ctx.proc / "1" / "comm").read_text().strip() == "systemd"
+        except OSError:
+            systemd = False
+        return name if systemd and name.endswith(".slice") else None
+
+    def _systemctl(self, *args: str) -> str:
+        r = subprocess.run(["systemctl", *args], capture_output=True, text=True, timeout=60)
+        if r.returncode != 0:
+            raise ApplierError(f"systemctl {' '.join(args)}: {r.stderr.strip() or f'exit {r.returncode}'}")
+        return r.stdout
+
+    def _disabled(self, unit: str) -> set[str]:
+        return set(self._systemctl("show", unit, "-p", "DisableControllers", "--value").split())
+
     def read(self, key: str) -> bool:
         if not self._v2():
             return self._v1_hierarchy() is not None  # v1: always on wherever the hierarchy is mounted
-        return self._enabled(self._chain()[-1])
+        chain = self._chain()
+        if self._enabled(chain[-1]):
+            return True
+        unit = self._slice()
+        if unit is None:
+            return False
+        # systemd trims an idle slice's controllers and turns them on for each container scope:
+        # there, enabled means passed on by the parent and not disabled through systemd.
+        return self._enabled(chain[-2]) and self.controller not in self._disabled(unit)
 
     def write(self, key: str, value: bool) -> None:
         if not self._v2():
             raise ApplierError(self._v1_reason())
         chain = self._chain()
+        if unit := self._slice():
+            disabled = self._disabled(unit) - {self.controller} | ({self.controller} if not value else set())
+            # Assignments apply in order: the first resets the list, the second sets it whole.
+            self._systemctl("set-property", "--runtime", unit, "DisableControllers=",
+                            *([f"DisableControllers={' '.join(sorted(disabled))}"] if disabled else []))
+            if value and not any(d.is_dir() for d in chain[-1].glob("*")):
+                return  # idle: systemd turns it on for the next container scope, as it owns the file
         if value:
             # A controller can be enabled in a group only once its parent has it: top-down.
             for group in chain:

@@ -132,6 +132,24 @@ def test_a_rollback_that_restores_part_leaves_no_profile_in_force_and_the_same_p
     assert engine.in_force("p", digest)
 
 
+def test_hold_writes_again_only_what_no_longer_holds_and_keeps_the_originals(tmp_path, engine, originals):
+    somaxconn, swappiness = other("net.core.somaxconn", 1024, 2048), other("vm.swappiness", 33, 34)
+    write_profile(tmp_path, "p", f"""
+        [sysctl]
+        "net.core.somaxconn" = {somaxconn}
+        "vm.swappiness" = {swappiness}
+    """)
+    assert engine.apply("p").ok
+    assert engine.hold("sysctl") == []  # everything holds: nothing written
+    sysctl_path("vm.swappiness").write_text("7")  # undone by something else on the host
+    assert engine.hold("sysctl") == ["sysctl:vm.swappiness"]
+    assert read("vm.swappiness") == str(swappiness)
+    assert engine.hold("hugepages") == []  # the profile sets none
+    assert engine.rollback().ok
+    assert {k: read(k) for k in KEYS} == originals  # the originals are still the ones from before
+    assert engine.hold("sysctl") == []  # no profile applied
+
+
 def test_switch_restores_what_the_old_profile_set_and_the_new_one_does_not(tmp_path, engine, originals):
     a_swap, b_fin = other("vm.swappiness", 33, 34), other("net.ipv4.tcp_fin_timeout", 17, 18)
     write_profile(tmp_path, "a", f'[sysctl]\n"vm.swappiness" = {a_swap}\n"net.core.somaxconn" = 1111\n')

@@ -3,14 +3,21 @@
 #   mmdebstrap -> mke2fs -d -> sparse partitioned disk -> one boot under qemu (-kernel) that
 #   runs grub-install/update-grub inside -> qemu-img convert -c -> box tar -> vagrant box add.
 # No loop devices and no mounts, so it works in containers and on hosts without udev.
+# The box also holds twine's Python dependencies, preinstalled in /opt/twine/venv from the
+# region's wheelhouse (scripts/build-wheelhouse.sh, the one `vagrant up` stages): the installers
+# then add only twine itself, instead of making a virtualenv and installing two dozen wheels in
+# every guest under emulation (about a minute each). Without it the installers do it all.
 # Cached by a hash of its inputs (this script, which holds the package list and every guest
-# file, plus Vagrant's insecure public key): an unchanged box is neither rebuilt nor re-added.
+# file, Vagrant's insecure public key and the names of the dependency wheels): an unchanged box
+# is neither rebuilt nor re-added.
 #   TWINE_BOX_CACHE    where boxes are kept (default /var/cache/twine/boxes)
 #   TWINE_DEBIAN_MIRROR  Debian mirror (default http://deb.debian.org/debian)
+#   TWINE_BOX_DEPS=0   no preinstalled dependencies (and no wheelhouse built)
 #   FORCE=1            rebuild even when the box for this hash exists
 set -euo pipefail
 [ "$(id -u)" = 0 ] || { echo "box: run as root (mmdebstrap --mode=root)" >&2; exit 1; }
 self=$(readlink -f "$0")
+repo=$(cd "$(dirname "$self")/../.." && pwd)
 
 box_name=twine/debian12
 cache=${TWINE_BOX_CACHE:-/var/cache/twine/boxes}
@@ -40,7 +47,21 @@ pubkey=$(find /usr/share/rubygems-integration /usr/lib/ruby/vendor_ruby /opt/vag
            -path '*vagrant*/keys/vagrant.pub' 2>/dev/null | sort -V | tail -n 1 || true)
 [ -n "$pubkey" ] || die "Vagrant's insecure key (keys/vagrant.pub) not found; is the vagrant package installed?"
 
-hash=$(cat "$self" "$pubkey" | sha256sum | cut -c1-16)
+# The dependency wheels (every wheel of the wheelhouse but twine's own): the same directory the
+# Vagrantfile stages, so `vagrant up` finds it built.
+wheelhouse=$repo/vagrant/.region/wheelhouse
+deps=()
+if [ "${TWINE_BOX_DEPS:-1}" != 0 ]; then
+  python=python3
+  [ -x "$repo/.venv/bin/python" ] && python=$repo/.venv/bin/python
+  PYTHON=$python bash "$repo/scripts/build-wheelhouse.sh" "$wheelhouse" >/dev/null \
+    || die "building the wheelhouse failed (pip needs PyPI; or TWINE_BOX_DEPS=0 for a box without dependencies)"
+  for w in "$wheelhouse"/*.whl; do
+    case ${w##*/} in twine-*) ;; *) deps+=("${w##*/}");; esac
+  done
+fi
+
+hash=$( (cat "$self" "$pubkey"; printf '%s\n' "${deps[@]}") | sha256sum | cut -c1-16)
 box=$cache/twine-debian12-$hash.box
 vagrant_home=${VAGRANT_HOME:-$HOME/.vagrant.d}
 marker=$vagrant_home/twine-debian12.hash
@@ -139,11 +160,20 @@ sed -i -e 's/^GRUB_TIMEOUT=.*/GRUB_TIMEOUT=0/' \
 printf 'GRUB_TERMINAL="console serial"\nGRUB_SERIAL_COMMAND="serial --unit=0 --speed=115200"\n' \
   >> "$root/etc/default/grub"
 
-# etcd is configured and enabled by the control VM's installer; docker runs everywhere.
+if [ ${#deps[@]} -gt 0 ]; then
+  step "preinstall ${#deps[@]} dependency wheels in /opt/twine/venv"
+  mkdir -p "$root/tmp/wheelhouse"
+  for w in "${deps[@]}"; do cp "$wheelhouse/$w" "$root/tmp/wheelhouse/"; done
+  run_logged chroot "$root" python3 -m venv /opt/twine/venv
+  run_logged chroot "$root" sh -c 'cd /tmp/wheelhouse && /opt/twine/venv/bin/pip install -q --no-index --find-links . ./*.whl'
+  rm -rf "$root/tmp/wheelhouse" "$root/root/.cache/pip"
+fi
+
+# etcd is configured and enabled by the control VM's installer, Docker by the machines' (the
+# control VM runs no tasks: Docker would only cost it boot time under emulation).
 # The guests reach no package registry, so apt's timers would only burn emulated CPU.
-systemctl --root="$root" --quiet disable etcd.service
-systemctl --root="$root" --quiet enable docker.service containerd.service irqbalance.service \
-  ssh.service ssh-host-keys.service
+systemctl --root="$root" --quiet disable etcd.service docker.service containerd.service docker.socket
+systemctl --root="$root" --quiet enable irqbalance.service ssh.service ssh-host-keys.service
 for unit in apt-daily.timer apt-daily-upgrade.timer e2scrub_all.timer e2scrub_reap.service fstrim.timer; do
   systemctl --root="$root" --quiet disable "$unit" 2>/dev/null || true
 done

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Run the test suite (sets up first; idempotent). Extra arguments go to pytest.
-# The VM tests (tests/vm, marker `vm`: the Vagrant region booted with `vagrant up`, about 20
-# minutes under emulation) are left out by default; run them with
-#   bash scripts/setup-vm.sh && bash scripts/test.sh -m vm
+# Run the whole test suite (sets up first; idempotent). Extra arguments go to pytest.
+# It includes the VM tests (tests/vm, marker `vm`): the Vagrant region, booted with the same
+# `vagrant up` users run, comes up in the background while the other tests run, and its tests run
+# last. Without them: bash scripts/test.sh -m "not vm"
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
-exec .venv/bin/python -m pytest -q -m "not vm" "$@"
+scripts/setup-vm.sh
+exec .venv/bin/python -m pytest -q "$@"

@@ -85,3 +85,44 @@ def etcd_server():
     server = EtcdServer().start()
     yield server
     server.stop()
+
+
+# -- the VM region (tests/vm): booted in the background while the other tests run -------------
+
+BRINGUP = pytest.StashKey()
+
+
+def _vm_items(items) -> list:
+    return [i for i in items if i.get_closest_marker("vm") is not None]
+
+
+def pytest_collection_modifyitems(config, items):
+    """VM tests last, so that their region has the whole run of the others to boot."""
+    vm = _vm_items(items)
+    if vm:
+        items[:] = [i for i in items if i.get_closest_marker("vm") is None] + vm
+
+
+def pytest_collection_finish(session):
+    import os
+
+    from tests.vm.region import Bringup, missing_tools
+
+    if not _vm_items(session.items) or missing_tools() or session.config.option.collectonly:
+        return  # nothing to boot (the region fixture reports missing tools)
+    keep = os.environ.get("TWINE_VM_KEEP") == "1" and os.environ.get("CI") != "true"
+    session.config.stash[BRINGUP] = Bringup(keep)
+
+
+def pytest_sessionfinish(session):
+    bringup = session.config.stash.get(BRINGUP, None)
+    if bringup is not None:
+        bringup.finish()
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    bringup = config.stash.get(BRINGUP, None)
+    if bringup is not None:
+        t = bringup.region.timings
+        parts = ", ".join(f"{k} {v:.0f} s" for k, v in t.items())
+        terminalreporter.write_line(f"VM region: {parts or 'used as it was'} (vagrant/.region/vm.log)")

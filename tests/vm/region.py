@@ -13,6 +13,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -25,7 +26,13 @@ API_PORT = 17080
 
 
 def log(message: str) -> None:
-    print(f"[vm {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+    """To stderr and to vagrant/.region/vm.log: the bring-up runs in a thread while other tests run,
+    and pytest shows their captured output only when they fail."""
+    line = f"[vm {time.strftime('%H:%M:%S')}] {message}"
+    print(line, file=sys.stderr, flush=True)
+    REGION.mkdir(parents=True, exist_ok=True)
+    with open(REGION / "vm.log", "a") as f:
+        f.write(line + "\n")
 
 
 def kvm_usable() -> bool:
@@ -43,7 +50,9 @@ class Region:
             "TWINE_VM_CPUS": "2 1",
             "TWINE_LABELS": "dc1/msb1 dc2/msb2",
             "TWINE_VM_MEMORY": "768",
-            "TWINE_HEARTBEAT_TIMEOUT": "10",
+            # Longer than an agent's restart under emulation (systemd's 2 s, then 7-9 s to start):
+            # a restarted or killed agent is not a machine failure.
+            "TWINE_HEARTBEAT_TIMEOUT": "20",
             "TWINE_API_PORT": str(API_PORT),
             "TWINE_LIBVIRT_DRIVER": os.environ.get("TWINE_LIBVIRT_DRIVER") or ("kvm" if kvm_usable() else "qemu"),
         }
@@ -152,10 +161,50 @@ class Region:
         self.ssh_config.write_text(config)
 
     def down(self) -> None:
+        t0 = time.monotonic()
         try:
             self.vagrant("destroy", "-f", timeout=900)
         finally:
             self.run(str(VMENV), "down", inside=False, timeout=300, check=False)
+            self.timings["down"] = time.monotonic() - t0
+
+
+class Bringup:
+    """The region's `vagrant up`, started in a thread as soon as VM tests are collected, so that the
+    VMs boot while the other tests run (the VM tests run last). `region()` waits for it.
+    With keep (TWINE_VM_KEEP=1, never under CI) a region that is up is used as it is."""
+
+    def __init__(self, keep: bool) -> None:
+        self.keep = keep
+        self.region = Region()
+        self.error: BaseException | None = None
+        self.started = time.monotonic()
+        self.thread = threading.Thread(target=self._up, name="vm-region-up", daemon=True)
+        self.thread.start()
+
+    def _up(self) -> None:
+        try:
+            if self.keep and self.region.is_up():
+                log("using the region that is up (TWINE_VM_KEEP=1)")
+                return
+            log("bringing the region up in the background (log: vagrant/.region/vm.log)")
+            self.region.up()
+        except BaseException as e:  # noqa: BLE001 - raised again in the test that waits for it
+            self.error = e
+
+    def wait(self, timeout: float = 3600) -> Region:
+        self.thread.join(timeout)
+        if self.thread.is_alive():
+            raise AssertionError(f"the region was not up after {timeout:.0f} s (vagrant/.region/vm.log)")
+        if self.error is not None:
+            raise AssertionError(f"bringing the region up failed: {self.error}") from self.error
+        return self.region
+
+    def finish(self) -> None:
+        """At the end of the session: down, unless kept (waits for a bring-up still under way)."""
+        self.thread.join()
+        if not self.keep:
+            self.region.down()
 
 
 def missing_tools() -> str:

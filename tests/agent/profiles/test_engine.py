@@ -47,13 +47,19 @@ def write_profile(dir: Path, name: str, body: str) -> Path:
     return path
 
 
-def test_apply_changes_sysctls_and_rollback_restores_every_original(tmp_path, engine, originals):
+def two_sysctls(dir: Path) -> tuple[int, int]:
+    """Profile "p": somaxconn and swappiness, each set to a value the host does not have now."""
     somaxconn, swappiness = other("net.core.somaxconn", 1024, 2048), other("vm.swappiness", 33, 34)
-    write_profile(tmp_path, "p", f"""
+    write_profile(dir, "p", f"""
         [sysctl]
         "net.core.somaxconn" = {somaxconn}
         "vm.swappiness" = {swappiness}
     """)
+    return somaxconn, swappiness
+
+
+def test_apply_changes_sysctls_and_rollback_restores_every_original(tmp_path, engine, originals):
+    somaxconn, swappiness = two_sysctls(tmp_path)
     report = engine.apply("p")
     assert report.ok, report.error
     assert [r.outcome for r in report.results] == [Outcome.APPLIED, Outcome.APPLIED]
@@ -100,12 +106,7 @@ def test_setting_that_fails_half_way_leaves_the_host_exactly_as_it_was(tmp_path,
 
 def test_a_rollback_that_restores_part_leaves_no_profile_in_force_and_the_same_profile_applies_again(
         tmp_path, engine, originals):
-    somaxconn, swappiness = other("net.core.somaxconn", 1024, 2048), other("vm.swappiness", 33, 34)
-    write_profile(tmp_path, "p", f"""
-        [sysctl]
-        "net.core.somaxconn" = {somaxconn}
-        "vm.swappiness" = {swappiness}
-    """)
+    somaxconn, swappiness = two_sysctls(tmp_path)
     assert engine.apply("p").ok
     digest = engine.current()["hash"]
     assert engine.in_force("p", digest)
@@ -133,12 +134,7 @@ def test_a_rollback_that_restores_part_leaves_no_profile_in_force_and_the_same_p
 
 
 def test_hold_writes_again_only_what_no_longer_holds_and_keeps_the_originals(tmp_path, engine, originals):
-    somaxconn, swappiness = other("net.core.somaxconn", 1024, 2048), other("vm.swappiness", 33, 34)
-    write_profile(tmp_path, "p", f"""
-        [sysctl]
-        "net.core.somaxconn" = {somaxconn}
-        "vm.swappiness" = {swappiness}
-    """)
+    somaxconn, swappiness = two_sysctls(tmp_path)
     assert engine.apply("p").ok
     assert engine.hold("sysctl") == []  # everything holds: nothing written
     sysctl_path("vm.swappiness").write_text("7")  # undone by something else on the host

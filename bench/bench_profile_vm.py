@@ -35,7 +35,8 @@ sys.path.insert(0, str(REPO))
 
 from tests.vm.region import Region  # noqa: E402
 
-IRQ = "nic = { match = 'virtio[0-9]+-(input|output)(\\\\.[0-9]+)?$|eth[0-9]+-(rx|tx|TxRx)-[0-9]+', cpus = \"%s\" }"
+# A TOML literal string: the regex reaches the profile as written here (one backslash before the dot).
+IRQ = "nic = { match = '" + r"virtio[0-9]+-(input|output)(\.[0-9]+)?$|eth[0-9]+-(rx|tx|TxRx)-[0-9]+" + "', cpus = \"%s\" }"
 PROFILES = {
     "switch-a": '[sysctl]\n"vm.swappiness" = 11\n"net.core.somaxconn" = 1111\n"net.core.netdev_max_backlog" = 1500\n'
                 '"vm.dirty_ratio" = 21\n[cgroup_cpu]\nenabled = true\n[irqbalance]\nrunning = false\n'

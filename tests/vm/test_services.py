@@ -67,3 +67,18 @@ def test_restart_and_sigkill_of_the_agent_restart_no_container(region, tmp_path)
         assert {vm: region.containers(vm) for vm in MACHINES} == before
     finally:
         region.ctl("job", "stop", f"{ent}/loop", "--wait", "300", check=False)
+
+
+def test_a_hung_agent_is_restarted_by_the_systemd_watchdog(region):
+    # SIGSTOP: the process lives but its event loop pings no more. systemd kills it after
+    # WatchdogSec (60 s) and starts it again; the machine is back in touch with controld.
+    before = region.unit("m1", "twine-agent")
+    assert before["ActiveState"] == "active" and before["WatchdogUSec"] == "1min", before
+    region.ssh("m1", f"kill -STOP {before['MainPID']}")
+    after = region.wait(lambda: (u := region.unit("m1", "twine-agent"))["ActiveState"] == "active"
+                        and u["MainPID"] not in ("0", before["MainPID"]) and u, 300,
+                        "the hung agent restarted by systemd", every=5)
+    assert int(after["NRestarts"]) == int(before["NRestarts"]) + 1
+    journal = region.ssh("m1", "journalctl -u twine-agent --no-pager -n 200 -o cat")
+    assert "Watchdog timeout" in journal, journal[-2000:]
+    region.wait(lambda: region.machines()["m1"]["healthy"], 120, "m1 healthy again")

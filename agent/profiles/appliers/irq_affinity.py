@@ -59,8 +59,10 @@ class IrqAffinity(Applier):
 
     # Without interrupt remapping the kernel moves an IRQ when it next fires, and it may fire on
     # its old CPU a few more times first (measured in a VM: twice, over 0.6 s). verify() gives a
-    # move this long to happen before it calls the IRQ misplaced.
+    # firing IRQ this long to move before it calls it misplaced; one quiet this long is delivered
+    # nowhere while its move waits.
     settle_seconds = 2.0
+    quiet_seconds = 0.25
 
     def __init__(self, ctx):
         super().__init__(ctx)
@@ -177,16 +179,20 @@ class IrqAffinity(Applier):
 
     def _still_delivered_outside(self, n: int, cpus: set[int]) -> set[int] | None:
         """The CPUs outside `cpus` that IRQ n is still delivered to once a pending move had time to
-        happen; None when it settles inside them, or when it did not fire meanwhile (a quiet IRQ
-        waiting for its move is delivered nowhere)."""
-        deadline = time.monotonic() + self.settle_seconds
-        fired = self._interrupts().get(n, ("", "", 0))[2]
+        happen; None when it settles inside them, or goes quiet (delivered nowhere meanwhile)."""
+        start = time.monotonic()
+        fired, last_fired = self._interrupts().get(n, ("", "", 0))[2], start
         while True:
             effective = self._affinity(n, "effective_affinity_list")
             if effective is None or effective <= cpus:
                 return None
-            if time.monotonic() >= deadline:
-                return effective if self._interrupts().get(n, ("", "", 0))[2] != fired else None
+            now, count = time.monotonic(), self._interrupts().get(n, ("", "", 0))[2]
+            if count != fired:
+                fired, last_fired = count, now
+            if now - last_fired >= self.quiet_seconds:
+                return None
+            if now - start >= self.settle_seconds:
+                return effective
             time.sleep(0.05)
 
     def verify(self, key: str, value: dict) -> Verdict:

@@ -170,11 +170,15 @@ class FakeIrq:
         self.deliver(0, 0)
 
     def deliver(self, cpu: int, count: int) -> None:
-        (self.root / "irq/44/effective_affinity_list").write_text(f"{cpu}\n")
         per_cpu = [count, 0] if cpu == 0 else [0, count]
-        (self.root / "interrupts").write_text(
-            "           CPU0       CPU1\n"
-            f" 44: {per_cpu[0]:10d} {per_cpu[1]:10d}  PCI-MSIX-0000:00:03.0 1-edge      virtio3-output.0\n")
+        self._put("irq/44/effective_affinity_list", f"{cpu}\n")
+        self._put("interrupts", "           CPU0       CPU1\n"
+                  f" 44: {per_cpu[0]:10d} {per_cpu[1]:10d}  PCI-MSIX-0000:00:03.0 1-edge      virtio3-output.0\n")
+
+    def _put(self, name: str, text: str) -> None:  # whole, as /proc reads are: no torn read by verify
+        tmp = self.root / f"{name}.tmp"
+        tmp.write_text(text)
+        tmp.replace(self.root / name)
 
 
 def test_verify_waits_for_a_pending_move_and_calls_an_irq_that_keeps_firing_outside_misplaced(tmp_path):
@@ -194,9 +198,27 @@ def test_verify_waits_for_a_pending_move_and_calls_an_irq_that_keeps_firing_outs
 
     # fires on CPU 0 all along: misplaced, named with where it is delivered
     irq.deliver(0, 5)
-    firing = threading.Timer(0.2, irq.deliver, (0, 9))
+    stop = threading.Event()
+
+    def fire():
+        count = 5
+        while not stop.wait(0.05):
+            count += 1
+            irq.deliver(0, count)
+
+    firing = threading.Thread(target=fire)
     firing.start()
-    verdict = applier.verify(key, value)
-    firing.join()
+    try:
+        verdict = applier.verify(key, value)
+    finally:
+        stop.set()
+        firing.join()
     assert isinstance(verdict, Differs)
     assert "IRQ 44 (virtio3-output.0) is still delivered to CPU 0 (effective_affinity_list), outside 1" in verdict.why
+
+    # fired once on CPU 0, then quiet: delivered nowhere while its move waits
+    irq.deliver(0, 12)
+    fired_once = threading.Timer(0.1, irq.deliver, (0, 13))
+    fired_once.start()
+    assert applier.verify(key, value) == Holds()
+    fired_once.join()

@@ -68,12 +68,20 @@ def back_in_the_free_pool(region, vm: str) -> None:
                 600, f"{vm} back in the free pool with its profile rolled back")
 
 
+def settled(region) -> dict[str, dict[str, str]]:
+    """Every machine back in the free pool with no profile (a job stopped by an earlier test
+    returns its machine a little after `job stop --wait`); then what each kernel holds."""
+    for vm in ("m1", "m2"):
+        back_in_the_free_pool(region, vm)
+    return {vm: kernel(region, vm) for vm in ("m1", "m2")}
+
+
 def test_a_profile_edited_on_the_control_vm_tunes_the_machine_kernel_and_is_undone_after(region, tmp_path):
     region.ssh("control", f"cat > /etc/twine/profiles/vm-tuned.toml <<'EOF'\n{TUNED}\nEOF")
     ent = region.name("tuned")
     region.ctl("entitlement", "create", ent, "--machine-type", "generic", "--quota", "1", "--profile", "vm-tuned",
                "--pin-dc", "dc1")  # m1: the VM with two CPUs to pin IRQs between
-    before = {vm: kernel(region, vm) for vm in ("m1", "m2")}
+    before = settled(region)
     try:
         vm = run_job(region, tmp_path, ent, "db")
         after = kernel(region, vm)
@@ -97,7 +105,7 @@ def test_a_profile_that_turns_the_cpu_controller_off_starts_tasks_without_a_cpu_
     region.ssh("control", f"cat > /etc/twine/profiles/vm-batch.toml <<'EOF'\n{BATCH}\nEOF")
     ent = region.name("batch")
     region.ctl("entitlement", "create", ent, "--machine-type", "generic", "--quota", "1", "--profile", "vm-batch")
-    before = {vm: kernel(region, vm) for vm in ("m1", "m2")}
+    before = settled(region)
     try:
         vm = run_job(region, tmp_path, ent, "crunch")
         after = kernel(region, vm)

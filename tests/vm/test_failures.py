@@ -22,9 +22,16 @@ def where(region, handle: str) -> list[tuple[str, str]]:
     return [(by_id.get(t["machine"], t["machine"]), t["state"]) for t in region.ctl("job", "status", handle)["tasks"]]
 
 
+def swappiness(region, vm: str) -> str:
+    return region.ssh(vm, "cat /proc/sys/vm/swappiness").strip()
+
+
 def test_a_hard_killed_machine_loses_its_tasks_to_another_and_comes_back_clean(region, tmp_path):
+    region.ssh("control", "cat > /etc/twine/profiles/vm-ha.toml <<'EOF'\n[sysctl]\n\"vm.swappiness\" = 17\nEOF")
+    boot = {vm: swappiness(region, vm) for vm in ("m1", "m2")}
+    assert "17" not in boot.values()
     ent = region.name("ha")
-    region.ctl("entitlement", "create", ent, "--machine-type", "generic", "--quota", "2")
+    region.ctl("entitlement", "create", ent, "--machine-type", "generic", "--quota", "2", "--profile", "vm-ha")
     spec = tmp_path / "ha.yaml"
     spec.write_text(json.dumps({"entitlement": ent, "name": "web", "count": 2, "task": {
         "image": "twine/busybox:1", "command": LOOP, "cpus": 0.1, "memory_mb": 16},
@@ -32,6 +39,7 @@ def test_a_hard_killed_machine_loses_its_tasks_to_another_and_comes_back_clean(r
     try:
         region.ctl("job", "run", str(spec), "--wait", "600")
         assert sorted(where(region, f"{ent}/web")) == [("m1", "running"), ("m2", "running")]
+        assert [swappiness(region, vm) for vm in ("m1", "m2")] == ["17", "17"]
         m1 = region.machines()["m1"]["id"]
 
         t0 = time.monotonic()
@@ -40,7 +48,8 @@ def test_a_hard_killed_machine_loses_its_tasks_to_another_and_comes_back_clean(r
                     "both tasks running on m2")
         print(f"power cut to both tasks running on m2: {time.monotonic() - t0:.0f} s")
         assert failures(region, m1), "the power cut was not recorded as a failure"
-        stale = region.containers("m2")
+        assert swappiness(region, "m2") == "17"  # the replacements run under the entitlement's profile
+        replacements = region.containers("m2")
 
         region.vagrant("up", "m1", timeout=1200)
         region.wait(lambda: region.unit("m1", "twine-agent")["ActiveState"] == "active", 600, "m1's agent under systemd")
@@ -48,9 +57,13 @@ def test_a_hard_killed_machine_loses_its_tasks_to_another_and_comes_back_clean(r
         # its copy of the moved task is gone (the reboot stopped it; the agent removed it)
         region.wait(lambda: region.ssh("m1", f"docker ps -aq --filter label=twine.job={ent}/web").strip() == "", 300,
                     "no stale container of ha/web on m1")
+        # free now: a fresh kernel at its boot value, and no claim of the profile it held before the cut
         machine = region.machines()["m1"]
-        assert machine["entitlement"] is None and machine["profile"]["applied"] is None  # free, nothing to tune
-        assert region.containers("m2") == stale, "the replacements were disturbed by m1's return"
+        assert machine["entitlement"] is None and machine["profile"]["applied"] is None
+        assert swappiness(region, "m1") == boot["m1"]
+        assert region.ssh("m1", "test -e /var/lib/twine-agent/profile-applied.json && echo stale || echo none").strip() \
+            == "none"
+        assert region.containers("m2") == replacements, "the replacements were disturbed by m1's return"
     finally:
         region.ctl("job", "stop", f"{ent}/web", "--wait", "600", check=False)
 

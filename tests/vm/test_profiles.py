@@ -46,6 +46,14 @@ def kernel(region, vm: str) -> dict[str, str]:
     return dict(line.split("=", 1) for line in region.ssh(vm, READ).split("\n") if "=" in line)
 
 
+def restorable(values: dict[str, str]) -> dict[str, str]:
+    """What a rollback puts back: everything read, but IRQ affinities only while irqbalance is
+    stopped; while it runs they are irqbalance's to move at any time (it moves them every 10 s)."""
+    if values["irqbalance"] != "active":
+        return values
+    return {k: v for k, v in values.items() if not (k.startswith("irq") and k[3:].isdigit())}
+
+
 def run_job(region, tmp_path, entitlement: str, name: str) -> str:
     """Runs a one-task job; the hostname of the VM it landed on."""
     spec = tmp_path / f"{name}.yaml"
@@ -98,7 +106,7 @@ def test_a_profile_edited_on_the_control_vm_tunes_the_machine_kernel_and_is_undo
     finally:
         region.ctl("job", "stop", f"{ent}/db", "--wait", "600", check=False)
     back_in_the_free_pool(region, vm)
-    assert kernel(region, vm) == before[vm]
+    assert restorable(kernel(region, vm)) == restorable(before[vm])
 
 
 def test_a_profile_that_turns_the_cpu_controller_off_starts_tasks_without_a_cpu_limit(region, tmp_path):
@@ -122,4 +130,4 @@ def test_a_profile_that_turns_the_cpu_controller_off_starts_tasks_without_a_cpu_
     finally:
         region.ctl("job", "stop", f"{ent}/crunch", "--wait", "600", check=False)
     back_in_the_free_pool(region, vm)
-    assert kernel(region, vm) == before[vm]
+    assert restorable(kernel(region, vm)) == restorable(before[vm])

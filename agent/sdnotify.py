@@ -51,12 +51,20 @@ class Notifier:
             await asyncio.sleep(timeout / 4)
 
 
+def systemd_is_pid1(proc: Path = Path("/proc")) -> bool:
+    """systemd runs this host (not a container's init or a plain shell)."""
+    try:
+        return (proc / "1" / "comm").read_text().strip() == "systemd"
+    except OSError:
+        return False
+
+
 def host_rebooting() -> bool:
     """systemd is taking the host down for a reboot (not a restart of this service, not a
     power-off): a reboot or kexec target is among its queued jobs."""
+    if not systemd_is_pid1():
+        return False
     try:
-        if Path("/proc/1/comm").read_text().strip() != "systemd":
-            return False
         jobs = subprocess.run(["systemctl", "list-jobs", "--no-legend", "--no-pager"], capture_output=True,
                               text=True, timeout=5).stdout
     except (OSError, subprocess.SubprocessError):

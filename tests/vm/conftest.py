@@ -11,6 +11,7 @@ import os
 
 import pytest
 
+from tests.conftest import BRINGUP
 from tests.vm.region import MACHINES, missing_tools
 
 __all__ = ["MACHINES"]
@@ -26,6 +27,3 @@ def region(request):
         pytest.skip(message)
     bringup = request.config.stash[BRINGUP]
     return bringup.wait()
-
-
-from tests.conftest import BRINGUP  # noqa: E402  (the key lives with the hooks that start it)

@@ -17,6 +17,8 @@ import threading
 import time
 from pathlib import Path
 
+from agent.sdnotify import systemd_is_pid1
+
 REPO = Path(__file__).resolve().parents[2]
 VAGRANT = REPO / "vagrant"
 VMENV = VAGRANT / "vmenv.sh"
@@ -50,9 +52,6 @@ class Region:
             "TWINE_VM_CPUS": "2 1",
             "TWINE_LABELS": "dc1/msb1 dc2/msb2",
             "TWINE_VM_MEMORY": "768",
-            # Longer than an agent's restart under emulation (systemd's 2 s, then 7-9 s to start):
-            # a restarted or killed agent is not a machine failure.
-            "TWINE_HEARTBEAT_TIMEOUT": "20",
             "TWINE_API_PORT": str(API_PORT),
             "TWINE_LIBVIRT_DRIVER": os.environ.get("TWINE_LIBVIRT_DRIVER") or ("kvm" if kvm_usable() else "qemu"),
         }
@@ -209,6 +208,6 @@ class Bringup:
 
 def missing_tools() -> str:
     need = ["vagrant", "virsh", "libvirtd", "qemu-system-x86_64", "mmdebstrap"]
-    if Path("/proc/1/comm").read_text().strip() != "systemd":
+    if not systemd_is_pid1():
         need += ["tini", "nsenter", "unshare"]
     return ", ".join(t for t in need if shutil.which(t) is None)

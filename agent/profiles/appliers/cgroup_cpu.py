@@ -31,6 +31,7 @@ from typing import Any, Mapping
 
 from agent.profiles.appliers.base import Applier, ApplierError, HostContext, parse_switch
 from agent.profiles.model import NotApplicable, Setting
+from agent.sdnotify import systemd_is_pid1
 
 
 class CgroupCpu(Applier):
@@ -100,11 +101,7 @@ class CgroupCpu(Applier):
         """The systemd slice unit that owns the task group, when systemd is PID 1 and the task group
         is a slice; None when the agent alone writes its cgroup.subtree_control."""
         name = Path(self.ctx.task_cgroup).name
-        try:
-            systemd = (self.ctx.proc / "1" / "comm").read_text().strip() == "systemd"
-        except OSError:
-            systemd = False
-        return name if systemd and name.endswith(".slice") else None
+        return name if name.endswith(".slice") and systemd_is_pid1(self.ctx.proc) else None
 
     def _systemctl(self, *args: str) -> str:
         r = subprocess.run(["systemctl", *args], capture_output=True, text=True, timeout=60)

@@ -20,6 +20,7 @@ import psutil
 from agent.errors import ProfileError
 from agent.profiles.appliers.base import Applier, ApplierError
 from agent.profiles.model import NotApplicable, Setting
+from agent.sdnotify import systemd_is_pid1
 
 UNIT = "irqbalance.service"
 
@@ -31,13 +32,6 @@ def irqbalance_pids() -> list[int]:
         if p.info["name"] == "irqbalance":
             pids.append(p.pid)
     return pids
-
-
-def _systemd(ctx) -> bool:
-    try:
-        return (ctx.proc / "1" / "comm").read_text().strip() == "systemd"
-    except OSError:
-        return False
 
 
 class Irqbalance(Applier):
@@ -55,7 +49,7 @@ class Irqbalance(Applier):
         return settings
 
     def applicable(self, key: str) -> NotApplicable | None:
-        if not _systemd(self.ctx):
+        if not systemd_is_pid1(self.ctx.proc):
             return NotApplicable("systemd is not PID 1: no service manager to stop and start irqbalance with")
         if not Path("/usr/sbin/irqbalance").exists() and not irqbalance_pids():
             return NotApplicable("irqbalance is not installed")

@@ -18,18 +18,21 @@ import sys
 import time
 from pathlib import Path
 
+import aiohttp
 from aiohttp import web
 
 from agent.sdnotify import Notifier
 from controlplane import daemon_config
 from controlplane.broker.agents import AgentService
+from controlplane.broker.relay import Relay
+from controlplane.coordination import ROLES, Coordinator, Fence, parse_roles, parse_shards
 from controlplane.api.app import make_app
 from controlplane.health import HealthService
 from controlplane.scheduler.ratelimit import Limits
 from controlplane.scheduler.service import Scheduler
 from controlplane.sidekick import ProfileDocuments
 from controlplane.state import RegionState
-from controlplane.store import Store
+from controlplane.store import Conflict, Store, Versioned
 from controlplane.store.keys import Keys
 
 log = logging.getLogger("twine.controld")
@@ -40,33 +43,97 @@ class ControlDaemon:
     def __init__(self, store: Store, region: str, api_tokens: set[str], bootstrap_tokens: set[str],
                  heartbeat_timeout: float = 5.0, heartbeat_interval: float = 1.0,
                  profile_search: tuple[Path, ...] | None = None, limits: Limits = Limits(),
-                 taskcontrol_interval: float = 1.0, maintenance_policy: str = "move", reboot_grace: float = 300.0):
+                 taskcontrol_interval: float = 1.0, maintenance_policy: str = "move", reboot_grace: float = 300.0,
+                 roles: tuple[str, ...] = ROLES, shards: str = "all", shard_count: int = 1, lease_ttl: int = 2,
+                 advertise: str = "", member_id: str | None = None):
         self.store = store
         self.keys = Keys(region)
         self.api_tokens = api_tokens
         self.profile_search = profile_search
+        self.limits = limits
+        self.taskcontrol_interval = taskcontrol_interval
+        self.maintenance_policy = maintenance_policy
+        self.roles = roles
+        self.shards_spec = shards
+        self.shard_count = shard_count
+        self.lease_ttl = lease_ttl
+        self.advertise = advertise
+        self.member_id = member_id
         self.state = RegionState(store, self.keys, ProfileDocuments(profile_search))
         self.agents = AgentService(self.state, store, self.keys, bootstrap_tokens, heartbeat_interval,
                                    reboot_grace=reboot_grace)
         self.health = HealthService(self.state, store, self.keys, self.agents.last_seen, heartbeat_timeout)
         self.agents.on_seen = self.health.seen
-        self.scheduler = Scheduler(self.state, store, self.keys, self.agents.report_of, self.agents.errors, limits,
-                                   taskcontrol_interval, maintenance_policy=maintenance_policy)
+        self.agents.daemon = self
+        self.schedulers: dict[int, Scheduler] = {}  # the shards this process leads now
+        self._loops: dict[int, asyncio.Task] = {}
+        self.retired = {"passes": 0, "commits": 0, "conflicts": 0, "placements": 0, "errors": 0, "rate_limited": 0}
+        self.coordinator: Coordinator | None = None
+        self.relay: Relay | None = None
+        self._http: aiohttp.ClientSession | None = None
+
+    def http(self) -> aiohttp.ClientSession:
+        """For requests forwarded to another replica."""
+        if self._http is None:
+            self._http = aiohttp.ClientSession()
+        return self._http
+
+    # -- shards --------------------------------------------------------------------------------
+
+    def scheduler_for(self, handle: str) -> Scheduler | None:
+        """The local scheduler of the job's shard, if this process leads it."""
+        shard = self.state.shard_of_job(handle)
+        return None if shard is None else self.schedulers.get(shard)
+
+    async def lead(self, fence: Fence) -> None:
+        sched = Scheduler(self.state, self.store, self.keys, self.agents.report_of, self.agents.errors, self.limits,
+                          self.taskcontrol_interval, maintenance_policy=self.maintenance_policy, shard=fence.shard,
+                          fence=fence)
+        # everything up to the election is in our view before we act on it
+        await self.state.wait_for(fence.epoch)
+        sched.limiter.load(self.state.ratelimits)
+        self.schedulers[fence.shard] = sched
+        self._loops[fence.shard] = asyncio.get_running_loop().create_task(sched.run())
+        self.state.changed.set()
+
+    async def depose(self, shard: int, why: str) -> None:
+        sched = self.schedulers.pop(shard, None)
+        loop = self._loops.pop(shard, None)
+        if sched is not None:
+            sched.deposed = why
+            for k, v in sched.counters.items():
+                self.retired[k] = self.retired.get(k, 0) + v
+        if loop is not None:
+            loop.cancel()
+            try:
+                await loop
+            except BaseException:  # cancelled, or it had failed: either way it is over
+                pass
 
     def metrics_text(self) -> str:
         lines = []
         now = time.time()
-        stats = self.scheduler.cache.stats()
+        scheds = list(self.schedulers.values())
+        counters = dict(self.retired)
+        for sc in scheds:
+            for k, v in sc.counters.items():
+                counters[k] = counters.get(k, 0) + v
+        hits = sum(sc.cache.stats().hits for sc in scheds)
+        misses = sum(sc.cache.stats().misses for sc in scheds)
+        coord = self.coordinator.counters if self.coordinator else {}
         values = {
-            **{f"twine_scheduler_{k}_total": v for k, v in self.scheduler.counters.items()},
+            **{f"twine_scheduler_{k}_total": v for k, v in counters.items()},
             **{f"twine_agents_{k}_total": v for k, v in self.agents.counters.items()},
             **{f"twine_health_{k}_total": v for k, v in self.health.counters.items()},
-            "twine_ratelimit_held_operations_total": self.scheduler.counters["rate_limited"],
-            "twine_taskcontrol_sessions": len(self.scheduler.sessions),
-            "twine_taskcontrol_failing": sum(1 for s in self.scheduler.sessions.values() if s.status["ok"] is False),
-            "twine_allocation_cache_hit_ratio": round(stats.hit_ratio, 4),
-            "twine_allocation_cache_hits_total": stats.hits,
-            "twine_allocation_cache_misses_total": stats.misses,
+            **{f"twine_coordination_{k}_total": v for k, v in coord.items()},
+            **({f"twine_relay_{k}_total": v for k, v in self.relay.counters.items()} if self.relay else {}),
+            "twine_ratelimit_held_operations_total": counters["rate_limited"],
+            "twine_shards_led": len(scheds),
+            "twine_taskcontrol_sessions": sum(len(sc.sessions) for sc in scheds),
+            "twine_taskcontrol_failing": sum(1 for sc in scheds for s in sc.sessions.values() if s.status["ok"] is False),
+            "twine_allocation_cache_hit_ratio": round(hits / (hits + misses), 4) if hits + misses else 0.0,
+            "twine_allocation_cache_hits_total": hits,
+            "twine_allocation_cache_misses_total": misses,
             "twine_machines": len(self.state.machines),
             "twine_machines_unhealthy": sum(1 for m in self.state.machines.values() if not m.healthy),
             "twine_machines_in_maintenance": sum(1 for mid in self.state.machines
@@ -80,24 +147,54 @@ class ControlDaemon:
             lines.append(f"{k} {v}")
         return "\n".join(lines) + "\n"
 
+    async def _settle_shard_count(self) -> None:
+        """The region's shard count lives in etcd: the first daemon writes its --shard-count; the
+        others take the region's (and say so when theirs differs)."""
+        key = self.keys.settings()
+        if not self.state.settings:
+            try:
+                rev = await self.store.commit([Versioned(key, None, 0)], {key: {"shards": self.shard_count}})
+                await self.state.wait_for(rev)
+            except Conflict:
+                await asyncio.sleep(0.1)  # another daemon wrote it first: ours comes by the watch
+        if self.state.shard_count != self.shard_count:
+            log.warning("region %s has %d shard(s); --shard-count %d is not used (the region's setting wins)",
+                        self.keys.region, self.state.shard_count, self.shard_count)
+
     async def run(self, host: str, port: int, stop: asyncio.Event, notifier: Notifier | None = None) -> None:
         notifier = notifier or Notifier()
         await self.state.start()
+        await self._settle_shard_count()
+        shards = parse_shards(self.shards_spec, self.state.shard_count)
         runner = web.AppRunner(make_app(self), access_log=None, shutdown_timeout=2.0)
         await runner.setup()
+        url = self.advertise or f"http://{host if host not in ('0.0.0.0', '::', '') else '127.0.0.1'}:{port}"
+        self.coordinator = Coordinator(self.store, self.keys, self.state, url, self.roles, shards, self.lead,
+                                       self.depose, ttl=self.lease_ttl, member_id=self.member_id)
+        self.relay = Relay(self)
+        self.health.coordinator = self.coordinator
         try:
             await web.TCPSite(runner, host, port).start()
-            log.info("twine-controld for region %s listening on %s:%d", self.keys.region, host, port)
+            log.info("twine-controld for region %s listening on %s:%d (member %s, roles %s, shards %s of %d)",
+                     self.keys.region, host, port, self.coordinator.id, ",".join(self.roles),
+                     self.shards_spec, self.state.shard_count)
             notifier.ready(f"region {self.keys.region}: {len(self.state.machines)} machines, {len(self.state.jobs)} jobs")
             async with asyncio.TaskGroup() as tg:
-                loops = [tg.create_task(self.scheduler.run()), tg.create_task(self.health.run()),
+                loops = [tg.create_task(self.coordinator.run()), tg.create_task(self.relay.run()),
                          tg.create_task(self.state.index.watching()), tg.create_task(notifier.watchdog_loop())]
+                if "health" in self.roles:
+                    loops.append(tg.create_task(self.health.run()))
                 await stop.wait()
                 self.agents.closing.set()
+                await self.coordinator.resign()
                 for t in loops:
                     t.cancel()
         finally:
+            for shard in list(self.schedulers):
+                await self.depose(shard, "stopping")
             await runner.cleanup()
+            if self._http is not None:
+                await self._http.close()
             await self.state.stop()
 
 
@@ -149,6 +246,18 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--reboot-grace", type=float, default=300.0,
                    help="seconds a machine whose agent announced a clean reboot has to come back before its "
                         "tasks are placed elsewhere; meanwhile it is in maintenance, not failed (default %(default)s)")
+    p.add_argument("--roles", default=",".join(ROLES),
+                   help="what this process does: frontend (the API for users and agents), scheduler (campaigns to "
+                        "lead shards), health (judges the heartbeats of its share of the machines); default %(default)s")
+    p.add_argument("--shards", default="all", help="the scheduler shards this process may lead: all, or N,N-M (default %(default)s)")
+    p.add_argument("--shard-count", type=int, default=1,
+                   help="the region's number of scheduler shards, written by the first daemon of a region; "
+                        "later daemons take the region's (default %(default)s)")
+    p.add_argument("--lease-ttl", type=int, default=2,
+                   help="seconds of the etcd lease behind this process's membership and leaderships: a dead "
+                        "leader's shards are taken over after at most this long (default %(default)s)")
+    p.add_argument("--advertise", default="",
+                   help="this process's URL as other replicas and agents reach it (default: http://LISTEN)")
     p.add_argument("--profiles", action="append", default=[], help="extra profile directory for validating entitlement profiles")
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     return p
@@ -163,12 +272,22 @@ async def _main(args: argparse.Namespace) -> int:
         limits = Limits.parse(args.rate_limits)
     except ValueError as e:
         raise SystemExit(_input_error("--rate-limits", str(e)))
+    try:
+        roles = parse_roles(args.roles)
+        if args.shard_count < 1:
+            raise ValueError(f"--shard-count {args.shard_count}: must be at least 1")
+        parse_shards(args.shards, max(args.shard_count, 10_000))  # the syntax now; the range against the region's count at start
+        if args.lease_ttl < 2:
+            raise ValueError(f"--lease-ttl {args.lease_ttl}: etcd grants leases of 2 s or more")
+    except ValueError as e:
+        raise SystemExit(_input_error("--roles/--shards", str(e)))
     store = Store(host, port)
     daemon = ControlDaemon(store, args.region, _tokens(args.api_token_file, "--api-token-file"),
                            _tokens(args.bootstrap_token_file, "--bootstrap-token-file"),
                            args.heartbeat_timeout, args.heartbeat_interval,
                            (*map(Path, args.profiles), *default_search_path()), limits, args.taskcontrol_interval,
-                           args.maintenance_policy, args.reboot_grace)
+                           args.maintenance_policy, args.reboot_grace, roles=roles, shards=args.shards,
+                           shard_count=args.shard_count, lease_ttl=args.lease_ttl, advertise=args.advertise)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -54,6 +54,10 @@ def _typed(path: str, key: str, value: object, action: argparse.Action) -> objec
         if not all(isinstance(v, str) for v in items):
             raise ConfigError(f"{path}: {key}: must be a string or a list of strings")
         return items
+    if action.type is int:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"{path}: {key}: must be a positive integer, not {value!r}")
+        return value
     if action.type is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
             raise ConfigError(f"{path}: {key}: must be a positive number, not {value!r}")

@@ -5,6 +5,11 @@ ends; its moved tasks are no longer in its desired state, so its agent stops the
 
 Heartbeat times are kept in memory only. A restarted daemon has none, so it gives every machine a
 full timeout from its own start before judging it.
+
+With several replicas, each judges only the machines it owns (coordination.py: rendezvous hashing
+over the members with the health role); heartbeats that reach another replica are relayed to the
+owner (broker/relay.py). A machine a replica comes to own (a member joined or left) gets the same
+grace from that moment: its heartbeats went to the old owner until then.
 """
 
 from __future__ import annotations
@@ -38,6 +43,11 @@ class HealthService:
         self._returning: set[str] = set()
         self._tasks: set[asyncio.Task] = set()
         self.counters = {"failures": 0, "recoveries": 0}
+        self.coordinator = None  # replicas: judge only the machines this process owns
+        self._owned: set[str] = set()
+        self._known: set[str] = set()
+        self._members: tuple[str, ...] = ()
+        self._adopted: dict[str, float] = {}  # machine -> when this process came to own it
 
     async def run(self) -> None:
         self.started = time.monotonic()  # the clock starts when the API listens, not at construction
@@ -48,17 +58,40 @@ class HealthService:
             except Exception:
                 log.exception("health check pass failed")
 
+    def _mine(self, now: float) -> list:
+        coord = self.coordinator
+        if coord is None:
+            return list(self.state.machines.values())
+        if not coord.valid():
+            return []  # cut off from etcd: our view of the region, and of who owns what, may be stale
+        owned = {mid for mid in self.state.machines if coord.owns(mid)}
+        members = coord.health_members()
+        if members != self._members:
+            # the owners changed: what comes to us now heartbeated to another member until now
+            # (a machine new to the region is not adopted: it heartbeats to whoever it registered with)
+            for mid in owned - self._owned:
+                if mid in self._known:
+                    self._adopted[mid] = now
+            self._members = members
+        self._known = set(self.state.machines)
+        for mid in self._owned - owned:
+            self._adopted.pop(mid, None)
+        self._owned = owned
+        return [self.state.machines[mid] for mid in owned]
+
     async def check(self) -> None:
         now = time.monotonic()
-        for m in list(self.state.machines.values()):
+        for m in self._mine(now):
             seen = self.last_seen.get(m.id)
-            if seen is None:  # not heard from since this daemon started
-                silent, limit = now - self.started, self.grace
+            since = max(self.started, self._adopted.get(m.id, self.started))
+            if seen is None or seen < since:  # not heard from since this daemon started, or came to own it
+                silent, limit = now - since, self.grace
             else:
                 silent, limit = now - seen, self.timeout
             if m.healthy and silent > limit:
                 await self._set(m.id, False, f"{NO_HEARTBEAT} for {silent:.1f}s")
-            elif not m.healthy and seen is not None and m.health_reason.startswith(NO_HEARTBEAT) and silent <= limit:
+            elif not m.healthy and seen is not None and m.health_reason.startswith(NO_HEARTBEAT) \
+                    and now - seen <= self.timeout:
                 await self._set(m.id, True, "")
 
     def seen(self, mid: str) -> None:

@@ -28,6 +28,27 @@ if TYPE_CHECKING:
 log = logging.getLogger("twine.controld.state")
 
 
+class Wakeups:
+    """`set()` wakes every subscriber: each shard's scheduler waits on an event of its own."""
+
+    def __init__(self) -> None:
+        self._events: list[asyncio.Event] = []
+
+    def subscribe(self) -> asyncio.Event:
+        ev = asyncio.Event()
+        ev.set()
+        self._events.append(ev)
+        return ev
+
+    def unsubscribe(self, ev: asyncio.Event) -> None:
+        if ev in self._events:
+            self._events.remove(ev)
+
+    def set(self) -> None:
+        for ev in self._events:
+            ev.set()
+
+
 def to_machine(m: MachineRec, version: int, cordoned: bool = False) -> Machine:
     """The allocator's machine. One under (or scheduled for) maintenance is cordoned: it takes no
     new tasks, and the tasks on it stay unless the scheduler asks to place them afresh (a move)."""
@@ -63,7 +84,14 @@ class RegionState:
         self.by_machine: dict[str, set[tuple[str, int]]] = defaultdict(set)
         self.revs: dict[str, int] = {}  # key -> mod revision, for transaction guards
         self.credentials: dict[str, str] = {}  # sha256 of a machine credential -> machine id
-        self.changed = asyncio.Event()  # set on every change; the scheduler clears it
+        self.changed = Wakeups()  # set on every change; each scheduler has its own event
+        # coordination (controlplane/coordination.py): members and shard leaders, by their leases
+        self.members: dict[str, dict] = {}
+        self.leaders: dict[int, Versioned] = {}
+        self.ratelimits: dict[str, dict] = {}  # persisted token buckets, by scope
+        self.taskcontrol: dict[str, dict] = {}  # job -> its TaskController operations in flight
+        self.settings: dict = {}
+        self.coordination_changed = asyncio.Event()
         self._machine_waiters: dict[str, asyncio.Event] = {}
         self._snapshot: Snapshot | None = None
         self._dirty_machines: set[str] = set()
@@ -132,6 +160,29 @@ class RegionState:
                 self.events[rest] = EventRec.from_json(value)
             if any(e is not None and e.kind == "maintenance" for e in (old, self.events.get(rest))):
                 self._index_maintenance()
+        elif kind in ("members", "leaders"):
+            if kind == "members":
+                if value is None:
+                    self.members.pop(rest, None)
+                else:
+                    self.members[rest] = value
+            elif value is None:
+                self.leaders.pop(int(rest), None)
+            else:
+                self.leaders[int(rest)] = Versioned(key, value, revision)
+            self.coordination_changed.set()
+        elif kind == "ratelimits":
+            if value is None:
+                self.ratelimits.pop(rest, None)
+            else:
+                self.ratelimits[rest] = value
+        elif kind == "taskcontrol":
+            if value is None:
+                self.taskcontrol.pop(rest, None)
+            else:
+                self.taskcontrol[rest] = value
+        elif kind == "settings":
+            self.settings = value or {}
         elif kind == "discovery":
             handle, _, idx = rest.rpartition("/")
             if value is None:
@@ -204,6 +255,36 @@ class RegionState:
         cordoned = {mid for mid in self._maintenance if mid in self.machines and self.maintenance_of(mid, now)}
         self._dirty_machines |= cordoned ^ self._cordoned
         self._cordoned = cordoned
+
+    # -- shards -------------------------------------------------------------------------------
+
+    @property
+    def shard_count(self) -> int:
+        return int(self.settings.get("shards", 1))
+
+    def shard_of_job(self, handle: str) -> int | None:
+        job = self.jobs.get(handle)
+        ent = self.entitlements.get(job.entitlement if job else handle.partition("/")[0])
+        return None if ent is None else ent.shard
+
+    def shard_loads(self) -> dict[int, int]:
+        """Tasks per shard (the entitlement-to-shard map's load), every shard listed."""
+        loads = {s: 0 for s in range(self.shard_count)}
+        for handle, ts in self.tasks.items():
+            ent = self.entitlements.get(handle.partition("/")[0])
+            if ent is not None:
+                loads[ent.shard] = loads.get(ent.shard, 0) + len(ts)
+        for e in self.entitlements.values():
+            loads.setdefault(e.shard, 0)
+        return loads
+
+    def least_loaded_shard(self) -> int:
+        """Where a new entitlement goes: the shard with the fewest tasks, then entitlements."""
+        loads = self.shard_loads()
+        ents: dict[int, int] = {}
+        for e in self.entitlements.values():
+            ents[e.shard] = ents.get(e.shard, 0) + 1
+        return min(range(self.shard_count), key=lambda s: (loads.get(s, 0), ents.get(s, 0), s))
 
     # -- long-poll wake-ups ----------------------------------------------------------------
 

@@ -13,10 +13,12 @@ from dataclasses import replace
 from functools import partial
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
+import aiohttp
 from aiohttp import web
 
 from agent.errors import InputError
-from controlplane.allocator import AllocationError, InvalidRequest, QuotaExceeded
+from controlplane.allocator import AllocationError, InvalidRequest, QuotaExceeded, allocate
+from controlplane.scheduler.service import job_request
 from controlplane.api.openapi import document
 from controlplane.records import ApiError, EntitlementRec, EventRec, JobRec, TaskRec, parse_maintenance
 from controlplane.store import Conflict, TooLarge, Versioned
@@ -28,6 +30,7 @@ DAEMON = web.AppKey("daemon", object)
 MACHINE = "machine_id"
 _dumps = partial(json.dumps, default=str)
 PUBLIC = ("/v1/openapi.json", "/healthz")
+SERVED_BY_EVERY_ROLE = (*PUBLIC, "/v1/metrics", "/v1/cluster", "/v1/internal/relay")
 
 
 def reply(data: Any, status: int = 200) -> web.Response:
@@ -48,6 +51,9 @@ async def errors_and_auth(request: web.Request, handler: Callable[[web.Request],
     try:
         if request.path not in PUBLIC:
             _authenticate(d, request)
+        if "frontend" not in d.roles and request.path not in SERVED_BY_EVERY_ROLE and FORWARDED not in request.headers:
+            raise ApiError("unavailable", None, f"this process serves no API (roles: {','.join(d.roles)}); "
+                           "ask a replica with the frontend role (GET /v1/cluster lists them)")
         return await handler(request)
     except ApiError as e:
         return reply(e.to_json(), e.status)
@@ -102,9 +108,10 @@ def job_view(d: ControlDaemon, job: JobRec) -> dict:
     summary: dict[str, int] = {}
     for t in tasks:
         summary[t.state] = summary.get(t.state, 0) + 1
-    plan = d.scheduler.plans.get(job.handle)
-    session = d.scheduler.sessions.get(job.handle)
-    message = d.scheduler.messages.get(job.handle) or d.scheduler.rate_limit_note(job.handle)
+    sched = d.scheduler_for(job.handle)  # None: another replica leads the job's shard
+    plan = sched.plans.get(job.handle) if sched else None
+    session = sched.sessions.get(job.handle) if sched else None
+    message = (sched.messages.get(job.handle) or sched.rate_limit_note(job.handle)) if sched else ""
     if session is not None and session.status["ok"] is False:
         message = message or f"TaskController {session.url} acks nothing: {session.status['error']}"
     return {
@@ -146,6 +153,64 @@ def machine_view(d: ControlDaemon, mid: str, detail: bool = False) -> dict:
     return out
 
 
+# -- replicas: forwarding to a shard's leader ---------------------------------------------------
+
+FORWARDED = "X-Twine-Forwarded"  # the member that forwarded the request: it is not forwarded again
+HOP_HEADERS = ("Authorization", "Content-Type", "Accept")
+
+
+async def forward(request: web.Request, shard: int | None) -> web.StreamResponse:
+    """Answer with the response of the process that leads `shard` (any replica answers any request)."""
+    d: ControlDaemon = request.app[DAEMON]
+    coord = d.coordinator
+    url = coord.leader_url(shard) if coord is not None and shard is not None else None
+    if url is None or url == coord.url or FORWARDED in request.headers:
+        raise ApiError("unavailable", None, f"shard {shard} has no leader that can take this now (an election "
+                       "is under way, or the leader just changed); retry in a second")
+    headers = {h: request.headers[h] for h in HOP_HEADERS if h in request.headers}
+    headers[FORWARDED] = coord.id
+    data = await request.read()
+    try:
+        async with d.http().request(request.method, url + request.path_qs, data=data or None, headers=headers,
+                                    timeout=aiohttp.ClientTimeout(total=60)) as r:
+            payload = await r.read()
+            return web.Response(status=r.status, body=payload, content_type=r.content_type)
+    except (aiohttp.ClientError, TimeoutError) as e:
+        raise ApiError("unavailable", None, f"shard {shard}'s leader at {url} did not answer: "
+                       f"{type(e).__name__}: {e}") from None
+
+
+# -- the region's replicas and shards ------------------------------------------------------------
+
+
+async def cluster(request: web.Request) -> web.Response:
+    """Members, shard leaders (with the entitlements each shard holds) and this process."""
+    d: ControlDaemon = request.app[DAEMON]
+    st = d.state
+    by_shard: dict[int, list[str]] = {}
+    for e in st.entitlements.values():
+        by_shard.setdefault(e.shard, []).append(e.name)
+    loads = st.shard_loads()
+    shards = []
+    for n in range(st.shard_count):
+        leader = st.leaders.get(n)
+        local = d.schedulers.get(n)
+        shards.append({"shard": n, "leader": leader.value.get("member") if leader else None,
+                       "leader_url": leader.value.get("url") if leader else None,
+                       "epoch": leader.mod_revision if leader else None,
+                       "entitlements": sorted(by_shard.get(n, [])), "tasks": loads.get(n, 0),
+                       **({"elected_at": local.elected_at, "first_commit_at": local.first_commit_at} if local else {})})
+    return reply({"region": d.keys.region, "self": d.coordinator.view() if d.coordinator else None,
+                  "members": sorted(st.members.values(), key=lambda m: m["id"]), "shards": shards})
+
+
+async def internal_relay(request: web.Request) -> web.Response:
+    d: ControlDaemon = request.app[DAEMON]
+    if d.relay is None:
+        raise ApiError("unavailable", None, "this process is starting")
+    return reply(d.relay.receive(await body(request)))
+
+
 # -- entitlements ------------------------------------------------------------------------------
 
 
@@ -170,6 +235,7 @@ def _check_profile(d: ControlDaemon, e: EntitlementRec) -> None:
 async def create_entitlement(request: web.Request) -> web.Response:
     d: ControlDaemon = request.app[DAEMON]
     e = EntitlementRec.parse(await body(request))
+    e = replace(e, shard=d.state.least_loaded_shard())
     if e.name in d.state.entitlements:
         raise ApiError("exists", "name", f"entitlement {e.name!r} exists")
     _check_profile(d, e)
@@ -192,6 +258,26 @@ async def modify_entitlement(request: web.Request) -> web.Response:
     rev = await d.store.commit([Versioned(key, None, read_revision)], {key: new.to_json()})
     await d.state.wait_for(rev)
     return reply(entitlement_view(d, new.name, detail=True))
+
+
+async def move_entitlement(request: web.Request) -> web.Response:
+    """Give the entitlement to another scheduler shard. Nothing of its jobs is restarted: the new
+    shard's leader takes over their records; the old one's commits, fenced by the entitlement's
+    record, fail from this write on."""
+    d: ControlDaemon = request.app[DAEMON]
+    old = _entitlement(d, request.match_info["name"])
+    data = await body(request)
+    if not isinstance(data, dict) or set(data) != {"shard"}:
+        raise ApiError("invalid", "shard", "the body must be {\"shard\": N}")
+    shard = data["shard"]
+    if isinstance(shard, bool) or not isinstance(shard, int) or not 0 <= shard < d.state.shard_count:
+        raise ApiError("invalid", "shard", f"{shard!r}: the region's shards are 0-{d.state.shard_count - 1}")
+    if shard != old.shard:
+        key = d.keys.entitlement(old.name)
+        rev = await d.store.commit([d.state.guard(key)], {key: replace(old, shard=shard).to_json()})
+        await d.state.wait_for(rev)
+        d.state.changed.set()
+    return reply(entitlement_view(d, old.name, detail=True))
 
 
 async def list_entitlements(request: web.Request) -> web.Response:
@@ -231,8 +317,11 @@ async def create_job(request: web.Request) -> web.Response:
         raise ApiError("exists", "name", f"job {job.handle!r} exists ({old.state}); use update, or stop it first")
     if old is not None:
         job = replace(job, spec_version=old.spec_version + 1, created_at=old.created_at)
+    sched = d.scheduler_for(job.handle)
+    if sched is None:
+        return await forward(request, d.state.shard_of_job(job.handle))
     try:
-        await d.scheduler.create(job, read_revision)
+        await sched.create(job, read_revision)
     except Conflict:
         raise ApiError("exists", "name", f"job {job.handle!r} was created or changed concurrently") from None
     except AllocationError as e:
@@ -252,7 +341,7 @@ async def update_job(request: web.Request) -> web.Response:
     new = replace(new, spec_version=old.spec_version + (1 if changed_task else 0), created_at=old.created_at)
     if new.count > old.count or new.resources() != old.resources() or (new.machine_type, new.dc) != (old.machine_type, old.dc):
         await _fits(d, new)  # what the update asks for must fit; a task already without room is not its fault
-    await d.scheduler.put_job(new, read_revision)
+    await put_job(d, new, read_revision)
     return reply(job_view(d, d.state.jobs[new.handle]))
 
 
@@ -270,22 +359,33 @@ async def resize_job(request: web.Request) -> web.Response:
     new = replace(old, count=count, updated_at=time.time())
     if count > old.count:
         await _fits(d, new)
-    await d.scheduler.put_job(new, read_revision)
+    await put_job(d, new, read_revision)
     return reply(job_view(d, d.state.jobs[new.handle]))
 
 
 async def _fits(d: ControlDaemon, job: JobRec) -> None:
+    """Raise if the job (as it would be) cannot be placed now; any replica can tell."""
     try:
-        await d.scheduler.check_fits(job)
+        allocate(d.state.snapshot(), job_request(job))
     except AllocationError as e:
         raise allocation_error(e) from None
+
+
+async def put_job(d: ControlDaemon, job: JobRec, read_revision: int) -> int:
+    """Write a job record derived from the one read at `read_revision`: Conflict if anything wrote
+    the job since (no lost update). Any replica may: the shard's leader acts on it by the watch."""
+    key = d.keys.job(job.handle)
+    rev = await d.store.commit([Versioned(key, None, read_revision)], {key: job.to_json()})
+    await d.state.wait_for(rev)
+    d.state.changed.set()
+    return rev
 
 
 async def stop_job(request: web.Request) -> web.Response:
     d: ControlDaemon = request.app[DAEMON]
     old, read_revision = _read(d, request)
     if old.state == "active":
-        await d.scheduler.put_job(replace(old, state="stopping", updated_at=time.time()), read_revision)
+        await put_job(d, replace(old, state="stopping", updated_at=time.time()), read_revision)
     return reply(job_view(d, d.state.jobs[old.handle]), 202)
 
 
@@ -300,7 +400,15 @@ async def list_jobs(request: web.Request) -> web.Response:
 
 async def show_job(request: web.Request) -> web.Response:
     d: ControlDaemon = request.app[DAEMON]
-    return reply(job_view(d, _job(d, request)))
+    job = _job(d, request)
+    if d.scheduler_for(job.handle) is None and d.coordinator is not None \
+            and d.coordinator.leader_url(d.state.shard_of_job(job.handle)) and FORWARDED not in request.headers:
+        # the shard's leader knows the job's plan and TaskControl session; the rest is the same
+        try:
+            return await forward(request, d.state.shard_of_job(job.handle))
+        except ApiError:
+            pass  # the leader does not answer (it died; its lease has not run out yet): our own view
+    return reply(job_view(d, job))
 
 
 # -- machines, events, discovery ---------------------------------------------------------------
@@ -332,7 +440,7 @@ def maintenance_view(d: ControlDaemon, e: EventRec, now: float) -> dict:
     tasks = [{"job": t.job, "index": t.index, "machine": t.machine, "state": t.state}
              for mid in e.machines for t in d.state.tasks_on(mid)]
     return {**e.to_json(), "phase": e.phase(now), "until": e.until,
-            "policy": e.policy or d.scheduler.maintenance_policy, "policy_default": e.policy is None,
+            "policy": e.policy or d.maintenance_policy, "policy_default": e.policy is None,
             "tasks": tasks}
 
 
@@ -438,6 +546,7 @@ ROUTES = [
     ("GET", "/v1/entitlements", list_entitlements),
     ("GET", "/v1/entitlements/{name}", show_entitlement),
     ("PATCH", "/v1/entitlements/{name}", modify_entitlement),
+    ("POST", "/v1/entitlements/{name}/move", move_entitlement),
     ("POST", "/v1/jobs", create_job),
     ("GET", "/v1/jobs", list_jobs),
     ("GET", "/v1/jobs/{ent}/{name}", show_job),
@@ -458,6 +567,8 @@ ROUTES = [
     ("POST", "/v1/agent/shutdown", agent_shutdown),
     ("GET", "/v1/openapi.json", openapi),
     ("GET", "/v1/metrics", metrics),
+    ("GET", "/v1/cluster", cluster),
+    ("POST", "/v1/internal/relay", internal_relay),
     ("GET", "/healthz", healthz),
 ]
 

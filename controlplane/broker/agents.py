@@ -62,6 +62,22 @@ class AgentService:
         self.counters = {"heartbeats": 0, "heartbeat_reports": 0, "registrations": 0, "long_polls": 0}
         self.closing = asyncio.Event()  # set at shutdown: long polls answer at once
         self.reboots = Reboots(state, store, keys, reboot_grace)
+        self.daemon = None  # the ControlDaemon, for its relay and coordinator (replicas)
+
+    def _relay(self):
+        return None if self.daemon is None else self.daemon.relay
+
+    def _hint(self, mid: str) -> dict:
+        """The heartbeat answer's `heartbeat_to`: the replica that owns the machine's health check,
+        when it is another one."""
+        coord = None if self.daemon is None else self.daemon.coordinator
+        if coord is None:
+            return {}
+        owner = coord.owner_of(mid)
+        if owner is None or owner == coord.id:
+            return {}
+        url = coord.member_url(owner)
+        return {"heartbeat_to": url} if url else {}
 
     # -- authentication ----------------------------------------------------------------------
 
@@ -134,17 +150,23 @@ class AgentService:
         self.last_seen_wall[mid] = time.time()
         if self.on_seen is not None:
             self.on_seen(mid)
+        relay = self._relay()
+        if relay is not None:
+            relay.heard(mid)
         await self.reboots.seen(mid)
         error = str(body.get("desired_error") or "")
         if error != self.errors.get(mid, ""):
             self.errors[mid] = error
             self.state.changed.set()
+            if relay is not None:
+                relay.reported(mid)
         digest = body.get("digest")
         tasks = body.get("tasks")
+        hint = self._hint(mid)
         if tasks is None:
             if digest != self.digests.get(mid):
-                return {"ok": True, "resend": True, "interval": self.heartbeat_interval}
-            return {"ok": True, "interval": self.heartbeat_interval}
+                return {"ok": True, "resend": True, "interval": self.heartbeat_interval, **hint}
+            return {"ok": True, "interval": self.heartbeat_interval, **hint}
         if not isinstance(tasks, list) or not all(isinstance(t, dict) for t in tasks):
             raise ApiError("invalid", "tasks", "must be a list of objects")
         report = {}
@@ -162,8 +184,10 @@ class AgentService:
         if report != self.reports.get(mid):
             self.reports[mid] = report
             self.state.changed.set()
+            if relay is not None:
+                relay.reported(mid)
         await self._profile(mid, profile)
-        return {"ok": True, "interval": self.heartbeat_interval}
+        return {"ok": True, "interval": self.heartbeat_interval, **hint}
 
     async def _profile(self, mid: str, profile: dict) -> None:
         """Record the profile the agent reports applied, when it differs from what etcd has: the

@@ -292,3 +292,28 @@ def discovery(body: dict) -> str:
     eps = sorted(body.get("endpoints") or [], key=lambda e: (e.get("index") is None, e.get("index") or 0))
     rows = [[e.get("index"), e.get("machine"), e.get("address"), e.get("enabled")] for e in eps]
     return f"job {cell(body.get('job'))}\n" + (table(DISCOVERY_HEADERS, rows) if rows else "(no endpoints)")
+
+
+def cluster(body: dict) -> str:
+    members = table(["MEMBER", "URL", "ROLES", "SHARDS"],
+                    [[m["id"], m["url"], ",".join(m.get("roles", [])), _ranges(m.get("shards", []))]
+                     for m in body["members"]])
+    leaders = {s["leader"] for s in body["shards"]}
+    shards = table(["SHARD", "LEADER", "EPOCH", "TASKS", "ENTITLEMENTS"],
+                   [[s["shard"], s["leader"] or "(none: election under way)", cell(s["epoch"]), s["tasks"],
+                     ", ".join(s["entitlements"]) or "-"] for s in body["shards"]])
+    me = body.get("self") or {}
+    head = f"region {body['region']}: {len(body['members'])} member(s), {len(body['shards'])} shard(s), " \
+           f"{len(leaders - {None})} leader(s); this answer from member {me.get('member', '?')}"
+    return "\n\n".join([head, members, shards])
+
+
+def _ranges(shards: list[int]) -> str:
+    out, run = [], []
+    for s in sorted(shards) + [None]:
+        if run and (s is None or s != run[-1] + 1):
+            out.append(str(run[0]) if len(run) == 1 else f"{run[0]}-{run[-1]}")
+            run = []
+        if s is not None:
+            run.append(s)
+    return ",".join(out) or "-"

@@ -271,6 +271,9 @@ def _parser() -> argparse.ArgumentParser:
     m.add_argument("--owner", metavar="O")
     m.add_argument("--spread", type=_spread, metavar="dc,msb")
     m.add_argument("--pin-dc", type=_nullable, default=argparse.SUPPRESS, metavar="DC")
+    mv = leaf(ent_sub, "move", "give an entitlement to another scheduler shard (no task restarts)")
+    mv.add_argument("name", metavar="NAME")
+    mv.add_argument("--shard", type=int, required=True, metavar="N", help="the shard to move it to")
     leaf(ent_sub, "list", "list entitlements")
     leaf(ent_sub, "show", "show an entitlement with its machines and jobs").add_argument("name", metavar="NAME")
 
@@ -317,6 +320,7 @@ def _parser() -> argparse.ArgumentParser:
     leaf(mt_sub, "show", "a maintenance with the tasks on its machines").add_argument("id", metavar="ID")
     leaf(mt_sub, "end", "end a maintenance now (before its deadline: cancel it)").add_argument("id", metavar="ID")
 
+    leaf(sub, "cluster", "the region's control-plane replicas, shard leaders and the entitlements of each shard")
     leaf(sub, "events", "unavailability events (failures, maintenance)")
     leaf(sub, "discovery", "a job's endpoints").add_argument("handle", metavar="HANDLE")
     return p
@@ -585,6 +589,16 @@ async def maintenance_end(api: Api, args, out: Out) -> int:
     return EXIT_OK
 
 
+async def ent_move(api: Api, args, out: Out) -> int:
+    out(await api.call("POST", f"/v1/entitlements/{_q(args.name)}/move", {"shard": args.shard}), render.entitlement_show)
+    return EXIT_OK
+
+
+async def cluster(api: Api, args, out: Out) -> int:
+    out(await api.call("GET", "/v1/cluster"), render.cluster)
+    return EXIT_OK
+
+
 async def discovery(api: Api, args, out: Out) -> int:
     out(await api.call("GET", f"/v1/discovery/{split_handle(args.handle)}"), render.discovery)
     return EXIT_OK
@@ -595,6 +609,8 @@ COMMANDS: dict[tuple[str, str | None], Command] = {
     ("entitlement", "modify"): ent_modify,
     ("entitlement", "list"): ent_list,
     ("entitlement", "show"): ent_show,
+    ("entitlement", "move"): ent_move,
+    ("cluster", None): cluster,
     ("job", "run"): job_run,
     ("job", "status"): job_status,
     ("job", "list"): job_list,

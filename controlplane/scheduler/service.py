@@ -7,6 +7,13 @@ The same transaction keeps, per machine, the resources its tasks hold and its en
 machine joins the entitlement when a task is placed on it, and returns to the free pool when its
 last task leaves (paper Figure 7). Discovery records are written in the transaction that changes
 the task they describe, so a task is disabled before its agent can see it stopped or moved.
+
+One Scheduler is one shard (paper section 3.1): it schedules the jobs of the entitlements the
+entitlement-to-shard map gives it, and runs only in the process that leads the shard
+(controlplane/coordination.py). Every transaction it commits carries two more guards: the
+leadership's fence (the leader key at its epoch: a deposed leader commits nothing) and the
+entitlement's record (a move to another shard rewrites it: the old owner's next commit fails
+before it acts on a job it no longer owns).
 """
 
 from __future__ import annotations
@@ -17,16 +24,19 @@ import logging
 import aiohttp
 import time
 from dataclasses import replace
-from typing import Callable, Mapping
+from typing import TYPE_CHECKING, Callable, Mapping
 
 from controlplane.allocator import AllocationCache, AllocationError, JobRequest, Placement, SoftPreference, allocate
 from controlplane.records import Endpoint, JobRec, TaskRec
 from controlplane.scheduler.ratelimit import Limiter, Limits
-from controlplane.scheduler.reconcile import Gate, JobPlan, MachineView, Maintenance, reconcile
+from controlplane.scheduler.reconcile import Gate, JobPlan, MachineView, Maintenance, Op, reconcile
 from controlplane.taskcontrol.session import TaskControlSession, unhealthy
 from controlplane.state import RegionState
 from controlplane.store import Conflict, Store, TooLarge, Versioned
 from controlplane.store.keys import Keys
+
+if TYPE_CHECKING:
+    from controlplane.coordination import Fence
 
 log = logging.getLogger("twine.controld.scheduler")
 Reports = Callable[[str], Mapping[tuple[str, int], dict] | None]
@@ -49,10 +59,16 @@ class Scheduler:
     def __init__(self, state: RegionState, store: Store, keys: Keys, reports: Reports,
                  agent_errors: Mapping[str, str] | None = None, limits: Limits = Limits(),
                  taskcontrol_interval: float = 1.0, taskcontrol_timeout: float = 2.0,
-                 maintenance_policy: str = "move"):
+                 maintenance_policy: str = "move", shard: int = 0, fence: "Fence | None" = None):
         self.state = state
+        self.shard = shard
+        self.fence = fence  # None: a lone scheduler with no election (tests of the scheduler alone)
+        self.deposed = ""  # why this shard's leadership ended (set by the daemon)
+        self.elected_at = time.time()
+        self.first_commit_at: float | None = None  # wall time of the first commit as leader
         self.maintenance_policy = maintenance_policy  # for jobs without a TaskController, unless the event says
-        self.limiter = Limiter(limits)
+        self.limiter = Limiter(limits, shard)
+        self.limiter.load(state.ratelimits)
         self.sessions: dict[str, TaskControlSession] = {}
         self._held: dict[str, set[str]] = {}  # op ids the rate limit held in a job's last pass
         self.taskcontrol_interval = taskcontrol_interval
@@ -63,7 +79,7 @@ class Scheduler:
         self.keys = keys
         self.reports = reports
         self.cache = AllocationCache()
-        self.lock = asyncio.Lock()  # one shard in this process: its commits do not race each other
+        self.lock = asyncio.Lock()  # the shard's commits do not race each other
         self.plans: dict[str, JobPlan] = {}
         self.messages: dict[str, str] = {}  # why a job's tasks cannot be placed, for job status
         self.counters = {"passes": 0, "commits": 0, "conflicts": 0, "placements": 0, "errors": 0,
@@ -72,19 +88,24 @@ class Scheduler:
     # -- the loop ----------------------------------------------------------------------------
 
     async def run(self) -> None:
+        wake = self.state.changed.subscribe()
         try:
             while True:
-                self.state.changed.clear()
+                wake.clear()
                 await self.pass_all()
                 try:
-                    await asyncio.wait_for(self.state.changed.wait(), PASS_INTERVAL)
+                    await asyncio.wait_for(wake.wait(), PASS_INTERVAL)
                 except TimeoutError:
                     pass
         finally:
+            self.state.changed.unsubscribe(wake)
             for session in self.sessions.values():
                 await session.close()
             if self._http is not None:
                 await self._http.close()
+
+    def owns(self, handle: str) -> bool:
+        return self.state.shard_of_job(handle) == self.shard
 
     def http(self) -> aiohttp.ClientSession:
         if self._http is None:
@@ -102,12 +123,22 @@ class Scheduler:
         if s is None and job.controller and job.state == "active":
             s = self.sessions[job.handle] = TaskControlSession(
                 job.handle, job.controller, self.http, self.taskcontrol_interval, self.taskcontrol_timeout,
-                on_answer=self.state.changed.set)
+                on_answer=self.state.changed.set, epoch=lambda: self.state.revision)
+            # operations a previous leader (or this daemon before a restart) started: the controller
+            # approved them and waits to hear they completed
+            for d in (self.state.taskcontrol.get(job.handle) or {}).get("in_flight", []):
+                op = Op(d["kind"], d["index"], d.get("reason", ""), d["id"], d.get("machine"), d.get("cause", ""),
+                        d.get("version"))
+                s.in_flight[op.id] = op
         return s
 
     async def pass_all(self) -> None:
         self.counters["passes"] += 1
-        for handle in sorted(self.state.jobs):
+        for handle in [h for h in self.sessions if not self.owns(h)]:
+            # the job's entitlement moved to another shard: its new leader calls the controller
+            self.sessions.pop(handle).close_now()
+            self.plans.pop(handle, None)
+        for handle in sorted(h for h in self.state.jobs if self.owns(h)):
             try:
                 await self.pass_job(handle)
             except Conflict:
@@ -153,6 +184,8 @@ class Scheduler:
     async def pass_job(self, handle: str) -> None:
         async with self.lock:
             job = self.state.jobs.get(handle)
+            if job is not None and not self.owns(handle):
+                return
             if job is None or job.state == "stopped":
                 self.limiter.forget(handle)  # per-job state ends with the job
                 self.plans.pop(handle, None)
@@ -174,10 +207,11 @@ class Scheduler:
             if session is not None:
                 session.offer(plan.proposed, unhealthy(tasks, job.count), self.notices(tasks, job.count, now))
             started = [op.id for op in plan.ops if op.id]
+            tc = self._in_flight_record(handle, session, plan, started)
             if not plan.empty():
                 for op in plan.ops:
                     log.info("%s %s", handle, op)
-                rev = await self.commit(job, plan.changes, job_put=plan.job)
+                rev = await self.commit(job, plan.changes, job_put=plan.job, destructive=plan.destructive, extra=tc)
                 self._started(handle, plan, started, session)
                 await self.state.wait_for(rev)
                 return
@@ -191,14 +225,28 @@ class Scheduler:
                     self.messages[handle] = e.message
                     return
                 self.messages.pop(handle, None)
-                rev = await self.commit_placement(job, placement, plan.place)
+                rev = await self.commit_placement(job, placement, plan.place, destructive=plan.destructive, extra=tc)
                 self._started(handle, plan, started, session)
                 await self.state.wait_for(rev)
 
+    def _in_flight_record(self, handle: str, session: TaskControlSession | None, plan: JobPlan,
+                          started: list[str]) -> dict[str, dict]:
+        """The job's TaskController operations in flight once this commit lands, written with it
+        when they differ from etcd's: a new leader tells the controller when they complete."""
+        if session is None:
+            return {}
+        by_id = {op.id: op for op in plan.ops}
+        ops = {**session.in_flight, **{i: by_id[i] for i in started if i in by_id}}
+        record = {"in_flight": [{"id": op.id, "kind": op.kind, "index": op.index, "reason": op.reason,
+                                 "machine": op.machine, "cause": op.cause, "version": op.version}
+                                for _, op in sorted(ops.items())]}
+        if record == (self.state.taskcontrol.get(handle) or {"in_flight": []}):
+            return {}
+        return {self.keys.taskcontrol(handle): record}
+
     def _started(self, handle: str, plan: JobPlan, started: list[str], session: TaskControlSession | None) -> None:
-        """After a commit: the rate-limit tokens of its stops and moves are spent, and the approved
-        operations it carried out are in flight for the TaskController."""
-        self.limiter.take(handle, plan.destructive)
+        """After a commit: the approved operations it carried out are in flight for the
+        TaskController (their rate-limit tokens were taken in the commit)."""
         if session is not None and started:
             session.started(started, plan.ops)
 
@@ -222,12 +270,13 @@ class Scheduler:
         return out
 
     async def commit_placement(self, job: JobRec, placement: Placement, indices: tuple[int, ...],
-                               job_put: JobRec | None = None, deletes: tuple[TaskRec, ...] = ()) -> int:
+                               job_put: JobRec | None = None, deletes: tuple[TaskRec, ...] = (),
+                               destructive: int = 0, extra: dict[str, dict] | None = None) -> int:
         chosen = tuple(i for i in indices if i in set(placement.new_tasks))
         changes: list[tuple[TaskRec | None, TaskRec | None]] = list(self.new_tasks(job, placement, chosen))
         changes += [(t, None) for t in deletes]
         taken = {placement.machine_of(i) for i in chosen} & set(placement.machines_taken)
-        rev = await self.commit(job, changes, job_put=job_put, taken=taken)
+        rev = await self.commit(job, changes, job_put=job_put, taken=taken, destructive=destructive, extra=extra)
         self.counters["placements"] += 1
         for old, new in changes:
             if new is not None:
@@ -235,11 +284,18 @@ class Scheduler:
         return rev
 
     async def commit(self, job: JobRec, changes: list[tuple[TaskRec | None, TaskRec | None]],
-                     job_put: JobRec | None = None, taken: set[str] = frozenset()) -> int:
-        """One transaction for a job's task changes and everything that follows from them."""
+                     job_put: JobRec | None = None, taken: set[str] = frozenset(), destructive: int = 0,
+                     extra: dict[str, dict] | None = None) -> int:
+        """One transaction for a job's task changes and everything that follows from them, fenced
+        by this shard's leadership and the job's entitlement record (its shard)."""
         keys, st = self.keys, self.state
-        guards: dict[str, Versioned] = {keys.job(job.handle): st.guard(keys.job(job.handle))}
-        puts: dict[str, dict] = {}
+        if not self.owns(job.handle):
+            raise Conflict(f"{job.handle}: its entitlement is no longer in shard {self.shard}")
+        ekey = keys.entitlement(job.entitlement)
+        guards: dict[str, Versioned] = {keys.job(job.handle): st.guard(keys.job(job.handle)), ekey: st.guard(ekey)}
+        if self.fence is not None:
+            guards[self.fence.key] = self.fence.guard
+        puts: dict[str, dict] = dict(extra or {})
         deletes: list[str] = []
         if job_put is not None:
             puts[keys.job(job.handle)] = job_put.to_json()
@@ -287,11 +343,23 @@ class Scheduler:
         if ent_touched:
             # Every change to what an entitlement holds writes its record: two such changes
             # race on it, so the quota is never overrun by concurrent allocations.
-            ekey = keys.entitlement(job.entitlement)
-            guards[ekey] = st.guard(ekey)
             puts[ekey] = st.entitlements[job.entitlement].to_json()
-        rev = await self.store.commit(list(guards.values()), puts, deletes)
+        if destructive:
+            for scope, record in self.limiter.take(job.handle, destructive).items():
+                rkey = keys.ratelimit(scope)
+                guards[rkey] = st.guard(rkey)  # the region's bucket is shared by every shard
+                puts[rkey] = record
+        try:
+            rev = await self.store.commit(list(guards.values()), puts, deletes)
+        except BaseException:
+            if destructive:
+                self.limiter.load(st.ratelimits)  # the tokens were not spent
+            raise
         self.counters["commits"] += 1
+        if self.first_commit_at is None:
+            self.first_commit_at = time.time()
+            log.warning("shard %d: first commit as leader %.3fs after the election", self.shard,
+                        self.first_commit_at - self.elected_at)
         return rev
 
     # -- front-end operations ----------------------------------------------------------------
@@ -301,6 +369,8 @@ class Scheduler:
         record is still as the front end read it (absent, or a stopped job: `read_revision`).
         AllocationError: it cannot fit; Conflict: someone else wrote the job. Nothing is written."""
         for attempt in range(CREATE_RETRIES):
+            if self.deposed:
+                raise Conflict(f"shard {self.shard}: this process no longer leads it ({self.deposed})")
             async with self.lock:
                 if self.state.revs.get(self.keys.job(job.handle), 0) != read_revision:
                     raise Conflict(f"job {job.handle} was written concurrently")

@@ -132,3 +132,44 @@ class Store:
             kv = event.kv
             value = None if event.kind == "DELETE" else decode(kv.value)
             yield Change(kv.key.decode(), value, kv.mod_revision)
+
+    # -- leases: members and shard leaders (controlplane/coordination.py) --------------------
+
+    async def grant(self, ttl: int) -> int:
+        """A new lease of `ttl` seconds; its id. Keys put with it go when it expires."""
+        lease = await self.client.lease(ttl)
+        return lease.id
+
+    async def refresh(self, lease_id: int) -> int:
+        """Keep a lease alive; its TTL left in seconds (<= 0: it has expired, its keys are gone)."""
+        reply = await self.client.refresh_lease(lease_id)
+        return int(reply.TTL) if reply is not None else 0
+
+    async def revoke(self, lease_id: int) -> None:
+        await self.client.revoke_lease(lease_id)
+
+    async def put_leased(self, key: str, value: Any, lease_id: int) -> int:
+        got = await self.client.put(key.encode(), encode(value), lease=lease_id)
+        return got.header.revision
+
+    async def create(self, key: str, value: Any, lease_id: int) -> Versioned:
+        """Put `key`, attached to the lease, only if it does not exist. Returns it as written
+        (the mod revision of the put) or, when another holds it, as it is (value and revision)."""
+        t = self.client.transactions
+        ok, responses = await self.client.transaction(
+            compare=[t.create(key.encode()) == 0], success=[t.put(key.encode(), encode(value), lease=lease_id)],
+            failure=[t.get(key.encode())])
+        if ok:
+            return Versioned(key, value, responses[0].response_put.header.revision)
+        found = responses[0]  # [(value, Get)] of the failure branch's range
+        if not found:
+            return Versioned(key, None, 0)
+        value, kv = found[0]
+        return Versioned(key, decode(value), kv.mod_revision)
+
+    async def delete_if(self, key: str, mod_revision: int) -> bool:
+        """Delete `key` only if it is still at `mod_revision` (resigning a leadership)."""
+        t = self.client.transactions
+        ok, _ = await self.client.transaction(compare=[t.mod(key.encode()) == mod_revision],
+                                              success=[t.delete(key.encode())], failure=[])
+        return bool(ok)

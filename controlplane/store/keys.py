@@ -45,3 +45,26 @@ class Keys:
 
     def discovery(self, handle: str | None = None) -> str:
         return self.root + "discovery/" + (handle + "/" if handle else "")
+
+    # -- coordination (controlplane/coordination.py): keys attached to leases ------------------
+
+    def members(self) -> str:
+        return self.root + "members/"
+
+    def member(self, member_id: str) -> str:
+        return self.members() + member_id
+
+    def leaders(self) -> str:
+        return self.root + "leaders/"
+
+    def leader(self, shard: int) -> str:
+        return self.leaders() + f"{shard:04d}"
+
+    def ratelimit(self, scope: str) -> str:  # "region", "shard-0003"
+        return self.root + "ratelimits/" + scope
+
+    def settings(self) -> str:  # region-wide settings: the shard count
+        return self.root + "settings"
+
+    def taskcontrol(self, handle: str) -> str:  # the operations in flight for a job's TaskController
+        return self.root + "taskcontrol/" + handle

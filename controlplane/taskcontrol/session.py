@@ -54,7 +54,8 @@ def done(op: Op, tasks: Mapping[int, TaskRec]) -> bool:
 
 class TaskControlSession:
     def __init__(self, handle: str, url: str, http: Callable[[], aiohttp.ClientSession],
-                 interval: float = 1.0, timeout: float = 2.0, on_answer: Callable[[], None] | None = None):
+                 interval: float = 1.0, timeout: float = 2.0, on_answer: Callable[[], None] | None = None,
+                 epoch: Callable[[], int] | None = None):
         self.handle = handle
         self.url = url
         self.http = http
@@ -68,7 +69,12 @@ class TaskControlSession:
         self.completed: list[dict] = []  # finished, not yet reported
         self.unhealthy: list[dict] = []
         self.notices: list[dict] = []
-        self.seq = int(time.time() * 1000)  # increases with every call, also across daemon restarts
+        # Increases with every call, also across daemon restarts and changes of leader: with an
+        # `epoch` (the etcd revision the scheduler has seen), (epoch << 20) + calls. A new leader
+        # was elected at a revision after everything its predecessor saw, so its numbers are higher
+        # whatever the hosts' clocks say. Without one (a lone session), the clock in milliseconds.
+        self.epoch = epoch
+        self.seq = 0 if epoch is not None else int(time.time() * 1000)
         self.status: dict = {"calls": 0, "ok": None, "error": "", "last_call": None}
         self.calls: deque[dict] = deque(maxlen=HISTORY)  # what was sent and acked, for job status
         self._last_sent: tuple = ()
@@ -139,7 +145,7 @@ class TaskControlSession:
                 return
 
     async def _call_once(self) -> None:
-        self.seq += 1
+        self.seq = max(self.seq + 1, (self.epoch() << 20) if self.epoch is not None else 0)
         completed, self.completed = self.completed, []
         # pending as of the last pass, less what an answer approved since (a call queued while the
         # previous one was out must not ask again: the controller would take an approved op for one

@@ -42,7 +42,7 @@ class Controld:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self) -> "Controld":
+    def start(self, wait_led: bool = True) -> "Controld":
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "controlplane.daemon", "--etcd", f"127.0.0.1:{self.etcd_port}",
              "--region", self.region, "--listen", f"127.0.0.1:{self.port}", "--api-token-file", str(self.api_file),
@@ -55,10 +55,29 @@ class Controld:
                 raise AssertionError(f"controld exited {self.proc.returncode}: {self.log.read_text()[-2000:]}")
             try:
                 urllib.request.urlopen(self.url + "/healthz", timeout=1).read()
-                return self
+                break
             except OSError:
                 time.sleep(0.05)
-        raise AssertionError("controld did not answer in 20 s")
+        else:
+            raise AssertionError("controld did not answer in 20 s")
+        if wait_led:
+            self.wait_led(deadline)
+        return self
+
+    def cluster(self) -> dict:
+        return self.call("GET", "/v1/cluster")[1]
+
+    def wait_led(self, deadline: float) -> None:
+        """Until this process is a member and every shard of the region has a leader (one that
+        is a member): what API calls that place tasks need."""
+        while time.monotonic() < deadline:
+            c = self.cluster()
+            members = {m["id"] for m in c.get("members", [])}
+            if c.get("self") and c["self"]["member"] in members and c["shards"] \
+                    and all(s["leader"] in members for s in c["shards"]):
+                return
+            time.sleep(0.05)
+        raise AssertionError(f"no leader for every shard in time: {self.cluster()}")
 
     def kill(self, sig: int = signal.SIGKILL) -> None:
         assert self.proc is not None

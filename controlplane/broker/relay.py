@@ -1,0 +1,150 @@
+"""What agents tell one replica, passed on to the replicas that act on it.
+
+An agent heartbeats to one twine-controld process; the heartbeat's two uses live elsewhere:
+- *liveness* matters to the machine's health owner (coordination.py, rendezvous hashing): a
+  heartbeat that reaches another process is relayed to the owner, and the answer tells the agent
+  the owner's URL (`heartbeat_to`), so that it heartbeats there next and relays stay rare;
+- the *task report* (and a desired-state error) matters to every shard leader with a task on the
+  machine: a report that changed is sent to every other member, and a member that joins gets every
+  report this process holds. Reports change when containers do, not with every heartbeat.
+
+One `POST /v1/internal/relay` per peer and interval carries both:
+    {"from": member, "seen": [machine id], "reports": {machine id: {"tasks": [...], "error": ""}}}
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+import aiohttp
+
+from controlplane.records import ApiError
+
+if TYPE_CHECKING:
+    from controlplane.daemon import ControlDaemon
+
+log = logging.getLogger("twine.controld.relay")
+INTERVAL = 0.2
+
+
+class Relay:
+    def __init__(self, daemon: "ControlDaemon", interval: float = INTERVAL):
+        self.d = daemon
+        self.interval = interval
+        self.seen: dict[str, set[str]] = {}  # member -> machines heard from since the last send
+        self.reports: dict[str, dict[str, dict]] = {}  # member -> machine -> its latest report
+        self._members: set[str] = set()
+        self._http: aiohttp.ClientSession | None = None
+        self._failing: dict[str, str] = {}
+        self.counters = {"sent": 0, "received": 0, "failures": 0, "seen_relayed": 0, "reports_relayed": 0}
+
+    # -- from the heartbeat path -----------------------------------------------------------------
+
+    def heard(self, mid: str) -> None:
+        coord = self.d.coordinator
+        owner = coord.owner_of(mid) if coord else None
+        if owner is not None and owner != coord.id:
+            self.seen.setdefault(owner, set()).add(mid)
+
+    def reported(self, mid: str) -> None:
+        """The machine's report (or error) changed here: every other member gets it."""
+        coord = self.d.coordinator
+        if coord is None:
+            return
+        rec = self._report(mid)
+        for member in self.d.state.members:
+            if member != coord.id:
+                self.reports.setdefault(member, {})[mid] = rec
+
+    def _report(self, mid: str) -> dict:
+        report = self.d.agents.reports.get(mid)
+        return {"tasks": None if report is None else list(report.values()), "error": self.d.agents.errors.get(mid, "")}
+
+    # -- received ----------------------------------------------------------------------------
+
+    def receive(self, body: Any) -> dict:
+        if not isinstance(body, dict) or not isinstance(body.get("seen", []), list) \
+                or not isinstance(body.get("reports", {}), dict):
+            raise ApiError("invalid", None, "want {from, seen: [machine id], reports: {machine id: {tasks, error}}}")
+        self.counters["received"] += 1
+        agents, now, wall = self.d.agents, time.monotonic(), time.time()
+        for mid in body.get("seen", []):
+            if isinstance(mid, str) and mid in self.d.state.machines:
+                agents.last_seen[mid] = now
+                agents.last_seen_wall[mid] = wall
+                self.d.health.seen(mid)
+        changed = False
+        for mid, rec in body.get("reports", {}).items():
+            if mid not in self.d.state.machines or not isinstance(rec, dict):
+                continue
+            tasks = rec.get("tasks")
+            if isinstance(tasks, list):
+                report = {(str(t["job"]), int(t["index"])): t for t in tasks if isinstance(t, dict) and "job" in t}
+                if agents.reports.get(mid) != report:
+                    agents.reports[mid] = report
+                    changed = True
+            error = str(rec.get("error") or "")
+            if agents.errors.get(mid, "") != error:
+                agents.errors[mid] = error
+                changed = True
+        if changed:
+            self.d.state.changed.set()
+        return {"ok": True}
+
+    # -- sending -----------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        try:
+            while True:
+                await asyncio.sleep(self.interval)
+                self._greet_new_members()
+                peers = set(self.seen) | set(self.reports)
+                if peers:
+                    await asyncio.gather(*(self._send(p) for p in sorted(peers)))
+        finally:
+            if self._http is not None:
+                await self._http.close()
+
+    def _greet_new_members(self) -> None:
+        coord = self.d.coordinator
+        members = set(self.d.state.members)
+        for member in members - self._members:
+            if coord is not None and member != coord.id:
+                self.reports.setdefault(member, {}).update({mid: self._report(mid) for mid in self.d.agents.reports})
+        for gone in self._members - members:
+            self.seen.pop(gone, None)
+            self.reports.pop(gone, None)
+        self._members = members
+
+    async def _send(self, member: str) -> None:
+        url = self.d.coordinator.member_url(member) if self.d.coordinator else None
+        seen, reports = self.seen.pop(member, set()), self.reports.pop(member, {})
+        if url is None or not (seen or reports):
+            return
+        body = {"from": self.d.coordinator.id, "seen": sorted(seen), "reports": reports}
+        token = min(self.d.api_tokens)
+        if self._http is None:
+            self._http = aiohttp.ClientSession()
+        try:
+            async with self._http.post(url + "/v1/internal/relay", json=body, timeout=aiohttp.ClientTimeout(total=2),
+                                       headers={"Authorization": f"Bearer {token}"}) as r:
+                if r.status != 200:
+                    raise ValueError(f"HTTP {r.status}: {(await r.text())[:200]}")
+            self.counters["sent"] += 1
+            self.counters["seen_relayed"] += len(seen)
+            self.counters["reports_relayed"] += len(reports)
+            if self._failing.pop(member, None):
+                log.info("relaying to member %s works again", member)
+        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as e:
+            self.counters["failures"] += 1
+            # liveness is stale by the next interval; reports are not: keep the latest for the next try
+            pending = self.reports.setdefault(member, {})
+            for mid, rec in reports.items():
+                pending.setdefault(mid, rec)
+            why = f"{type(e).__name__}: {e}"
+            if self._failing.get(member) != why:
+                self._failing[member] = why
+                log.warning("relaying to member %s at %s failed: %s", member, url, why)

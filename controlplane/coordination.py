@@ -1,0 +1,297 @@
+"""Replicas of twine-controld in one region: membership, shard leadership, health ownership.
+
+Every process holds an etcd lease (`--lease-ttl`, default 2 s) that it keeps alive, and a member
+record attached to it (/twine/<region>/members/<id>: its URL, roles, shards). When a process dies
+its lease expires and its records go with it.
+
+**Shard leaders.** A scheduler shard has one leader: the process whose record sits at
+/twine/<region>/leaders/<shard>, put with the process's lease only if absent (etcd's election
+recipe). The leader alone runs the shard's scheduler and TaskControl sessions. The mod revision of
+that put is the leadership's *epoch*; every write the shard's scheduler makes is guarded by it (the
+fence): once the key is gone (lease expired) or someone else's, a deposed leader's commit fails.
+
+A leader also stops acting on its own before its lease can have ended: the lease is valid for
+TTL seconds from the sending of the last keep-alive etcd answered; `margin` before that, with no
+newer answer, the process gives up every shard it leads (a process cut off from etcd stops
+calling TaskControllers and scheduling before anyone else can be elected).
+
+Shards are spread: a process campaigns for a shard that has no leader when it leads fewer than its
+fair share (shards / scheduler members), or when the shard has been leaderless for `fair_wait`
+seconds (so no shard stays without a leader).
+
+**Health ownership.** Machines are spread over the members with the health role by rendezvous
+hashing: one owner judges a machine's heartbeats. Heartbeats that reach another member are relayed
+to the owner (broker/relay.py), and agents are told the owner's URL in the heartbeat answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import math
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Awaitable, Callable
+
+from controlplane.store import Store, Versioned
+from controlplane.store.keys import Keys
+
+log = logging.getLogger("twine.controld.coordination")
+ROLES = ("frontend", "scheduler", "health")
+
+
+@dataclass(frozen=True)
+class Fence:
+    """A shard leadership: every write of the shard's scheduler carries `guard`."""
+
+    shard: int
+    epoch: int  # the mod revision of the leader key's put
+    key: str
+
+    @property
+    def guard(self) -> Versioned:
+        return Versioned(self.key, None, self.epoch)
+
+
+def parse_roles(text: str) -> tuple[str, ...]:
+    roles = tuple(r.strip() for r in text.split(",") if r.strip())
+    bad = [r for r in roles if r not in ROLES]
+    if bad or not roles:
+        raise ValueError(f"{text!r}: roles are a comma-separated subset of {', '.join(ROLES)}")
+    return roles
+
+
+def parse_shards(text: str, count: int) -> tuple[int, ...]:
+    """`0-3,7` -> (0, 1, 2, 3, 7); `all` -> every shard of the region."""
+    if text.strip() in ("", "all"):
+        return tuple(range(count))
+    out: set[int] = set()
+    for part in text.split(","):
+        lo, sep, hi = part.strip().partition("-")
+        try:
+            a, b = int(lo), int(hi if sep else lo)
+        except ValueError:
+            raise ValueError(f"{part!r}: shards are N or N-M, comma-separated") from None
+        if a > b or a < 0:
+            raise ValueError(f"{part!r}: not a range of shard numbers")
+        out.update(range(a, b + 1))
+    beyond = sorted(s for s in out if s >= count)
+    if beyond:
+        raise ValueError(f"shard(s) {', '.join(map(str, beyond))}: the region has {count} shard(s), 0-{count - 1}")
+    return tuple(sorted(out))
+
+
+def rendezvous(member_ids: list[str], key: str) -> str | None:
+    """The member that owns `key`: highest hash of (member, key). A member leaving moves only its
+    own keys."""
+    best, best_h = None, b""
+    for m in member_ids:
+        h = hashlib.blake2b(f"{m}\0{key}".encode(), digest_size=8).digest()
+        if best is None or h > best_h:
+            best, best_h = m, h
+    return best
+
+
+class Coordinator:
+    """This process's membership and leaderships. The daemon passes `lead(fence)` and
+    `depose(shard, why)`, called as leaderships begin and end."""
+
+    def __init__(self, store: Store, keys: Keys, state, url: str, roles: tuple[str, ...], shards: tuple[int, ...],
+                 lead: Callable[[Fence], Awaitable[None]], depose: Callable[[int, str], Awaitable[None]],
+                 ttl: int = 2, member_id: str | None = None, fair_wait: float = 1.0):
+        self.store = store
+        self.keys = keys
+        self.state = state  # RegionState: members and leaders as the watch has them
+        self.url = url
+        self.roles = roles
+        self.shards = shards  # the shards this process may lead
+        self.id = member_id or uuid.uuid4().hex[:12]
+        self.ttl = ttl
+        self.margin = ttl / 4
+        self.fair_wait = fair_wait
+        self._lead, self._depose = lead, depose
+        self.lease: int | None = None
+        self.valid_until = 0.0  # monotonic: the lease is surely alive until then
+        self.leading: dict[int, Fence] = {}
+        self._leaderless_since: dict[int, float] = {}
+        self.counters = {"elections_won": 0, "depositions": 0, "lease_renewals": 0, "lease_failures": 0}
+        self._owners: dict[str, str] = {}
+        self._owner_members: tuple[str, ...] = ()
+        self.closing = False
+
+    # -- queries -----------------------------------------------------------------------------
+
+    def valid(self) -> bool:
+        return self.lease is not None and time.monotonic() < self.valid_until - self.margin
+
+    def leads(self, shard: int) -> bool:
+        return shard in self.leading
+
+    def leader_url(self, shard: int) -> str | None:
+        cur = self.state.leaders.get(shard)
+        return None if cur is None else cur.value.get("url")
+
+    def health_members(self) -> tuple[str, ...]:
+        return tuple(sorted(mid for mid, m in self.state.members.items() if "health" in m.get("roles", ())))
+
+    def owner_of(self, machine_id: str) -> str | None:
+        """The member that judges this machine's health (None: no member has the health role)."""
+        members = self.health_members()
+        if members != self._owner_members:
+            self._owner_members, self._owners = members, {}
+        owner = self._owners.get(machine_id)
+        if owner is None:
+            owner = self._owners[machine_id] = rendezvous(list(members), machine_id)
+        return owner
+
+    def owns(self, machine_id: str) -> bool:
+        return "health" in self.roles and self.owner_of(machine_id) == self.id
+
+    def member_url(self, member_id: str) -> str | None:
+        m = self.state.members.get(member_id)
+        return None if m is None else m.get("url")
+
+    def view(self) -> dict:
+        return {"member": self.id, "url": self.url, "roles": list(self.roles), "shards": list(self.shards),
+                "leading": sorted(self.leading), "lease_valid_for": round(max(0.0, self.valid_until - time.monotonic()), 3)}
+
+    # -- the loops ---------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        await self._join()
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(self._keepalive())
+            if "scheduler" in self.roles:
+                tg.create_task(self._campaign())
+
+    async def _join(self) -> None:
+        """A new lease and the member record on it; retried until etcd answers."""
+        delay = 0.1
+        while True:
+            try:
+                sent = time.monotonic()
+                lease = await asyncio.wait_for(self.store.grant(self.ttl), self.ttl)
+                rec = {"id": self.id, "url": self.url, "roles": list(self.roles), "shards": list(self.shards),
+                       "started": time.time(), "lease": lease}
+                await asyncio.wait_for(self.store.put_leased(self.keys.member(self.id), rec, lease), self.ttl)
+                self.lease, self.valid_until = lease, sent + self.ttl
+                await self._bury_predecessors()
+                log.info("member %s joined region %s (lease %x, ttl %ds, roles %s)", self.id, self.keys.region,
+                         lease, self.ttl, ",".join(self.roles))
+                return
+            except Exception as e:  # etcd down: keep trying; nothing is led meanwhile
+                log.warning("member %s cannot join yet: %s: %s", self.id, type(e).__name__, e)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 1.0)
+
+    async def _bury_predecessors(self) -> None:
+        """A member at our URL that is not us is a predecessor that died (we listen there now):
+        revoking its lease ends its membership and leaderships at once, not a TTL later. So a
+        daemon restarted by systemd leads again at once. (--advertise must be unique per process.)"""
+        for mid, m in list(self.state.members.items()):
+            if mid != self.id and m.get("url") == self.url and m.get("lease"):
+                try:
+                    await asyncio.wait_for(self.store.revoke(int(m["lease"])), self.ttl)
+                    log.warning("member %s at our URL %s was a predecessor of this process: its lease is revoked",
+                                mid, self.url)
+                except Exception as e:  # already expired: nothing to do
+                    log.info("predecessor %s: %s", mid, e)
+
+    async def _keepalive(self) -> None:
+        while not self.closing:
+            await asyncio.sleep(self.ttl / 4)
+            sent = time.monotonic()
+            try:
+                left = await asyncio.wait_for(self.store.refresh(self.lease), self.ttl / 3)
+            except Exception as e:
+                self.counters["lease_failures"] += 1
+                log.warning("lease keep-alive failed: %s: %s", type(e).__name__, e)
+                left = None
+            if left is not None and left > 0:
+                self.valid_until = sent + left
+                self.counters["lease_renewals"] += 1
+            elif left is not None:  # etcd says the lease is gone: so are our records
+                await self._depose_all("the lease expired")
+                self.lease = None
+                await self._join()
+                continue
+            if self.leading and not self.valid():
+                await self._depose_all(f"no keep-alive answered for {time.monotonic() - sent + self.ttl / 3:.1f}s; "
+                                       "the lease may be about to end")
+
+    async def _depose_all(self, why: str) -> None:
+        for shard in sorted(self.leading):
+            await self._end(shard, why)
+
+    async def _end(self, shard: int, why: str) -> None:
+        if self.leading.pop(shard, None) is not None:
+            self.counters["depositions"] += 1
+            log.warning("shard %d: no longer its leader: %s", shard, why)
+            await self._depose(shard, why)
+
+    async def _campaign(self) -> None:
+        while not self.closing:
+            changed = self.state.coordination_changed
+            changed.clear()
+            try:
+                await self._campaign_once()
+            except Exception as e:
+                log.warning("campaign pass failed: %s: %s", type(e).__name__, e)
+            try:
+                await asyncio.wait_for(changed.wait(), 0.25)
+            except TimeoutError:
+                pass
+
+    def _fair_share(self) -> int:
+        schedulers = sum(1 for m in self.state.members.values() if "scheduler" in m.get("roles", ()))
+        return math.ceil(len(self.shards) / max(schedulers, 1))
+
+    async def _campaign_once(self) -> None:
+        now = time.monotonic()
+        # leaderships that ended in etcd (the key expired or was taken) while we thought we led
+        for shard, fence in list(self.leading.items()):
+            cur = self.state.leaders.get(shard)
+            if self.state.revision >= fence.epoch and (cur is None or cur.mod_revision != fence.epoch):
+                await self._end(shard, "its leader key is gone")
+        if not self.valid():
+            return
+        for shard in self.shards:
+            if shard in self.leading:
+                continue
+            cur = self.state.leaders.get(shard)
+            if cur is not None:
+                self._leaderless_since.pop(shard, None)
+                if cur.value.get("member") == self.id and cur.value.get("lease") == self.lease:
+                    # still ours in etcd (we stepped down while cut off, and the lease survived)
+                    await self._begin(Fence(shard, cur.mod_revision, self.keys.leader(shard)))
+                continue
+            since = self._leaderless_since.setdefault(shard, now)
+            if len(self.leading) >= self._fair_share() and now - since < self.fair_wait:
+                continue
+            got = await asyncio.wait_for(self.store.create(
+                self.keys.leader(shard), {"member": self.id, "url": self.url, "lease": self.lease, "at": time.time()},
+                self.lease), self.ttl)
+            if got.value is not None and got.value.get("member") == self.id and got.value.get("lease") == self.lease:
+                self._leaderless_since.pop(shard, None)
+                await self._begin(Fence(shard, got.mod_revision, self.keys.leader(shard)))
+
+    async def _begin(self, fence: Fence) -> None:
+        self.leading[fence.shard] = fence
+        self.counters["elections_won"] += 1
+        log.warning("shard %d: this process (%s) leads it, epoch %d", fence.shard, self.id, fence.epoch)
+        await self._lead(fence)
+
+    async def resign(self) -> None:
+        """At a clean stop: end every leadership and the membership at once (revoking the lease
+        deletes its keys), so followers take over without waiting for the TTL."""
+        self.closing = True
+        await self._depose_all("stopping")
+        if self.lease is not None:
+            try:
+                await asyncio.wait_for(self.store.revoke(self.lease), 2.0)
+            except Exception as e:
+                log.warning("revoking the lease failed (it expires in %ds): %s", self.ttl, e)
+            self.lease = None
+

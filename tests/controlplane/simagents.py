@@ -1,0 +1,108 @@
+"""Simulated agents for control-plane chaos tests (named so: no containers run). Each speaks the
+agent's wire protocol to real twine-controld processes: it reads its machine's desired state,
+"runs" every task there at once (reports it running at its spec version, with the desired
+profile applied), and heartbeats. It records every task start it would have made, so a test can
+count restarts: a start is a (job, index, spec_version) that appears in the desired state while
+it was not running on this machine.
+
+`urls` are tried in order with failover, as agents do; `follow_hint` makes heartbeats go to the
+`heartbeat_to` replica the answer names (as real agents do), or ignores it.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections import Counter
+
+
+class SimAgents:
+    def __init__(self, creds: dict[str, str], urls: list[str], interval: float = 0.3, follow_hint: bool = True):
+        self.creds = creds
+        self.urls = list(urls)
+        self.interval = interval
+        self.follow_hint = follow_hint
+        self.running: dict[str, dict[tuple[str, int], int]] = {m: {} for m in creds}  # machine -> task -> version
+        self.starts: Counter = Counter()  # (job, index, version, machine) -> times started
+        self.hints: dict[str, str] = {}
+        self.sent: Counter = Counter()  # url -> heartbeats it answered
+        self.errors: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._lock = threading.Lock()
+        self.paused = threading.Event()
+
+    def __enter__(self) -> "SimAgents":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+    def _call(self, url: str, method: str, path: str, cred: str, body: object = None) -> dict:
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(url + path, method=method, data=data,
+                                     headers={"Authorization": f"Bearer {cred}", "Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=3) as r:
+            return json.loads(r.read())
+
+    def _any(self, method: str, path: str, cred: str, body: object = None, first: str | None = None) -> tuple[str, dict]:
+        last: Exception | None = None
+        for url in ([first] if first else []) + self.urls:
+            try:
+                return url, self._call(url, method, path, cred, body)
+            except (OSError, urllib.error.HTTPError) as e:
+                last = e
+        raise ConnectionError(f"{path}: no replica answered: {last}")
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            if not self.paused.is_set():
+                for mid, cred in self.creds.items():
+                    try:
+                        self._one(mid, cred)
+                    except Exception as e:  # noted; the next round tries again
+                        self.errors.append(f"{time.time():.3f} {mid}: {e}")
+            self._stop.wait(self.interval)
+
+    def _one(self, mid: str, cred: str) -> None:
+        _, desired = self._any("GET", "/v1/agent/desired?wait=0", cred)
+        wanted = {(t["job"], t["index"]): t["spec_version"] for t in desired.get("tasks", [])}
+        with self._lock:
+            now = self.running[mid]
+            for key, version in wanted.items():
+                if now.get(key) != version:
+                    self.starts[(key[0], key[1], version, mid)] += 1
+            self.running[mid] = dict(wanted)
+        tasks = [{"job": j, "index": i, "spec_version": v, "state": "running"} for (j, i), v in sorted(wanted.items())]
+        body = {"machine_id": mid, "digest": json.dumps(tasks, sort_keys=True), "tasks": tasks,
+                "profile": {"name": desired.get("profile"), "ok": True}}
+        url, answer = self._any("POST", "/v1/agent/heartbeat", cred, body,
+                                first=self.hints.get(mid) if self.follow_hint else None)
+        self.sent[url] += 1
+        if answer.get("heartbeat_to"):
+            self.hints[mid] = answer["heartbeat_to"]
+        else:
+            self.hints.pop(mid, None)
+
+    def restarts(self) -> dict:
+        """Starts beyond the first of each (job, index, version), and tasks started on a second machine."""
+        with self._lock:
+            again = {k: n for k, n in self.starts.items() if n > 1}
+            where: dict[tuple, set] = {}
+            for (job, index, _version, mid) in self.starts:
+                where.setdefault((job, index), set()).add(mid)
+            moved = {k: sorted(v) for k, v in where.items() if len(v) > 1}
+        return {"started_again": again, "on_two_machines": moved}
+
+    def versions_started(self, job: str) -> dict[int, list[int]]:
+        with self._lock:
+            out: dict[int, list[int]] = {}
+            for (j, index, version, _mid), n in sorted(self.starts.items()):
+                if j == job:
+                    out.setdefault(index, []).extend([version] * n)
+        return out

@@ -28,25 +28,53 @@ if TYPE_CHECKING:
 log = logging.getLogger("twine.controld.state")
 
 
-class Wakeups:
-    """`set()` wakes every subscriber: each shard's scheduler waits on an event of its own."""
+class WorkQueue:
+    """One subscriber's queue of jobs to look at again, and the event that says it is not empty."""
 
     def __init__(self) -> None:
-        self._events: list[asyncio.Event] = []
+        self.event = asyncio.Event()
+        self.jobs: set[str] = set()
+        self.everything = True  # a new subscriber looks at every job first
 
-    def subscribe(self) -> asyncio.Event:
-        ev = asyncio.Event()
-        ev.set()
-        self._events.append(ev)
-        return ev
+    def take(self) -> tuple[set[str], bool]:
+        jobs, everything = self.jobs, self.everything
+        self.jobs, self.everything = set(), False
+        self.event.clear()
+        return jobs, everything
 
-    def unsubscribe(self, ev: asyncio.Event) -> None:
-        if ev in self._events:
-            self._events.remove(ev)
 
-    def set(self) -> None:
-        for ev in self._events:
-            ev.set()
+class Wakeups:
+    """Work queues of changed jobs, fed by the watch (each shard's scheduler has its own).
+    `set(jobs)` queues those jobs; `set()` with none queues every job (a change whose reach is
+    not worth computing: a maintenance scheduled, a leadership begun)."""
+
+    def __init__(self) -> None:
+        self._queues: list[WorkQueue] = []
+
+    def subscribe(self) -> WorkQueue:
+        q = WorkQueue()
+        q.event.set()
+        self._queues.append(q)
+        return q
+
+    def unsubscribe(self, q: WorkQueue) -> None:
+        if q in self._queues:
+            self._queues.remove(q)
+
+    def set(self, jobs: Iterable[str] | None = None) -> None:
+        if not self._queues:
+            return
+        if jobs is None:
+            for q in self._queues:
+                q.everything = True
+                q.event.set()
+            return
+        jobs = set(jobs)
+        if not jobs:
+            return
+        for q in self._queues:
+            q.jobs |= jobs
+            q.event.set()
 
 
 def to_machine(m: MachineRec, version: int, cordoned: bool = False) -> Machine:
@@ -78,6 +106,7 @@ class RegionState:
         self.machines: dict[str, MachineRec] = {}
         self.entitlements: dict[str, EntitlementRec] = {}
         self.jobs: dict[str, JobRec] = {}
+        self.jobs_by_ent: dict[str, set[str]] = {}
         self.tasks: dict[str, dict[int, TaskRec]] = defaultdict(dict)
         self.events: dict[str, EventRec] = {}
         self.endpoints: dict[tuple[str, int], dict] = {}  # discovery records by (job, index)
@@ -127,7 +156,26 @@ class RegionState:
 
     def _on_change(self, change: Change) -> None:
         self._apply(change.key, change.value, change.mod_revision)
-        self.changed.set()
+        self.changed.set(self._reach(change.key))
+
+    def _reach(self, key: str) -> set[str] | None:
+        """The jobs a change of `key` may concern (None: any)."""
+        rel = key[len(self.keys.root):]
+        kind, _, rest = rel.partition("/")
+        if kind == "jobs":
+            return {rest}
+        if kind == "tasks":
+            return {rest.rpartition("/")[0]}
+        if kind == "machines":
+            return self.jobs_on(rest)
+        if kind == "entitlements":
+            return set(self.jobs_by_ent.get(rest, ()))
+        if kind == "events":
+            return None
+        return set()  # members, leaders, rate limits, discovery, TaskControl records: no job to look at
+
+    def jobs_on(self, mid: str) -> set[str]:
+        return {h for h, _ in self.by_machine.get(mid, ())}
 
     def _apply(self, key: str, value: dict | None, revision: int) -> None:
         rel = key[len(self.keys.root):]
@@ -148,9 +196,12 @@ class RegionState:
             self._wake_entitlement(rest, old)
         elif kind == "jobs":
             if value is None:
-                self.jobs.pop(rest, None)
+                old_job = self.jobs.pop(rest, None)
+                if old_job is not None:
+                    self.jobs_by_ent.get(old_job.entitlement, set()).discard(rest)
             else:
-                self.jobs[rest] = JobRec.from_json(value)
+                self.jobs[rest] = job = JobRec.from_json(value)
+                self.jobs_by_ent.setdefault(job.entitlement, set()).add(rest)
         elif kind == "tasks":
             handle, _, idx = rest.rpartition("/")
             self._set_task(handle, int(idx), None if value is None else TaskRec.from_json(value))

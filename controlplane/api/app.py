@@ -276,7 +276,6 @@ async def move_entitlement(request: web.Request) -> web.Response:
         key = d.keys.entitlement(old.name)
         rev = await d.store.commit([d.state.guard(key)], {key: replace(old, shard=shard).to_json()})
         await d.state.wait_for(rev)
-        d.state.changed.set()
     return reply(entitlement_view(d, old.name, detail=True))
 
 
@@ -377,7 +376,6 @@ async def put_job(d: ControlDaemon, job: JobRec, read_revision: int) -> int:
     key = d.keys.job(job.handle)
     rev = await d.store.commit([Versioned(key, None, read_revision)], {key: job.to_json()})
     await d.state.wait_for(rev)
-    d.state.changed.set()
     return rev
 
 

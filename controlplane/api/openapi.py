@@ -40,6 +40,8 @@ PATHS = {
         "get": _op("show an entitlement with its machines and jobs", "the entitlement", "Entitlement"),
         "patch": _op("modify quota, profile, owner or spread", "the entitlement", "Entitlement", "EntitlementPatch"),
     },
+    "/v1/entitlements/{name}/move": {"post": _op("give the entitlement to another scheduler shard (no task restarts)",
+                                                  "the entitlement", "Entitlement", "EntitlementMove")},
     "/v1/jobs": {
         "post": _op("create a job: validated, placed and committed in one transaction", "created", "Job", "JobSpec", "201"),
         "get": _op("list jobs (?entitlement=NAME)", "the jobs", "JobList"),
@@ -71,6 +73,10 @@ PATHS = {
     "/v1/agent/shutdown": {"post": _op("announce a clean reboot: the machine is in maintenance until it heartbeats "
                                        "again (at most --reboot-grace seconds)", "announced", "ShutdownReply",
                                        "Shutdown", security="machineCredential")},
+    "/v1/cluster": {"get": _op("the region's replicas, shard leaders and each shard's entitlements", "the cluster",
+                               "Cluster")},
+    "/v1/internal/relay": {"post": _op("heartbeats and task reports relayed between replicas", "accepted", None,
+                                       "Relay")},
     "/v1/openapi.json": {"get": {"summary": "this document", "security": [], "responses": {"200": {"description": "OpenAPI"}}}},
 }
 
@@ -145,7 +151,12 @@ SCHEMAS = {
     "ShutdownReply": {**OBJ, "properties": {"ok": {"type": "boolean"}, "maintenance": STR, "until": NUM}},
     "Heartbeat": {**OBJ, "properties": {"machine_id": STR, "seq": INT, "desired_version": STR, "health": OBJ,
                                         "profile": OBJ, "tasks": {"type": "array", "items": OBJ}, "digest": STR}},
+    "EntitlementMove": {**OBJ, "required": ["shard"], "properties": {"shard": INT}},
+    "Cluster": {**OBJ, "properties": {"region": STR, "self": OBJ, "members": {"type": "array", "items": OBJ},
+                                      "shards": {"type": "array", "items": OBJ}}},
+    "Relay": {**OBJ, "properties": {"from": STR, "seen": {"type": "array", "items": STR}, "reports": OBJ}},
     "HeartbeatReply": {**OBJ, "properties": {"ok": {"type": "boolean"}, "resend": {"type": "boolean"},
+                                             "heartbeat_to": STR,
                                              "interval": {"type": "number"}}},
 }
 

@@ -157,7 +157,7 @@ class AgentService:
         error = str(body.get("desired_error") or "")
         if error != self.errors.get(mid, ""):
             self.errors[mid] = error
-            self.state.changed.set()
+            self.state.changed.set(self.state.jobs_on(mid))
             if relay is not None:
                 relay.reported(mid)
         digest = body.get("digest")
@@ -183,7 +183,7 @@ class AgentService:
         self.digests[mid] = digest
         if report != self.reports.get(mid):
             self.reports[mid] = report
-            self.state.changed.set()
+            self.state.changed.set(self.state.jobs_on(mid) | {job for job, _ in report})
             if relay is not None:
                 relay.reported(mid)
         await self._profile(mid, profile)

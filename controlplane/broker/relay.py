@@ -76,7 +76,7 @@ class Relay:
                 agents.last_seen[mid] = now
                 agents.last_seen_wall[mid] = wall
                 self.d.health.seen(mid)
-        changed = False
+        changed: set[str] = set()
         for mid, rec in body.get("reports", {}).items():
             if mid not in self.d.state.machines or not isinstance(rec, dict):
                 continue
@@ -85,13 +85,12 @@ class Relay:
                 report = {(str(t["job"]), int(t["index"])): t for t in tasks if isinstance(t, dict) and "job" in t}
                 if agents.reports.get(mid) != report:
                     agents.reports[mid] = report
-                    changed = True
+                    changed |= self.d.state.jobs_on(mid) | {job for job, _ in report}
             error = str(rec.get("error") or "")
             if agents.errors.get(mid, "") != error:
                 agents.errors[mid] = error
-                changed = True
-        if changed:
-            self.d.state.changed.set()
+                changed |= self.d.state.jobs_on(mid)
+        self.d.state.changed.set(changed)
         return {"ok": True}
 
     # -- sending -----------------------------------------------------------------------------

@@ -40,7 +40,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("twine.controld.scheduler")
 Reports = Callable[[str], Mapping[tuple[str, int], dict] | None]
-PASS_INTERVAL = 1.0
+PASS_INTERVAL = 1.0  # jobs not settled are looked at again this often
+FULL_PASS_INTERVAL = 10.0  # every job, whatever the queue says (a safety net, not the mechanism)
 CREATE_RETRIES = 8
 MAINTENANCE_GRACE = 120.0  # seconds after a maintenance for its silent machines to come back
 
@@ -82,23 +83,36 @@ class Scheduler:
         self.lock = asyncio.Lock()  # the shard's commits do not race each other
         self.plans: dict[str, JobPlan] = {}
         self.messages: dict[str, str] = {}  # why a job's tasks cannot be placed, for job status
-        self.counters = {"passes": 0, "commits": 0, "conflicts": 0, "placements": 0, "errors": 0,
+        self.unsettled: set[str] = set()  # jobs to look at again in PASS_INTERVAL
+        self.counters = {"passes": 0, "job_passes": 0, "commits": 0, "conflicts": 0, "placements": 0, "errors": 0,
                          "rate_limited": 0}
 
     # -- the loop ----------------------------------------------------------------------------
 
     async def run(self) -> None:
-        wake = self.state.changed.subscribe()
+        """A work queue, not a pass over every job after every change: the jobs a change reaches
+        (the watch says which), plus every PASS_INTERVAL the jobs not settled (something pending,
+        held, waiting for a time or a machine), plus every FULL_PASS_INTERVAL all of them."""
+        queue = self.state.changed.subscribe()
+        last_retry = last_full = time.monotonic()
         try:
             while True:
-                wake.clear()
-                await self.pass_all()
+                jobs, everything = queue.take()
+                now = time.monotonic()
+                if everything or now - last_full >= FULL_PASS_INTERVAL:
+                    await self.pass_all()
+                    last_full = last_retry = now
+                else:
+                    if now - last_retry >= PASS_INTERVAL:
+                        jobs |= self.unsettled
+                        last_retry = now
+                    await self.pass_jobs(jobs)
                 try:
-                    await asyncio.wait_for(wake.wait(), PASS_INTERVAL)
+                    await asyncio.wait_for(queue.event.wait(), max(0.0, last_retry + PASS_INTERVAL - time.monotonic()))
                 except TimeoutError:
                     pass
         finally:
-            self.state.changed.unsubscribe(wake)
+            self.state.changed.unsubscribe(queue)
             for session in self.sessions.values():
                 await session.close()
             if self._http is not None:
@@ -123,7 +137,7 @@ class Scheduler:
         if s is None and job.controller and job.state == "active":
             s = self.sessions[job.handle] = TaskControlSession(
                 job.handle, job.controller, self.http, self.taskcontrol_interval, self.taskcontrol_timeout,
-                on_answer=self.state.changed.set, epoch=lambda: self.state.revision)
+                on_answer=lambda h=job.handle: self.state.changed.set({h}), epoch=lambda: self.state.revision)
             # operations a previous leader (or this daemon before a restart) started: the controller
             # approved them and waits to hear they completed
             for d in (self.state.taskcontrol.get(job.handle) or {}).get("in_flight", []):
@@ -138,12 +152,21 @@ class Scheduler:
             # the job's entitlement moved to another shard: its new leader calls the controller
             self.sessions.pop(handle).close_now()
             self.plans.pop(handle, None)
-        for handle in sorted(h for h in self.state.jobs if self.owns(h)):
+        self.unsettled = {h for h in self.unsettled if h in self.state.jobs}
+        await self.pass_jobs(h for h in self.state.jobs if self.owns(h))
+
+    async def pass_jobs(self, handles) -> None:
+        for handle in sorted(handles):
+            if handle in self.sessions and not self.owns(handle):
+                self.sessions.pop(handle).close_now()
+                self.plans.pop(handle, None)
+            self.counters["job_passes"] += 1
+            self.unsettled.add(handle)  # until its pass says otherwise
             try:
                 await self.pass_job(handle)
             except Conflict:
                 self.counters["conflicts"] += 1
-                self.state.changed.set()
+                self.state.changed.set({handle})
             except TooLarge as e:
                 self.counters["errors"] += 1
                 if self.messages.get(handle) != str(e):
@@ -185,11 +208,13 @@ class Scheduler:
         async with self.lock:
             job = self.state.jobs.get(handle)
             if job is not None and not self.owns(handle):
+                self.unsettled.discard(handle)
                 return
             if job is None or job.state == "stopped":
                 self.limiter.forget(handle)  # per-job state ends with the job
                 self.plans.pop(handle, None)
                 self._held.pop(handle, None)
+                self.unsettled.discard(handle)
                 return
             tasks = self.state.tasks.get(handle, {})
             now = time.time()
@@ -228,6 +253,29 @@ class Scheduler:
                 rev = await self.commit_placement(job, placement, plan.place, destructive=plan.destructive, extra=tc)
                 self._started(handle, plan, started, session)
                 await self.state.wait_for(rev)
+                return
+            if self._settled(job, tasks, views, plan, session):
+                self.unsettled.discard(handle)
+
+    def _settled(self, job: JobRec, tasks: Mapping[int, TaskRec], views: Mapping[str, MachineView], plan: JobPlan,
+                 session: TaskControlSession | None) -> bool:
+        """Nothing for the job to do until something changes (which the watch will say): every
+        task runs at the job's version on a healthy machine with no maintenance, nothing is held
+        or waiting, and its TaskController has nothing pending."""
+        if job.state != "active" or job.handle in self.messages or plan.held or plan.waiting or plan.proposed \
+                or plan.rate_limited:
+            return False
+        if session is not None and (session.pending or session.approved or session.in_flight or session.notices
+                                    or session.completed):
+            return False
+        if len(tasks) != job.count:
+            return False
+        for t in tasks.values():
+            v = views.get(t.machine) if t.machine else None
+            if t.state != "running" or t.spec_version != job.spec_version or v is None or not v.healthy \
+                    or v.maintenance is not None:
+                return False
+        return True
 
     def _in_flight_record(self, handle: str, session: TaskControlSession | None, plan: JobPlan,
                           started: list[str]) -> dict[str, dict]:

@@ -309,23 +309,24 @@ class ControlPlaneClient:
     async def _call(self, method: str, path: str, timeout: float, url: str | None = None, **kw: Any) -> tuple[str, dict]:
         """A credential call to `url` (default: the current URL); the URL that answered and its answer.
         A 401 re-registers once with the bootstrap token and retries."""
-        url = url or self.url
+        target = url or self.url
         try:
-            credential = await self._credential()
+            credential = await self._credential()  # may register, and fail over doing so
+            target = url or self.url
             try:
-                answer = await self._request(url, method, path, credential, timeout, **kw)
+                answer = await self._request(target, method, path, credential, timeout, **kw)
             except Unauthorized:
                 log.warning("credential refused; registering again")
                 self.registered = False
-                answer = await self._request(url, method, path, await self._credential(stale=credential), timeout, **kw)
+                answer = await self._request(target, method, path, await self._credential(stale=credential), timeout, **kw)
         except CALL_ERRORS as e:
-            self._failed(describe(e, url))
+            self._failed(describe(e, target))
             raise
         if self.error or self._logged:
-            log.info("control plane %s answers again", url)
+            log.info("control plane %s answers again", target)
         self.registered, self.error = True, ""
         self._logged.clear()
-        return url, answer
+        return target, answer
 
     async def call(self, method: str, path: str, timeout: float = REQUEST_TIMEOUT, **kw: Any) -> dict:
         return (await self._call(method, path, timeout, **kw))[1]

@@ -55,6 +55,7 @@ class ContractServer:
         self.resend_next = False
         self.interval: float | None = None
         self.refuse_credentials = False
+        self.heartbeat_to: object = None  # sent in heartbeat answers when set (the health-checking replica)
         self._changed = asyncio.Event()
 
     def app(self) -> web.Application:
@@ -125,7 +126,8 @@ class ContractServer:
             self.accepted.pop(machine, None)
             return web.json_response({"ok": True, "resend": True})
         self.accepted[machine] = body["digest"]
-        return web.json_response({"ok": True, **({"interval": self.interval} if self.interval else {})})
+        hint = {"heartbeat_to": self.heartbeat_to} if self.heartbeat_to is not None else {}
+        return web.json_response({"ok": True, **({"interval": self.interval} if self.interval else {}), **hint})
 
 
 @asynccontextmanager

@@ -10,27 +10,21 @@ host. No loop here raises: while the daemon is unreachable the agent keeps its l
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import logging
 import os
 import time
-from dataclasses import asdict
-from importlib import metadata
 from pathlib import Path
 from typing import Any, Callable, Sequence
 from urllib.parse import urlsplit
 
 import aiohttp
-import psutil
 
 from agent import atomic
-from agent.config import AgentConfig
 from agent.desired import OnChange, OnError
 from agent.errors import DesiredStateError
-from agent.models import DesiredState, TaskSpec
-from agent.profiles import appliers
-from agent.runtime.base import L_SPEC_VERSION, ContainerInfo
+from agent.models import DesiredState
+from agent.report import report_digest
 
 log = logging.getLogger("twine.agent.controlplane")
 CREDENTIAL = "credential"
@@ -40,8 +34,6 @@ CONNECT_TIMEOUT = 3.0  # a replica that does not accept the connection by then i
 FAILOVER_STATUS = (502, 503, 504)  # a proxy's or a replica's "not now": another replica may answer
 DEBOUNCE = 0.05  # a burst of changes becomes one heartbeat
 BACKOFF_MIN, BACKOFF_MAX = 0.2, 5.0
-HUGEPAGES = Path("/sys/kernel/mm/hugepages")
-CGROUP2_MARKER = Path("/sys/fs/cgroup/cgroup.controllers")
 
 
 class ControlPlaneError(Exception):
@@ -109,71 +101,6 @@ class Backoff:
 
     def reset(self) -> None:
         self.failures = 0
-
-
-# -- what the agent tells the daemon -------------------------------------------------------------
-
-
-def capacity(config: AgentConfig) -> dict:
-    """The host's capacity for registration; cpus and memory_mb may be claimed shares (config)."""
-    disk = psutil.disk_usage(str(config.state_dir if config.state_dir.exists() else Path("/")))
-    try:
-        pages = sorted(int(n[len("hugepages-"):-len("kB")]) for n in os.listdir(HUGEPAGES) if n.startswith("hugepages-"))
-    except OSError:
-        pages = []
-    return {
-        "cpus": config.cpus or float(psutil.cpu_count() or 1),
-        "memory_mb": config.memory_mb or psutil.virtual_memory().total >> 20,
-        "disk_gb": round(disk.total / 2**30, 1),
-        "hugepage_sizes_kb": pages,
-        "cgroup_version": 2 if CGROUP2_MARKER.exists() else 1,
-        "supports": list(appliers.known()),
-    }
-
-
-def agent_version() -> str:
-    try:
-        return metadata.version("twine")
-    except metadata.PackageNotFoundError:  # run from a source tree
-        return "unknown"
-
-
-def machine_info(config: AgentConfig) -> dict:
-    """The body of POST /v1/agent/register."""
-    return {
-        "machine_id": config.machine_id,
-        "hostname": config.hostname,
-        "labels": asdict(config.labels),
-        "capacity": capacity(config),
-        "address": config.address or config.listen,
-        "version": agent_version(),
-    }
-
-
-def _container_report(c: ContainerInfo, error: str) -> dict:
-    state = "running" if c.running else "starting" if c.status == "created" else "exited"
-    return {
-        "job": c.task.job, "index": c.task.index, "spec_version": int(c.labels.get(L_SPEC_VERSION, "0")),
-        "state": state, "exit_code": c.exit_code, "restarts": c.generation, "error": error,
-    }
-
-
-def task_reports(containers: list[ContainerInfo], desired: tuple[TaskSpec, ...], errors: dict[str, str]) -> list[dict]:
-    """One entry per container of this machine, plus desired tasks that failed to get one."""
-    out = [_container_report(c, errors.get(str(c.task), "")) for c in containers]
-    have = {c.task for c in containers}
-    out += [
-        {"job": t.job, "index": t.index, "spec_version": t.spec_version, "state": "failed",
-         "exit_code": None, "restarts": 0, "error": errors[str(t.key)]}
-        for t in desired if t.key not in have and str(t.key) in errors
-    ]
-    return sorted(out, key=lambda r: (r["job"], r["index"], r["restarts"]))
-
-
-def report_digest(profile: dict, tasks: list[dict]) -> str:
-    """sha256 of the canonical JSON of profile and tasks: unchanged digest, unchanged report."""
-    canonical = json.dumps({"profile": profile, "tasks": tasks}, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(canonical.encode()).hexdigest()
 
 
 # -- the client ----------------------------------------------------------------------------------

@@ -25,15 +25,9 @@ import pytest
 from aiohttp import web
 
 from agent.config import AgentConfig
-from agent.controlplane_client import (
-    ControlPlaneClient,
-    ControlPlaneSource,
-    Unauthorized,
-    machine_info,
-    report_digest,
-    task_reports,
-)
+from agent.controlplane_client import ControlPlaneClient, ControlPlaneSource, Unauthorized
 from agent.models import DesiredState, TaskSpec
+from agent.report import machine_info, report_digest, task_reports
 from agent.runtime.base import ContainerInfo, task_labels
 from tests.agent.agentproc import REPO, free_port
 from tests.conftest import TEST_IMAGE

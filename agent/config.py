@@ -3,7 +3,7 @@
     machine_id = "..."            # default: /etc/machine-id
     state_dir = "/var/lib/twine-agent"
     desired = "/etc/twine/desired.toml"   # a local file, or (not both) twine-controld:
-    # control_plane = "http://controld:7000"
+    # control_plane = ["http://controld1:7000", "http://controld2:7000"]   # replicas of one region
     # bootstrap_token_file = "/etc/twine/bootstrap-token"   # the token is the file's first line
     # heartbeat_interval = 1.0
     # address = "10.0.0.5:7070"   # advertised to the control plane; default: listen
@@ -55,7 +55,7 @@ class AgentConfig:
     stop_grace: float = 10.0
     health_interval: float = 5.0
     image_pull: str = "if-not-present"  # or "never": use only images already on the host
-    control_plane: str | None = None  # twine-controld's URL; exclusive with `desired`
+    control_plane: tuple[str, ...] = ()  # URLs of twine-controld replicas of one region; exclusive with `desired`
     bootstrap_token_file: Path | None = None
     heartbeat_interval: float = 1.0
     cpus: float | None = None  # capacity overrides for registration (default: the host's)
@@ -110,6 +110,28 @@ def _check_url(where: str, field_: str, value: object) -> str:
     return value.rstrip("/")
 
 
+def control_plane_urls(where: str, field_: str, value: object) -> tuple[str, ...]:
+    """One URL, URLs separated by commas, or (from TOML) a list of them: the replicas of one region,
+    tried in this order. InputError names the URL that is wrong."""
+    if isinstance(value, str):
+        items: list[object] = [u.strip() for u in value.split(",")]
+    elif isinstance(value, list):
+        items = [u.strip() if isinstance(u, str) else u for u in value]
+    else:
+        raise InputError(where, field_, value, "must be a URL or a list of URLs")
+    if not items:
+        raise InputError(where, field_, value, "needs at least one URL")
+    urls: list[str] = []
+    for item in items:
+        if item == "":
+            raise InputError(where, field_, value, "an empty URL in the list (a stray comma?)")
+        url = _check_url(where, field_, item)
+        if url in urls:
+            raise InputError(where, field_, item, "listed twice")
+        urls.append(url)
+    return tuple(urls)
+
+
 def _positive(kind: type) -> Callable[[str], float]:
     """An argparse type: a number of `kind` above zero."""
 
@@ -145,7 +167,7 @@ def _typed(path: str, data: dict) -> dict:
                 raise InputError(path, key, value, "must be a path")
             out[key] = Path(value)
         elif key == "control_plane":
-            out[key] = _check_url(path, key, value)
+            out[key] = control_plane_urls(path, key, value)
         elif key == "profiles_path":
             out[key] = tuple(Path(p) for p in (value if isinstance(value, list) else [value]))
         elif key in ("reconcile_interval", "stop_grace", "health_interval", "heartbeat_interval"):
@@ -185,7 +207,9 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--health-interval", type=float, help="seconds between health probes (default 5)")
     p.add_argument("--image-pull", choices=("if-not-present", "never"), help="when to pull a missing image")
     p.add_argument("--no-kernel", action="store_true", help="another agent on this kernel owns kernel-wide settings")
-    p.add_argument("--control-plane", metavar="URL", help="take the desired state from twine-controld (not with --desired)")
+    p.add_argument("--control-plane", metavar="URL[,URL...]",
+                   help="take the desired state from twine-controld (not with --desired); several replicas of "
+                        "one region: comma-separated, tried in order, the next one when one fails")
     p.add_argument("--bootstrap-token-file", metavar="FILE", help="registration token for --control-plane: the file's first line")
     p.add_argument("--heartbeat-interval", type=_positive(float), help="seconds between heartbeats (default 1)")
     p.add_argument("--cpus", type=_positive(float), help="CPUs to register (default: the host's)")
@@ -219,7 +243,7 @@ def load_config(args: argparse.Namespace) -> AgentConfig:
     if getattr(args, "no_kernel", False):
         flags["owns_kernel"] = False
     if getattr(args, "control_plane", None):
-        flags["control_plane"] = _check_url("command line", "--control-plane", args.control_plane)
+        flags["control_plane"] = control_plane_urls("command line", "--control-plane", args.control_plane)
     if getattr(args, "bootstrap_token_file", None):
         flags["bootstrap_token_file"] = Path(args.bootstrap_token_file)
     for name in ("heartbeat_interval", "cpus", "memory_mb", "address"):
@@ -233,9 +257,9 @@ def load_config(args: argparse.Namespace) -> AgentConfig:
     if label_flags:
         flags["labels"] = replace(cfg.labels, **label_flags)
     cfg = replace(cfg, **flags)
-    if cfg.desired is not None and cfg.control_plane is not None:
+    if cfg.desired is not None and cfg.control_plane:
         raise InputError(
-            "config", "--desired/--control-plane", f"{cfg.desired} / {cfg.control_plane}",
+            "config", "--desired/--control-plane", f"{cfg.desired} / {','.join(cfg.control_plane)}",
             "--desired and --control-plane are mutually exclusive: take the desired state from one",
         )
     if not cfg.machine_id:

@@ -10,35 +10,30 @@ host. No loop here raises: while the daemon is unreachable the agent keeps its l
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import logging
 import os
 import time
-from dataclasses import asdict
-from importlib import metadata
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
+from urllib.parse import urlsplit
 
 import aiohttp
-import psutil
 
 from agent import atomic
-from agent.config import AgentConfig
 from agent.desired import OnChange, OnError
 from agent.errors import DesiredStateError
-from agent.models import DesiredState, TaskSpec
-from agent.profiles import appliers
-from agent.runtime.base import L_SPEC_VERSION, ContainerInfo
+from agent.models import DesiredState
+from agent.report import report_digest
 
 log = logging.getLogger("twine.agent.controlplane")
 CREDENTIAL = "credential"
 LONG_POLL_WAIT = 25  # seconds the daemon may hold a desired-state request
 REQUEST_TIMEOUT = 10.0  # seconds for a call, on top of the long poll's wait
+CONNECT_TIMEOUT = 3.0  # a replica that does not accept the connection by then is failed over
+FAILOVER_STATUS = (502, 503, 504)  # a proxy's or a replica's "not now": another replica may answer
 DEBOUNCE = 0.05  # a burst of changes becomes one heartbeat
 BACKOFF_MIN, BACKOFF_MAX = 0.2, 5.0
-HUGEPAGES = Path("/sys/kernel/mm/hugepages")
-CGROUP2_MARKER = Path("/sys/fs/cgroup/cgroup.controllers")
 
 
 class ControlPlaneError(Exception):
@@ -49,15 +44,49 @@ class Unauthorized(ControlPlaneError):
     """401: the credential (or bootstrap token) is missing or wrong."""
 
 
+class Unavailable(ControlPlaneError):
+    """502, 503 or 504: this replica cannot answer now."""
+
+
 # Everything a call can fail with; the loops catch exactly these.
 CALL_ERRORS = (aiohttp.ClientError, TimeoutError, OSError, ControlPlaneError)
 
 
-def describe(e: BaseException) -> str:
+def fails_over(e: BaseException) -> bool:
+    """Whether `e` says the replica did not answer (try another), rather than that it refused the call."""
+    return isinstance(e, Unavailable) or not isinstance(e, ControlPlaneError)
+
+
+def _short(e: BaseException) -> str:
+    return str(e) or type(e).__name__
+
+
+def _answer(method: str, path: str, status: int, text: str) -> dict:
+    """The JSON object of an answer, or the ControlPlaneError its status means."""
+    try:
+        body = json.loads(text) if text else {}
+    except ValueError:
+        body = {"why": text[:200]}
+    if not isinstance(body, dict):
+        if status in FAILOVER_STATUS:  # a proxy's error page
+            raise Unavailable(f"{method} {path}: {status}")
+        raise ControlPlaneError(f"{method} {path}: answer is not a JSON object")
+    if status == 401:
+        raise Unauthorized(body.get("why") or "unauthorized")
+    if status >= 300:
+        field = f" ({body['field']})" if body.get("field") else ""
+        kind = Unavailable if status in FAILOVER_STATUS else ControlPlaneError
+        raise kind(f"{method} {path}: {status} {body.get('error', '')}{field}: {body.get('why', '')}")
+    return body
+
+
+def describe(e: BaseException, url: str = "") -> str:
     """A short message for /status and on_error."""
     if isinstance(e, ControlPlaneError):
         return f"control plane: {e}"
-    return f"control plane unreachable: {e or type(e).__name__}"
+    why = _short(e)
+    where = f"{url}: " if url and urlsplit(url).netloc not in why else ""
+    return f"control plane unreachable: {where}{why}"
 
 
 class Backoff:
@@ -74,97 +103,54 @@ class Backoff:
         self.failures = 0
 
 
-# -- what the agent tells the daemon -------------------------------------------------------------
-
-
-def capacity(config: AgentConfig) -> dict:
-    """The host's capacity for registration; cpus and memory_mb may be claimed shares (config)."""
-    disk = psutil.disk_usage(str(config.state_dir if config.state_dir.exists() else Path("/")))
-    try:
-        pages = sorted(int(n[len("hugepages-"):-len("kB")]) for n in os.listdir(HUGEPAGES) if n.startswith("hugepages-"))
-    except OSError:
-        pages = []
-    return {
-        "cpus": config.cpus or float(psutil.cpu_count() or 1),
-        "memory_mb": config.memory_mb or psutil.virtual_memory().total >> 20,
-        "disk_gb": round(disk.total / 2**30, 1),
-        "hugepage_sizes_kb": pages,
-        "cgroup_version": 2 if CGROUP2_MARKER.exists() else 1,
-        "supports": list(appliers.known()),
-    }
-
-
-def agent_version() -> str:
-    try:
-        return metadata.version("twine")
-    except metadata.PackageNotFoundError:  # run from a source tree
-        return "unknown"
-
-
-def machine_info(config: AgentConfig) -> dict:
-    """The body of POST /v1/agent/register."""
-    return {
-        "machine_id": config.machine_id,
-        "hostname": config.hostname,
-        "labels": asdict(config.labels),
-        "capacity": capacity(config),
-        "address": config.address or config.listen,
-        "version": agent_version(),
-    }
-
-
-def _container_report(c: ContainerInfo, error: str) -> dict:
-    state = "running" if c.running else "starting" if c.status == "created" else "exited"
-    return {
-        "job": c.task.job, "index": c.task.index, "spec_version": int(c.labels.get(L_SPEC_VERSION, "0")),
-        "state": state, "exit_code": c.exit_code, "restarts": c.generation, "error": error,
-    }
-
-
-def task_reports(containers: list[ContainerInfo], desired: tuple[TaskSpec, ...], errors: dict[str, str]) -> list[dict]:
-    """One entry per container of this machine, plus desired tasks that failed to get one."""
-    out = [_container_report(c, errors.get(str(c.task), "")) for c in containers]
-    have = {c.task for c in containers}
-    out += [
-        {"job": t.job, "index": t.index, "spec_version": t.spec_version, "state": "failed",
-         "exit_code": None, "restarts": 0, "error": errors[str(t.key)]}
-        for t in desired if t.key not in have and str(t.key) in errors
-    ]
-    return sorted(out, key=lambda r: (r["job"], r["index"], r["restarts"]))
-
-
-def report_digest(profile: dict, tasks: list[dict]) -> str:
-    """sha256 of the canonical JSON of profile and tasks: unchanged digest, unchanged report."""
-    canonical = json.dumps({"profile": profile, "tasks": tasks}, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(canonical.encode()).hexdigest()
-
-
 # -- the client ----------------------------------------------------------------------------------
 
 
 class ControlPlaneClient:
     """One machine's calls to twine-controld. Registration happens on the first call that needs a
-    credential (and again after a 401), so an unreachable daemon never holds up the agent's start."""
+    credential (and again after a 401), so an unreachable daemon never holds up the agent's start.
 
-    def __init__(self, url: str, bootstrap_token: str, state_dir: Path, machine_info: dict, heartbeat_interval: float = 1.0):
-        self.url = url.rstrip("/")
+    `urls` are replicas of one region; any of them answers any call. Calls go to one of them (the
+    current one) until it fails to answer (connection error, timeout, 502/503/504); then the next
+    call goes to the next URL of the list, round robin, at the pace of the loops' backoff. A
+    heartbeat answer may name the replica that checks this machine's health (`heartbeat_to`):
+    heartbeats, and only they, go there until it fails, and then to the list again at once.
+    """
+
+    def __init__(self, urls: str | Sequence[str], bootstrap_token: str, state_dir: Path, machine_info: dict,
+                 heartbeat_interval: float = 1.0):
+        self.urls = tuple(u.rstrip("/") for u in ((urls,) if isinstance(urls, str) else urls))
+        if not self.urls:
+            raise ValueError("no control-plane URL")
+        self._current = 0
+        self.heartbeat_to: str | None = None  # the health-checking replica, when it is not self.url
         self.bootstrap_token = bootstrap_token
         self.machine_info = machine_info
         self.machine_id: str = machine_info["machine_id"]
+        self.region: str = machine_info["labels"]["region"]
         self.interval = heartbeat_interval
         self.path = Path(state_dir) / CREDENTIAL
         self.credential = self._load_credential()
         self.registered = False  # the daemon accepted our credential in this run
         self.last_heartbeat_ok = False
         self.error = ""
+        self.desired_from = ""  # the URL that sent the last desired state
+        self._logged: set[str] = set()  # failures logged since the last answer: an outage logs each once
+        self._bad_hint = ""  # the last heartbeat_to ignored (logged once)
         self._session: aiohttp.ClientSession | None = None
         self._register_lock = asyncio.Lock()
         self._poke = asyncio.Event()
         self._seq = time.time_ns() // 1_000_000  # increasing across agent restarts too
         self._accepted_digest: str | None = None
 
+    @property
+    def url(self) -> str:
+        """The URL calls go to now."""
+        return self.urls[self._current]
+
     def status(self) -> dict:
-        return {"url": self.url, "registered": self.registered, "last_heartbeat_ok": self.last_heartbeat_ok, "error": self.error}
+        return {"url": self.url, "urls": list(self.urls), "heartbeat_to": self.heartbeat_to, "registered": self.registered,
+                "last_heartbeat_ok": self.last_heartbeat_ok, "error": self.error}
 
     async def close(self) -> None:
         if self._session is not None:
@@ -177,31 +163,37 @@ class ControlPlaneClient:
             data = atomic.read_json(self.path)
         except ValueError:  # a torn or foreign file: register again
             return None
-        if not isinstance(data, dict) or (data.get("url"), data.get("machine_id")) != (self.url, self.machine_id):
+        if not isinstance(data, dict) or data.get("machine_id") != self.machine_id:
             return None
-        return data.get("credential") or None
+        # Every replica of the region knows the credential, so it is the region's. A file written
+        # before replicas is keyed by its one URL: still ours when that URL is in the list.
+        ours = data["region"] == self.region if "region" in data else data.get("url") in self.urls
+        return (data.get("credential") or None) if ours else None
 
-    def _save_credential(self, credential: str) -> None:
+    def _save_credential(self, credential: str, url: str) -> None:
         # The temporary file is created under umask 077, so the secret is never readable by others.
         old = os.umask(0o077)
         try:
-            atomic.write_json(self.path, {"url": self.url, "machine_id": self.machine_id, "credential": credential})
+            atomic.write_json(self.path, {"machine_id": self.machine_id, "region": self.region, "url": url,
+                                          "credential": credential})
         finally:
             os.umask(old)
         os.chmod(self.path, 0o600)
 
     async def register(self) -> None:
         """POST /v1/agent/register with the bootstrap token; store the new credential."""
+        url = self.url
         try:
-            answer = await self._request("POST", "/v1/agent/register", self.bootstrap_token, REQUEST_TIMEOUT, json=self.machine_info)
+            answer = await self._request(url, "POST", "/v1/agent/register", self.bootstrap_token, REQUEST_TIMEOUT,
+                                         json=self.machine_info)
         except Unauthorized as e:
             raise ControlPlaneError(f"registration refused: {e}") from None
         credential = answer.get("credential")
         if not isinstance(credential, str) or not credential:
             raise ControlPlaneError("registration answer has no credential")
-        await asyncio.to_thread(self._save_credential, credential)
+        await asyncio.to_thread(self._save_credential, credential, url)
         self.credential, self.registered, self._accepted_digest = credential, True, None
-        log.info("registered machine %s with %s", self.machine_id, self.url)
+        log.info("registered machine %s with %s (region %s)", self.machine_id, url, self.region)
 
     async def _credential(self, stale: str | None = None) -> str:
         """The credential, registering first when there is none or it is `stale` (got a 401)."""
@@ -213,60 +205,86 @@ class ControlPlaneClient:
 
     # -- calls -------------------------------------------------------------------------------
 
-    async def _request(self, method: str, path: str, token: str, timeout: float, **kw: Any) -> dict:
+    async def _request(self, url: str, method: str, path: str, token: str, timeout: float, **kw: Any) -> dict:
+        """One HTTP call to `url`. When `url` fails to answer, the next call goes elsewhere."""
         if self._session is None:
             self._session = aiohttp.ClientSession()
         headers = {"Authorization": f"Bearer {token}"}
-        async with self._session.request(method, self.url + path, headers=headers, timeout=aiohttp.ClientTimeout(total=timeout), **kw) as r:
-            text = (await r.read()).decode(errors="replace")
+        limits = aiohttp.ClientTimeout(total=timeout, sock_connect=min(CONNECT_TIMEOUT, timeout))
         try:
-            body = json.loads(text) if text else {}
-        except ValueError:
-            body = {"why": text[:200]}
-        if not isinstance(body, dict):
-            raise ControlPlaneError(f"{method} {path}: answer is not a JSON object")
-        if r.status == 401:
-            raise Unauthorized(body.get("why") or "unauthorized")
-        if r.status >= 300:
-            field = f" ({body['field']})" if body.get("field") else ""
-            raise ControlPlaneError(f"{method} {path}: {r.status} {body.get('error', '')}{field}: {body.get('why', '')}")
+            async with self._session.request(method, url + path, headers=headers, timeout=limits, **kw) as r:
+                text = (await r.read()).decode(errors="replace")
+            body = _answer(method, path, r.status, text)
+        except CALL_ERRORS as e:
+            if fails_over(e):
+                self._fail_over(url, e)
+            raise
         return body
 
-    async def call(self, method: str, path: str, timeout: float = REQUEST_TIMEOUT, **kw: Any) -> dict:
-        """A credential call. A 401 re-registers once with the bootstrap token and retries."""
+    def _fail_over(self, url: str, e: BaseException) -> None:
+        """`url` did not answer: leave it, unless a concurrent call has left it already."""
+        if url == self.heartbeat_to:
+            self.heartbeat_to = None
+            log.warning("heartbeat replica %s failed (%s); heartbeats go to %s again", url, _short(e), self.url)
+        if url != self.url or len(self.urls) == 1:
+            return
+        self._current = (self._current + 1) % len(self.urls)
+        if url not in self._logged:
+            self._logged.add(url)
+            log.warning("control plane %s failed (%s); switching to %s", url, _short(e), self.url)
+
+    async def _call(self, method: str, path: str, timeout: float, url: str | None = None, **kw: Any) -> tuple[str, dict]:
+        """A credential call to `url` (default: the current URL); the URL that answered and its answer.
+        A 401 re-registers once with the bootstrap token and retries."""
+        target = url or self.url
         try:
-            credential = await self._credential()
+            credential = await self._credential()  # may register, and fail over doing so
+            target = url or self.url
             try:
-                answer = await self._request(method, path, credential, timeout, **kw)
+                answer = await self._request(target, method, path, credential, timeout, **kw)
             except Unauthorized:
                 log.warning("credential refused; registering again")
                 self.registered = False
-                answer = await self._request(method, path, await self._credential(stale=credential), timeout, **kw)
+                answer = await self._request(target, method, path, await self._credential(stale=credential), timeout, **kw)
         except CALL_ERRORS as e:
-            self._failed(describe(e))
+            self._failed(describe(e, target))
             raise
-        if self.error:
-            log.info("control plane %s answers again", self.url)
+        if self.error or self._logged:
+            log.info("control plane %s answers again", target)
         self.registered, self.error = True, ""
-        return answer
+        self._logged.clear()
+        return target, answer
+
+    async def call(self, method: str, path: str, timeout: float = REQUEST_TIMEOUT, **kw: Any) -> dict:
+        return (await self._call(method, path, timeout, **kw))[1]
 
     def _failed(self, message: str) -> None:
-        if message != self.error:
+        if message not in self._logged:
+            self._logged.add(message)
             log.warning("%s", message)
         self.error = message
 
     async def desired(self, version: str, wait: int = LONG_POLL_WAIT) -> dict:
         """GET /v1/agent/desired: at once when the daemon's version is not `version`, else after a change or `wait` s."""
-        answer = await self.call("GET", "/v1/agent/desired", wait + REQUEST_TIMEOUT, params={"version": version, "wait": str(wait)})
+        url, answer = await self._call("GET", "/v1/agent/desired", wait + REQUEST_TIMEOUT,
+                                       params={"version": version, "wait": str(wait)})
         if answer.get("version") is None:
             error = ControlPlaneError("desired state answer has no version")
             self._failed(describe(error))
             raise error
+        self.desired_from = url
         return answer
 
     async def announce_reboot(self) -> dict:
-        """POST /v1/agent/shutdown: the host is going down for a reboot (a planned absence)."""
-        return await self.call("POST", "/v1/agent/shutdown", 3.0, json={"reason": "reboot"})
+        """POST /v1/agent/shutdown: the host is going down for a reboot (a planned absence). Each
+        replica is tried once: there is no later to retry in."""
+        for attempt in range(len(self.urls)):
+            try:
+                return await self.call("POST", "/v1/agent/shutdown", 3.0, json={"reason": "reboot"})
+            except CALL_ERRORS as e:
+                if not fails_over(e) or attempt == len(self.urls) - 1:
+                    raise
+        raise AssertionError("unreachable")
 
     # -- heartbeats --------------------------------------------------------------------------
 
@@ -284,8 +302,15 @@ class ControlPlaneClient:
         }
         if digest != self._accepted_digest:
             body["tasks"] = report["tasks"]
+        hinted = self.heartbeat_to
         try:
-            answer = await self.call("POST", "/v1/agent/heartbeat", json=body)
+            try:
+                _, answer = await self._call("POST", "/v1/agent/heartbeat", REQUEST_TIMEOUT, url=hinted, json=body)
+            except CALL_ERRORS as e:
+                if hinted is None or not fails_over(e):
+                    raise
+                # The health-checking replica is gone (the hint is dropped): the list, at once.
+                _, answer = await self._call("POST", "/v1/agent/heartbeat", REQUEST_TIMEOUT, json=body)
         except CALL_ERRORS:
             self.last_heartbeat_ok = False
             raise
@@ -298,6 +323,23 @@ class ControlPlaneClient:
         interval = answer.get("interval")
         if isinstance(interval, (int, float)) and not isinstance(interval, bool) and interval > 0:
             self.interval = float(interval)
+        self._follow(answer.get("heartbeat_to"))
+
+    def _follow(self, hint: object) -> None:
+        """The heartbeat answer's `heartbeat_to`, when present: where the following heartbeats go."""
+        if hint is None:
+            return
+        parts = urlsplit(hint) if isinstance(hint, str) else None
+        if parts is None or parts.scheme not in ("http", "https") or not parts.netloc \
+                or (parts.scheme == "http" and self.url.startswith("https:")):
+            if repr(hint) != self._bad_hint:
+                self._bad_hint = repr(hint)
+                log.warning("ignoring heartbeat_to %r: not an http(s) URL, or a downgrade from https", hint)
+            return
+        target = None if hint.rstrip("/") == self.url else hint.rstrip("/")
+        if target != self.heartbeat_to:
+            log.info("heartbeats go to %s (the replica that checks this machine's health)", target or self.url)
+            self.heartbeat_to = target
 
     async def heartbeat_loop(self, report: Callable[[], dict]) -> None:
         """Heartbeat every `interval` seconds and soon after notify(); runs until cancelled."""
@@ -318,7 +360,6 @@ class ControlPlaneClient:
         except TimeoutError:
             return
         await asyncio.sleep(DEBOUNCE)
-
 
 class ControlPlaneSource:
     """The desired state from twine-controld's long poll (a DesiredSource).
@@ -352,7 +393,7 @@ class ControlPlaneSource:
                 continue
             self.version = version
             try:
-                desired = DesiredState.from_json(data, self.client.url, version=version)
+                desired = DesiredState.from_json(data, self.client.desired_from, version=version)
             except DesiredStateError as e:
                 log.error("rejected desired state %s: %s", version, e)
                 rejected = str(e)

@@ -16,7 +16,7 @@ from dataclasses import replace
 
 from agent import desired as desired_mod
 from agent.config import AgentConfig
-from agent.controlplane_client import ControlPlaneClient, ControlPlaneSource, machine_info, task_reports
+from agent.controlplane_client import ControlPlaneClient, ControlPlaneSource
 from agent.errors import DesiredStateError, InputError
 from agent.health import HealthReport, probe
 from agent.http import serve
@@ -26,6 +26,7 @@ from agent.profiles.engine import Engine
 from agent.profiles.loader import from_content
 from agent.profiles.model import Report
 from agent.reconcile import Plan, plan
+from agent.report import machine_info, task_reports
 from agent.runtime.base import ContainerInfo, ContainerRuntime, ImageNotFound, RuntimeUnavailable
 from agent.runtime.docker_runtime import DockerRuntime
 from agent.sdnotify import Notifier, host_rebooting

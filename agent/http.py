@@ -62,7 +62,9 @@ def status(agent: "Agent") -> dict:
         "health": agent.health.to_json() if agent.health else None,
         "counters": agent.counters,
         "uptime_seconds": round(time.time() - agent.started_at, 3),
-        # Only when the desired state comes from twine-controld: {url, registered, last_heartbeat_ok, error}.
+        # Only when the desired state comes from twine-controld: {url, urls, heartbeat_to, registered,
+        # last_heartbeat_ok, error}; url is the replica calls go to now, heartbeat_to the one heartbeats go to
+        # when it is another.
         **({"control_plane": agent.client.status()} if agent.client is not None else {}),
     }
 

@@ -46,6 +46,13 @@ def status_command(args, config: AgentConfig) -> int:
         print(f"  not applicable: {sid}: {why}")
     if p["last_report"] and not p["last_report"]["ok"]:
         print(f"  last switch failed: {p['last_report']['error']}")
+    cp = s.get("control_plane")
+    if cp:
+        others = [u for u in cp["urls"] if u != cp["url"]]
+        print(f"control plane: {cp['url']}" + (f" (then {', '.join(others)})" if others else "")
+              + (f"; heartbeats to {cp['heartbeat_to']}" if cp["heartbeat_to"] else "")
+              + f"; {'registered' if cp['registered'] else 'not registered'}"
+              + (f"; {cp['error']}" if cp["error"] else ""))
     if s["desired"]["error"]:
         print(f"desired state rejected: {s['desired']['error']}")
     if h:

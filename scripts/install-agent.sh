@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Install (or upgrade) twine-agent as a systemd service on this host, or uninstall it.
 #
-#   install-agent.sh --control-plane URL --bootstrap-token-file FILE [--dc DC] [--msb MSB]
+#   install-agent.sh --control-plane URL[,URL...] --bootstrap-token-file FILE [--dc DC] [--msb MSB]
 #                    [--rack RACK] [--machine-type TYPE] [--region R] [--listen HOST:PORT]
 #                    [--address HOST:PORT] [--wheelhouse DIR]
 #   install-agent.sh --uninstall [--purge]
@@ -10,6 +10,8 @@
 # the flags; kept as it is when re-run without them), /etc/twine/bootstrap-token (mode 0600) and
 # twine-agent.service, then starts it. Re-running it upgrades the code and restarts the agent;
 # tasks keep running through the restart (KillMode=process, adopted by label).
+# --control-plane takes one twine-controld URL, or the URLs of a region's replicas separated by
+# commas: the agent calls them in that order and moves to the next one when one fails.
 # --wheelhouse DIR installs offline, from wheels made by scripts/build-wheelhouse.sh.
 # --uninstall stops and removes the service and /opt/twine; task containers keep running
 # (docker ps); --purge also removes /etc/twine and the agent's state (its machine credential).
@@ -63,7 +65,14 @@ command -v docker >/dev/null || die "docker is missing: apt-get install docker.i
 docker info >/dev/null 2>&1 || die "Docker does not answer (docker info): systemctl enable --now docker"
 [ -s /etc/machine-id ] || die "/etc/machine-id is empty or missing: systemd-machine-id-setup"
 if [ -n "$control_plane" ]; then
-  case $control_plane in http://*|https://*) ;; *) usage_error "--control-plane $control_plane: must be an http:// or https:// URL";; esac
+  IFS=, read -ra control_plane_urls <<< "${control_plane// /}"
+  [ ${#control_plane_urls[@]} -gt 0 ] || usage_error "--control-plane needs at least one URL"
+  for url in "${control_plane_urls[@]}"; do
+    case $url in
+      http://?*|https://?*) ;;
+      *) usage_error "--control-plane: '$url' must be an http:// or https:// URL (several: comma-separated)";;
+    esac
+  done
   [ -n "$token_file" ] || usage_error "--control-plane needs --bootstrap-token-file FILE"
   [ -r "$token_file" ] || die "--bootstrap-token-file $token_file: cannot read it"
 fi
@@ -76,7 +85,7 @@ if [ -n "$control_plane$dc$msb$rack$machine_type$region$listen$address" ] || [ !
     echo "# Written by install-agent.sh; flags of a re-run replace it."
     echo 'state_dir = "/var/lib/twine-agent"'
     if [ -n "$control_plane" ]; then
-      echo "control_plane = \"$control_plane\""
+      printf 'control_plane = [%s]\n' "$(printf '"%s", ' "${control_plane_urls[@]}" | sed 's/, $//')"
       echo 'bootstrap_token_file = "/etc/twine/bootstrap-token"'
     else
       echo 'desired = "/etc/twine/desired.toml"'

@@ -25,15 +25,9 @@ import pytest
 from aiohttp import web
 
 from agent.config import AgentConfig
-from agent.controlplane_client import (
-    ControlPlaneClient,
-    ControlPlaneSource,
-    Unauthorized,
-    machine_info,
-    report_digest,
-    task_reports,
-)
+from agent.controlplane_client import ControlPlaneClient, ControlPlaneSource, Unauthorized
 from agent.models import DesiredState, TaskSpec
+from agent.report import machine_info, report_digest, task_reports
 from agent.runtime.base import ContainerInfo, task_labels
 from tests.agent.agentproc import REPO, free_port
 from tests.conftest import TEST_IMAGE
@@ -55,6 +49,7 @@ class ContractServer:
         self.resend_next = False
         self.interval: float | None = None
         self.refuse_credentials = False
+        self.heartbeat_to: object = None  # sent in heartbeat answers when set (the health-checking replica)
         self._changed = asyncio.Event()
 
     def app(self) -> web.Application:
@@ -125,7 +120,8 @@ class ContractServer:
             self.accepted.pop(machine, None)
             return web.json_response({"ok": True, "resend": True})
         self.accepted[machine] = body["digest"]
-        return web.json_response({"ok": True, **({"interval": self.interval} if self.interval else {})})
+        hint = {"heartbeat_to": self.heartbeat_to} if self.heartbeat_to is not None else {}
+        return web.json_response({"ok": True, **({"interval": self.interval} if self.interval else {}), **hint})
 
 
 @asynccontextmanager
@@ -284,7 +280,8 @@ def test_an_unreachable_daemon_reports_an_error_changes_nothing_and_recovers(tmp
         assert errors[0].startswith("control plane unreachable: ") and changes == []
         assert len(errors) <= 4  # backing off, not spinning
         assert not watch.done() and not beat.done()
-        assert client.status() == {"url": client.url, "registered": False, "last_heartbeat_ok": False, "error": errors[-1]}
+        assert client.status() == {"url": client.url, "urls": [client.url], "heartbeat_to": None, "registered": False,
+                                   "last_heartbeat_ok": False, "error": errors[-1]}
 
         async with serving(ContractServer(), port) as server:
             server.set_desired("v2", [TASK])
@@ -430,7 +427,8 @@ def test_agent_process_runs_the_daemons_tasks_keeps_them_while_it_is_away_and_af
             assert beat["tasks"][0]["job"] == "web/front" and beat["profile"] == {"name": None, "ok": True, "error": ""}
             assert server.registrations[0]["capacity"]["cpus"] == 1.5
             s = await _status(port)
-            assert s["control_plane"] == {"url": server.url, "registered": True, "last_heartbeat_ok": True, "error": ""}
+            assert s["control_plane"] == {"url": server.url, "urls": [server.url], "heartbeat_to": None, "registered": True,
+                                          "last_heartbeat_ok": True, "error": ""}
             assert s["desired"]["version"] == "v7" and s["tasks"][0]["state"] == "running"
             container = s["tasks"][0]["container"]["id"]
 

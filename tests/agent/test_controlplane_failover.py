@@ -1,0 +1,315 @@
+"""An agent with several twine-controld replicas of one region (issue #10): which URL it calls, when
+it moves on, where its heartbeats go, and that its credential holds on every replica.
+
+The first tests run the client against `ContractServer` stand-ins (two of them sharing one
+credential table, as replicas share etcd), which can also answer with `heartbeat_to`: the real
+daemon does not send that hint yet. The last one runs a real agent process, with a real task,
+against two real `twine-controld` replicas on one etcd, and kills the first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import signal
+import sys
+import time
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import AsyncIterator
+
+import pytest
+from aiohttp import web
+
+from agent.cli import _parser
+from agent.config import Labels, load_config
+from agent.controlplane_client import ControlPlaneError, Unavailable
+from agent.errors import InputError
+from tests.agent.agentproc import AgentProc, free_port
+from tests.agent.test_controlplane_client import REPORT, ContractServer, _agent, client_for, serving
+from tests.conftest import TEST_IMAGE
+from tests.controlplane.controld_proc import BOOTSTRAP_TOKEN, Controld
+from tests.controlplane.test_controld_replicas import c_metrics
+
+
+def replicas(n: int = 2) -> list[ContractServer]:
+    """Stand-ins of one region: a credential issued by one is known to all."""
+    servers = [ContractServer() for _ in range(n)]
+    for s in servers[1:]:
+        s.credentials = servers[0].credentials
+    return servers
+
+
+@asynccontextmanager
+async def answering(status: int, body: str, content_type: str) -> AsyncIterator[str]:
+    """A server that answers every request with `status`, e.g. a proxy whose replica is down."""
+    async def handler(request: web.Request) -> web.Response:
+        return web.Response(status=status, text=body, content_type=content_type)
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", handler)
+    runner = web.AppRunner(app, shutdown_timeout=0.1)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    try:
+        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
+    finally:
+        await runner.cleanup()
+
+
+# -- configuration ---------------------------------------------------------------------------
+
+
+def _load(tmp_path: Path, *flags: str, toml: str = "") -> tuple[str, ...]:
+    (tmp_path / "agent.toml").write_text(toml)
+    return load_config(_parser().parse_args(["--config", str(tmp_path / "agent.toml"), "run", *flags])).control_plane
+
+
+def test_control_plane_is_one_url_or_a_list_and_a_bad_one_is_named(tmp_path):
+    assert _load(tmp_path, "--control-plane", "http://a:1/") == ("http://a:1",)
+    assert _load(tmp_path, "--control-plane", "http://a:1, https://b:2/") == ("http://a:1", "https://b:2")
+    assert _load(tmp_path, toml='control_plane = "http://a:1"') == ("http://a:1",)
+    assert _load(tmp_path, toml='control_plane = ["http://a:1", "http://b:2"]') == ("http://a:1", "http://b:2")
+    assert _load(tmp_path, "--control-plane", "http://c:3", toml='control_plane = ["http://a:1"]') == ("http://c:3",)
+    for flags, toml, value, why in [
+        (("--control-plane", "http://a:1,b:2"), "", "b:2", "http:// or https:// URL"),
+        (("--control-plane", "http://a:1,,http://b:2"), "", "http://a:1,,http://b:2", "empty URL"),
+        (("--control-plane", "http://a:1,http://a:1/"), "", "http://a:1/", "listed twice"),
+        ((), 'control_plane = ["http://a:1", 7]', 7, "URL"),
+        ((), "control_plane = []", [], "at least one"),
+    ]:
+        with pytest.raises(InputError) as e:
+            _load(tmp_path, *flags, toml=toml)
+        assert e.value.field in ("--control-plane", "control_plane") and e.value.value == value and why in e.value.why
+    token = tmp_path / "token"
+    token.write_text("secret\n")
+    r = _agent("--state-dir", str(tmp_path / "state"), "run", "--machine-id", "m1", "--listen", f"127.0.0.1:{free_port()}",
+               "--control-plane", "http://ok:1,controld2:7000", "--bootstrap-token-file", str(token))
+    assert r.returncode == 2 and "'controld2:7000'" in r.stderr and "URL" in r.stderr, r.stderr
+    assert not (tmp_path / "state").exists()
+
+
+# -- which replica -----------------------------------------------------------------------------
+
+
+def test_a_replica_that_does_not_answer_is_left_for_the_next_one_and_a_refusal_is_not(tmp_path, caplog):
+    caplog.set_level(logging.INFO, "twine.agent.controlplane")
+
+    async def scenario():
+        (good,) = replicas(1)
+        dead = f"http://127.0.0.1:{free_port()}"
+        async with serving(good), answering(503, "<html>no backend</html>", "text/html") as proxy:
+            client = client_for([dead, proxy, good.url], tmp_path / "a")
+            with pytest.raises(OSError):  # connection refused
+                await client.desired("")
+            assert client.url == proxy
+            with pytest.raises(Unavailable):
+                await client.desired("")
+            assert client.url == good.url
+            await client.desired("")
+            s = client.status()
+            assert s["url"] == good.url and s["urls"] == [dead, proxy, good.url] and s["error"] == "" and s["registered"]
+            assert len(good.registrations) == 1
+            await client.close()
+
+        async with serving(good), answering(500, '{"error": "bug", "why": "boom"}', "application/json") as broken:
+            client = client_for([broken, good.url], tmp_path / "b")
+            for _ in range(2):  # the replica answered: another one would answer the same
+                with pytest.raises(ControlPlaneError):
+                    await client.desired("")
+                assert client.url == broken
+            await client.close()
+
+    asyncio.run(scenario())
+    switches = [r.getMessage() for r in caplog.records if "switching to" in r.getMessage()]
+    assert len(switches) == 2 and switches[0].startswith("control plane http://127.0.0.1:"), switches
+
+
+def test_calls_failing_together_move_on_once_and_the_credential_holds_on_the_next_replica(tmp_path, caplog):
+    caplog.set_level(logging.INFO, "twine.agent.controlplane")
+
+    async def scenario():
+        a, b = replicas()
+        async with serving(b):
+            async with serving(a):
+                client = client_for([a.url, b.url], tmp_path)
+                await client.desired("")  # registers through a
+                await client.heartbeat(REPORT)
+            saved = (tmp_path / "credential").read_bytes()
+            # The long poll and a heartbeat both find a gone; with two URLs, moving on twice would be back at a.
+            results = await asyncio.gather(client.desired("v1", wait=1), client.heartbeat(REPORT), return_exceptions=True)
+            assert all(isinstance(r, OSError) for r in results), results
+            assert client.url == b.url and not client.status()["last_heartbeat_ok"]
+            await client.desired("")
+            await client.heartbeat(REPORT)
+            assert len(b.heartbeats) == 1 and client.status()["last_heartbeat_ok"] and client.status()["error"] == ""
+            assert len(a.registrations) == 1 and b.registrations == []
+            assert (tmp_path / "credential").read_bytes() == saved
+            await client.close()
+
+    asyncio.run(scenario())
+    assert sum("switching to" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_the_credential_is_the_regions_and_a_file_keyed_by_a_listed_url_is_still_accepted(tmp_path):
+    async def scenario():
+        a, b = replicas()
+        path = tmp_path / "credential"
+        async with serving(a), serving(b):
+            client = client_for([a.url], tmp_path)
+            await client.desired("")
+            saved = json.loads(path.read_text())
+            assert saved == {"machine_id": "m1", "region": "region1", "url": a.url, "credential": client.credential}
+
+            other = client_for([b.url], tmp_path)  # another list of the same region's replicas
+            assert other.credential == client.credential
+            await other.desired("")
+
+            # The file of an agent from before replicas: keyed by its one URL.
+            old = json.dumps({"url": a.url, "machine_id": "m1", "credential": client.credential})
+            path.write_text(old)
+            upgraded = client_for([b.url, a.url], tmp_path)
+            assert upgraded.credential == client.credential
+            await upgraded.desired("")
+            assert path.read_text() == old
+            assert len(a.registrations) == 1 and b.registrations == []
+            assert client_for([b.url], tmp_path).credential is None  # its URL is not in this list
+
+            path.write_text(json.dumps(saved))
+            assert client_for([b.url], tmp_path, machine="m2").credential is None
+            assert client_for([a.url], tmp_path, labels=Labels(region="region2")).credential is None
+            for c in (client, other, upgraded):
+                await c.close()
+
+    asyncio.run(scenario())
+
+
+# -- heartbeat_to ------------------------------------------------------------------------------
+
+
+def test_heartbeats_follow_heartbeat_to_and_go_back_to_the_list_at_once_when_it_fails(tmp_path):
+    async def scenario():
+        a, b = replicas()
+        async with serving(a):
+            async with serving(b):
+                a.heartbeat_to = b.url + "/"  # b is not in the agent's list: the hint may name any replica
+                client = client_for([a.url], tmp_path)
+                await client.heartbeat(REPORT)
+                assert len(a.heartbeats) == 1 and client.status()["heartbeat_to"] == b.url
+                await client.heartbeat(REPORT)  # b has no report yet: it asks for the full one
+                await client.heartbeat(REPORT)
+                assert len(a.heartbeats) == 1 and len(b.heartbeats) == 2 and b.heartbeats[1]["tasks"]
+                await client.desired("")  # only heartbeats move
+                assert client.desired_from == a.url and client.url == a.url
+                b.heartbeat_to = b.url  # the owner names itself: nothing changes
+                await client.heartbeat(REPORT)
+                assert len(b.heartbeats) == 3 and client.heartbeat_to == b.url
+
+            a.heartbeat_to = None  # b is gone and a checks the machine now
+            await client.heartbeat(REPORT)  # refused by b: the same heartbeat goes to a, without an error
+            s = client.status()
+            assert len(a.heartbeats) == 2 and s["heartbeat_to"] is None and s["last_heartbeat_ok"] and s["error"] == ""
+
+            for hint in ("ftp://x", 42, ["x"], {"url": b.url}, "http://", a.url + "/"):
+                a.heartbeat_to = hint  # not a URL, or the URL in use: heartbeats stay
+                await client.heartbeat(REPORT)
+                assert client.heartbeat_to is None, hint
+            assert len(a.heartbeats) == 8
+            await client.close()
+
+        https = client_for(["https://a:1"], tmp_path / "tls")
+        https._follow("http://b:2")  # never from TLS to plain HTTP with the machine's credential
+        assert https.heartbeat_to is None
+        https._follow("https://b:2")
+        assert https.heartbeat_to == "https://b:2"
+
+    asyncio.run(scenario())
+
+
+# -- the real thing: two twine-controld replicas, one agent process, a real task ---------------
+
+
+class ControlPlaneAgent(AgentProc):
+    """A `twine-agent run --control-plane URL,URL` process."""
+
+    def __init__(self, tmp: Path, machine_id: str, urls: list[str], region: str):
+        super().__init__(tmp, machine_id, tmp / "unused")
+        self.urls, self.region = urls, region
+        self.token = tmp / "bootstrap-token"
+        self.token.write_text(BOOTSTRAP_TOKEN + "\n")
+
+    def command(self) -> list[str]:
+        return [
+            sys.executable, "-m", "agent", "--state-dir", str(self.state), "run",
+            "--control-plane", ",".join(self.urls), "--bootstrap-token-file", str(self.token),
+            "--listen", f"127.0.0.1:{self.port}", "--machine-id", self.machine_id, "--region", self.region,
+            "--image-pull", "never", "--reconcile-interval", "0.5", "--cpus", "1", "--memory-mb", "512",
+        ]
+
+
+def metric(c: Controld, name: str) -> float:
+    return next(float(line.split()[1]) for line in c_metrics(c).splitlines() if line.startswith(name + " "))
+
+
+def running(s: dict) -> dict[int, tuple[str, int]]:
+    return {t["index"]: (t["container"]["id"], t["restarts"]) for t in s["tasks"] if t["state"] == "running"}
+
+
+@pytest.mark.docker
+def test_the_agent_fails_over_to_the_second_replica_without_registering_again_or_restarting_a_task(
+        tmp_path, etcd_server, docker_client, machine_id):
+    for d in ("a", "b", "agent"):
+        (tmp_path / d).mkdir()
+    # Each replica judges health from the heartbeats it receives itself (until the server side sends
+    # agents to one owner with heartbeat_to): b starts once the task runs, so that its start-up
+    # grace (timeout + 5 s) does not run out while all heartbeats still go to a.
+    timeout = 3.0
+    extra = ("--heartbeat-interval", "0.3")
+    a = Controld(tmp_path / "a", etcd_server.port, heartbeat_timeout=timeout, extra=extra).start()
+    b = Controld(tmp_path / "b", etcd_server.port, heartbeat_timeout=timeout, region=a.region, extra=extra)
+    agent = ControlPlaneAgent(tmp_path / "agent", machine_id, [a.url, b.url], a.region)
+    task = {"image": TEST_IMAGE, "command": ["sleep", "3600"], "cpus": 0.25, "memory_mb": 16}
+    try:
+        agent.start()
+        a.wait_for("/v1/machines", lambda r: [m for m in r["machines"] if m["id"] == machine_id], what="registration")
+        assert a.call("POST", "/v1/entitlements", {"name": "web", "machine_type": "generic", "quota": 1})[0] == 201
+        assert a.call("POST", "/v1/jobs", {"entitlement": "web", "name": "api", "count": 1, "task": task})[0] == 201
+        before = running(agent.wait_for(lambda s: 0 in running(s), what="the task running"))
+        credential = (agent.state / "credential").read_bytes()
+
+        b_started = time.monotonic()
+        b.start()
+        b.wait_for(f"/v1/machines/{machine_id}", lambda m: m["healthy"], what="b to see the machine")
+        a.kill(signal.SIGKILL)
+        # (the long poll in flight to a fails too, and is asked again of b after its backoff)
+        s = agent.wait_for(lambda s: s["control_plane"]["url"] == b.url and s["control_plane"]["last_heartbeat_ok"]
+                           and s["control_plane"]["error"] == "", what="heartbeats and the long poll through b")
+        assert s["control_plane"]["urls"] == [a.url, b.url] and s["control_plane"]["heartbeat_to"] is None
+        shown = _agent("status", "--listen", f"127.0.0.1:{agent.port}")
+        assert f"control plane: {b.url} (then {a.url}); registered\n" in shown.stdout, shown
+        beats = metric(b, "twine_agents_heartbeats_total")
+        time.sleep(1.0)
+        assert metric(b, "twine_agents_heartbeats_total") >= beats + 2
+
+        # The long poll goes through b too: a change made there reaches the agent.
+        assert b.call("POST", "/v1/jobs/web/api/resize", {"count": 2})[0] == 200
+        s = agent.wait_for(lambda s: set(running(s)) == {0, 1}, what="the second task, through b")
+        assert s["desired"]["source"] == b.url and running(s)[0] == before[0]
+
+        # Past b's start-up grace: the machine is healthy on b's own evidence, and nothing failed.
+        time.sleep(max(0.0, timeout + 6.5 - (time.monotonic() - b_started)))
+        machine = b.call("GET", f"/v1/machines/{machine_id}")[1]
+        assert machine["healthy"], machine
+        assert not [e for e in b.call("GET", "/v1/events")[1]["events"] if e["kind"] == "failure"]
+        assert metric(b, "twine_health_failures_total") == 0
+        assert metric(b, "twine_agents_registrations_total") == 0 and metric(b, "twine_agents_long_polls_total") > 0
+        assert running(agent.status())[0] == before[0]  # same container, no restart
+        assert docker_client.containers.get(before[0][0]).status == "running"
+        assert (agent.state / "credential").read_bytes() == credential
+        log = agent.log.read_text()
+        assert log.count(f"switching to {b.url}") == 1 and log.count("registered machine") == 1, log[-3000:]
+    finally:
+        agent.close()
+        a.close()
+        b.close()

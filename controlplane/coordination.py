@@ -281,7 +281,15 @@ class Coordinator:
         self.leading[fence.shard] = fence
         self.counters["elections_won"] += 1
         log.warning("shard %d: this process (%s) leads it, epoch %d", fence.shard, self.id, fence.epoch)
-        await self._lead(fence)
+        try:
+            await self._lead(fence)
+        except Exception as e:  # could not start acting (our view lags etcd): give the shard back
+            log.warning("shard %d: giving the leadership back: %s: %s", fence.shard, type(e).__name__, e)
+            await self._end(fence.shard, "it could not start")
+            try:
+                await asyncio.wait_for(self.store.delete_if(fence.key, fence.epoch), self.ttl)
+            except Exception:
+                pass  # the lease ends it
 
     async def resign(self) -> None:
         """At a clean stop: end every leadership and the membership at once (revoking the lease

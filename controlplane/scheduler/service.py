@@ -27,7 +27,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Callable, Mapping
 
 from controlplane.allocator import AllocationCache, AllocationError, JobRequest, Placement, SoftPreference, allocate
-from controlplane.records import Endpoint, JobRec, TaskRec
+from controlplane.records import ApiError, Endpoint, JobRec, TaskRec
 from controlplane.scheduler.ratelimit import Limiter, Limits
 from controlplane.scheduler.reconcile import Gate, JobPlan, MachineView, Maintenance, Op, reconcile
 from controlplane.taskcontrol.session import TaskControlSession, unhealthy
@@ -418,7 +418,8 @@ class Scheduler:
         AllocationError: it cannot fit; Conflict: someone else wrote the job. Nothing is written."""
         for attempt in range(CREATE_RETRIES):
             if self.deposed:
-                raise Conflict(f"shard {self.shard}: this process no longer leads it ({self.deposed})")
+                raise ApiError("unavailable", None, f"shard {self.shard}: this process no longer leads it "
+                               f"({self.deposed}); retry")
             async with self.lock:
                 if self.state.revs.get(self.keys.job(job.handle), 0) != read_revision:
                     raise Conflict(f"job {job.handle} was written concurrently")

@@ -25,7 +25,7 @@ from controlplane.scheduler.ratelimit import Limiter, Limits
 from controlplane.scheduler.reconcile import Gate, JobPlan, MachineView, Maintenance, reconcile
 from controlplane.taskcontrol.session import TaskControlSession, unhealthy
 from controlplane.state import RegionState
-from controlplane.store import Conflict, Store, TooLarge, Versioned
+from controlplane.store import Conflict, Store, TooLarge, Unavailable, Versioned
 from controlplane.store.keys import Keys
 
 log = logging.getLogger("twine.controld.scheduler")
@@ -75,7 +75,8 @@ class Scheduler:
         try:
             while True:
                 self.state.changed.clear()
-                await self.pass_all()
+                if not self.state.stale:  # plans from a view behind etcd would only fail or conflict
+                    await self.pass_all()
                 try:
                     await asyncio.wait_for(self.state.changed.wait(), PASS_INTERVAL)
                 except TimeoutError:
@@ -118,6 +119,9 @@ class Scheduler:
                 if self.messages.get(handle) != str(e):
                     log.error("%s: %s", handle, e)
                 self.messages[handle] = str(e)
+            except Unavailable:  # no job can commit now; the index's fresh read after the outage wakes us
+                self.counters["errors"] += 1
+                return
             except Exception:  # one job's failure must not stop the others; the next pass retries
                 self.counters["errors"] += 1
                 log.exception("scheduling %s failed", handle)

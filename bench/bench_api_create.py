@@ -90,7 +90,7 @@ async def create_jobs(url: str, seconds: float, clients: int, ents: int) -> tupl
 
 
 async def etcd_baseline(port: int, seconds: float, clients: int) -> list[float]:
-    store = Store("127.0.0.1", port)
+    store = Store([("127.0.0.1", port)])
     lat: list[float] = []
     deadline = time.perf_counter() + seconds
     counter = iter(range(10**9))

@@ -29,7 +29,7 @@ from tests.controlplane.controld_proc import BOOTSTRAP_TOKEN, Controld  # noqa: 
 
 
 async def etcd_revision(port: int) -> int:
-    store = Store("127.0.0.1", port)
+    store = Store([("127.0.0.1", port)])
     try:
         return (await store.range("/twine/"))[1]
     finally:

@@ -96,7 +96,7 @@ async def scenario(args: argparse.Namespace, controlled: bool, max_unavailable: 
     name = "replica-aware TaskController" if controlled else f"built-in policy, max_unavailable {max_unavailable}"
     res = Result(name)
     etcd = EtcdServer().start()
-    store = Store("127.0.0.1", etcd.port)
+    store = Store([("127.0.0.1", etcd.port)])
     keys = Keys("bench")
     state = RegionState(store, keys)
     mids = [f"m{i:04d}" for i in range(args.tasks)]

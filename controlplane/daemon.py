@@ -223,12 +223,30 @@ def _hostport(value: str, flag: str, default_port: int) -> tuple[str, int]:
         raise SystemExit(_input_error(flag, f"{value!r} is not HOST:PORT"))
 
 
+def etcd_endpoints(value: str) -> list[tuple[str, int]]:
+    """--etcd: HOST:PORT[,HOST:PORT...] (the port defaults to 2379)."""
+    out = []
+    for item in filter(None, (v.strip() for v in value.split(","))):
+        host, sep, port = item.rpartition(":")
+        if not sep:
+            host, port = item, "2379"
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise argparse.ArgumentTypeError(f"{item!r} is not HOST:PORT")
+        out.append((host, int(port)))
+    if not out:
+        raise argparse.ArgumentTypeError(f"{value!r}: no HOST:PORT")
+    return out
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="twine-controld", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", default=daemon_config.DEFAULT,
                    help="TOML file of these settings (keys are the flags' names); flags override it (default %(default)s)")
-    p.add_argument("--etcd", default="127.0.0.1:2379", help="etcd client address HOST:PORT (default %(default)s)")
+    p.add_argument("--etcd", default="127.0.0.1:2379", type=etcd_endpoints,
+                   help="etcd client addresses HOST:PORT[,HOST:PORT...], members of one cluster: when one does not "
+                        "answer the daemon moves to the next; while none does, it keeps serving from its cache "
+                        "and writes answer 503 (default %(default)s)")
     p.add_argument("--region", default="region1", help="the region this daemon serves (default %(default)s)")
     p.add_argument("--listen", default="127.0.0.1:8080", help="API address HOST:PORT (default %(default)s)")
     p.add_argument("--api-token-file", help="operator/job owner tokens, one per line (required)")
@@ -264,7 +282,6 @@ def parser() -> argparse.ArgumentParser:
 
 
 async def _main(args: argparse.Namespace) -> int:
-    host, port = _hostport(args.etcd, "--etcd", 2379)
     lhost, lport = _hostport(args.listen, "--listen", 8080)
     from agent.profiles.loader import default_search_path
 
@@ -281,7 +298,7 @@ async def _main(args: argparse.Namespace) -> int:
             raise ValueError(f"--lease-ttl {args.lease_ttl}: etcd grants leases of 2 s or more")
     except ValueError as e:
         raise SystemExit(_input_error("--roles/--shards", str(e)))
-    store = Store(host, port)
+    store = Store(args.etcd)
     daemon = ControlDaemon(store, args.region, _tokens(args.api_token_file, "--api-token-file"),
                            _tokens(args.bootstrap_token_file, "--bootstrap-token-file"),
                            args.heartbeat_timeout, args.heartbeat_interval,
@@ -295,7 +312,7 @@ async def _main(args: argparse.Namespace) -> int:
     failed: list[BaseException] = []
     try:
         await daemon.run(lhost, lport, stop)
-    except* Exception as group:  # etcd unreachable, the listen address taken, the etcd watch ended
+    except* Exception as group:  # etcd unreachable at start, the listen address taken, a bug
         failed.extend(group.exceptions)
     finally:
         await store.close()

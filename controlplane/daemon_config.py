@@ -1,6 +1,6 @@
 """twine-controld's config file (`--config`, default /etc/twine/controld.toml): its flags as TOML.
 
-    etcd = "127.0.0.1:2379"
+    etcd = ["10.0.0.1:2379", "10.0.0.2:2379", "10.0.0.3:2379"]   # or one string, "h1:2379,h2:2379"
     listen = "0.0.0.0:7080"
     api_token_file = "/etc/twine/api-tokens"
     bootstrap_token_file = "/etc/twine/bootstrap-tokens"
@@ -9,6 +9,12 @@
 
 A key is a flag's name without the dashes (`-` or `_`); a flag on the command line overrides the
 file. Unknown keys and values of the wrong type are refused with the key's name (exit 2).
+
+`etcd` lists the members of one etcd cluster. The daemon talks to one at a time and moves to the
+next when a call cannot reach it. While no member answers, the daemon stays up: reads answer from
+its cache with `X-Twine-Stale: <why>`, writes and `/healthz` answer 503 naming the cause, the
+agents keep their tasks, and when etcd is back the daemon reads the region afresh by itself
+(docs/api.md, "When etcd is unreachable").
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import tomllib
 
 
 DEFAULT = "/etc/twine/controld.toml"
+COMMA_LISTS = {"etcd"}  # a comma-separated flag: the file may give a TOML list instead
 
 
 class ConfigError(Exception):
@@ -62,8 +69,11 @@ def _typed(path: str, key: str, value: object, action: argparse.Action) -> objec
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
             raise ConfigError(f"{path}: {key}: must be a positive number, not {value!r}")
         return float(value)
+    if action.dest in COMMA_LISTS and isinstance(value, list) and value and all(isinstance(v, str) for v in value):
+        return ",".join(value)
     if not isinstance(value, str):
-        raise ConfigError(f"{path}: {key}: must be a string, not {value!r}")
+        kind = "a string or a list of strings" if action.dest in COMMA_LISTS else "a string"
+        raise ConfigError(f"{path}: {key}: must be {kind}, not {value!r}")
     if action.choices and value not in action.choices:
         raise ConfigError(f"{path}: {key}: must be one of {', '.join(action.choices)}, not {value!r}")
     return value

@@ -778,6 +778,12 @@ class Region:
         self._etcd_info = {"endpoint": self.etcd.endpoint, "port": self.etcd.port, "peer_port": self.etcd.peer_port,
                            "data_dir": self.etcd.data_dir, "log": str(self.log_path("etcd"))}
         self.save()
+        self.start_etcd()
+
+    def start_etcd(self) -> None:
+        """Start the region's etcd: at region start, or again after `kill_etcd()` (same data dir,
+        same port: an outage over)."""
+        assert self.etcd is not None
         try:
             self.etcd.start()
         finally:
@@ -786,6 +792,10 @@ class Region:
                 with contextlib.suppress(psutil.NoSuchProcess):
                     self.procs["etcd"] = ProcRef.of(self.etcd.proc.pid)
                 self.save()
+
+    def kill_etcd(self, sig: int = signal.SIGTERM, timeout: float = 30.0) -> int | None:
+        """Signal etcd and wait until it has exited, keeping its data: an etcd outage."""
+        return self._kill("etcd", sig, timeout)
 
     # commands (separate methods so tests can stand in for the processes) ----------------------
     def controld_command(self) -> list[str]:

@@ -29,7 +29,8 @@ _NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 class EtcdServer:
-    """`EtcdServer().start()` ... `.stop()`; clients use `host:port` (`.endpoint`)."""
+    """`EtcdServer().start()` ... `.stop()`; clients use `host:port` (`.endpoint`). `halt()` and
+    `start()` again: the same etcd, down for a while."""
 
     def __init__(
         self,
@@ -108,11 +109,16 @@ class EtcdServer:
             return self.proc.stderr.read().decode(errors="replace")[-2000:]
         return ""
 
-    def stop(self) -> None:
+    def halt(self) -> None:
+        """Stop the process, keeping its data dir and ports: `start()` brings the same etcd back
+        (an outage, a restart)."""
         if self.proc is not None:
             terminate(self.proc)
-        if self.proc is not None and self.proc.stderr is not None:
-            self.proc.stderr.close()
+            if self.proc.stderr is not None:
+                self.proc.stderr.close()
+
+    def stop(self) -> None:
+        self.halt()
         shutil.rmtree(self.data_dir, ignore_errors=True)
 
 

@@ -21,7 +21,7 @@ from dataclasses import replace
 
 from controlplane.records import EventRec, MachineRec
 from controlplane.state import RegionState
-from controlplane.store import Store
+from controlplane.store import Store, Unavailable
 from controlplane.store.keys import Keys
 
 log = logging.getLogger("twine.controld.health")
@@ -51,10 +51,16 @@ class HealthService:
 
     async def run(self) -> None:
         self.started = time.monotonic()  # the clock starts when the API listens, not at construction
+        unavailable = ""
         while True:
             await asyncio.sleep(min(self.timeout / 4, 0.5))
             try:
                 await self.check()
+                unavailable = ""
+            except Unavailable as e:  # the next pass tries again; said once an outage
+                if str(e) != unavailable:
+                    log.warning("health check pass: %s", e)
+                unavailable = str(e)
             except Exception:
                 log.exception("health check pass failed")
 

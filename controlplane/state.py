@@ -148,6 +148,12 @@ class RegionState:
     def revision(self) -> int:
         return self.index.revision
 
+    @property
+    def stale(self) -> str:
+        """"" while this view follows etcd; else why it may be behind (etcd unreachable, the
+        watch being re-established): the API marks its answers with it."""
+        return self.store.unavailable or self.index.stale
+
     def guard(self, key: str) -> Versioned:
         """A transaction guard: `key` must still be at the revision this view has (0: absent)."""
         return Versioned(key, None, self.revs.get(key, 0))

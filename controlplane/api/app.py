@@ -2,6 +2,10 @@
 served at /v1/openapi.json). Every request but that one is authenticated with a Bearer token.
 
 Handlers validate first and write last: a refused request (4xx) has written nothing to etcd.
+
+While etcd is unreachable the API keeps answering: reads from the daemon's cache, marked
+`X-Twine-Stale: <why>`; a request that needs etcd, and /healthz, answer 503 `unavailable` naming
+the cause (docs/api.md, "When etcd is unreachable").
 """
 
 from __future__ import annotations
@@ -21,7 +25,8 @@ from controlplane.allocator import AllocationError, InvalidRequest, QuotaExceede
 from controlplane.scheduler.service import job_request
 from controlplane.api.openapi import document
 from controlplane.records import ApiError, EntitlementRec, EventRec, JobRec, TaskRec, parse_maintenance
-from controlplane.store import Conflict, TooLarge, Versioned
+from controlplane.store import Conflict, TooLarge, Unavailable, Versioned
+from controlplane.store.etcd import UNREACHABLE
 
 if TYPE_CHECKING:
     from controlplane.daemon import ControlDaemon
@@ -31,6 +36,7 @@ MACHINE = "machine_id"
 _dumps = partial(json.dumps, default=str)
 PUBLIC = ("/v1/openapi.json", "/healthz")
 SERVED_BY_EVERY_ROLE = (*PUBLIC, "/v1/metrics", "/v1/cluster", "/v1/internal/relay")
+STALE = "X-Twine-Stale"  # on an answer from the cache while etcd is unreachable: why it may be behind
 
 
 def reply(data: Any, status: int = 200) -> web.Response:
@@ -54,18 +60,34 @@ async def errors_and_auth(request: web.Request, handler: Callable[[web.Request],
         if "frontend" not in d.roles and request.path not in SERVED_BY_EVERY_ROLE and FORWARDED not in request.headers:
             raise ApiError("unavailable", None, f"this process serves no API (roles: {','.join(d.roles)}); "
                            "ask a replica with the frontend role (GET /v1/cluster lists them)")
-        return await handler(request)
+        response = await handler(request)
+        if stale := d.state.stale:
+            response.headers[STALE] = _header(stale)
+        return response
     except ApiError as e:
         return reply(e.to_json(), e.status)
     except Conflict:
         return reply(ApiError("conflict", None, "a concurrent change won; retry").to_json(), 409)
     except TooLarge as e:
         return reply(ApiError("unavailable", None, str(e)).to_json(), 503)
+    except (Unavailable, *UNREACHABLE) as e:
+        why = str(e) if isinstance(e, Unavailable) else f"etcd unreachable at {d.store.endpoint}: {e}"
+        return reply(ApiError("unavailable", None, why).to_json(), 503)
+    except TimeoutError:
+        if not (stale := d.state.stale):
+            raise
+        # written, but the cache cannot show it yet: waiting for the watch (read-your-writes) timed out
+        return reply(ApiError("unavailable", None, f"{stale} (this request's change may have been "
+                              "written: read it again once etcd answers)").to_json(), 503)
     except web.HTTPNotFound:
         return reply(ApiError("not_found", "path", f"no such endpoint {request.path}").to_json(), 404)
     except web.HTTPMethodNotAllowed as e:
         return reply({"error": "invalid", "field": "method", "why": f"{request.method} is not allowed; "
                       f"allowed: {', '.join(sorted(e.allowed_methods))}"}, 405)
+
+
+def _header(text: str) -> str:
+    return " ".join(text.split()).encode("latin-1", "replace").decode("latin-1")[:1000]
 
 
 def _authenticate(d: ControlDaemon, request: web.Request) -> None:
@@ -531,6 +553,9 @@ async def openapi(request: web.Request) -> web.Response:
 
 
 async def healthz(request: web.Request) -> web.Response:
+    d: ControlDaemon = request.app[DAEMON]
+    if stale := d.state.stale:
+        return reply({"ok": False, **ApiError("unavailable", None, stale).to_json()}, 503)
     return reply({"ok": True})
 
 

@@ -19,13 +19,17 @@ ERRORS = {
     "404": {"description": "unknown entitlement, job or machine", **_json(_ref("Error"))},
     "409": {"description": "exists, or lost a race with another change", **_json(_ref("Error"))},
     "422": {"description": "quota exceeded, or no machine fits; names the field", **_json(_ref("Error"))},
+    "503": {"description": "etcd unreachable (why names it), or a transaction over etcd's limits", **_json(_ref("Error"))},
 }
+# On an answer from the daemon's view while etcd is unreachable (docs/api.md, "When etcd is unreachable").
+STALE = {"X-Twine-Stale": {"description": "why this answer may be behind etcd", "schema": {"type": "string"}}}
 
 
 def _op(summary: str, ok: str, schema: str | None = None, body: str | None = None, status: str = "200",
         security: str = "apiToken") -> dict:
     op: dict = {"summary": summary, "security": [{security: []}],
-                "responses": {status: {"description": ok, **(_json(_ref(schema)) if schema else {})}, **ERRORS}}
+                "responses": {status: {"description": ok, "headers": STALE, **(_json(_ref(schema)) if schema else {})},
+                              **ERRORS}}
     if body:
         op["requestBody"] = {"required": True, **_json(_ref(body))}
     return op

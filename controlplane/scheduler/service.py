@@ -32,7 +32,7 @@ from controlplane.scheduler.ratelimit import Limiter, Limits
 from controlplane.scheduler.reconcile import Gate, JobPlan, MachineView, Maintenance, Op, reconcile
 from controlplane.taskcontrol.session import TaskControlSession, unhealthy
 from controlplane.state import RegionState
-from controlplane.store import Conflict, Store, TooLarge, Versioned
+from controlplane.store import Conflict, Store, TooLarge, Unavailable, Versioned
 from controlplane.store.keys import Keys
 
 if TYPE_CHECKING:
@@ -99,7 +99,9 @@ class Scheduler:
             while True:
                 jobs, everything = queue.take()
                 now = time.monotonic()
-                if everything or now - last_full >= FULL_PASS_INTERVAL:
+                if self.state.stale:  # plans from a view behind etcd would only fail or conflict
+                    pass
+                elif everything or now - last_full >= FULL_PASS_INTERVAL:
                     await self.pass_all()
                     last_full = last_retry = now
                 else:
@@ -172,6 +174,9 @@ class Scheduler:
                 if self.messages.get(handle) != str(e):
                     log.error("%s: %s", handle, e)
                 self.messages[handle] = str(e)
+            except Unavailable:  # no job can commit now; the index's fresh read after the outage wakes us
+                self.counters["errors"] += 1
+                return
             except Exception:  # one job's failure must not stop the others; the next pass retries
                 self.counters["errors"] += 1
                 log.exception("scheduling %s failed", handle)

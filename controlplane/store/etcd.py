@@ -1,13 +1,40 @@
-"""etcd access: versioned reads, guarded transactions, optimistic update loops, watches."""
+"""etcd access: versioned reads, guarded transactions, optimistic update loops, watches.
+
+The store takes a list of etcd endpoints (the members of one cluster) and talks to one at a time.
+When a call cannot reach it, the store moves to the next and tries the call there, one round, then
+raises `Unavailable` naming each endpoint and its error. A transaction that timed out is not tried
+again (it may have landed). `Store.unavailable` says the same until etcd answers again: the store
+looks once a second meanwhile, so it does not outlast the outage. The API's 503s and /healthz
+read it.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Awaitable, Callable
+from typing import Any, AsyncIterator, Awaitable, Callable, Sequence, TypeVar
 
 import aetcd
+from aetcd.exceptions import ConnectionFailedError, ConnectionTimeoutError, WatchTimeoutError
+
+log = logging.getLogger("twine.store")
+T = TypeVar("T")
+
+# grpc's reconnect backoff grows to 120 s by default: after a 30 s outage the channel would wait
+# up to about 17 s more before it looked again. Capped at 1 s, a returning etcd is seen at once.
+# Keepalive pings find a peer gone silently (no RST: a partition, a hung host) in about 15 s;
+# etcd accepts a ping every 5 s or more.
+CHANNEL_OPTIONS = {
+    "grpc.initial_reconnect_backoff_ms": 100, "grpc.min_reconnect_backoff_ms": 100,
+    "grpc.max_reconnect_backoff_ms": 1000,
+    "grpc.keepalive_time_ms": 10_000, "grpc.keepalive_timeout_ms": 5_000, "grpc.http2.max_pings_without_data": 0,
+}
+# What "etcd cannot be reached" looks like through aetcd: grpc UNAVAILABLE (refused, reset, no
+# leader), DEADLINE_EXCEEDED (no answer in time), a watch whose creation was not answered.
+UNREACHABLE = (ConnectionFailedError, ConnectionTimeoutError, WatchTimeoutError)
+PROBE_INTERVAL = 1.0  # seconds between looks while unreachable
 
 
 def encode(value: Any) -> bytes:
@@ -47,6 +74,12 @@ class Conflict(Exception):
     """A guarded transaction lost: something it read changed. Re-read, recompute, retry."""
 
 
+class Unavailable(ConnectionError):
+    """No endpoint of etcd could be reached (str: which, and why). Nothing was written, except
+    after a timeout of a transaction, whose outcome is unknown: a guarded retry is safe either
+    way (it conflicts if the first one landed)."""
+
+
 class TooLarge(Exception):
     """etcd refused a transaction for its size (operations or bytes): a deployment limit, not a
     conflict. Retrying does not help; etcd needs larger limits (docs/api.md, "etcd")."""
@@ -67,22 +100,107 @@ class Change:
 Plan = tuple[dict[str, Any], list[str]]  # (puts, deletes)
 
 
+Endpoint = tuple[str, int]
+
+
 class Store:
-    def __init__(self, host: str = "127.0.0.1", port: int = 2379, timeout: float = 10):
-        self.client = aetcd.Client(host=host, port=port, timeout=timeout)
+    def __init__(self, endpoints: Sequence[Endpoint] = (("127.0.0.1", 2379),), timeout: float = 10):
+        if not endpoints:
+            raise ValueError("etcd: no endpoint")
+        self.endpoints = [(str(h), int(p)) for h, p in endpoints]
+        self.timeout = timeout
+        self.unavailable = ""  # "" while etcd answers; else which endpoints failed and how
+        self._at = 0  # the endpoint in use
+        self.client = self._client()
+        self._retiring: set[asyncio.Task] = set()
+        self._probe: asyncio.Task | None = None
+
+    def _client(self) -> aetcd.Client:
+        host, port = self.endpoints[self._at]
+        return aetcd.Client(host=host, port=port, timeout=self.timeout, options=CHANNEL_OPTIONS)
+
+    @property
+    def endpoint(self) -> str:
+        host, port = self.endpoints[self._at]
+        return f"{host}:{port}"
 
     async def close(self) -> None:
+        for task in [*self._retiring, *([self._probe] if self._probe else [])]:
+            task.cancel()
+        await asyncio.gather(*self._retiring, *([self._probe] if self._probe else []), return_exceptions=True)
         await self.client.close()
 
+    def _failed(self, client: aetcd.Client, at: str, e: Exception) -> str:
+        """A call on `client` could not reach its endpoint `at`: move on to the next endpoint
+        (unless another call has moved already). Returns the failure, for the message."""
+        why = f"{at}: {e}"
+        if client is self.client and len(self.endpoints) > 1:
+            self._at = (self._at + 1) % len(self.endpoints)
+            log.warning("etcd at %s: moving to %s", why, self.endpoint)
+            self.client = self._client()
+            task = asyncio.get_running_loop().create_task(self._retire(client))
+            self._retiring.add(task)
+            task.add_done_callback(self._retiring.discard)
+        return why
+
+    async def _retire(self, client: aetcd.Client) -> None:
+        """Close a client the store moved away from, once the calls in flight on it are done
+        (closing cancels them); its watches end then, and their owners read afresh."""
+        try:
+            await asyncio.sleep(self.timeout)
+        finally:
+            await client.close()
+
+    def _reached(self) -> None:
+        if self.unavailable:
+            log.warning("etcd at %s answers again", self.endpoint)
+            self.unavailable = ""
+
+    def _unreachable(self, why: str) -> Unavailable:
+        self.unavailable = why
+        if self._probe is None or self._probe.done():
+            self._probe = asyncio.get_running_loop().create_task(self._probe_until_reached())
+        return Unavailable(why)
+
+    async def _probe_until_reached(self) -> None:
+        """`unavailable` must not outlast the outage when nobody calls: look once a second."""
+        while self.unavailable:
+            await asyncio.sleep(PROBE_INTERVAL)
+            try:
+                await self._call(lambda c: c.get(b"/twine-probe"))  # a linearizable read: a member with a leader
+            except Exception:  # noqa: BLE001 - `unavailable` says why
+                pass
+
+    async def _call(self, op: Callable[[aetcd.Client], Awaitable[T]], retry_timeouts: bool = True) -> T:
+        """op on the endpoint in use; on a connection failure, on the next ones, one round."""
+        failures = []
+        for _ in range(len(self.endpoints)):
+            client, at = self.client, self.endpoint
+            try:
+                result = await op(client)
+            except UNREACHABLE as e:
+                failures.append(self._failed(client, at, e))
+                if isinstance(e, ConnectionTimeoutError) and not retry_timeouts:
+                    break  # it may have been applied: the caller decides
+                continue
+            except aetcd.exceptions.ClientError:
+                if client is not self.client:
+                    failures.append(f"{at}: closed under the call")  # another call moved on: try again
+                    continue
+                raise
+            self._reached()
+            return result
+        raise self._unreachable("etcd unreachable at " + "; at ".join(failures))
+
     async def read(self, key: str) -> Versioned:
-        got = await self.client.get(key.encode())
+        got = await self._call(lambda c: c.get(key.encode()))
         if got is None:
             return Versioned(key, None, 0)
         return Versioned(key, decode(got.value), got.mod_revision)
 
     async def range(self, prefix: str) -> tuple[list[Versioned], int]:
         """Every key under prefix, and the store revision the read saw (for a watch to follow)."""
-        got = await self.client.get_prefix(prefix.encode())
+        got = await self._call(lambda c: c.get_prefix(prefix.encode()))
         items = [Versioned(kv.key.decode(), decode(kv.value), kv.mod_revision) for kv in got]
         return items, got.header.revision
 
@@ -94,7 +212,8 @@ class Store:
         ops = [t.put(k.encode(), encode(v)) for k, v in puts.items()]
         ops += [t.delete(k.encode()) for k in deletes]
         try:
-            ok, responses = await self.client.transaction(compare=compare, success=ops, failure=[])
+            ok, responses = await self._call(lambda c: c.transaction(compare=compare, success=ops, failure=[]),
+                                             retry_timeouts=False)
         except aetcd.exceptions.InvalidArgumentError as e:
             if "too many operations" in str(e) or "too large" in str(e):
                 raise TooLarge(f"etcd refused a transaction of {len(compare)} compares and {len(ops)} operations "
@@ -126,39 +245,52 @@ class Store:
         raise Conflict(f"gave up after {retries} conflicts on {', '.join(keys)}")
 
     async def watch(self, prefix: str, start_revision: int) -> AsyncIterator[Change]:
-        """Changes under prefix from start_revision on, in order."""
-        watch = await self.client.watch_prefix(prefix.encode(), start_revision=start_revision)
-        async for event in watch:
-            kv = event.kv
-            value = None if event.kind == "DELETE" else decode(kv.value)
-            yield Change(kv.key.decode(), value, kv.mod_revision)
+        """Changes under prefix from start_revision on, in order. Ends when the store moves to
+        another endpoint; raises Unavailable when etcd goes away, RevisionCompactedError when
+        start_revision is compacted: either way the watcher reads afresh (Index)."""
+        watch = await self._call(lambda c: c.watch_prefix(prefix.encode(), start_revision=start_revision))
+        client, at = self.client, self.endpoint
+        try:
+            async for event in watch:
+                kv = event.kv
+                value = None if event.kind == "DELETE" else decode(kv.value)
+                yield Change(kv.key.decode(), value, kv.mod_revision)
+        except UNREACHABLE as e:
+            raise self._unreachable(f"etcd unreachable at {self._failed(client, at, e)}") from None
+        finally:
+            if client is self.client:
+                try:
+                    await watch.cancel()
+                except (aetcd.exceptions.ClientError, AttributeError):  # AttributeError: the client is closed
+                    pass
 
     # -- leases: members and shard leaders (controlplane/coordination.py) --------------------
 
     async def grant(self, ttl: int) -> int:
         """A new lease of `ttl` seconds; its id. Keys put with it go when it expires."""
-        lease = await self.client.lease(ttl)
+        lease = await self._call(lambda c: c.lease(ttl))
         return lease.id
 
     async def refresh(self, lease_id: int) -> int:
         """Keep a lease alive; its TTL left in seconds (<= 0: it has expired, its keys are gone)."""
-        reply = await self.client.refresh_lease(lease_id)
+        reply = await self._call(lambda c: c.refresh_lease(lease_id))
         return int(reply.TTL) if reply is not None else 0
 
     async def revoke(self, lease_id: int) -> None:
-        await self.client.revoke_lease(lease_id)
+        await self._call(lambda c: c.revoke_lease(lease_id))
 
     async def put_leased(self, key: str, value: Any, lease_id: int) -> int:
-        got = await self.client.put(key.encode(), encode(value), lease=lease_id)
+        got = await self._call(lambda c: c.put(key.encode(), encode(value), lease=lease_id))
         return got.header.revision
 
     async def create(self, key: str, value: Any, lease_id: int) -> Versioned:
         """Put `key`, attached to the lease, only if it does not exist. Returns it as written
         (the mod revision of the put) or, when another holds it, as it is (value and revision)."""
         t = self.client.transactions
-        ok, responses = await self.client.transaction(
+        # retried after a timeout too: if the put landed, the retry finds our own value
+        ok, responses = await self._call(lambda c: c.transaction(
             compare=[t.create(key.encode()) == 0], success=[t.put(key.encode(), encode(value), lease=lease_id)],
-            failure=[t.get(key.encode())])
+            failure=[t.get(key.encode())]))
         if ok:
             return Versioned(key, value, responses[0].response_put.header.revision)
         found = responses[0]  # [(value, Get)] of the failure branch's range
@@ -170,6 +302,6 @@ class Store:
     async def delete_if(self, key: str, mod_revision: int) -> bool:
         """Delete `key` only if it is still at `mod_revision` (resigning a leadership)."""
         t = self.client.transactions
-        ok, _ = await self.client.transaction(compare=[t.mod(key.encode()) == mod_revision],
-                                              success=[t.delete(key.encode())], failure=[])
+        ok, _ = await self._call(lambda c: c.transaction(compare=[t.mod(key.encode()) == mod_revision],
+                                                         success=[t.delete(key.encode())], failure=[]))
         return bool(ok)

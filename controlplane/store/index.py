@@ -1,17 +1,24 @@
 """An in-memory cache of a key prefix: a range read, then a watch from the revision after it.
 
-A restarted daemon rebuilds it the same way; nothing is lost when a process dies.
+When the watch ends or fails (etcd down or restarted, another endpoint taken, a revision
+compacted), the index reads the prefix afresh, with a backoff capped at 1 s, until etcd answers;
+it hands its owner every key that differs from the cache, and watches again from there. Meanwhile
+the cache answers reads as it was (`stale` says why it may be behind). A restarted daemon rebuilds
+it the same way; nothing is lost when a process dies.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Callable
 
 from controlplane.store.etcd import Change, Store, Versioned
 
 log = logging.getLogger("twine.store.index")
+
+RESYNC_FIRST, RESYNC_MAX = 0.05, 1.0  # seconds between range reads while etcd does not answer
 
 
 class Index:
@@ -20,17 +27,20 @@ class Index:
         self.prefix = prefix
         self.items: dict[str, Versioned] = {}
         self.revision = 0
-        self._start_revision = 0  # the range read's: everything up to it is in `items`
+        self.stale = ""  # "" while the watch follows etcd; else why the cache may be behind
+        self.resyncs = 0
+        self._start_revision = 0  # the last range read's: everything up to it is in `items`
         self._events: dict[int, int] = {}  # revision -> events seen at it (the latest few)
         self.on_change = on_change
         self._advanced = asyncio.Condition()
         self._task: asyncio.Task | None = None
 
     async def start(self) -> None:
+        """The first range read (raises if etcd does not answer), then the watch."""
         items, revision = await self.store.range(self.prefix)
         self.items = {v.key: v for v in items}
         self.revision = self._start_revision = revision
-        self._task = asyncio.create_task(self._follow(revision + 1))
+        self._task = asyncio.create_task(self._follow())
 
     async def stop(self) -> None:
         if self._task:
@@ -40,28 +50,82 @@ class Index:
             except asyncio.CancelledError:
                 pass
 
-    async def _follow(self, start: int) -> None:
-        async for change in self.store.watch(self.prefix, start):
-            if change.value is None:
-                self.items.pop(change.key, None)
-            else:
-                self.items[change.key] = Versioned(change.key, change.value, change.mod_revision)
-            self.revision = max(self.revision, change.mod_revision)
-            self._events[change.mod_revision] = self._events.get(change.mod_revision, 0) + 1
-            if len(self._events) > 256:
-                for r in [r for r in self._events if r < self.revision - 128]:
-                    del self._events[r]
-            if self.on_change:
+    async def _follow(self) -> None:
+        delay = RESYNC_FIRST
+        while True:
+            began = time.monotonic()
+            why = await self._watch(self._start_revision + 1)
+            if time.monotonic() - began > RESYNC_MAX:
+                delay = RESYNC_FIRST  # it followed for a while: a new outage starts quick
+            self.stale = self.store.unavailable or why  # the cause, when etcd is it
+            log.warning("%s; reading it afresh", why)
+            while True:
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, RESYNC_MAX)
+                try:
+                    items, revision = await self.store.range(self.prefix)
+                    break
+                except Exception as e:  # noqa: BLE001 - retried until etcd answers
+                    self.stale = self.store.unavailable or f"reading {self.prefix} failed: {e}"
+                    log.debug("%s", self.stale)
+            await self._resync(items, revision)
+
+    async def _watch(self, start: int) -> str:
+        """Apply the watch's changes until it ends; returns why it ended. An exception from
+        on_change is a bug, and propagates."""
+        watch = self.store.watch(self.prefix, start)
+        try:
+            while True:
+                try:
+                    change = await anext(watch)
+                except StopAsyncIteration:
+                    return f"the watch on {self.prefix} ended"
+                except Exception as e:  # noqa: BLE001 - etcd gone, compacted, or refusing: read afresh
+                    return f"the watch on {self.prefix} failed: {e}"
+                self._apply(change)
+                async with self._advanced:
+                    self._advanced.notify_all()
+        finally:
+            await watch.aclose()
+
+    def _apply(self, change: Change) -> None:
+        if change.value is None:
+            self.items.pop(change.key, None)
+        else:
+            self.items[change.key] = Versioned(change.key, change.value, change.mod_revision)
+        self.revision = max(self.revision, change.mod_revision)
+        self._events[change.mod_revision] = self._events.get(change.mod_revision, 0) + 1
+        if len(self._events) > 256:
+            for r in [r for r in self._events if r < self.revision - 128]:
+                del self._events[r]
+        if self.on_change:
+            self.on_change(change)
+
+    async def _resync(self, items: list[Versioned], revision: int) -> None:
+        """Take a fresh range read: hand on_change every key that differs from the cache (a
+        deleted one as None, at the read's revision), in key order as at start."""
+        fresh = {v.key: v for v in items}
+        changes = [Change(k, None, revision) for k in self.items if k not in fresh]
+        changes += [Change(k, v.value, v.mod_revision) for k, v in fresh.items()
+                    if (old := self.items.get(k)) is None or (old.mod_revision, old.value) != (v.mod_revision, v.value)]
+        self.items = fresh
+        self.revision = self._start_revision = revision  # every change up to it is in the cache
+        self._events.clear()
+        self.stale = ""
+        self.resyncs += 1
+        log.warning("%s read afresh at revision %d: %d keys changed meanwhile", self.prefix, revision, len(changes))
+        if self.on_change:
+            for change in sorted(changes, key=lambda c: c.key):
                 self.on_change(change)
-            async with self._advanced:
-                self._advanced.notify_all()
+        async with self._advanced:
+            self._advanced.notify_all()
 
     async def watching(self) -> None:
-        """Until the watch ends; then raise: the cache is no longer current (etcd went away, or
-        compacted past us). The owner exits, and its restart rebuilds the cache."""
+        """Until the follow loop fails, which only a bug does (an etcd outage is waited out); then
+        raise, and the owner exits."""
         assert self._task is not None
         await asyncio.shield(self._task)
-        raise ConnectionError(f"the watch on {self.prefix} ended")
+        raise RuntimeError(f"the index of {self.prefix} stopped following etcd")
 
     async def wait_for(self, revision: int, timeout: float = 10) -> None:
         """Until the cache has seen every change up to revision (read-your-writes). For a

@@ -27,7 +27,7 @@ def controld(tmp_path, etcd_server):
 
 def etcd_revision(port: int) -> int:
     async def read() -> int:
-        store = Store("127.0.0.1", port)
+        store = Store([("127.0.0.1", port)])
         try:
             return (await store.range("/twine/"))[1]
         finally:

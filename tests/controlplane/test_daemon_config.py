@@ -25,10 +25,14 @@ def test_controld_serves_from_its_config_file_alone(tmp_path, etcd_server):
     conf.write_text(f'etcd = "127.0.0.1:{etcd_server.port}"\nregion = "cfg{port}"\nlisten = "127.0.0.1:{port}"\n'
                     f'api_token_file = "{tmp_path / "api"}"\nbootstrap_token_file = "{tmp_path / "boot"}"\n'
                     f'heartbeat_timeout = 7\nprofiles = ["{tmp_path}"]\n')
-    proc = subprocess.Popen([sys.executable, "-m", "controlplane.daemon", "--config", str(conf)], cwd=REPO,
+    assert_serves(["--config", str(conf)], port, "tok-a")
+
+
+def assert_serves(args: list[str], port: int, token: str) -> None:
+    proc = subprocess.Popen([sys.executable, "-m", "controlplane.daemon", *args], cwd=REPO,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/machines", headers={"Authorization": "Bearer tok-a"})
+        req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/machines", headers={"Authorization": f"Bearer {token}"})
         for _ in range(200):
             try:
                 with urllib.request.urlopen(req, timeout=1) as r:
@@ -44,11 +48,29 @@ def test_controld_serves_from_its_config_file_alone(tmp_path, etcd_server):
         terminate(proc)
 
 
+def test_etcd_is_a_list_of_members_and_a_dead_one_is_passed_over(tmp_path, etcd_server):
+    """In the file a TOML list (or one string), on the command line comma-separated; the first
+    member here is a loopback port nobody listens on."""
+    (tmp_path / "api").write_text("tok-a\n")
+    (tmp_path / "boot").write_text("tok-b\n")
+    dead, live = f"127.0.0.1:{free_port()}", f"127.0.0.1:{etcd_server.port}"
+    port = free_port()
+    conf = tmp_path / "controld.toml"
+    conf.write_text(f'etcd = ["{dead}", "{live}"]\nregion = "list{port}"\nlisten = "127.0.0.1:{port}"\n'
+                    f'api_token_file = "{tmp_path / "api"}"\nbootstrap_token_file = "{tmp_path / "boot"}"\n')
+    assert_serves(["--config", str(conf)], port, "tok-a")
+    port = free_port()
+    assert_serves(["--config", str(conf), "--etcd", f"{dead},{live}", "--listen", f"127.0.0.1:{port}"], port, "tok-a")
+
+
 def test_a_bad_config_file_is_exit_2_naming_the_key(tmp_path):
     conf = tmp_path / "controld.toml"
     for text, words in [
         ("bogus = 1\n", "bogus: unknown setting"),
-        ('etcd = 2379\n', "etcd: must be a string"),
+        ('etcd = 2379\n', "etcd: must be a string or a list of strings"),
+        ('etcd = ["127.0.0.1:2379", 2380]\n', "etcd: must be a string or a list of strings"),
+        ('etcd = " , "\n', "argument --etcd: ' , ': no HOST:PORT"),
+        ('etcd = ["h1:2379", "h2:x"]\n', "argument --etcd: 'h2:x' is not HOST:PORT"),
         ('heartbeat_timeout = "soon"\n', "heartbeat_timeout: must be a positive number"),
         ('maintenance_policy = "pray"\n', "maintenance_policy: must be one of move, stop"),
         ("etcd = \n", "not valid TOML"),

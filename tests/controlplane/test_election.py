@@ -25,7 +25,7 @@ async def until(pred, timeout: float = 10.0) -> None:
 
 class Node:
     def __init__(self, port: int, keys: Keys, name: str):
-        self.store = Store("127.0.0.1", port)
+        self.store = Store([("127.0.0.1", port)])
         self.state = RegionState(self.store, keys)
         self.events: list[tuple[str, int]] = []
         self.fences: dict[int, Fence] = {}

@@ -22,6 +22,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from tests.controlplane.controld_proc import Controld
 from tests.controlplane.simagents import SimAgents
 from tests.controlplane.test_controld_api import register
+from tests.tcpproxy import TcpProxy
 
 TASK = {"image": "twine/busybox:1", "command": ["sleep", "3600"], "cpus": 0.25, "memory_mb": 16}
 
@@ -150,6 +151,27 @@ def test_leader_killed_mid_update_a_follower_finishes_it_without_restarts(tmp_pa
         controller.close()
         for c in cs:
             c.close()
+
+
+def test_a_leader_cut_off_from_etcd_stops_acting_before_its_lease_ends(tmp_path, etcd_server):
+    proxy = TcpProxy(etcd_server.port)
+    cs = replicas(tmp_path, etcd_server.port, 2, ports=[proxy.port, etcd_server.port])
+    try:
+        a, b = cs[0].start(), cs[1].start()
+        assert leader_of(b) == member(a)
+        proxy.cut()
+        t_cut = time.monotonic()
+        stepped = wait(lambda: not a.cluster()["self"]["leading"] and time.monotonic(), 10, "the cut-off leader to step down")
+        taken = wait(lambda: leader_of(b) == member(b) and time.monotonic(), 10, "the follower to lead")
+        print(f"\nleader cut off from etcd: it stopped leading {stepped - t_cut:.2f}s after the cut; "
+              f"the follower led {taken - t_cut:.2f}s after it")
+        assert stepped < taken
+        # and the cut-off process still answers from its view, saying it leads nothing
+        assert a.cluster()["self"]["leading"] == []
+    finally:
+        for c in cs:
+            c.close()
+        proxy.close()
 
 
 def test_agents_heartbeating_to_one_replica_cause_no_false_failures(tmp_path, etcd_server):

@@ -22,7 +22,7 @@ def run(coro):
 
 def test_commit_is_guarded_by_the_revisions_read(etcd_server, keys):
     async def body():
-        store = Store(port=etcd_server.port)
+        store = Store([("127.0.0.1", etcd_server.port)])
         k = keys.machine("m1")
         absent = await store.read(k)
         assert absent.value is None and absent.mod_revision == 0
@@ -40,7 +40,7 @@ def test_commit_is_guarded_by_the_revisions_read(etcd_server, keys):
 
 def test_concurrent_updates_all_land_through_retries(etcd_server, keys):
     async def body():
-        store = Store(port=etcd_server.port)
+        store = Store([("127.0.0.1", etcd_server.port)])
         k = keys.entitlement("e1")
 
         def add_one(reads):
@@ -56,7 +56,7 @@ def test_concurrent_updates_all_land_through_retries(etcd_server, keys):
 
 def test_index_is_built_by_range_and_kept_current_by_watch(etcd_server, keys):
     async def body():
-        store = Store(port=etcd_server.port)
+        store = Store([("127.0.0.1", etcd_server.port)])
         await store.commit([], {keys.machine("a"): {"n": 1}, keys.machine("b"): {"n": 2}})
         index = Index(store, keys.machines())
         await index.start()
@@ -83,7 +83,7 @@ def test_wait_for_a_large_commit_sees_all_of_it(etcd_server, keys):
     half the time with 200 keys before the commit counted its events)."""
 
     async def go() -> list[int]:
-        store = Store("127.0.0.1", etcd_server.port)
+        store = Store([("127.0.0.1", etcd_server.port)])
         seen = []
         try:
             for n in range(8):

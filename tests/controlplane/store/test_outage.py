@@ -1,0 +1,151 @@
+"""The store and the index across an etcd outage, against a real etcd that is really stopped and
+started again (its own, on its data dir and port: the session's etcd stays up for the others)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+
+import pytest
+
+from controlplane.etcdproc import free_port
+from controlplane.store import Index, Store, Unavailable
+from controlplane.store.etcd import Change
+from controlplane.store.keys import Keys
+from tests.etcd_server import EtcdServer
+
+
+@pytest.fixture
+def own_etcd():
+    server = EtcdServer().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def keys():
+    return Keys(f"test-{uuid.uuid4().hex[:8]}")
+
+
+async def until(predicate, timeout: float = 10, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+async def in_thread(fn) -> None:
+    await asyncio.get_running_loop().run_in_executor(None, fn)
+
+
+def values(index: Index) -> dict[str, object]:
+    return {k.rsplit("/", 1)[1]: v.value for k, v in index.items.items()}
+
+
+def test_index_waits_out_an_outage_and_hands_on_what_changed_meanwhile(own_etcd, keys):
+    """etcd goes down; while it is away from the index's endpoint, another client (which reaches
+    it elsewhere) deletes, changes and adds keys; when the index's endpoint answers again, the index
+    reads afresh and hands every difference to on_change (deletes as None), and follows again."""
+    port = own_etcd.port
+
+    async def body():
+        store = Store([("127.0.0.1", port)])
+        await store.commit([], {keys.machine("a"): {"n": 1}, keys.machine("b"): {"n": 2}, keys.machine("c"): {"n": 3}})
+        seen: list[Change] = []
+        index = Index(store, keys.machines(), on_change=seen.append)
+        await index.start()
+        watching = asyncio.create_task(index.watching())
+
+        await in_thread(own_etcd.halt)
+        await until(lambda: index.stale, what="the index to notice")
+        assert f"etcd unreachable at 127.0.0.1:{port}" in index.stale, index.stale
+        with pytest.raises(Unavailable, match=f"etcd unreachable at 127.0.0.1:{port}: "):
+            await store.read(keys.machine("a"))
+        assert store.unavailable.startswith(f"etcd unreachable at 127.0.0.1:{port}: ")
+        assert values(index) == {"a": {"n": 1}, "b": {"n": 2}, "c": {"n": 3}}, "the cache answers as it was"
+
+        # The same etcd (data dir), reachable on another port only: the index's endpoint stays dead.
+        own_etcd.port = free_port()
+        await in_thread(own_etcd.start)
+        other = Store([("127.0.0.1", own_etcd.port)])
+        await other.commit([await other.read(keys.machine("a"))], {keys.machine("a"): {"n": 10}, keys.machine("d"): {"n": 4}},
+                           [keys.machine("b")])
+        _, revision = await other.range(keys.machines())
+        await other.close()
+        await asyncio.sleep(1.5)
+        assert index.stale and values(index)["b"] == {"n": 2}, "still unreachable for the index"
+        await in_thread(own_etcd.halt)
+
+        own_etcd.port = port
+        await in_thread(own_etcd.start)
+        await until(lambda: not index.stale and index.revision >= revision, what="the fresh read")
+        assert values(index) == {"a": {"n": 10}, "c": {"n": 3}, "d": {"n": 4}}
+        assert sorted((c.key.rsplit("/", 1)[1], c.value) for c in seen) == \
+            [("a", {"n": 10}), ("b", None), ("d", {"n": 4})], "exactly the differences"
+        assert [c.mod_revision for c in seen if c.value is None] == [index.revision]
+        assert index.resyncs == 1 and store.unavailable == ""
+
+        # It follows again, read-your-writes included.
+        seen.clear()
+        rev = await store.commit([], {keys.machine("e"): {"n": 5}})
+        await index.wait_for(rev, timeout=5)
+        assert values(index)["e"] == {"n": 5} and [c.key for c in seen] == [keys.machine("e")]
+        assert not watching.done(), "an outage does not end watching()"
+        watching.cancel()
+        await index.stop()
+        await store.close()
+
+    asyncio.run(body())
+
+
+def test_an_outage_with_no_change_hands_on_nothing(own_etcd, keys):
+    async def body():
+        store = Store([("127.0.0.1", own_etcd.port)])
+        await store.commit([], {keys.machine("a"): {"n": 1}})
+        seen: list[Change] = []
+        index = Index(store, keys.machines(), on_change=seen.append)
+        await index.start()
+        before = index.revision
+        await in_thread(own_etcd.halt)
+        await until(lambda: index.stale, what="the index to notice")
+        await in_thread(own_etcd.start)
+        started = time.monotonic()
+        await until(lambda: not index.stale and index.resyncs == 1, what="the fresh read")
+        print(f"index current again {time.monotonic() - started:.2f} s after etcd answered")
+        assert seen == [] and values(index) == {"a": {"n": 1}} and index.revision == before
+        rev = await store.commit([], {keys.machine("a"): {"n": 2}})
+        await index.wait_for(rev, timeout=5)
+        assert values(index) == {"a": {"n": 2}}
+        await index.stop()
+        await store.close()
+
+    asyncio.run(body())
+
+
+def test_a_dead_first_endpoint_is_passed_over(etcd_server, keys):
+    dead = free_port()  # nobody listens there
+
+    async def body():
+        store = Store([("127.0.0.1", dead), ("127.0.0.1", etcd_server.port)])
+        rev = await store.commit([], {keys.machine("a"): {"n": 1}})
+        assert store.endpoint == f"127.0.0.1:{etcd_server.port}" and store.unavailable == ""
+        assert (await store.read(keys.machine("a"))).value == {"n": 1}
+        index = Index(store, keys.machines())
+        await index.start()
+        assert index.revision >= rev and values(index) == {"a": {"n": 1}}
+        rev = await store.commit([await store.read(keys.machine("a"))], {keys.machine("a"): {"n": 2}})
+        await index.wait_for(rev, timeout=5)
+        assert values(index) == {"a": {"n": 2}}
+        await index.stop()
+        await store.close()
+
+        nowhere = Store([("127.0.0.1", dead), ("127.0.0.1", free_port())])
+        with pytest.raises(Unavailable) as e:
+            await nowhere.read(keys.machine("a"))
+        assert str(e.value).startswith(f"etcd unreachable at 127.0.0.1:{dead}: ") and "; at 127.0.0.1:" in str(e.value)
+        assert nowhere.unavailable == str(e.value)
+        await nowhere.close()
+
+    asyncio.run(body())

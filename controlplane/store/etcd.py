@@ -34,7 +34,16 @@ CHANNEL_OPTIONS = {
 # What "etcd cannot be reached" looks like through aetcd: grpc UNAVAILABLE (refused, reset, no
 # leader), DEADLINE_EXCEEDED (no answer in time), a watch whose creation was not answered.
 UNREACHABLE = (ConnectionFailedError, ConnectionTimeoutError, WatchTimeoutError)
-PROBE_INTERVAL = 1.0  # seconds between looks while unreachable
+PROBE_INTERVAL = 1.0
+RANGE_PAGE = 5000  # keys per range read
+
+
+@aetcd.client._handle_errors
+async def _range_page(c: aetcd.Client, start: bytes, end: bytes, limit: int, revision: int):
+    """A Range request with the limit and revision aetcd's get_range does not pass on."""
+    await c.connect()
+    req = aetcd.rpc.RangeRequest(key=start, range_end=end, limit=limit, revision=revision)
+    return await c.kvstub.Range(req, timeout=c._timeout, metadata=c.metadata)  # seconds between looks while unreachable
 
 
 def encode(value: Any) -> bytes:
@@ -198,11 +207,20 @@ class Store:
             return Versioned(key, None, 0)
         return Versioned(key, decode(got.value), got.mod_revision)
 
-    async def range(self, prefix: str) -> tuple[list[Versioned], int]:
-        """Every key under prefix, and the store revision the read saw (for a watch to follow)."""
-        got = await self._call(lambda c: c.get_prefix(prefix.encode()))
-        items = [Versioned(kv.key.decode(), decode(kv.value), kv.mod_revision) for kv in got]
-        return items, got.header.revision
+    async def range(self, prefix: str, page: int = RANGE_PAGE) -> tuple[list[Versioned], int]:
+        """Every key under prefix, and the store revision the read saw (for a watch to follow).
+        Read in pages of `page` keys, all at the first page's revision: one answer for a large
+        region would pass gRPC's message limit (10,000 machine records are about 6 MB)."""
+        start, end = prefix.encode(), aetcd.utils.prefix_range_end(prefix.encode())
+        items: list[Versioned] = []
+        revision = 0
+        while True:
+            got = await self._call(lambda c: _range_page(c, start, end, page, revision))
+            revision = revision or got.header.revision
+            items += [Versioned(kv.key.decode(), decode(kv.value), kv.mod_revision) for kv in got.kvs]
+            if not got.more or not got.kvs:
+                return items, revision
+            start = got.kvs[-1].key + b"\0"
 
     async def commit(self, reads: list[Versioned], puts: dict[str, Any], deletes: tuple[str, ...] | list[str] = ()) -> int:
         """One transaction: apply puts and deletes only if every read is still current.

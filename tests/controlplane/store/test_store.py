@@ -100,3 +100,28 @@ def test_wait_for_a_large_commit_sees_all_of_it(etcd_server, keys):
         return seen
 
     assert run(go()) == [200] * 8
+
+
+def test_a_range_larger_than_one_grpc_answer_is_read_in_pages_at_one_revision(etcd_server):
+    """12,000 keys of 600 bytes (7 MB: over gRPC's 4 MB answer), read in pages of 5,000."""
+    import asyncio
+    import uuid
+
+    from controlplane.store import Store
+
+    prefix = f"/paging-{uuid.uuid4().hex[:8]}/"
+
+    async def body():
+        store = Store([("127.0.0.1", etcd_server.port)])
+        try:
+            for base in range(0, 12_000, 1000):
+                await store.commit([], {f"{prefix}{i:06d}": {"pad": "x" * 580, "i": i} for i in range(base, base + 1000)})
+            items, revision = await store.range(prefix)
+            later = await store.commit([], {f"{prefix}zzz": {"after": True}})
+            return items, revision, later
+        finally:
+            await store.close()
+
+    items, revision, later = asyncio.run(body())
+    assert [v.value["i"] for v in items] == list(range(12_000))
+    assert all(v.mod_revision <= revision for v in items) and later > revision

@@ -45,7 +45,7 @@ class ControlDaemon:
                  profile_search: tuple[Path, ...] | None = None, limits: Limits = Limits(),
                  taskcontrol_interval: float = 1.0, maintenance_policy: str = "move", reboot_grace: float = 300.0,
                  roles: tuple[str, ...] = ROLES, shards: str = "all", shard_count: int = 1, lease_ttl: int = 2,
-                 advertise: str = "", member_id: str | None = None):
+                 advertise: str = "", member_id: str | None = None, max_txn_ops: int = 128):
         self.store = store
         self.keys = Keys(region)
         self.api_tokens = api_tokens
@@ -59,6 +59,7 @@ class ControlDaemon:
         self.lease_ttl = lease_ttl
         self.advertise = advertise
         self.member_id = member_id
+        self.max_txn_ops = max_txn_ops
         self.state = RegionState(store, self.keys, ProfileDocuments(profile_search))
         self.agents = AgentService(self.state, store, self.keys, bootstrap_tokens, heartbeat_interval,
                                    reboot_grace=reboot_grace)
@@ -88,7 +89,7 @@ class ControlDaemon:
     async def lead(self, fence: Fence) -> None:
         sched = Scheduler(self.state, self.store, self.keys, self.agents.report_of, self.agents.errors, self.limits,
                           self.taskcontrol_interval, maintenance_policy=self.maintenance_policy, shard=fence.shard,
-                          fence=fence)
+                          fence=fence, max_txn_ops=self.max_txn_ops)
         # everything up to the election is in our view before we act on it
         await self.state.wait_for(fence.epoch)
         sched.limiter.load(self.state.ratelimits)
@@ -274,6 +275,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--lease-ttl", type=int, default=2,
                    help="seconds of the etcd lease behind this process's membership and leaderships: a dead "
                         "leader's shards are taken over after at most this long (default %(default)s)")
+    p.add_argument("--max-txn-ops", type=int, default=128,
+                   help="operations per etcd transaction, as etcd's --max-txn-ops allows (its default 128): a "
+                        "job's changes larger than that are committed in batches (default %(default)s)")
     p.add_argument("--advertise", default="",
                    help="this process's URL as other replicas and agents reach it (default: http://LISTEN)")
     p.add_argument("--profiles", action="append", default=[], help="extra profile directory for validating entitlement profiles")
@@ -294,6 +298,8 @@ async def _main(args: argparse.Namespace) -> int:
         if args.shard_count < 1:
             raise ValueError(f"--shard-count {args.shard_count}: must be at least 1")
         parse_shards(args.shards, max(args.shard_count, 10_000))  # the syntax now; the range against the region's count at start
+        if args.max_txn_ops < 32:
+            raise ValueError(f"--max-txn-ops {args.max_txn_ops}: at least 32 (a batch holds a few tasks)")
         if args.lease_ttl < 2:
             raise ValueError(f"--lease-ttl {args.lease_ttl}: etcd grants leases of 2 s or more")
     except ValueError as e:
@@ -304,7 +310,8 @@ async def _main(args: argparse.Namespace) -> int:
                            args.heartbeat_timeout, args.heartbeat_interval,
                            (*map(Path, args.profiles), *default_search_path()), limits, args.taskcontrol_interval,
                            args.maintenance_policy, args.reboot_grace, roles=roles, shards=args.shards,
-                           shard_count=args.shard_count, lease_ttl=args.lease_ttl, advertise=args.advertise)
+                           shard_count=args.shard_count, lease_ttl=args.lease_ttl, advertise=args.advertise,
+                           max_txn_ops=args.max_txn_ops)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -41,7 +41,9 @@ class EtcdServer:
         log_level: str = "error",
         new_session: bool = False,
         name: str = "test",
+        raised_limits: bool = True,
     ) -> None:
+        self.raised_limits = raised_limits  # False: etcd's default limits (128 operations a transaction)
         self.host = host
         self.port = free_port(host)
         self.peer_port = free_port(host)
@@ -75,7 +77,7 @@ class EtcdServer:
             "--listen-client-urls", client, "--advertise-client-urls", client,
             "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
             "--initial-cluster", f"{self.name}={peer}", "--log-level", self.log_level, "--logger", "zap",
-            *ETCD_FLAGS,
+            *(ETCD_FLAGS if self.raised_limits else ()),
         ]
 
     def start(self, timeout: float = 20.0) -> EtcdServer:

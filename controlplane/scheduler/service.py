@@ -60,7 +60,8 @@ class Scheduler:
     def __init__(self, state: RegionState, store: Store, keys: Keys, reports: Reports,
                  agent_errors: Mapping[str, str] | None = None, limits: Limits = Limits(),
                  taskcontrol_interval: float = 1.0, taskcontrol_timeout: float = 2.0,
-                 maintenance_policy: str = "move", shard: int = 0, fence: "Fence | None" = None):
+                 maintenance_policy: str = "move", shard: int = 0, fence: "Fence | None" = None,
+                 max_txn_ops: int = 128):
         self.state = state
         self.shard = shard
         self.fence = fence  # None: a lone scheduler with no election (tests of the scheduler alone)
@@ -84,7 +85,8 @@ class Scheduler:
         self.plans: dict[str, JobPlan] = {}
         self.messages: dict[str, str] = {}  # why a job's tasks cannot be placed, for job status
         self.unsettled: set[str] = set()  # jobs to look at again in PASS_INTERVAL
-        self.counters = {"passes": 0, "job_passes": 0, "commits": 0, "conflicts": 0, "placements": 0, "errors": 0,
+        self.max_txn_ops = max_txn_ops
+        self.counters = {"passes": 0, "job_passes": 0, "commits": 0, "batches": 0, "conflicts": 0, "placements": 0, "errors": 0,
                          "rate_limited": 0}
 
     # -- the loop ----------------------------------------------------------------------------
@@ -339,6 +341,32 @@ class Scheduler:
     async def commit(self, job: JobRec, changes: list[tuple[TaskRec | None, TaskRec | None]],
                      job_put: JobRec | None = None, taken: set[str] = frozenset(), destructive: int = 0,
                      extra: dict[str, dict] | None = None) -> int:
+        """Commit a job's task changes in transactions that fit etcd's limit on operations
+        (`max_txn_ops`, etcd's default 128): one when they fit, else bounded batches, each waited
+        for before the next is computed. The job record is the recorded intent: a new job's goes in
+        the first batch (no task ever exists without its job) and a stopped job's in the last (it
+        is stopped once its tasks are gone). If a batch loses a race, what landed stays and the
+        reconciler, level-triggered, does the rest from the job record on its next pass."""
+        per_batch = max(1, (self.max_txn_ops - 8) // 5)  # a task: its record, discovery, machine; guards
+        if len(changes) <= per_batch:
+            return await self._commit_one(job, changes, job_put, taken, destructive, extra)
+        batches = [changes[i:i + per_batch] for i in range(0, len(changes), per_batch)]
+        last = len(batches) - 1
+        job_first = job_put is not None and job_put.state != "stopped"
+        rev = 0
+        for n, batch in enumerate(batches):
+            machines = {t.machine for pair in batch for t in pair if t is not None and t.machine}
+            rev = await self._commit_one(
+                job, batch, job_put if (n == 0 if job_first else n == last) else None, set(taken) & machines,
+                destructive if n == 0 else 0, extra if n == last else None)
+            self.counters["batches"] += 1
+            if n < last:
+                await self.state.wait_for(rev)  # the next batch's guards are this one's results
+        return rev
+
+    async def _commit_one(self, job: JobRec, changes: list[tuple[TaskRec | None, TaskRec | None]],
+                          job_put: JobRec | None = None, taken: set[str] = frozenset(), destructive: int = 0,
+                          extra: dict[str, dict] | None = None) -> int:
         """One transaction for a job's task changes and everything that follows from them, fenced
         by this shard's leadership and the job's entitlement record (its shard)."""
         keys, st = self.keys, self.state
@@ -433,6 +461,12 @@ class Scheduler:
                 try:
                     rev = await self.commit_placement(job, placement, tuple(range(job.count)), job_put=job, deletes=old)
                 except Conflict:
+                    if self.state.revs.get(self.keys.job(job.handle), 0) != read_revision \
+                            and self.state.jobs.get(job.handle) == job:
+                        # a batched create whose first batch (with the job) landed: the job exists;
+                        # the scheduler places what a later batch could not
+                        self.state.changed.set({job.handle})
+                        return self.state.revision
                     # another writer (a replica) changed a machine we chose: see its write, place again
                     self.counters["conflicts"] += 1
                     await asyncio.sleep(0.01 * 2**attempt)

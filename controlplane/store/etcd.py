@@ -94,8 +94,8 @@ class TooLarge(Exception):
     conflict. Retrying does not help; etcd needs larger limits (docs/api.md, "etcd")."""
 
 
-# etcd's defaults (128 operations, 1.5 MiB a request) fit a job of about 60 tasks in the one
-# transaction that creates it; the daemon's etcd runs with these instead (a 10,000-task job).
+# etcd's defaults (128 operations, 1.5 MiB a request) serve any job: the scheduler commits in
+# batches of --max-txn-ops. Our etcds run with these larger limits all the same (fewer batches).
 ETCD_FLAGS = ("--max-txn-ops", "65536", "--max-request-bytes", str(32 * 1024 * 1024))
 
 

@@ -244,7 +244,10 @@ class RegionState:
         return {**body, "version": digest}
 
     def snapshot(self) -> Snapshot:
-        """The allocator's immutable snapshot, moved forward by the changes since the last one."""
+        """The allocator's snapshot, moved forward in place by the changes since the last call:
+        the same object every time, at a cost that follows the changes, not the region. Use it
+        before your next await (allocate() is synchronous) and do not keep it: the next call
+        changes it."""
         self._refresh_cordons(time.time())
         if self._snapshot is None:
             self._snapshot = Snapshot.build(
@@ -253,7 +256,7 @@ class RegionState:
                 (p for ts in self.tasks.values() for t in ts.values() if (p := to_placed(t)) is not None),
                 self.revision)
         elif self._dirty_machines or self._dirty_tasks or self._dirty_ents:
-            self._snapshot = self._snapshot.with_changes(
+            self._snapshot.apply(
                 machines=[to_machine(self.machines[mid], self.revs[self.keys.machine(mid)], mid in self._cordoned)
                           for mid in self._dirty_machines if mid in self.machines],
                 removed_machines=[mid for mid in self._dirty_machines if mid not in self.machines],
@@ -261,6 +264,7 @@ class RegionState:
                 removed_tasks=[k for k in self._dirty_tasks if self._placed_one(k) is None],
                 entitlements=[to_entitlement(self.entitlements[n]) for n in self._dirty_ents
                               if n in self.entitlements],
+                removed_entitlements=[n for n in self._dirty_ents if n not in self.entitlements],
                 revision=self.revision)
         self._dirty_machines.clear()
         self._dirty_tasks.clear()

@@ -5,15 +5,18 @@ entitlement and of the free pool that still has room for one task; after a pick 
 looked at again (room only shrinks during one allocation, and only where a task went).
 
 Why the other bins are grouped: a bin's score depends only on this job's task counts in it and in
-its ancestors. Bins that hold none of the job's tasks ("quiet" bins) therefore score alike within
-their parent bin (the bin of the finest preference coarser than the candidate level), so only the
-best-fitting quiet bin of each parent is scored: a few dozen scores per task, not one per rack.
+its ancestors at the preferences' levels. Bins that hold none of the job's tasks ("quiet" bins)
+therefore score alike when they share their deepest ancestor (at a preference level) that holds
+tasks, or, while none does, their parent bin (the bin of the finest preference coarser than the
+candidate level). Only the best-fitting quiet bin of each such class is scored: a few dozen
+scores per task, not one per rack or msb.
 
 Quiet bins are found through the index's msb buckets, never one by one: an msb's best quiet
 candidate is its best-fitting machine outside the occupied bins (for rack bins, the msb bucket
-holds every rack of the msb). Each parent keeps its msbs in a heap by that candidate; when the
-candidate's rack becomes occupied the msb looks again. So a job with a rack preference costs a
-pass over the msbs of its machine type, as any job does, not a refresh of every rack.
+holds every rack of the msb). Each class keeps its msbs in a heap by that candidate; an msb looks
+again when its candidate's rack becomes occupied, and leaves its class for one of its own when it
+gets its first task (with racks as bins and msbs a preference level: its quiet racks now score
+by its count). So a job costs one pass over the msbs of its machine type, rack preference or not.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from .snapshot import Snapshot
 from .view import View
 
 OWNED, FREE = 0, 1  # tiers: within a bin, the entitlement's machines come before the free pool
+MSB = LEVELS.index("msb") + 1  # the length of an msb's path
 
 Key = tuple[int, Entry]  # (tier, entry): lower is better
 Quiet = tuple[Key, Path, Path]  # (the candidate, its bin, the msb it was found in)
@@ -58,20 +62,29 @@ class Candidates:
         self.owned_msb = index.bins("msb", req.machine_type, ent.name)
         self.pool_msb = index.bins("msb", req.machine_type, None)
         self.quota_open = view.held() < ent.quota
-        level = LEVELS.index(req.level)
-        coarser = [LEVELS.index(p.property) for p in req.preferences if LEVELS.index(p.property) < level]
-        self.parent_depth = max(coarser, default=0) + 1
         self.occupied = occupied  # bins holding tasks of this job: scored one by one
-        # Machines a quiet candidate must not be: in a msb bin, none (an occupied msb has no quiet
-        # candidate, and every consumed machine is in an occupied bin); in rack bins, the machines
-        # of occupied racks.
+        # Racks as bins: a quiet candidate is no machine of an occupied rack. Msbs as bins: an
+        # occupied msb has no quiet candidate (and every consumed machine is in an occupied bin).
         self.fine = req.level != "msb"
         self.skip = _InOccupiedRack(self.machines, occupied) if self.fine else ()
+        pref_levels = {LEVELS.index(p.property) for p in req.preferences}
+        level = LEVELS.index(req.level)
+        # the class of a quiet msb: its path cut to the finest preference coarser than the bins
+        # (than msbs, when msbs are a preference level and racks the bins: see `_class_of`)
+        self.by_msb = self.fine and MSB - 1 in pref_levels
+        coarser = [lv for lv in pref_levels if lv < (MSB - 1 if self.by_msb else level)]
+        self.parent_depth = max(coarser, default=0) + 1
+        self.msbs_with_tasks = {p[:MSB] for p in occupied} if self.by_msb else set()
         self.best: dict[Path, Key] = {}
         for p in occupied:
             if req.dc_allows(p[1]):
                 self._refresh(p)
         self._group_quiet()
+
+    def _class_of(self, msb: Path) -> Path:
+        if msb in self.msbs_with_tasks:
+            return msb  # its quiet racks score by its own task count
+        return msb[: self.parent_depth]
 
     def _refresh(self, p: Path) -> None:
         """The best candidate of an occupied bin."""
@@ -91,22 +104,29 @@ class Candidates:
     def _quiet_in(self, msb: Path) -> Quiet | None:
         """The best candidate of the msb outside occupied bins, with its bin."""
         r = self.req.request
-        e = first_fit(self.owned_msb.get(msb, ()), r.cpus, r.memory_mb, self.skip)
+        skip = self.skip if self.occupied else ()
+        e = first_fit(self.owned_msb.get(msb, ()), r.cpus, r.memory_mb, skip)
         if e is not None:
             key = (OWNED, e)
-        elif self.quota_open and (e := first_fit(self.pool_msb.get(msb, ()), r.cpus, r.memory_mb, self.skip)):
+        elif self.quota_open and (e := first_fit(self.pool_msb.get(msb, ()), r.cpus, r.memory_mb, skip)):
             key = (FREE, e)
         else:
             return None
         return key, (self.machines[e[2]].path(self.req.level) if self.fine else msb), msb
 
     def _group_quiet(self) -> None:
+        """Every msb's quiet candidate in its class: the one pass over the msbs of the type."""
         quiet: dict[Path, list[Quiet]] = {}
-        msbs = set(self.owned_msb) | set(self.pool_msb) if self.quota_open else self.owned_msb
+        msbs = self.owned_msb.keys() | self.pool_msb.keys() if self.quota_open else self.owned_msb.keys()
+        dcs = {f.dc for f in self.req.dcs}
+        if dcs:
+            msbs = [m for m in msbs if len(dcs) == 1 and m[1] in dcs]
+        if not self.fine:
+            msbs = [m for m in msbs if m not in self.occupied]
+        quiet_in, class_of = self._quiet_in, self._class_of
         for msb in msbs:
-            if self.req.dc_allows(msb[1]) and (self.fine or msb not in self.occupied):
-                if (q := self._quiet_in(msb)) is not None:
-                    quiet.setdefault(msb[: self.parent_depth], []).append(q)
+            if (q := quiet_in(msb)) is not None:
+                quiet.setdefault(class_of(msb), []).append(q)
         for heap in quiet.values():
             heapify(heap)
         self.quiet = quiet
@@ -119,14 +139,16 @@ class Candidates:
             if p in self.best:
                 paths.append(p)
                 keys.append(self.best[p])
-        for parent in list(self.quiet):
-            heap = self.quiet[parent]
-            while heap and heap[0][1] in self.occupied:  # its bin became occupied since: scored above
+        for cls in list(self.quiet):
+            heap = self.quiet[cls]
+            # drop candidates out of date: their bin became occupied (scored above), or their msb
+            # got a task and has a class of its own; an msb still in this class looks again
+            while heap and (heap[0][1] in self.occupied or self._class_of(heap[0][2]) != cls):
                 _, _, msb = heappop(heap)
-                if self.fine and (q := self._quiet_in(msb)) is not None:  # the msb's next quiet rack
+                if self.fine and self._class_of(msb) == cls and (q := self._quiet_in(msb)) is not None:
                     heappush(heap, q)
             if not heap:
-                del self.quiet[parent]
+                del self.quiet[cls]
                 continue
             key, p, _ = heap[0]
             paths.append(p)
@@ -142,5 +164,12 @@ class Candidates:
         if self.quota_open and self.view.held() >= self.req.entitlement.quota:
             self.quota_open = False  # the free pool is closed to this entitlement from now on
             self.best = {p: k for p, k in self.best.items() if k[0] == OWNED}
+            if self.by_msb:
+                self.msbs_with_tasks.add(path[:MSB])
             self._group_quiet()
+        elif self.by_msb and path[:MSB] not in self.msbs_with_tasks:
+            msb = path[:MSB]
+            self.msbs_with_tasks.add(msb)  # its entry in its old class is dropped when met
+            if (q := self._quiet_in(msb)) is not None:  # a picked msb passes the dc pins
+                self.quiet[msb] = [q]
         self._refresh(path)

@@ -8,14 +8,26 @@ from dataclasses import dataclass
 from typing import Any, AsyncIterator, Awaitable, Callable
 
 import aetcd
+import msgspec
 
 
 def encode(value: Any) -> bytes:
-    return json.dumps(value, sort_keys=True, separators=(",", ":")).encode()
+    """Compact JSON with sorted keys, by msgspec (several times faster than json.dumps on the
+    records every commit writes). Same JSON as json.dumps(sort_keys=True, separators=(",", ":"))
+    but for spelling: UTF-8 rather than \\u escapes, 1e16 rather than 1e+16; NaN and infinities,
+    which JSON has no words for and no record holds, become null. Dicts with keys other than
+    strings go through json, which writes the keys as strings."""
+    try:
+        return msgspec.json.encode(value, order="sorted")
+    except TypeError:
+        return json.dumps(value, sort_keys=True, separators=(",", ":")).encode()
 
 
 def decode(raw: bytes) -> Any:
-    return json.loads(raw)
+    try:
+        return msgspec.json.decode(raw)
+    except msgspec.DecodeError:  # NaN or Infinity, which json.dumps wrote
+        return json.loads(raw)
 
 
 @dataclass(frozen=True)

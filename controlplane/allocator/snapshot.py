@@ -122,16 +122,20 @@ class Snapshot:
         return self
 
     def apply_placement(self, placement: Placement) -> Snapshot:
-        """Apply what committing `placement` changes: taken machines join the entitlement (their
-        version bumped, as a write to their record would) and the new tasks hold resources. The
-        real commit is the caller's etcd transaction, whose watch events RegionState applies;
-        this is the same change for tests, simulations and benchmarks."""
+        """Apply what committing `placement` changes: every machine that gets tasks is written
+        (its version bumped), the free ones taken join the entitlement, and the new tasks hold
+        resources. The real commit is the caller's etcd transaction, whose watch events
+        RegionState applies; this is the same change for tests, simulations and benchmarks."""
         return self.apply(**self.placement_changes(placement))
 
     def placement_changes(self, placement: Placement) -> dict:
         """`apply`'s arguments for a committed placement."""
-        moved = [replace(self.machines[mid], entitlement=placement.entitlement,
-                         version=self.machines[mid].version + 1) for mid in placement.machines_taken]
+        taken = set(placement.machines_taken)
+        moved = []
+        for claim in placement.claims:
+            m = self.machines[claim.machine_id]
+            moved.append(replace(m, entitlement=placement.entitlement if m.id in taken else m.entitlement,
+                                 version=m.version + 1))
         placed = [PlacedTask(placement.job, i, placement.task_machines[i], placement.cpus, placement.memory_mb)
                   for i in placement.new_tasks]
         return {"machines": moved, "tasks": placed}

@@ -2,6 +2,10 @@
 
 One record per key (see store/keys.py). Records are frozen: the scheduler's reconciler derives new
 ones with `dataclasses.replace` and the service commits them in one guarded transaction.
+
+The JSON codecs are msgspec's (to_builtins and convert work on these dataclasses as they are):
+every commit encodes and every watch event decodes records, and dataclasses.asdict cost tens of
+microseconds a record. The JSON is the same: the same keys, nested objects and values.
 """
 
 from __future__ import annotations
@@ -9,8 +13,10 @@ from __future__ import annotations
 import re
 import secrets
 import time
-from dataclasses import asdict, dataclass, fields, replace
-from typing import Any
+from dataclasses import dataclass, fields, replace
+from typing import Any, Callable
+
+import msgspec
 
 from agent.errors import InputError
 from agent.models import TaskSpec
@@ -42,6 +48,24 @@ class ApiError(Exception):
 
     def to_json(self) -> dict:
         return {"error": self.kind, "field": self.field, "why": self.why}
+
+
+def _encode(record: Any) -> dict:
+    """A record as JSON-ready builtins: a fresh dict, nested dicts copied (as dataclasses.asdict)."""
+    return msgspec.to_builtins(record)
+
+
+def _decode(cls: type, d: dict, unchecked: Callable[[dict], Any] | None = None) -> Any:
+    """A record from its JSON dict; keys the record does not know are ignored. A value of another
+    type than its field's (a record written by an older version) is taken as it is, as before
+    msgspec: by `unchecked`, or by the record's constructor."""
+    try:
+        return msgspec.convert(d, cls)
+    except msgspec.ValidationError:
+        if unchecked is not None:
+            return unchecked(d)
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in known})
 
 
 def _check_keys(data: Any, known: set[str], where: str) -> dict:
@@ -106,13 +130,14 @@ class EntitlementRec:
     created_at: float = 0.0
 
     def to_json(self) -> dict:
-        d = asdict(self)
+        d = _encode(self)
         d["spread"] = self.spread.to_json()
         return d
 
     @classmethod
     def from_json(cls, d: dict) -> EntitlementRec:
-        return cls(**{**d, "spread": Spread(tuple(d["spread"]["properties"]), d["spread"]["pinned_dc"])})
+        return _decode(cls, d, lambda d: cls(**{**d, "spread": Spread(tuple(d["spread"]["properties"]),
+                                                                        d["spread"]["pinned_dc"])}))
 
     @classmethod
     def parse(cls, data: Any, shards: int = 1) -> EntitlementRec:
@@ -191,7 +216,7 @@ class JobRec:
             "handle": self.handle, "entitlement": self.entitlement, "name": self.name, "count": self.count,
             "task": self.task, "spec_version": self.spec_version,
             "requirements": {"machine_type": self.machine_type, "dc": self.dc},
-            "preferences": None if self.preferences is None else [asdict(p) for p in self.preferences],
+            "preferences": None if self.preferences is None else [_encode(p) for p in self.preferences],
             "update": {"max_unavailable": self.max_unavailable}, "controller": self.controller,
             "state": self.state, "created_at": self.created_at, "updated_at": self.updated_at,
         }
@@ -276,11 +301,11 @@ class TaskRec:
         return float(self.spec["cpus"]), int(self.spec["memory_mb"])
 
     def to_json(self) -> dict:
-        return asdict(self)
+        return _encode(self)
 
     @classmethod
     def from_json(cls, d: dict) -> TaskRec:
-        return cls(**d)
+        return _decode(cls, d)
 
     def moved(self, **changes: Any) -> TaskRec:
         """The task with changes; `since` is reset when the state changes."""
@@ -314,12 +339,11 @@ class MachineRec:
     registered_at: float = 0.0
 
     def to_json(self) -> dict:
-        return asdict(self)
+        return _encode(self)
 
     @classmethod
     def from_json(cls, d: dict) -> MachineRec:
-        known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in known})
+        return _decode(cls, d)
 
 
 @dataclass(frozen=True)
@@ -361,7 +385,7 @@ class EventRec:
         return "scheduled" if now < self.due else "in progress"
 
     def to_json(self) -> dict:
-        d = asdict(self)
+        d = _encode(self)
         d["machines"] = list(self.machines)
         return d
 
@@ -444,4 +468,4 @@ class Endpoint:
     spec_version: int = 0
 
     def to_json(self) -> dict:
-        return asdict(self)
+        return _encode(self)

@@ -9,6 +9,7 @@ next read see it (read-your-writes), whichever kinds of record the commit touche
 from __future__ import annotations
 
 import asyncio
+import gc
 import hashlib
 import json
 import logging
@@ -382,7 +383,10 @@ class RegionState:
         return {**body, "version": digest}
 
     def snapshot(self) -> Snapshot:
-        """The allocator's immutable snapshot, moved forward by the changes since the last one."""
+        """The allocator's snapshot, moved forward in place by the changes since the last call:
+        the same object every time, at a cost that follows the changes, not the region. Use it
+        before your next await (allocate() is synchronous) and do not keep it: the next call
+        changes it."""
         self._refresh_cordons(time.time())
         if self._snapshot is None:
             self._snapshot = Snapshot.build(
@@ -390,15 +394,21 @@ class RegionState:
                 (to_entitlement(e) for e in self.entitlements.values()),
                 (p for ts in self.tasks.values() for t in ts.values() if (p := to_placed(t)) is not None),
                 self.revision)
+            # The region as read at start lives long: out of the collector's full passes, which
+            # would otherwise scan all of it (a pause that grows with the region). Freed as usual
+            # when no longer referenced (records and snapshot hold no reference cycles).
+            gc.freeze()
         elif self._dirty_machines or self._dirty_tasks or self._dirty_ents:
-            self._snapshot = self._snapshot.with_changes(
+            placed = {k: self._placed_one(k) for k in self._dirty_tasks}
+            self._snapshot.apply(
                 machines=[to_machine(self.machines[mid], self.revs[self.keys.machine(mid)], mid in self._cordoned)
                           for mid in self._dirty_machines if mid in self.machines],
                 removed_machines=[mid for mid in self._dirty_machines if mid not in self.machines],
-                tasks=list(self._placed(self._dirty_tasks)),
-                removed_tasks=[k for k in self._dirty_tasks if self._placed_one(k) is None],
+                tasks=[p for p in placed.values() if p is not None],
+                removed_tasks=[k for k, p in placed.items() if p is None],
                 entitlements=[to_entitlement(self.entitlements[n]) for n in self._dirty_ents
                               if n in self.entitlements],
+                removed_entitlements=[n for n in self._dirty_ents if n not in self.entitlements],
                 revision=self.revision)
         self._dirty_machines.clear()
         self._dirty_tasks.clear()
@@ -408,9 +418,3 @@ class RegionState:
     def _placed_one(self, key: tuple[str, int]) -> PlacedTask | None:
         t = self.tasks.get(key[0], {}).get(key[1])
         return to_placed(t) if t is not None else None
-
-    def _placed(self, keys: Iterable[tuple[str, int]]) -> Iterable[PlacedTask]:
-        for k in keys:
-            p = self._placed_one(k)
-            if p is not None:
-                yield p

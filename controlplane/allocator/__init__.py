@@ -1,4 +1,4 @@
-"""The allocator: pure placement of a job's tasks on machines over an immutable snapshot.
+"""The allocator: pure placement of a job's tasks on machines, reading a snapshot it never changes.
 
 The scheduler calls `allocate(snapshot, request, cache=cache)` and commits the returned Placement
 in one etcd transaction guarded by its claims (optimistic concurrency; on conflict: re-read,

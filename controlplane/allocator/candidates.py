@@ -1,51 +1,93 @@
 """The candidate bins of one allocation, and the pick among them.
 
-Per bin (an msb, or a rack when a preference bins by rack) it keeps the best-fitting machine of
-the entitlement and of the free pool that still has room for one task; after a pick only that bin
-is looked at again (room only shrinks during one allocation, and only where a task went).
+Per bin that holds tasks of this job ("occupied") it keeps the best-fitting machine of the
+entitlement and of the free pool that still has room for one task; after a pick only that bin is
+looked at again (room only shrinks during one allocation, and only where a task went).
 
-Why bins are grouped: a bin's score depends only on this job's task counts in it and in its
-ancestors. Bins that hold none of the job's tasks ("quiet" bins) therefore score alike within
-their parent bin (the bin of the finest preference coarser than the candidate level), so each
-parent keeps its quiet bins in a heap by fit, and a pick scores one representative per parent plus
-each bin that holds tasks: a few dozen scores per task, not one per rack of the region.
+Why the other bins are grouped: a bin's score depends only on this job's task counts in it and in
+its ancestors at the preferences' levels. Bins that hold none of the job's tasks ("quiet" bins)
+therefore score alike when they share their deepest ancestor (at a preference level) that holds
+tasks, or, while none does, their parent bin (the bin of the finest preference coarser than the
+candidate level). Only the best-fitting quiet bin of each such class is scored: a few dozen
+scores per task, not one per rack or msb.
+
+Quiet bins are found through the index's msb buckets, never one by one: an msb's best quiet
+candidate is its best-fitting machine outside the occupied bins (for rack bins, the msb bucket
+holds every rack of the msb). Each class keeps its msbs in a heap by that candidate; an msb looks
+again when its candidate's rack becomes occupied, and leaves its class for one of its own when it
+gets its first task (with racks as bins and msbs a preference level: its quiet racks now score
+by its count). So a job costs one pass over the msbs of its machine type, rack preference or not.
 """
 
 from __future__ import annotations
 
-from heapq import heapify, heappop
+from heapq import heapify, heappop, heappush
 
 from .index import Entry, Path, first_fit
-from .model import EPSILON, LEVELS
+from .model import EPSILON, LEVELS, Machine
 from .preferences import BinCounts, bin_scores
 from .request import Requirements
 from .snapshot import Snapshot
 from .view import View
 
 OWNED, FREE = 0, 1  # tiers: within a bin, the entitlement's machines come before the free pool
+MSB = LEVELS.index("msb") + 1  # the length of an msb's path
 
 Key = tuple[int, Entry]  # (tier, entry): lower is better
+Quiet = tuple[Key, Path, Path]  # (the candidate, its bin, the msb it was found in)
+
+
+class _InOccupiedRack:
+    """Machine ids in an occupied rack (a container for first_fit's skip)."""
+
+    __slots__ = ("machines", "occupied")
+
+    def __init__(self, machines, occupied: set[Path]) -> None:
+        self.machines, self.occupied = machines, occupied
+
+    def __contains__(self, machine_id: str) -> bool:
+        m: Machine = self.machines[machine_id]
+        return (m.region, m.dc, m.msb, m.rack) in self.occupied
 
 
 class Candidates:
     def __init__(self, snapshot: Snapshot, req: Requirements, view: View, occupied: set[Path]) -> None:
         self.req = req
         self.view = view
+        self.machines = snapshot.machines
         ent = req.entitlement
-        self.owned = snapshot.index.bins(req.level, req.machine_type, ent.name)
-        self.pool = snapshot.index.bins(req.level, req.machine_type, None)
+        index = snapshot.index
+        self.owned = index.bins(req.level, req.machine_type, ent.name)
+        self.pool = index.bins(req.level, req.machine_type, None)
+        self.owned_msb = index.bins("msb", req.machine_type, ent.name)
+        self.pool_msb = index.bins("msb", req.machine_type, None)
         self.quota_open = view.held() < ent.quota
-        level = LEVELS.index(req.level)
-        coarser = [LEVELS.index(p.property) for p in req.preferences if LEVELS.index(p.property) < level]
-        self.parent_depth = max(coarser, default=0) + 1
         self.occupied = occupied  # bins holding tasks of this job: scored one by one
+        # Racks as bins: a quiet candidate is no machine of an occupied rack. Msbs as bins: an
+        # occupied msb has no quiet candidate (and every consumed machine is in an occupied bin).
+        self.fine = req.level != "msb"
+        self.skip = _InOccupiedRack(self.machines, occupied) if self.fine else ()
+        pref_levels = {LEVELS.index(p.property) for p in req.preferences}
+        level = LEVELS.index(req.level)
+        # the class of a quiet msb: its path cut to the finest preference coarser than the bins
+        # (than msbs, when msbs are a preference level and racks the bins: see `_class_of`)
+        self.by_msb = self.fine and MSB - 1 in pref_levels
+        coarser = [lv for lv in pref_levels if lv < (MSB - 1 if self.by_msb else level)]
+        self.parent_depth = max(coarser, default=0) + 1
+        self.msbs_with_tasks = {p[:MSB] for p in occupied} if self.by_msb else set()
         self.best: dict[Path, Key] = {}
-        for p in set(self.owned) | set(self.pool):
+        for p in occupied:
             if req.dc_allows(p[1]):
                 self._refresh(p)
         self._group_quiet()
 
+    def _class_of(self, msb: Path) -> Path:
+        if msb in self.msbs_with_tasks:
+            return msb  # its quiet racks score by its own task count
+        return msb[: self.parent_depth]
+
     def _refresh(self, p: Path) -> None:
+        """The best candidate of an occupied bin."""
         r, view = self.req.request, self.view
         owned = first_fit(self.owned.get(p, ()), r.cpus, r.memory_mb, view.consumed)
         for mid in view.touched_in(p):  # every touched machine is the entitlement's by now
@@ -59,11 +101,32 @@ class Candidates:
         else:
             self.best.pop(p, None)  # for good: room only shrinks during one allocation
 
+    def _quiet_in(self, msb: Path) -> Quiet | None:
+        """The best candidate of the msb outside occupied bins, with its bin."""
+        r = self.req.request
+        skip = self.skip if self.occupied else ()
+        e = first_fit(self.owned_msb.get(msb, ()), r.cpus, r.memory_mb, skip)
+        if e is not None:
+            key = (OWNED, e)
+        elif self.quota_open and (e := first_fit(self.pool_msb.get(msb, ()), r.cpus, r.memory_mb, skip)):
+            key = (FREE, e)
+        else:
+            return None
+        return key, (self.machines[e[2]].path(self.req.level) if self.fine else msb), msb
+
     def _group_quiet(self) -> None:
-        quiet: dict[Path, list[tuple[int, Entry, Path]]] = {}
-        for p, (tier, entry) in self.best.items():
-            if p not in self.occupied:
-                quiet.setdefault(p[: self.parent_depth], []).append((tier, entry, p))
+        """Every msb's quiet candidate in its class: the one pass over the msbs of the type."""
+        quiet: dict[Path, list[Quiet]] = {}
+        msbs = self.owned_msb.keys() | self.pool_msb.keys() if self.quota_open else self.owned_msb.keys()
+        dcs = {f.dc for f in self.req.dcs}
+        if dcs:
+            msbs = [m for m in msbs if len(dcs) == 1 and m[1] in dcs]
+        if not self.fine:
+            msbs = [m for m in msbs if m not in self.occupied]
+        quiet_in, class_of = self._quiet_in, self._class_of
+        for msb in msbs:
+            if (q := quiet_in(msb)) is not None:
+                quiet.setdefault(class_of(msb), []).append(q)
         for heap in quiet.values():
             heapify(heap)
         self.quiet = quiet
@@ -76,16 +139,20 @@ class Candidates:
             if p in self.best:
                 paths.append(p)
                 keys.append(self.best[p])
-        for parent in list(self.quiet):
-            heap = self.quiet[parent]
-            while heap and heap[0][2] in self.occupied:  # became occupied since: scored above
-                heappop(heap)
+        for cls in list(self.quiet):
+            heap = self.quiet[cls]
+            # drop candidates out of date: their bin became occupied (scored above), or their msb
+            # got a task and has a class of its own; an msb still in this class looks again
+            while heap and (heap[0][1] in self.occupied or self._class_of(heap[0][2]) != cls):
+                _, _, msb = heappop(heap)
+                if self.fine and self._class_of(msb) == cls and (q := self._quiet_in(msb)) is not None:
+                    heappush(heap, q)
             if not heap:
-                del self.quiet[parent]
+                del self.quiet[cls]
                 continue
-            tier, entry, p = heap[0]
+            key, p, _ = heap[0]
             paths.append(p)
-            keys.append((tier, entry))
+            keys.append(key)
         if not paths:
             return None
         scores = bin_scores(self.req.preferences, counts, paths)
@@ -97,5 +164,12 @@ class Candidates:
         if self.quota_open and self.view.held() >= self.req.entitlement.quota:
             self.quota_open = False  # the free pool is closed to this entitlement from now on
             self.best = {p: k for p, k in self.best.items() if k[0] == OWNED}
+            if self.by_msb:
+                self.msbs_with_tasks.add(path[:MSB])
             self._group_quiet()
+        elif self.by_msb and path[:MSB] not in self.msbs_with_tasks:
+            msb = path[:MSB]
+            self.msbs_with_tasks.add(msb)  # its entry in its old class is dropped when met
+            if (q := self._quiet_in(msb)) is not None:  # a picked msb passes the dc pins
+                self.quiet[msb] = [q]
         self._refresh(path)

@@ -6,13 +6,17 @@ Why this shape: a request names one machine type and one entitlement, so it read
 other entitlements. Within a group, a bin (an msb, or a rack) is one sorted tuple; a bisect on free
 cpus skips every machine too small, so finding the best-fitting machine in a bin costs a bisect and
 usually one comparison. A job of 36 tasks spread over msbs touches a few dozen bins, not 100,000
-machines. The index is immutable; `updated` copies only the buckets a change touches.
+machines.
+
+The index is updated in place (`update`): a changed machine costs a bisect, a delete and an insort
+in each of its two bins, whatever the size of the region. Its owner (the snapshot) is the only
+writer and nobody reads it during an update: allocations are synchronous.
 """
 
 from __future__ import annotations
 
 from bisect import bisect_left, insort
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from .model import EPSILON, Machine
 
@@ -23,7 +27,7 @@ INDEXED_LEVELS = ("msb", "rack")
 Entry = tuple[float, int, str]  # (free cpus, free memory_mb, machine id): ascending = best fit
 GroupKey = tuple[str, str | None]  # (machine type, entitlement; None = the free pool)
 Path = tuple[str, ...]
-Bucket = tuple[Entry, ...]
+Bucket = Sequence[Entry]  # sorted; a list the index owns (readers do not change it)
 FreeOf = Callable[[str], tuple[float, int]]
 
 
@@ -31,7 +35,7 @@ class MachineIndex:
     __slots__ = ("_buckets", "_entries", "_held")
 
     def __init__(self, buckets: dict, entries: dict[str, Entry], held: dict[str, int]) -> None:
-        self._buckets = buckets  # level -> GroupKey -> Path -> Bucket
+        self._buckets = buckets  # level -> GroupKey -> Path -> sorted list of entries (never empty)
         self._entries = entries  # machine id -> its Entry, for healthy machines
         self._held = held  # entitlement -> machines it holds (healthy or not)
 
@@ -49,11 +53,17 @@ class MachineIndex:
             group = (m.machine_type, m.entitlement)
             for level in INDEXED_LEVELS:
                 lists[level].setdefault(group, {}).setdefault(m.path(level), []).append(e)
-        buckets = {
-            level: {g: {p: tuple(sorted(b)) for p, b in bins.items()} for g, bins in groups.items()}
-            for level, groups in lists.items()
-        }
-        return cls(buckets, entries, held)
+        for groups in lists.values():
+            for bins in groups.values():
+                for b in bins.values():
+                    b.sort()
+        return cls(lists, entries, held)
+
+    def copy(self) -> MachineIndex:
+        """An independent copy (costs the region: for tests and what-if simulations)."""
+        buckets = {level: {g: {p: list(b) for p, b in bins.items()} for g, bins in groups.items()}
+                   for level, groups in self._buckets.items()}
+        return MachineIndex(buckets, dict(self._entries), dict(self._held))
 
     def bins(self, level: str, machine_type: str, owner: str | None) -> Mapping[Path, Bucket]:
         return self._buckets[level].get((machine_type, owner), {})
@@ -61,52 +71,42 @@ class MachineIndex:
     def held(self, entitlement: str) -> int:
         return self._held.get(entitlement, 0)
 
-    def updated(self, changes: Iterable[tuple[Machine | None, Machine | None]], free_of: FreeOf) -> MachineIndex:
-        """A new index with each (old, new) machine replaced; None means absent. Copy-on-write:
-        only the touched buckets and the dicts above them are copied."""
-        entries = dict(self._entries)
-        held = dict(self._held)
-        edits: dict[tuple[str, GroupKey, Path], list[Entry]] = {}
-
-        def bucket(level: str, group: GroupKey, path: Path) -> list[Entry]:
-            key = (level, group, path)
-            if key not in edits:
-                edits[key] = list(self._buckets[level].get(group, {}).get(path, ()))
-            return edits[key]
-
+    def update(self, changes: Iterable[tuple[Machine | None, Machine | None]], free_of: FreeOf) -> None:
+        """Replace each (old, new) machine in place; None means absent. `free_of` gives a machine's
+        free resources after the change; the old entry is the one stored, so the order in which
+        the caller changed resources and machines does not matter. One pair per machine."""
+        entries, held = self._entries, self._held
         for old, new in changes:
             if old is not None:
                 if old.entitlement is not None:
-                    held[old.entitlement] -= 1
+                    n = held[old.entitlement] - 1
+                    if n:
+                        held[old.entitlement] = n
+                    else:
+                        del held[old.entitlement]
                 e = entries.pop(old.id, None)
                 if e is not None:
                     for level in INDEXED_LEVELS:
-                        b = bucket(level, (old.machine_type, old.entitlement), old.path(level))
-                        i = bisect_left(b, e)
-                        assert i < len(b) and b[i] == e, f"index out of step for machine {old.id}"
-                        del b[i]
+                        self._remove(level, (old.machine_type, old.entitlement), old.path(level), e, old.id)
             if new is not None:
                 if new.entitlement is not None:
                     held[new.entitlement] = held.get(new.entitlement, 0) + 1
                 if new.schedulable:
                     e = entries[new.id] = (*free_of(new.id), new.id)
                     for level in INDEXED_LEVELS:
-                        insort(bucket(level, (new.machine_type, new.entitlement), new.path(level)), e)
+                        insort(self._buckets[level].setdefault((new.machine_type, new.entitlement), {})
+                               .setdefault(new.path(level), []), e)
 
-        buckets = {level: dict(groups) for level, groups in self._buckets.items()}  # a few hundred groups
-        copied: set[tuple[str, GroupKey]] = set()
-        for (level, group, path), b in edits.items():
-            if (level, group) not in copied:
-                copied.add((level, group))
-                buckets[level][group] = dict(buckets[level].get(group, {}))
-            bins = buckets[level][group]
-            if b:
-                bins[path] = tuple(b)
-            else:
-                bins.pop(path, None)  # an empty bin is no candidate
-                if not bins:
-                    del buckets[level][group]
-        return MachineIndex(buckets, entries, {k: v for k, v in held.items() if v})
+    def _remove(self, level: str, group: GroupKey, path: Path, e: Entry, machine_id: str) -> None:
+        bins = self._buckets[level].get(group, {})
+        b = bins.get(path, [])
+        i = bisect_left(b, e)
+        assert i < len(b) and b[i] == e, f"index out of step for machine {machine_id}"
+        del b[i]
+        if not b:
+            del bins[path]  # an empty bin is no candidate
+            if not bins:
+                del self._buckets[level][group]
 
 
 def first_fit(bucket: Bucket, cpus: float, memory_mb: int, skip: Mapping | set = frozenset()) -> Entry | None:

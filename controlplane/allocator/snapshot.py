@@ -1,6 +1,12 @@
-"""An immutable view of the region for the allocator: machines, entitlements, the tasks that hold
-resources, and the machine index. The caller builds one from its etcd-backed caches and derives the
-next with `with_changes` as watch events arrive; concurrent allocations share one snapshot."""
+"""The allocator's view of the region: machines, entitlements, the tasks that hold resources, and
+the machine index. The caller builds one from its etcd-backed caches and moves it forward in place
+with `apply` as watch events arrive: a change costs the machines and tasks it touches, not the
+region (DESIGN.md, "cost follows the change").
+
+In place means one writer and no reader across a change. The owner (RegionState) applies changes
+only when asked for the snapshot, and allocate() reads it synchronously, so an allocation never
+sees a change half way; a caller must not keep the snapshot across an await. Tests and what-if
+simulations that want the old and the new side by side use `with_changes`, which copies first."""
 
 from __future__ import annotations
 
@@ -20,14 +26,15 @@ def _round(cpus: float) -> float:
 
 
 class Snapshot:
-    __slots__ = ("revision", "machines", "entitlements", "_machines", "_tasks", "_used", "index")
+    __slots__ = ("revision", "machines", "entitlements", "_machines", "_entitlements", "_tasks", "_used", "index")
 
     def __init__(self, revision: int, machines: dict[str, Machine], entitlements: dict[str, Entitlement],
                  tasks: dict[str, dict[int, PlacedTask]], used: dict[str, tuple[float, int]],
                  index: MachineIndex | None = None) -> None:
         self.revision = revision
-        self._machines = machines  # the dict itself: dict.copy() is far faster than copying a proxy
+        self._machines = machines  # the dict itself, changed in place; readers get the proxy
         self.machines: Mapping[str, Machine] = MappingProxyType(machines)
+        self._entitlements = entitlements
         self.entitlements: Mapping[str, Entitlement] = MappingProxyType(entitlements)
         self._tasks = tasks
         self._used = used
@@ -63,69 +70,85 @@ class Snapshot:
         """How many machines the entitlement holds (counted against its quota)."""
         return self.index.held(entitlement)
 
-    def with_changes(self, *, machines: Iterable[Machine] = (), removed_machines: Iterable[str] = (),
-                     tasks: Iterable[PlacedTask] = (), removed_tasks: Iterable[tuple[str, int]] = (),
-                     entitlements: Iterable[Entitlement] = (), revision: int | None = None) -> Snapshot:
-        """The next snapshot. `tasks` add or replace tasks by (job, index). Costs the touched
-        machines' buckets plus a copy of the top-level dicts, not a rebuild of the index."""
-        ms = self._machines.copy()
-        used = self._used.copy()
-        by_job = self._tasks.copy()
+    def apply(self, *, machines: Iterable[Machine] = (), removed_machines: Iterable[str] = (),
+              tasks: Iterable[PlacedTask] = (), removed_tasks: Iterable[tuple[str, int]] = (),
+              entitlements: Iterable[Entitlement] = (), removed_entitlements: Iterable[str] = (),
+              revision: int | None = None) -> Snapshot:
+        """Move this snapshot forward in place and return it. `tasks` add or replace tasks by
+        (job, index); `machines` add or replace machines by id. Costs the touched machines' bins
+        and tasks: a bisect and an insort per bin, no copy of anything region-sized."""
+        ms, used, by_job = self._machines, self._used, self._tasks
         touched: dict[str, Machine | None] = {}  # machine id -> the machine before this change
 
-        def note(machine_id: str) -> None:
-            if machine_id not in touched:
-                touched[machine_id] = self.machines.get(machine_id)
-
         def add_use(machine_id: str, cpus: float, memory_mb: int) -> None:
-            note(machine_id)
+            if machine_id not in touched:
+                touched[machine_id] = ms.get(machine_id)
             c, mem = used.get(machine_id, (0.0, 0))
-            used[machine_id] = (_round(c + cpus), mem + memory_mb)
-
-        copied: set[str] = set()  # jobs whose task dict this snapshot owns (copy-on-write)
-
-        def job_tasks(job: str) -> dict[int, PlacedTask]:
-            if job not in copied:
-                copied.add(job)
-                by_job[job] = dict(by_job.get(job, {}))
-            return by_job[job]
+            c, mem = _round(c + cpus), mem + memory_mb
+            if c == 0 and mem == 0:
+                used.pop(machine_id, None)  # as a fresh build: no tasks, no entry
+            else:
+                used[machine_id] = (c, mem)
 
         def drop(job: str, index: int) -> None:
-            old = by_job.get(job, {}).get(index)
+            held = by_job.get(job)
+            old = held.pop(index, None) if held else None
             if old is not None:
-                del job_tasks(job)[index]
+                if not held:
+                    del by_job[job]
                 add_use(old.machine_id, -old.cpus, -old.memory_mb)
 
         for job, index in removed_tasks:
             drop(job, index)
         for t in tasks:
             drop(t.job, t.index)
-            job_tasks(t.job)[t.index] = t
+            by_job.setdefault(t.job, {})[t.index] = t
             add_use(t.machine_id, t.cpus, t.memory_mb)
-        for job in copied:
-            if not by_job[job]:
-                del by_job[job]
         for machine_id in removed_machines:
-            note(machine_id)
+            if machine_id not in touched:
+                touched[machine_id] = ms.get(machine_id)
             ms.pop(machine_id, None)
         for m in machines:
-            note(m.id)
+            if m.id not in touched:
+                touched[m.id] = ms.get(m.id)
             ms[m.id] = m
-        ents = dict(self.entitlements)
+        ents = self._entitlements
+        for name in removed_entitlements:
+            ents.pop(name, None)
         ents.update((e.name, e) for e in entitlements)
-        nxt = Snapshot(self.revision + 1 if revision is None else revision, ms, ents, by_job, used,
-                       index=self.index)
-        changes = [(old, ms.get(mid)) for mid, old in touched.items() if old is not None or mid in ms]
-        nxt.index = self.index.updated(changes, nxt.free)
-        return nxt
+        self.revision = self.revision + 1 if revision is None else revision
+        self.index.update([(old, ms.get(mid)) for mid, old in touched.items() if old is not None or mid in ms],
+                          self.free)
+        return self
 
-    def with_placement(self, placement: Placement) -> Snapshot:
-        """The snapshot after the caller committed `placement`: taken machines join the
-        entitlement (their version bumped, as a write to their record would) and the new tasks
-        hold resources. The real commit is the caller's etcd transaction; this is for tests and
-        simulations."""
-        moved = [replace(self.machines[mid], entitlement=placement.entitlement,
-                         version=self.machines[mid].version + 1) for mid in placement.machines_taken]
+    def apply_placement(self, placement: Placement) -> Snapshot:
+        """Apply what committing `placement` changes: every machine that gets tasks is written
+        (its version bumped), the free ones taken join the entitlement, and the new tasks hold
+        resources. The real commit is the caller's etcd transaction, whose watch events
+        RegionState applies; this is the same change for tests, simulations and benchmarks."""
+        return self.apply(**self.placement_changes(placement))
+
+    def placement_changes(self, placement: Placement) -> dict:
+        """`apply`'s arguments for a committed placement."""
+        taken = set(placement.machines_taken)
+        moved = []
+        for claim in placement.claims:
+            m = self.machines[claim.machine_id]
+            moved.append(replace(m, entitlement=placement.entitlement if m.id in taken else m.entitlement,
+                                 version=m.version + 1))
         placed = [PlacedTask(placement.job, i, placement.task_machines[i], placement.cpus, placement.memory_mb)
                   for i in placement.new_tasks]
-        return self.with_changes(machines=moved, tasks=placed)
+        return {"machines": moved, "tasks": placed}
+
+    def copy(self) -> Snapshot:
+        """An independent copy. Costs the region: for tests and what-if simulations, never per commit."""
+        return Snapshot(self.revision, dict(self._machines), dict(self._entitlements),
+                        {job: dict(ts) for job, ts in self._tasks.items()}, dict(self._used), self.index.copy())
+
+    def with_changes(self, **changes) -> Snapshot:
+        """A new snapshot with `apply`'s changes; this one stays as it was. Copies the region."""
+        return self.copy().apply(**changes)
+
+    def with_placement(self, placement: Placement) -> Snapshot:
+        """A new snapshot after `placement` was committed; this one stays as it was. Copies the region."""
+        return self.copy().apply_placement(placement)

@@ -1,6 +1,6 @@
 """Consume-after-pick: the snapshot seen through what this allocation has placed so far.
 
-A small overlay (machines touched by this job) over the shared immutable snapshot, so a job's later
+A small overlay (machines touched by this job) over the snapshot, which it never changes, so a job's later
 tasks see its earlier ones without copying 100,000 machines."""
 
 from __future__ import annotations

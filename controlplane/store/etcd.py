@@ -18,6 +18,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable, Sequence, TypeVar
 
 import aetcd
 from aetcd.exceptions import ConnectionFailedError, ConnectionTimeoutError, WatchTimeoutError
+import msgspec
 
 log = logging.getLogger("twine.store")
 T = TypeVar("T")
@@ -34,7 +35,7 @@ CHANNEL_OPTIONS = {
 # What "etcd cannot be reached" looks like through aetcd: grpc UNAVAILABLE (refused, reset, no
 # leader), DEADLINE_EXCEEDED (no answer in time), a watch whose creation was not answered.
 UNREACHABLE = (ConnectionFailedError, ConnectionTimeoutError, WatchTimeoutError)
-PROBE_INTERVAL = 1.0
+PROBE_INTERVAL = 1.0  # seconds between looks while unreachable
 RANGE_PAGE = 5000  # keys per range read
 
 
@@ -43,15 +44,26 @@ async def _range_page(c: aetcd.Client, start: bytes, end: bytes, limit: int, rev
     """A Range request with the limit and revision aetcd's get_range does not pass on."""
     await c.connect()
     req = aetcd.rpc.RangeRequest(key=start, range_end=end, limit=limit, revision=revision)
-    return await c.kvstub.Range(req, timeout=c._timeout, metadata=c.metadata)  # seconds between looks while unreachable
+    return await c.kvstub.Range(req, timeout=c._timeout, metadata=c.metadata)
 
 
 def encode(value: Any) -> bytes:
-    return json.dumps(value, sort_keys=True, separators=(",", ":")).encode()
+    """Compact JSON with sorted keys, by msgspec (several times faster than json.dumps on the
+    records every commit writes). Same JSON as json.dumps(sort_keys=True, separators=(",", ":"))
+    but for spelling: UTF-8 rather than \\u escapes, 1e16 rather than 1e+16; NaN and infinities,
+    which JSON has no words for and no record holds, become null. Dicts with keys other than
+    strings go through json, which writes the keys as strings."""
+    try:
+        return msgspec.json.encode(value, order="sorted")
+    except TypeError:
+        return json.dumps(value, sort_keys=True, separators=(",", ":")).encode()
 
 
 def decode(raw: bytes) -> Any:
-    return json.loads(raw)
+    try:
+        return msgspec.json.decode(raw)
+    except msgspec.DecodeError:  # NaN or Infinity, which json.dumps wrote
+        return json.loads(raw)
 
 
 @dataclass(frozen=True)

@@ -44,10 +44,10 @@ def test_a_36_task_job_spreads_over_all_msbs(region):
 
 def test_consecutive_jobs_stack_and_the_cache_serves_repeats(region):
     cache = AllocationCache()
-    snap = region
+    snap = region.copy()  # the fixture stays as it was for the other tests
     for k in range(5):
         p = allocate(snap, job(f"ent/j{k}", count=36, cpus=2, memory_mb=4096), cache=cache)
-        snap = snap.with_placement(p)
+        snap.apply_placement(p)
     # Later jobs stacked on the machines the first ones took: in each dc1 msb the entitlement
     # holds just enough 8-cpu machines for its 2-cpu tasks there (4 a machine).
     tasks_in, held_in = Counter(), Counter()

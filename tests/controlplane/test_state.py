@@ -1,0 +1,109 @@
+"""RegionState's allocator snapshot, fed record by record as the etcd watch feeds it: moved forward in
+place, it stays what a snapshot built from scratch out of the same records would be."""
+
+from __future__ import annotations
+
+import random
+import time
+
+from controlplane.allocator import allocate
+from controlplane.allocator.errors import AllocationError
+from controlplane.records import EntitlementRec, EventRec, MachineRec, Spread, TaskRec
+from controlplane.state import RegionState
+from controlplane.store.keys import Keys
+
+from tests.controlplane.allocator.builders import job
+from tests.controlplane.allocator.test_snapshot import index_state
+
+KEYS = Keys("r")
+
+
+def machine(rnd: random.Random, mid: str) -> MachineRec:
+    labels = {"region": "r", "dc": rnd.choice(["dc0", "dc1"]), "msb": f"b{rnd.randrange(3)}",
+              "rack": f"k{rnd.randrange(3)}", "machine_type": rnd.choice(["sky", "sky", "old"])}
+    return MachineRec(mid, mid, labels, {"cpus": rnd.choice([4, 8]), "memory_mb": 8192},
+                      entitlement=rnd.choice([None, None, "ent", "b"]), healthy=rnd.random() > 0.1)
+
+
+def task(rnd: random.Random, machines: list[str]) -> TaskRec:
+    return TaskRec(f"{rnd.choice(['ent', 'b'])}/j{rnd.randrange(3)}", rnd.randrange(5), 1,
+                   {"cpus": rnd.choice([0.5, 1, 2]), "memory_mb": 256}, rnd.choice(machines + [None]), "running")
+
+
+def entitlement(rnd: random.Random, name: str) -> EntitlementRec:
+    return EntitlementRec(name, "sky", rnd.randrange(3, 30), spread=Spread(("dc", "msb"), rnd.choice([None, "dc1"])))
+
+
+def fresh(state: RegionState) -> RegionState:
+    """A daemon that just started: the same records, its snapshot built from them."""
+    other = RegionState(None, KEYS)
+    for key, rev in state.revs.items():
+        kind, _, rest = key[len(KEYS.root):].partition("/")
+        if kind == "machines":
+            value = state.machines[rest].to_json()
+        elif kind == "entitlements":
+            value = state.entitlements[rest].to_json()
+        elif kind == "tasks":
+            handle, _, idx = rest.rpartition("/")
+            value = state.tasks[handle][int(idx)].to_json()
+        else:
+            value = state.events[rest].to_json()
+        other._apply(key, value, rev)  # noqa: SLF001 - the watch's own path
+    other.index.revision = state.index.revision
+    return other
+
+
+def test_snapshot_follows_the_watch_in_place_and_matches_a_fresh_build():
+    rnd = random.Random(3)
+    state = RegionState(None, KEYS)
+    rev = 0
+
+    def put(key: str, value: dict | None) -> None:
+        nonlocal rev
+        rev += 1
+        state._apply(key, value, rev)  # noqa: SLF001 - the watch's own path
+        state.index.revision = rev
+
+    for n in range(20):
+        put(KEYS.machine(f"m{n:02d}"), machine(rnd, f"m{n:02d}").to_json())
+    for name in ("ent", "b"):
+        put(KEYS.entitlement(name), entitlement(rnd, name).to_json())
+    first = state.snapshot()
+    now = time.time()
+    for step in range(60):
+        ids = sorted(state.machines)
+        for _ in range(rnd.randrange(1, 6)):
+            what = rnd.random()
+            if what < 0.3:
+                mid = rnd.choice(ids + [f"m{rnd.randrange(20, 30)}"])
+                put(KEYS.machine(mid), machine(rnd, mid).to_json())
+            elif what < 0.4 and len(ids) > 5:
+                put(KEYS.machine(rnd.choice(ids)), None)
+            elif what < 0.75:
+                t = task(rnd, ids)
+                put(KEYS.task(t.job, t.index), t.to_json())
+            elif what < 0.85 and state.tasks:
+                handle = rnd.choice(sorted(state.tasks))
+                put(KEYS.task(handle, rnd.choice(sorted(state.tasks[handle]))), None)
+            elif what < 0.95:
+                name = rnd.choice(["ent", "b", "c"])
+                put(KEYS.entitlement(name), None if rnd.random() < 0.2 else entitlement(rnd, name).to_json())
+            else:
+                e = EventRec("maint-1", "maintenance", tuple(rnd.sample(ids, 2)), now - 10, duration=3600.0)
+                put(KEYS.event(e.id), e.to_json() if rnd.random() < 0.7 else None)
+        snap = state.snapshot()
+        assert snap is first, "moved forward in place, not rebuilt"
+        want = fresh(state).snapshot()
+        assert snap.revision == want.revision == rev
+        assert index_state(snap) == index_state(want), f"step {step}"
+        assert dict(snap.machines) == dict(want.machines) and dict(snap.entitlements) == dict(want.entitlements)
+        assert dict(snap._used) == dict(want._used)  # noqa: SLF001
+        if "ent" in snap.entitlements:
+            request = job(f"ent/j{rnd.randrange(3)}", rnd.randrange(1, 6), cpus=1.0, memory_mb=256)
+            got = [None, None]
+            for i, s in enumerate((snap, want)):
+                try:
+                    got[i] = allocate(s, request)
+                except AllocationError as e:
+                    got[i] = str(e)
+            assert got[0] == got[1], step

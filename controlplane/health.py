@@ -47,6 +47,7 @@ class HealthService:
         self._owned: set[str] = set()
         self._known: set[str] = set()
         self._members: tuple[str, ...] = ()
+        self._owned_key: tuple = ()
         self._adopted: dict[str, float] = {}  # machine -> when this process came to own it
 
     async def run(self) -> None:
@@ -70,8 +71,12 @@ class HealthService:
             return list(self.state.machines.values())
         if not coord.valid():
             return []  # cut off from etcd: our view of the region, and of who owns what, may be stale
-        owned = {mid for mid in self.state.machines if coord.owns(mid)}
         members = coord.health_members()
+        key = (members, self.state.machines_version)
+        if key == self._owned_key:  # nothing changed who owns what: no pass over the region
+            return [m for mid in self._owned if (m := self.state.machines.get(mid)) is not None]
+        self._owned_key = key
+        owned = {mid for mid in self.state.machines if coord.owns(mid)}
         if members != self._members:
             # the owners changed: what comes to us now heartbeated to another member until now
             # (a machine new to the region is not adopted: it heartbeats to whoever it registered with)

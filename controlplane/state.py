@@ -29,6 +29,11 @@ if TYPE_CHECKING:
 log = logging.getLogger("twine.controld.state")
 
 
+def _viewed(m: MachineRec) -> tuple:
+    return (m.healthy, m.health_reason, m.profile_applied, m.profile_ok, m.profile_error, m.address, m.labels,
+            m.capacity, m.entitlement)
+
+
 class WorkQueue:
     """One subscriber's queue of jobs to look at again, and the event that says it is not empty."""
 
@@ -108,6 +113,8 @@ class RegionState:
         self.entitlements: dict[str, EntitlementRec] = {}
         self.jobs: dict[str, JobRec] = {}
         self.jobs_by_ent: dict[str, set[str]] = {}
+        self.machines_version = 0  # bumped when a machine is added or removed
+        self._machine_matters = True
         self.tasks: dict[str, dict[int, TaskRec]] = defaultdict(dict)
         self.events: dict[str, EventRec] = {}
         self.endpoints: dict[tuple[str, int], dict] = {}  # discovery records by (job, index)
@@ -174,7 +181,7 @@ class RegionState:
         if kind == "tasks":
             return {rest.rpartition("/")[0]}
         if kind == "machines":
-            return self.jobs_on(rest)
+            return self.jobs_on(rest) if self._machine_matters else set()
         if kind == "entitlements":
             return set(self.jobs_by_ent.get(rest, ()))
         if kind == "events":
@@ -258,6 +265,11 @@ class RegionState:
             self.machines[mid] = m
             if m.credential_sha256:
                 self.credentials[m.credential_sha256] = mid
+        if (old is None) != (m is None):
+            self.machines_version += 1  # the set of machines changed
+        # what the scheduler's view of a machine is made of (MachineView): a change of only its
+        # allocation counters (every placement writes them) concerns no other job
+        self._machine_matters = old is None or m is None or _viewed(old) != _viewed(m)
         self._dirty_machines.add(mid)
         self.wake_machine(mid)
 

@@ -51,8 +51,8 @@ class MachineIndex:
                 continue
             e = entries[m.id] = (*free_of(m.id), m.id)
             group = (m.machine_type, m.entitlement)
-            for level in INDEXED_LEVELS:
-                lists[level].setdefault(group, {}).setdefault(m.path(level), []).append(e)
+            for level, path in _paths(m):
+                lists[level].setdefault(group, {}).setdefault(path, []).append(e)
         for groups in lists.values():
             for bins in groups.values():
                 for b in bins.values():
@@ -77,6 +77,7 @@ class MachineIndex:
         the caller changed resources and machines does not matter. One pair per machine."""
         entries, held = self._entries, self._held
         for old, new in changes:
+            e_old = e_new = None
             if old is not None:
                 if old.entitlement is not None:
                     n = held[old.entitlement] - 1
@@ -84,18 +85,32 @@ class MachineIndex:
                         held[old.entitlement] = n
                     else:
                         del held[old.entitlement]
-                e = entries.pop(old.id, None)
-                if e is not None:
-                    for level in INDEXED_LEVELS:
-                        self._remove(level, (old.machine_type, old.entitlement), old.path(level), e, old.id)
+                e_old = entries.pop(old.id, None)
             if new is not None:
                 if new.entitlement is not None:
                     held[new.entitlement] = held.get(new.entitlement, 0) + 1
                 if new.schedulable:
-                    e = entries[new.id] = (*free_of(new.id), new.id)
-                    for level in INDEXED_LEVELS:
-                        insort(self._buckets[level].setdefault((new.machine_type, new.entitlement), {})
-                               .setdefault(new.path(level), []), e)
+                    e_new = entries[new.id] = (*free_of(new.id), new.id)
+            if e_old is not None and e_new is not None and _same_bins(old, new):
+                self._move(old, e_old, e_new)  # the common case: its free resources changed
+                continue
+            if e_old is not None:
+                for level, path in _paths(old):
+                    self._remove(level, (old.machine_type, old.entitlement), path, e_old, old.id)
+            if e_new is not None:
+                for level, path in _paths(new):
+                    insort(self._buckets[level].setdefault((new.machine_type, new.entitlement), {})
+                           .setdefault(path, []), e_new)
+
+    def _move(self, m: Machine, old: Entry, new: Entry) -> None:
+        """A machine's entry changed within the same bins."""
+        group = (m.machine_type, m.entitlement)
+        for level, path in _paths(m):
+            b = self._buckets[level][group][path]
+            i = bisect_left(b, old)
+            assert i < len(b) and b[i] == old, f"index out of step for machine {m.id}"
+            del b[i]
+            insort(b, new)
 
     def _remove(self, level: str, group: GroupKey, path: Path, e: Entry, machine_id: str) -> None:
         bins = self._buckets[level].get(group, {})
@@ -107,6 +122,17 @@ class MachineIndex:
             del bins[path]  # an empty bin is no candidate
             if not bins:
                 del self._buckets[level][group]
+
+
+def _paths(m: Machine) -> tuple[tuple[str, Path], tuple[str, Path]]:
+    """The machine's bin at each indexed level (INDEXED_LEVELS: msb, rack)."""
+    rack = (m.region, m.dc, m.msb, m.rack)
+    return ("msb", rack[:3]), ("rack", rack)
+
+
+def _same_bins(a: Machine, b: Machine) -> bool:
+    return (a.machine_type == b.machine_type and a.entitlement == b.entitlement and a.rack == b.rack
+            and a.msb == b.msb and a.dc == b.dc and a.region == b.region)
 
 
 def first_fit(bucket: Bucket, cpus: float, memory_mb: int, skip: Mapping | set = frozenset()) -> Entry | None:

@@ -41,7 +41,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("twine.controld.scheduler")
 Reports = Callable[[str], Mapping[tuple[str, int], dict] | None]
 PASS_INTERVAL = 1.0  # jobs not settled are looked at again this often
-FULL_PASS_INTERVAL = 10.0  # every job, whatever the queue says (a safety net, not the mechanism)
+RESYNC_INTERVAL = 30.0  # every job is looked at once in this long, whatever the queue says (a safety net)
 CREATE_RETRIES = 8
 MAINTENANCE_GRACE = 120.0  # seconds after a maintenance for its silent machines to come back
 
@@ -94,21 +94,30 @@ class Scheduler:
     async def run(self) -> None:
         """A work queue, not a pass over every job after every change: the jobs a change reaches
         (the watch says which), plus every PASS_INTERVAL the jobs not settled (something pending,
-        held, waiting for a time or a machine), plus every FULL_PASS_INTERVAL all of them."""
+        held, waiting for a time or a machine) and a slice of all of them, so that every job is
+        looked at once per RESYNC_INTERVAL whatever the queue says (a safety net, spread out:
+        no pause that grows with the number of jobs)."""
         queue = self.state.changed.subscribe()
-        last_retry = last_full = time.monotonic()
+        last_retry = time.monotonic()
+        cursor = 0
         try:
             while True:
                 jobs, everything = queue.take()
                 now = time.monotonic()
                 if self.state.stale:  # plans from a view behind etcd would only fail or conflict
                     pass
-                elif everything or now - last_full >= FULL_PASS_INTERVAL:
+                elif everything:
                     await self.pass_all()
-                    last_full = last_retry = now
+                    last_retry = now
                 else:
                     if now - last_retry >= PASS_INTERVAL:
                         jobs |= self.unsettled
+                        every = list(self.state.jobs)  # every shard's: a copy of the keys, no more
+                        step = int(max(1, -(-len(every) * PASS_INTERVAL // RESYNC_INTERVAL)))
+                        if cursor >= len(every):
+                            cursor = 0
+                        jobs.update(h for h in every[cursor:cursor + step] if self.owns(h))
+                        cursor += step
                         last_retry = now
                     await self.pass_jobs(jobs)
                 try:
@@ -117,10 +126,6 @@ class Scheduler:
                     pass
         finally:
             self.state.changed.unsubscribe(queue)
-            for session in self.sessions.values():
-                await session.close()
-            if self._http is not None:
-                await self._http.close()
 
     def owns(self, handle: str) -> bool:
         return self.state.shard_of_job(handle) == self.shard
@@ -321,8 +326,19 @@ class Scheduler:
             mid = placement.machine_of(i)
             old = existing.get(i)
             why = f"moved from {old.machine}" if old is not None and old.machine and old.machine != mid else "placed"
-            out.append((old, TaskRec(job.handle, i, job.spec_version, job.task, mid, "allocated", why, False, now)))
+            # on a machine whose profile is already the one it will want (the reconciler's own
+            # test), the task starts in this commit: one transaction, not a second one to start it
+            state = "starting" if self._ready_for(job, mid) else "allocated"
+            out.append((old, TaskRec(job.handle, i, job.spec_version, job.task, mid, state, why, False, now)))
         return out
+
+    def _ready_for(self, job: JobRec, mid: str) -> bool:
+        m = self.state.machines.get(mid)
+        if m is None or not m.healthy or self.state.maintenance_of(mid, time.time()) is not None:
+            return False
+        ent = self.state.entitlements.get(job.entitlement)
+        want = ent.profile if ent is not None else None
+        return m.profile_ok and m.profile_applied == want and m.entitlement in (None, job.entitlement)
 
     async def commit_placement(self, job: JobRec, placement: Placement, indices: tuple[int, ...],
                                job_put: JobRec | None = None, deletes: tuple[TaskRec, ...] = (),

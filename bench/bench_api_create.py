@@ -165,6 +165,10 @@ def main() -> int:
                 break
             time.sleep(0.1)
         lat, errors = asyncio.run(create_jobs(url, args.seconds, args.clients, args.entitlements))
+        metrics = urllib.request.urlopen(urllib.request.Request(
+            url + "/v1/metrics", headers={"Authorization": f"Bearer {TOKEN}"}), timeout=10).read().decode()
+        conflicts = next((line.split()[1] for line in metrics.splitlines()
+                          if line.startswith("twine_scheduler_conflicts_total ")), "?")
         base = asyncio.run(etcd_baseline(etcd.port, args.seconds / 2, args.clients))
     finally:
         terminate(proc)
@@ -175,7 +179,7 @@ def main() -> int:
     print(f"\nPOST /v1/jobs (10 tasks each), {args.clients} clients, {args.seconds:.0f}s, {args.machines} machines, "
           f"real etcd:")
     print(f"  API:      {rate:7.1f} jobs/s ({rate * 10:.0f} tasks/s), latency p50 {pct(lat, 50) * 1000:.1f} ms, "
-          f"p90 {pct(lat, 90) * 1000:.1f} ms, p99 {pct(lat, 99) * 1000:.1f} ms; {errors} not 201")
+          f"p90 {pct(lat, 90) * 1000:.1f} ms, p99 {pct(lat, 99) * 1000:.1f} ms; {errors} not 201; {conflicts} placement(s) retried after a conflict")
     print(f"  baseline: {brate:7.1f} transactions/s straight to etcd (the same shape, {args.clients} clients), "
           f"p50 {pct(base, 50) * 1000:.1f} ms, p99 {pct(base, 99) * 1000:.1f} ms")
     print(f"  ratio API/etcd-alone: {rate / brate:.2f} of the throughput; goal >= 200 jobs/s with p99 < 250 ms: "

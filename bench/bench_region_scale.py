@@ -1,0 +1,261 @@
+"""A large simulated region split over shards and several twine-controld processes on this machine.
+
+Simulated, and named so: no agent runs a container. Machine records are bulk-loaded straight into
+etcd (not registered through the API, which at ~400 registrations/s here would take most of an
+hour at 1M), each with a known credential, so that simulated agents can heartbeat as real agents
+do (following the `heartbeat_to` the answers name). Everything else is the real path: real etcd,
+real `twine-controld` processes with `--shard-count` and `--shards`, jobs created through the API.
+
+Measured, each beside a baseline taken in the same run:
+  1. index time: from the processes' start until every one answers and every shard has a leader;
+     baseline: one paged range read of the same records in this process (the etcd read alone);
+  2. memory: resident set of each process (psutil), and their sum;
+  3. heartbeats: A simulated agents (machines 0..A-1) every I seconds for S seconds, from the
+     moment the processes are ready; heartbeats answered per second against the target A/I, and
+     failure verdicts on those machines (false ones: goal 0). Machines beyond A never heartbeat;
+     their verdicts are true and not counted;
+  4. allocation: jobs of 36 tasks created through the API for S seconds, spread over entitlements
+     in every shard (8 clients, each request to any process: forwarded to the shard's leader);
+     jobs/s per shard.
+
+    .venv/bin/python bench/bench_region_scale.py [--machines 1000000] [--processes 4] [--shards 20]
+        [--agents 100000] [--interval 10] [--seconds 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import json
+import random
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import aiohttp
+import psutil
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from controlplane.etcdproc import EtcdServer, free_port, terminate  # noqa: E402
+from controlplane.records import EntitlementRec, MachineRec  # noqa: E402
+from controlplane.store import Store  # noqa: E402
+from controlplane.store.keys import Keys  # noqa: E402
+
+TOKEN, BOOT, REGION = "bench-api-token", "bench-bootstrap-token", "scale"
+TASK = {"image": "twine/busybox:1", "command": ["sleep", "3600"], "cpus": 0.5, "memory_mb": 512}
+
+
+def cred(mid: str) -> str:
+    return f"cred-{mid}"
+
+
+def machine(i: int) -> MachineRec:
+    mid = f"m{i:07d}"
+    dc, msb, rack = i % 3, (i // 3) % 60, (i // 180) % 1000
+    return MachineRec(id=mid, hostname=mid, labels={"region": REGION, "dc": f"dc{dc}", "msb": f"dc{dc}-msb{msb}",
+                                                     "rack": f"dc{dc}-r{rack}", "machine_type": ("t1", "t2", "t3")[i % 3]},
+                      capacity={"cpus": 32, "memory_mb": 131072},
+                      credential_sha256=hashlib.sha256(cred(mid).encode()).hexdigest(), registered_at=time.time())
+
+
+async def bulk_load(port: int, n: int, shards: int, ents_per_shard: int) -> float:
+    keys = Keys(REGION)
+    store = Store([("127.0.0.1", port)])
+    t0 = time.perf_counter()
+    try:
+        for base in range(0, n, 5000):
+            await store.commit([], {keys.machine(m.id): m.to_json()
+                                    for m in (machine(i) for i in range(base, min(n, base + 5000)))})
+        await store.commit([], {keys.settings(): {"shards": shards}})
+        ents = {}
+        for s in range(shards):
+            for e in range(ents_per_shard):
+                rec = EntitlementRec(name=f"s{s}-e{e}", machine_type=("t1", "t2", "t3")[e % 3], quota=n // 10,
+                                     shard=s, created_at=time.time())
+                ents[keys.entitlement(rec.name)] = rec.to_json()
+        await store.commit([], ents)
+    finally:
+        await store.close()
+    return time.perf_counter() - t0
+
+
+async def range_baseline(port: int) -> tuple[float, int]:
+    store = Store([("127.0.0.1", port)])
+    try:
+        t0 = time.perf_counter()
+        items, _ = await store.range(Keys(REGION).machines())
+        return time.perf_counter() - t0, len(items)
+    finally:
+        await store.close()
+
+
+def api(url: str, method: str, path: str, body=None, timeout=60):
+    req = urllib.request.Request(url + path, method=method, data=None if body is None else json.dumps(body).encode(),
+                                 headers={"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        return json.loads(r.read())
+
+
+def metric(url: str, name: str) -> float:
+    req = urllib.request.Request(url + "/v1/metrics", headers={"Authorization": f"Bearer {TOKEN}"})
+    for line in urllib.request.urlopen(req, timeout=30).read().decode().splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    return 0.0
+
+
+def start_processes(tmp: Path, etcd: EtcdServer, count: int, shards: int) -> list[tuple[subprocess.Popen, str]]:
+    out = []
+    per = -(-shards // count)
+    for p in range(count):
+        port = free_port()
+        lo, hi = p * per, min(shards, (p + 1) * per) - 1
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "controlplane.daemon", "--etcd", etcd.endpoint, "--region", REGION,
+             "--listen", f"127.0.0.1:{port}", "--api-token-file", str(tmp / "api"),
+             "--bootstrap-token-file", str(tmp / "boot"), "--heartbeat-timeout", "30", "--heartbeat-interval", "10",
+             "--shard-count", str(shards), "--shards", f"{lo}-{hi}", "--log-level", "warning"],
+            stdout=open(tmp / f"controld-{p}.log", "wb"), stderr=subprocess.STDOUT,
+            cwd=Path(__file__).resolve().parents[1])
+        out.append((proc, f"http://127.0.0.1:{port}"))
+    return out
+
+
+def wait_ready(procs, shards: int, timeout: float) -> float:
+    t0 = time.perf_counter()
+    deadline = time.monotonic() + timeout
+    pending = {url for _, url in procs}
+    while pending and time.monotonic() < deadline:
+        for url in sorted(pending):
+            try:
+                c = api(url, "GET", "/v1/cluster", timeout=5)
+                if len(c["shards"]) == shards and all(s["leader"] for s in c["shards"]):
+                    pending.discard(url)
+            except OSError:
+                pass
+        time.sleep(0.5)
+    if pending:
+        raise SystemExit(f"not ready in {timeout:.0f}s: {sorted(pending)}")
+    return time.perf_counter() - t0
+
+
+async def create_jobs(urls: list[str], ents: list[str], seconds: float, clients: int = 8) -> tuple[int, dict]:
+    done: dict[str, int] = {}
+    deadline = time.perf_counter() + seconds
+    counter = iter(range(10**9))
+    async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {TOKEN}"}) as http:
+        async def client(c: int) -> None:
+            while time.perf_counter() < deadline:
+                i = next(counter)
+                ent = ents[i % len(ents)]
+                async with http.post(urls[i % len(urls)] + "/v1/jobs", json={
+                        "entitlement": ent, "name": f"j{i}", "count": 36, "task": TASK}) as r:
+                    await r.read()
+                    if r.status == 201:
+                        done[ent] = done.get(ent, 0) + 1
+
+        await asyncio.gather(*(client(c) for c in range(clients)))
+    return sum(done.values()), done
+
+
+async def heartbeats(urls: list[str], agents: int, interval: float, seconds: float) -> tuple[int, int]:
+    """Each simulated agent heartbeats every `interval` s (phases spread), to the replica its last
+    answer named (heartbeat_to), else a random one. Returns (answered, failed)."""
+    hint: dict[str, str] = {}
+    ok = failed = 0
+    rate = agents / interval
+    t0 = time.perf_counter()
+    sem = asyncio.Semaphore(128)
+    async with aiohttp.ClientSession() as http:
+        async def beat(i: int) -> None:
+            nonlocal ok, failed
+            mid = f"m{i:07d}"
+            url = hint.get(mid) or random.choice(urls)
+            body = {"machine_id": mid, "digest": "d0", "tasks": [], "profile": {"name": None, "ok": True}}
+            async with sem:
+                try:
+                    async with http.post(url + "/v1/agent/heartbeat", json=body,
+                                         headers={"Authorization": f"Bearer {cred(mid)}"}) as r:
+                        answer = await r.json(content_type=None)
+                        if r.status == 200:
+                            ok += 1
+                            if answer.get("heartbeat_to"):
+                                hint[mid] = answer["heartbeat_to"]
+                        else:
+                            failed += 1
+                except (aiohttp.ClientError, asyncio.TimeoutError):
+                    failed += 1
+
+        tasks = set()
+        n = 0
+        while time.perf_counter() - t0 < seconds:
+            due = int((time.perf_counter() - t0) * rate)
+            while n < due:
+                t = asyncio.ensure_future(beat(n % agents))
+                tasks.add(t)
+                t.add_done_callback(tasks.discard)
+                n += 1
+            await asyncio.sleep(0.01)
+        await asyncio.gather(*tasks)
+    return ok, failed
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--machines", type=int, default=1_000_000)
+    ap.add_argument("--processes", type=int, default=4)
+    ap.add_argument("--shards", type=int, default=20)
+    ap.add_argument("--agents", type=int, default=100_000)
+    ap.add_argument("--interval", type=float, default=10.0)
+    ap.add_argument("--seconds", type=float, default=20.0)
+    args = ap.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="bench-scale-"))
+    (tmp / "api").write_text(TOKEN + "\n")
+    (tmp / "boot").write_text(BOOT + "\n")
+    etcd = EtcdServer(data_dir=tmp / "etcd")
+    etcd.command = (lambda orig: lambda: [*orig(), "--quota-backend-bytes", str(8 * 1024**3)])(etcd.command)
+    etcd.start()
+    procs = []
+    try:
+        load = asyncio.run(bulk_load(etcd.port, args.machines, args.shards, 3))
+        print(f"bulk-loaded {args.machines:,} machine records (3 DCs, 180 MSBs, 3,000 racks, 3 types) and "
+              f"{args.shards * 3} entitlements into etcd in {load:.1f}s")
+        base_read, n = asyncio.run(range_baseline(etcd.port))
+        procs = start_processes(tmp, etcd, args.processes, args.shards)
+        ready = wait_ready(procs, args.shards, 1800)
+        urls = [u for _, u in procs]
+        rss = [psutil.Process(p.pid).memory_info().rss / 2**30 for p, _ in procs]
+        print(f"\n1. index: {args.processes} processes x {args.shards} shards ready (every shard led) {ready:.1f}s after "
+              f"start; baseline: one paged range read of the {n:,} records {base_read:.1f}s (ratio {ready / base_read:.1f})")
+        print(f"2. memory: {', '.join(f'{r:.2f}' for r in rss)} GiB per process; {sum(rss):.2f} GiB together "
+              f"(goal: all shards <= 4 GB together: {'met' if sum(rss) <= 4 * 1e9 / 2**30 else 'NOT met'})")
+        # heartbeats first: the health check judges a machine silent for its grace (timeout + 5 s)
+        # after the process started, so the simulated agents must begin at once
+        ok, failed = asyncio.run(heartbeats(urls, args.agents, args.interval, args.seconds))
+        time.sleep(1)
+        events = api(urls[0], "GET", "/v1/events")["events"]
+        false = [e for e in events if e["kind"] == "failure" and any(int(m[1:]) < args.agents for m in e["machines"])]
+        relays = sum(metric(u, "twine_relay_seen_relayed_total") for u in urls)
+        print(f"3. heartbeats: {args.agents:,} simulated agents every {args.interval:g}s for {args.seconds:.0f}s (target "
+              f"{args.agents / args.interval:.0f}/s): {ok / args.seconds:.0f}/s answered, {failed} failed; "
+              f"{relays:.0f} relayed to their owner; failure verdicts on machines that heartbeat: {len(false)}")
+        ents = [f"s{s}-e{e}" for s in range(args.shards) for e in range(3)]
+        total, per_ent = asyncio.run(create_jobs(urls, ents, args.seconds))
+        per_shard = {s: sum(per_ent.get(f"s{s}-e{e}", 0) for e in range(3)) / args.seconds for s in range(args.shards)}
+        print(f"4. allocation: {total / args.seconds:.1f} jobs of 36 tasks/s over all shards through the API "
+              f"({args.seconds:.0f}s, 8 clients); per shard: min {min(per_shard.values()):.2f}, "
+              f"max {max(per_shard.values()):.2f} jobs/s")
+    finally:
+        for p, _ in procs:
+            terminate(p)
+        etcd.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -246,7 +246,8 @@ def into_snapshot(snap: Snapshot, jobs: list[JobRec]) -> Run:
 
 async def through_the_daemon(state: RegionState, jobs: list[JobRec]) -> Run:
     """(2): allocate, Scheduler.commit_placement into the in-memory store, state.snapshot()."""
-    scheduler = Scheduler(state, MemoryStore(state), KEYS, reports=lambda mid: None)
+    # one transaction a job, as with an etcd run with our raised limits (--max-txn-ops 65536)
+    scheduler = Scheduler(state, MemoryStore(state), KEYS, reports=lambda mid: None, max_txn_ops=65536)
     commit_ms: list[float] = []
     apply_ms: list[float] = []
     failed = written = 0

@@ -60,7 +60,7 @@ ETCD_ADVERTISE_CLIENT_URLS=http://127.0.0.1:2379
 ETCD_LISTEN_PEER_URLS=http://127.0.0.1:2380
 ETCD_INITIAL_ADVERTISE_PEER_URLS=http://127.0.0.1:2380
 ETCD_INITIAL_CLUSTER=$(hostname -s)=http://127.0.0.1:2380
-# Room for one job's transaction (etcd's defaults fit about 60 tasks).
+# Larger transactions than etcd's default 128 operations: a job in one (controld's max_txn_ops).
 ETCD_MAX_TXN_OPS=65536
 ETCD_MAX_REQUEST_BYTES=33554432
 ETCD
@@ -90,6 +90,7 @@ listen = "$listen"
 api_token_file = "/etc/twine/api-tokens"
 bootstrap_token_file = "/etc/twine/bootstrap-tokens"
 heartbeat_timeout = $heartbeat_timeout
+max_txn_ops = 65536  # as the etcd above allows: a job in one transaction
 profiles = ["/etc/twine/profiles", "/opt/twine/profiles"]
 CONF
 install -m 0640 -o root -g twine /etc/twine/controld.toml.new /etc/twine/controld.toml

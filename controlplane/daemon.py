@@ -93,6 +93,7 @@ class ControlDaemon:
         # everything up to the election is in our view before we act on it
         await self.state.wait_for(fence.epoch)
         sched.limiter.load(self.state.ratelimits)
+        self.state.snapshot()  # the allocator's index is built now, not by the first job's request
         self.schedulers[fence.shard] = sched
         self._loops[fence.shard] = asyncio.get_running_loop().create_task(sched.run())
         self.state.changed.set()

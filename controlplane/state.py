@@ -185,7 +185,10 @@ class RegionState:
         if kind == "entitlements":
             return set(self.jobs_by_ent.get(rest, ()))
         if kind == "events":
-            return None
+            e = self.events.get(rest)
+            if e is not None and e.kind == "failure":  # the machine's record says it too: its jobs
+                return set().union(*(self.jobs_on(mid) for mid in e.machines))
+            return None  # a maintenance scheduled, changed or ended: its notices go to any job
         return set()  # members, leaders, rate limits, discovery, TaskControl records: no job to look at
 
     def jobs_on(self, mid: str) -> set[str]:

@@ -27,9 +27,11 @@ T = TypeVar("T")
 # up to about 17 s more before it looked again. Capped at 1 s, a returning etcd is seen at once.
 # Keepalive pings find a peer gone silently (no RST: a partition, a hung host) in about 15 s;
 # etcd accepts a ping every 5 s or more.
+# (Not grpc.min_reconnect_backoff_ms: gRPC also takes it as the least time a connection attempt
+# is given, 20 s by default; at 100 ms a slow host, such as an emulated VM, never finished the
+# HTTP/2 handshake with its own etcd.)
 CHANNEL_OPTIONS = {
-    "grpc.initial_reconnect_backoff_ms": 100, "grpc.min_reconnect_backoff_ms": 100,
-    "grpc.max_reconnect_backoff_ms": 1000,
+    "grpc.initial_reconnect_backoff_ms": 100, "grpc.max_reconnect_backoff_ms": 1000,
     "grpc.keepalive_time_ms": 10_000, "grpc.keepalive_timeout_ms": 5_000, "grpc.http2.max_pings_without_data": 0,
 }
 # What "etcd cannot be reached" looks like through aetcd: grpc UNAVAILABLE (refused, reset, no
@@ -285,7 +287,9 @@ class Store:
                 kv = event.kv
                 value = None if event.kind == "DELETE" else decode(kv.value)
                 yield Change(kv.key.decode(), value, kv.mod_revision)
-        except UNREACHABLE as e:
+        except (*UNREACHABLE, aetcd.exceptions.InternalError) as e:
+            # a stream cut by a dying peer may end as gRPC INTERNAL ("Internal error from Core")
+            # rather than UNAVAILABLE: for a watch, it is the same loss of etcd (seen under load)
             raise self._unreachable(f"etcd unreachable at {self._failed(client, at, e)}") from None
         finally:
             if client is self.client:

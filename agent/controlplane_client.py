@@ -68,9 +68,9 @@ def _answer(method: str, path: str, status: int, text: str) -> dict:
     except ValueError:
         body = {"why": text[:200]}
     if not isinstance(body, dict):
-        if status in FAILOVER_STATUS:  # a proxy's error page
-            raise Unavailable(f"{method} {path}: {status}")
-        raise ControlPlaneError(f"{method} {path}: answer is not a JSON object")
+        body = {"why": text[:200]} if status >= 300 else None
+        if body is None:
+            raise ControlPlaneError(f"{method} {path}: answer is not a JSON object")
     if status == 401:
         raise Unauthorized(body.get("why") or "unauthorized")
     if status >= 300:
@@ -229,6 +229,8 @@ class ControlPlaneClient:
         if url != self.url or len(self.urls) == 1:
             return
         self._current = (self._current + 1) % len(self.urls)
+        if self.heartbeat_to == self.url:
+            self.heartbeat_to = None  # the hinted replica is now the one in use: no hint to follow
         if url not in self._logged:
             self._logged.add(url)
             log.warning("control plane %s failed (%s); switching to %s", url, _short(e), self.url)

@@ -23,9 +23,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -35,11 +32,10 @@ import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from controlplane.etcdproc import EtcdServer, free_port, terminate  # noqa: E402
+from controlplane.etcdproc import EtcdServer  # noqa: E402
 from controlplane.store import Store, Versioned  # noqa: E402
+from tests.controlplane.controld_proc import API_TOKEN, BOOTSTRAP_TOKEN, Controld  # noqa: E402
 
-TOKEN = "bench-api-token"
-BOOT = "bench-bootstrap-token"
 TASK = {"image": "twine/busybox:1", "command": ["sleep", "3600"], "cpus": 0.1, "memory_mb": 64}
 
 
@@ -51,7 +47,7 @@ def pct(values: list[float], p: float) -> float:
 async def register_all(url: str, region: str, n: int) -> float:
     t0 = time.perf_counter()
     sem = asyncio.Semaphore(32)
-    async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {BOOT}"}) as http:
+    async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {BOOTSTRAP_TOKEN}"}) as http:
         async def one(i: int) -> None:
             body = {"machine_id": f"m{i:07d}", "hostname": f"m{i}", "address": "",
                     "labels": {"region": region, "dc": f"dc{i % 2}", "msb": f"msb{i % 20}", "rack": f"rack{i % 1000}",
@@ -69,7 +65,7 @@ async def create_jobs(url: str, seconds: float, clients: int, ents: int) -> tupl
     errors = 0
     deadline = time.perf_counter() + seconds
     counter = iter(range(10**9))
-    async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {TOKEN}"}) as http:
+    async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {API_TOKEN}"}) as http:
         async def client(c: int) -> None:
             nonlocal errors
             while time.perf_counter() < deadline:
@@ -132,46 +128,20 @@ def main() -> int:
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="bench-api-"))
     etcd = EtcdServer(data_dir=tmp / "etcd").start()
-    (tmp / "api").write_text(TOKEN + "\n")
-    (tmp / "boot").write_text(BOOT + "\n")
-    port = free_port()
-    region = "bench"
-    url = f"http://127.0.0.1:{port}"
-    proc = subprocess.Popen([sys.executable, "-m", "controlplane.daemon", "--etcd", etcd.endpoint, "--region", region,
-                             "--listen", f"127.0.0.1:{port}", "--api-token-file", str(tmp / "api"),
-                             "--bootstrap-token-file", str(tmp / "boot"), "--heartbeat-timeout", "100000",
-                             "--log-level", "warning"],
-                            stdout=open(tmp / "controld.log", "wb"), stderr=subprocess.STDOUT,
-                            cwd=Path(__file__).resolve().parents[1])
+    c = Controld(tmp, etcd.port, heartbeat_timeout=100_000, region="bench", extra=("--log-level", "warning"))
     try:
-        import urllib.request
-        for _ in range(200):
-            try:
-                urllib.request.urlopen(url + "/healthz", timeout=1).read()
-                break
-            except OSError:
-                time.sleep(0.1)
-        reg = asyncio.run(register_all(url, region, args.machines))
+        c.start()
+        reg = asyncio.run(register_all(c.url, c.region, args.machines))
         print(f"registered {args.machines} machines through the API in {reg:.1f}s ({args.machines / reg:.0f}/s)")
         for e in range(args.entitlements):
-            req = urllib.request.Request(url + "/v1/entitlements", method="POST", data=json.dumps(
-                {"name": f"e{e}", "machine_type": "generic", "quota": args.machines // args.entitlements}).encode(),
-                headers={"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"})
-            urllib.request.urlopen(req, timeout=30).read()
-        for _ in range(100):  # wait for every shard to have a leader
-            c = json.loads(urllib.request.urlopen(urllib.request.Request(
-                url + "/v1/cluster", headers={"Authorization": f"Bearer {TOKEN}"}), timeout=10).read())
-            if all(s["leader"] for s in c["shards"]):
-                break
-            time.sleep(0.1)
-        lat, errors = asyncio.run(create_jobs(url, args.seconds, args.clients, args.entitlements))
-        metrics = urllib.request.urlopen(urllib.request.Request(
-            url + "/v1/metrics", headers={"Authorization": f"Bearer {TOKEN}"}), timeout=10).read().decode()
-        conflicts = next((line.split()[1] for line in metrics.splitlines()
-                          if line.startswith("twine_scheduler_conflicts_total ")), "?")
+            status, body = c.call("POST", "/v1/entitlements", {"name": f"e{e}", "machine_type": "generic",
+                                                             "quota": args.machines // args.entitlements})
+            assert status == 201, body
+        lat, errors = asyncio.run(create_jobs(c.url, args.seconds, args.clients, args.entitlements))
+        conflicts = int(c.metric("twine_scheduler_conflicts_total"))
         base = asyncio.run(etcd_baseline(etcd.port, args.seconds / 2, args.clients))
     finally:
-        terminate(proc)
+        c.close()
         etcd.stop()
     n = len(lat)
     rate = n / args.seconds

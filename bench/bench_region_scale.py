@@ -27,13 +27,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import hashlib
-import json
 import random
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 import aiohttp
@@ -41,12 +38,13 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from controlplane.etcdproc import EtcdServer, free_port, terminate  # noqa: E402
+from controlplane.etcdproc import EtcdServer  # noqa: E402
 from controlplane.records import EntitlementRec, MachineRec  # noqa: E402
 from controlplane.store import Store  # noqa: E402
 from controlplane.store.keys import Keys  # noqa: E402
+from tests.controlplane.controld_proc import API_TOKEN, Controld  # noqa: E402
 
-TOKEN, BOOT, REGION = "bench-api-token", "bench-bootstrap-token", "scale"
+REGION = "scale"
 TASK = {"image": "twine/busybox:1", "command": ["sleep", "3600"], "cpus": 0.5, "memory_mb": 512}
 
 
@@ -94,53 +92,24 @@ async def range_baseline(port: int) -> tuple[float, int]:
         await store.close()
 
 
-def api(url: str, method: str, path: str, body=None, timeout=60):
-    req = urllib.request.Request(url + path, method=method, data=None if body is None else json.dumps(body).encode(),
-                                 headers={"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=timeout) as r:
-        return json.loads(r.read())
-
-
-def metric(url: str, name: str) -> float:
-    req = urllib.request.Request(url + "/v1/metrics", headers={"Authorization": f"Bearer {TOKEN}"})
-    for line in urllib.request.urlopen(req, timeout=30).read().decode().splitlines():
-        if line.startswith(name + " "):
-            return float(line.split()[1])
-    return 0.0
-
-
-def start_processes(tmp: Path, etcd: EtcdServer, count: int, shards: int) -> list[tuple[subprocess.Popen, str]]:
-    out = []
-    per = -(-shards // count)
-    for p in range(count):
-        port = free_port()
-        lo, hi = p * per, min(shards, (p + 1) * per) - 1
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "controlplane.daemon", "--etcd", etcd.endpoint, "--region", REGION,
-             "--listen", f"127.0.0.1:{port}", "--api-token-file", str(tmp / "api"),
-             "--bootstrap-token-file", str(tmp / "boot"), "--heartbeat-timeout", "30", "--heartbeat-interval", "10",
-             "--shard-count", str(shards), "--shards", f"{lo}-{hi}", "--log-level", "warning"],
-            stdout=open(tmp / f"controld-{p}.log", "wb"), stderr=subprocess.STDOUT,
-            cwd=Path(__file__).resolve().parents[1])
-        out.append((proc, f"http://127.0.0.1:{port}"))
-    return out
-
-
-def wait_ready(procs, shards: int, timeout: float) -> float:
+def wait_ready(cs: list[Controld], shards: int, timeout: float) -> float:
+    """Seconds until every process answers and sees every shard led."""
     t0 = time.perf_counter()
     deadline = time.monotonic() + timeout
-    pending = {url for _, url in procs}
+    pending = list(cs)
     while pending and time.monotonic() < deadline:
-        for url in sorted(pending):
+        for c in list(pending):
             try:
-                c = api(url, "GET", "/v1/cluster", timeout=5)
-                if len(c["shards"]) == shards and all(s["leader"] for s in c["shards"]):
-                    pending.discard(url)
-            except OSError:
+                if c.proc.poll() is not None:
+                    raise SystemExit(f"controld exited {c.proc.returncode}: {c.log.read_text()[-2000:]}")
+                shards_seen = c.cluster().get("shards", [])
+                if len(shards_seen) == shards and all(s["leader"] for s in shards_seen):
+                    pending.remove(c)
+            except OSError:  # not listening yet: still reading the region
                 pass
         time.sleep(0.5)
     if pending:
-        raise SystemExit(f"not ready in {timeout:.0f}s: {sorted(pending)}")
+        raise SystemExit(f"not ready in {timeout:.0f}s: {[c.url for c in pending]}")
     return time.perf_counter() - t0
 
 
@@ -148,7 +117,7 @@ async def create_jobs(urls: list[str], ents: list[str], seconds: float, clients:
     done: dict[str, int] = {}
     deadline = time.perf_counter() + seconds
     counter = iter(range(10**9))
-    async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {TOKEN}"}) as http:
+    async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {API_TOKEN}"}) as http:
         async def client(c: int) -> None:
             while time.perf_counter() < deadline:
                 i = next(counter)
@@ -220,21 +189,23 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=20.0)
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="bench-scale-"))
-    (tmp / "api").write_text(TOKEN + "\n")
-    (tmp / "boot").write_text(BOOT + "\n")
-    etcd = EtcdServer(data_dir=tmp / "etcd")
-    etcd.command = (lambda orig: lambda: [*orig(), "--quota-backend-bytes", str(8 * 1024**3)])(etcd.command)
-    etcd.start()
-    procs = []
+    etcd = EtcdServer(data_dir=tmp / "etcd", extra_flags=("--quota-backend-bytes", str(8 * 1024**3))).start()
+    cs: list[Controld] = []
     try:
         load = asyncio.run(bulk_load(etcd.port, args.machines, args.shards, 3))
         print(f"bulk-loaded {args.machines:,} machine records (3 DCs, 180 MSBs, 3,000 racks, 3 types) and "
               f"{args.shards * 3} entitlements into etcd in {load:.1f}s")
         base_read, n = asyncio.run(range_baseline(etcd.port))
-        procs = start_processes(tmp, etcd, args.processes, args.shards)
-        ready = wait_ready(procs, args.shards, 1800)
-        urls = [u for _, u in procs]
-        rss = [psutil.Process(p.pid).memory_info().rss / 2**30 for p, _ in procs]
+        per = -(-args.shards // args.processes)
+        for p in range(args.processes):
+            (tmp / f"p{p}").mkdir()
+            shards = f"{p * per}-{min(args.shards, (p + 1) * per) - 1}"
+            cs.append(Controld(tmp / f"p{p}", etcd.port, heartbeat_timeout=30, region=REGION, extra=(
+                "--heartbeat-interval", "10", "--shard-count", str(args.shards), "--shards", shards,
+                "--log-level", "warning")).launch())
+        ready = wait_ready(cs, args.shards, 1800)
+        urls = [c.url for c in cs]
+        rss = [psutil.Process(c.proc.pid).memory_info().rss / 2**30 for c in cs]
         print(f"\n1. index: {args.processes} processes x {args.shards} shards ready (every shard led) {ready:.1f}s after "
               f"start; baseline: one paged range read of the {n:,} records {base_read:.1f}s (ratio {ready / base_read:.1f})")
         print(f"2. memory: {', '.join(f'{r:.2f}' for r in rss)} GiB per process; {sum(rss):.2f} GiB together "
@@ -243,12 +214,12 @@ def main() -> int:
         # after the process started, so the simulated agents must begin at once
         ok, failed = asyncio.run(heartbeats(urls, args.agents, args.interval, args.seconds))
         time.sleep(1)
-        events = api(urls[0], "GET", "/v1/events")["events"]
+        events = cs[0].call("GET", "/v1/events")[1]["events"]
         # false: a machine declared failed after it had heartbeated (and kept heartbeating every
         # interval); one judged before its first heartbeat reached anyone was silent, truly
         false = [e for e in events if e["kind"] == "failure"
                  and any(m in FIRST_OK and e["start"] > FIRST_OK[m] for m in e["machines"])]
-        relays = sum(metric(u, "twine_relay_seen_relayed_total") for u in urls)
+        relays = sum(c.metric("twine_relay_seen_relayed_total") for c in cs)
         print(f"3. heartbeats: {args.agents:,} simulated agents every {args.interval:g}s for {args.seconds:.0f}s (target "
               f"{args.agents / args.interval:.0f}/s): {ok / args.seconds:.0f}/s answered, {failed} failed; "
               f"{relays:.0f} relayed to their owner; failure verdicts on machines that heartbeat: {len(false)}")
@@ -259,8 +230,8 @@ def main() -> int:
               f"({args.seconds:.0f}s, 8 clients); per shard: min {min(per_shard.values()):.2f}, "
               f"max {max(per_shard.values()):.2f} jobs/s")
     finally:
-        for p, _ in procs:
-            terminate(p)
+        for c in cs:
+            c.close()
         etcd.stop()
     return 0
 

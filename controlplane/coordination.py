@@ -33,7 +33,7 @@ import math
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Awaitable, Callable
+from typing import Awaitable, Callable, Sequence
 
 from controlplane.store import Store, Versioned
 from controlplane.store.keys import Keys
@@ -83,7 +83,7 @@ def parse_shards(text: str, count: int) -> tuple[int, ...]:
     return tuple(sorted(out))
 
 
-def rendezvous(member_ids: list[str], key: str) -> str | None:
+def rendezvous(member_ids: Sequence[str], key: str) -> str | None:
     """The member that owns `key`: highest hash of (member, key). A member leaving moves only its
     own keys."""
     best, best_h = None, b""
@@ -117,8 +117,7 @@ class Coordinator:
         self.leading: dict[int, Fence] = {}
         self._leaderless_since: dict[int, float] = {}
         self.counters = {"elections_won": 0, "depositions": 0, "lease_renewals": 0, "lease_failures": 0}
-        self._owners: dict[str, str] = {}
-        self._owner_members: tuple[str, ...] = ()
+        self._health_members: tuple[int, tuple[str, ...]] = (-1, ())
         self.closing = False
 
     # -- queries -----------------------------------------------------------------------------
@@ -134,17 +133,15 @@ class Coordinator:
         return None if cur is None else cur.value.get("url")
 
     def health_members(self) -> tuple[str, ...]:
-        return tuple(sorted(mid for mid, m in self.state.members.items() if "health" in m.get("roles", ())))
+        """Sorted; recomputed only when the members change (this is on every heartbeat's path)."""
+        if self._health_members[0] != self.state.members_version:
+            self._health_members = (self.state.members_version, tuple(sorted(
+                mid for mid, m in self.state.members.items() if "health" in m.get("roles", ()))))
+        return self._health_members[1]
 
     def owner_of(self, machine_id: str) -> str | None:
         """The member that judges this machine's health (None: no member has the health role)."""
-        members = self.health_members()
-        if members != self._owner_members:
-            self._owner_members, self._owners = members, {}
-        owner = self._owners.get(machine_id)
-        if owner is None:
-            owner = self._owners[machine_id] = rendezvous(list(members), machine_id)
-        return owner
+        return rendezvous(self.health_members(), machine_id)
 
     def owns(self, machine_id: str) -> bool:
         return "health" in self.roles and self.owner_of(machine_id) == self.id

@@ -87,12 +87,12 @@ class ControlDaemon:
         return None if shard is None else self.schedulers.get(shard)
 
     async def lead(self, fence: Fence) -> None:
+        # everything up to the election is in our view before we act on it (the rate-limit
+        # buckets and operations in flight the scheduler starts from, among the rest)
+        await self.state.wait_for(fence.epoch)
         sched = Scheduler(self.state, self.store, self.keys, self.agents.report_of, self.agents.errors, self.limits,
                           self.taskcontrol_interval, maintenance_policy=self.maintenance_policy, shard=fence.shard,
                           fence=fence, max_txn_ops=self.max_txn_ops)
-        # everything up to the election is in our view before we act on it
-        await self.state.wait_for(fence.epoch)
-        sched.limiter.load(self.state.ratelimits)
         self.state.snapshot()  # the allocator's index is built now, not by the first job's request
         self.schedulers[fence.shard] = sched
         self._loops[fence.shard] = asyncio.get_running_loop().create_task(sched.run())
@@ -156,9 +156,9 @@ class ControlDaemon:
         if not self.state.settings:
             try:
                 rev = await self.store.commit([Versioned(key, None, 0)], {key: {"shards": self.shard_count}})
-                await self.state.wait_for(rev)
-            except Conflict:
-                await asyncio.sleep(0.1)  # another daemon wrote it first: ours comes by the watch
+            except Conflict:  # another daemon wrote it first: wait until our view has theirs
+                rev = (await self.store.read(key)).mod_revision
+            await self.state.wait_for(rev)
         if self.state.shard_count != self.shard_count:
             log.warning("region %s has %d shard(s); --shard-count %d is not used (the region's setting wins)",
                         self.keys.region, self.state.shard_count, self.shard_count)
@@ -215,26 +215,31 @@ def _input_error(flag: str, why: str) -> int:
     return EXIT_INPUT
 
 
-def _hostport(value: str, flag: str, default_port: int) -> tuple[str, int]:
+def _split_hostport(value: str, default_port: int) -> tuple[str, int]:
+    """HOST:PORT, or HOST alone (the default port). ValueError names the value."""
     host, sep, port = value.rpartition(":")
     if not sep:
-        return value, default_port
+        host, port = value, str(default_port)
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"{value!r} is not HOST:PORT")
+    return host, int(port)
+
+
+def _hostport(value: str, flag: str, default_port: int) -> tuple[str, int]:
     try:
-        return host, int(port)
-    except ValueError:
-        raise SystemExit(_input_error(flag, f"{value!r} is not HOST:PORT"))
+        return _split_hostport(value, default_port)
+    except ValueError as e:
+        raise SystemExit(_input_error(flag, str(e)))
 
 
 def etcd_endpoints(value: str) -> list[tuple[str, int]]:
     """--etcd: HOST:PORT[,HOST:PORT...] (the port defaults to 2379)."""
     out = []
     for item in filter(None, (v.strip() for v in value.split(","))):
-        host, sep, port = item.rpartition(":")
-        if not sep:
-            host, port = item, "2379"
-        if not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise argparse.ArgumentTypeError(f"{item!r} is not HOST:PORT")
-        out.append((host, int(port)))
+        try:
+            out.append(_split_hostport(item, 2379))
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
     if not out:
         raise argparse.ArgumentTypeError(f"{value!r}: no HOST:PORT")
     return out
@@ -296,15 +301,17 @@ async def _main(args: argparse.Namespace) -> int:
         raise SystemExit(_input_error("--rate-limits", str(e)))
     try:
         roles = parse_roles(args.roles)
-        if args.shard_count < 1:
-            raise ValueError(f"--shard-count {args.shard_count}: must be at least 1")
-        parse_shards(args.shards, max(args.shard_count, 10_000))  # the syntax now; the range against the region's count at start
-        if args.max_txn_ops < 32:
-            raise ValueError(f"--max-txn-ops {args.max_txn_ops}: at least 32 (a batch holds a few tasks)")
-        if args.lease_ttl < 2:
-            raise ValueError(f"--lease-ttl {args.lease_ttl}: etcd grants leases of 2 s or more")
     except ValueError as e:
-        raise SystemExit(_input_error("--roles/--shards", str(e)))
+        raise SystemExit(_input_error("--roles", str(e)))
+    try:
+        parse_shards(args.shards, 10**6)  # the syntax now; the range against the region's count at start
+    except ValueError as e:
+        raise SystemExit(_input_error("--shards", str(e)))
+    for flag, value, least, why in (("--shard-count", args.shard_count, 1, "a region has a shard at least"),
+                                    ("--max-txn-ops", args.max_txn_ops, 32, "a batch holds a few tasks"),
+                                    ("--lease-ttl", args.lease_ttl, 2, "etcd grants leases of 2 s or more")):
+        if value < least:
+            raise SystemExit(_input_error(flag, f"{value}: at least {least} ({why})"))
     store = Store(args.etcd)
     daemon = ControlDaemon(store, args.region, _tokens(args.api_token_file, "--api-token-file"),
                            _tokens(args.bootstrap_token_file, "--bootstrap-token-file"),

@@ -42,7 +42,9 @@ class EtcdServer:
         new_session: bool = False,
         name: str = "test",
         raised_limits: bool = True,
+        extra_flags: tuple[str, ...] = (),
     ) -> None:
+        self.extra_flags = tuple(extra_flags)  # more etcd flags (a benchmark's larger backend quota)
         self.raised_limits = raised_limits  # False: etcd's default limits (128 operations a transaction)
         self.host = host
         self.port = free_port(host)
@@ -77,7 +79,7 @@ class EtcdServer:
             "--listen-client-urls", client, "--advertise-client-urls", client,
             "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
             "--initial-cluster", f"{self.name}={peer}", "--log-level", self.log_level, "--logger", "zap",
-            *(ETCD_FLAGS if self.raised_limits else ()),
+            *(ETCD_FLAGS if self.raised_limits else ()), *self.extra_flags,
         ]
 
     def start(self, timeout: float = 20.0) -> EtcdServer:

@@ -114,7 +114,7 @@ class RegionState:
         self.jobs: dict[str, JobRec] = {}
         self.jobs_by_ent: dict[str, set[str]] = {}
         self.machines_version = 0  # bumped when a machine is added or removed
-        self._machine_matters = True
+        self.members_version = 0  # bumped when a member joins, changes or leaves
         self.tasks: dict[str, dict[int, TaskRec]] = defaultdict(dict)
         self.events: dict[str, EventRec] = {}
         self.endpoints: dict[tuple[str, int], dict] = {}  # discovery records by (job, index)
@@ -169,41 +169,34 @@ class RegionState:
     # -- decoding the watch ----------------------------------------------------------------
 
     def _on_change(self, change: Change) -> None:
-        self._apply(change.key, change.value, change.mod_revision)
-        self.changed.set(self._reach(change.key))
-
-    def _reach(self, key: str) -> set[str] | None:
-        """The jobs a change of `key` may concern (None: any)."""
-        rel = key[len(self.keys.root):]
-        kind, _, rest = rel.partition("/")
-        if kind == "jobs":
-            return {rest}
-        if kind == "tasks":
-            return {rest.rpartition("/")[0]}
-        if kind == "machines":
-            return self.jobs_on(rest) if self._machine_matters else set()
-        if kind == "entitlements":
-            return set(self.jobs_by_ent.get(rest, ()))
-        if kind == "events":
-            e = self.events.get(rest)
-            if e is not None and e.kind == "failure":  # the machine's record says it too: its jobs
-                return set().union(*(self.jobs_on(mid) for mid in e.machines))
-            return None  # a maintenance scheduled, changed or ended: its notices go to any job
-        return set()  # members, leaders, rate limits, discovery, TaskControl records: no job to look at
+        self.changed.set(self._apply(change.key, change.value, change.mod_revision))
 
     def jobs_on(self, mid: str) -> set[str]:
         return {h for h, _ in self.by_machine.get(mid, ())}
 
-    def _apply(self, key: str, value: dict | None, revision: int) -> None:
+    def _apply(self, key: str, value: dict | None, revision: int) -> set[str] | None:
+        """Decode one change into the view. Returns the jobs it may concern, for the schedulers'
+        work queues (None: any job)."""
         rel = key[len(self.keys.root):]
         kind, _, rest = rel.partition("/")
         if value is None:
             self.revs.pop(key, None)
         else:
             self.revs[key] = revision
+        plain = {"members": self.members, "ratelimits": self.ratelimits, "taskcontrol": self.taskcontrol}.get(kind)
+        if plain is not None:  # kept as etcd has them
+            if value is None:
+                plain.pop(rest, None)
+            else:
+                plain[rest] = value
+            if kind == "members":
+                self.members_version += 1
+                self.coordination_changed.set()
+            return set()
         if kind == "machines":
-            self._set_machine(rest, None if value is None else MachineRec.from_json(value))
-        elif kind == "entitlements":
+            viewed = self._set_machine(rest, None if value is None else MachineRec.from_json(value))
+            return self.jobs_on(rest) if viewed else set()
+        if kind == "entitlements":
             old = self.entitlements.get(rest)
             if value is None:
                 self.entitlements.pop(rest, None)
@@ -211,7 +204,8 @@ class RegionState:
                 self.entitlements[rest] = EntitlementRec.from_json(value)
             self._dirty_ents.add(rest)
             self._wake_entitlement(rest, old)
-        elif kind == "jobs":
+            return set(self.jobs_by_ent.get(rest, ()))
+        if kind == "jobs":
             if value is None:
                 old_job = self.jobs.pop(rest, None)
                 if old_job is not None:
@@ -219,36 +213,26 @@ class RegionState:
             else:
                 self.jobs[rest] = job = JobRec.from_json(value)
                 self.jobs_by_ent.setdefault(job.entitlement, set()).add(rest)
-        elif kind == "tasks":
+            return {rest}
+        if kind == "tasks":
             handle, _, idx = rest.rpartition("/")
             self._set_task(handle, int(idx), None if value is None else TaskRec.from_json(value))
-        elif kind == "events":
+            return {handle}
+        if kind == "events":
             old = self.events.pop(rest, None)
             if value is not None:
                 self.events[rest] = EventRec.from_json(value)
             if any(e is not None and e.kind == "maintenance" for e in (old, self.events.get(rest))):
                 self._index_maintenance()
-        elif kind in ("members", "leaders"):
-            if kind == "members":
-                if value is None:
-                    self.members.pop(rest, None)
-                else:
-                    self.members[rest] = value
-            elif value is None:
+                return None  # a maintenance scheduled, changed or ended: its notices go to any job
+            e = self.events.get(rest) or old  # a failure: the jobs on its machines
+            return set().union(*(self.jobs_on(mid) for mid in e.machines)) if e is not None else set()
+        if kind == "leaders":
+            if value is None:
                 self.leaders.pop(int(rest), None)
             else:
                 self.leaders[int(rest)] = Versioned(key, value, revision)
             self.coordination_changed.set()
-        elif kind == "ratelimits":
-            if value is None:
-                self.ratelimits.pop(rest, None)
-            else:
-                self.ratelimits[rest] = value
-        elif kind == "taskcontrol":
-            if value is None:
-                self.taskcontrol.pop(rest, None)
-            else:
-                self.taskcontrol[rest] = value
         elif kind == "settings":
             self.settings = value or {}
         elif kind == "discovery":
@@ -257,8 +241,11 @@ class RegionState:
                 self.endpoints.pop((handle, int(idx)), None)
             else:
                 self.endpoints[(handle, int(idx))] = value
+        return set()
 
-    def _set_machine(self, mid: str, m: MachineRec | None) -> None:
+    def _set_machine(self, mid: str, m: MachineRec | None) -> bool:
+        """Returns whether what the scheduler sees of the machine changed (MachineView: not its
+        allocation counters, which every placement writes)."""
         old = self.machines.get(mid)
         if old is not None and old.credential_sha256:
             self.credentials.pop(old.credential_sha256, None)
@@ -270,11 +257,9 @@ class RegionState:
                 self.credentials[m.credential_sha256] = mid
         if (old is None) != (m is None):
             self.machines_version += 1  # the set of machines changed
-        # what the scheduler's view of a machine is made of (MachineView): a change of only its
-        # allocation counters (every placement writes them) concerns no other job
-        self._machine_matters = old is None or m is None or _viewed(old) != _viewed(m)
         self._dirty_machines.add(mid)
         self.wake_machine(mid)
+        return old is None or m is None or _viewed(old) != _viewed(m)
 
     def _set_task(self, handle: str, index: int, t: TaskRec | None) -> None:
         old = self.tasks.get(handle, {}).get(index)
@@ -372,14 +357,16 @@ class RegionState:
 
     # -- derived views ---------------------------------------------------------------------
 
-    def desired_profile(self, m: MachineRec) -> str | None:
+    def desired_profile(self, m: MachineRec, joining: str | None = None) -> str | None:
         """The sidekick's rule: a machine in an entitlement wants the entitlement's profile; a
-        free machine wants none (its originals restored)."""
-        ent = self.entitlements.get(m.entitlement) if m.entitlement else None
+        free machine wants none (its originals restored). `joining`: the entitlement a free
+        machine is about to join (a placement that takes it from the free pool)."""
+        name = m.entitlement or joining
+        ent = self.entitlements.get(name) if name else None
         return ent.profile if ent else None
 
-    def profile_ready(self, m: MachineRec) -> bool:
-        return m.profile_ok and m.profile_applied == self.desired_profile(m)
+    def profile_ready(self, m: MachineRec, joining: str | None = None) -> bool:
+        return m.profile_ok and m.profile_applied == self.desired_profile(m, joining)
 
     def tasks_on(self, mid: str) -> list[TaskRec]:
         return [self.tasks[job][i] for job, i in sorted(self.by_machine.get(mid, ()))]

@@ -19,6 +19,7 @@ src=$(cd "$(dirname "$0")/.." && pwd)
 
 listen=0.0.0.0:7080 region=region1 heartbeat_timeout=5 api_file="" boot_file="" wheelhouse=""
 etcd_data=/var/lib/etcd/twine uninstall=0 purge=0
+max_txn_ops=65536  # etcd's limit and controld's batch size: a job in one transaction
 while [ $# -gt 0 ]; do
   case $1 in
     --listen) listen=${2:?}; shift 2;;
@@ -61,7 +62,7 @@ ETCD_LISTEN_PEER_URLS=http://127.0.0.1:2380
 ETCD_INITIAL_ADVERTISE_PEER_URLS=http://127.0.0.1:2380
 ETCD_INITIAL_CLUSTER=$(hostname -s)=http://127.0.0.1:2380
 # Larger transactions than etcd's default 128 operations: a job in one (controld's max_txn_ops).
-ETCD_MAX_TXN_OPS=65536
+ETCD_MAX_TXN_OPS=$max_txn_ops
 ETCD_MAX_REQUEST_BYTES=33554432
 ETCD
 mv /etc/default/etcd.new /etc/default/etcd
@@ -90,7 +91,7 @@ listen = "$listen"
 api_token_file = "/etc/twine/api-tokens"
 bootstrap_token_file = "/etc/twine/bootstrap-tokens"
 heartbeat_timeout = $heartbeat_timeout
-max_txn_ops = 65536  # as the etcd above allows: a job in one transaction
+max_txn_ops = $max_txn_ops
 profiles = ["/etc/twine/profiles", "/opt/twine/profiles"]
 CONF
 install -m 0640 -o root -g twine /etc/twine/controld.toml.new /etc/twine/controld.toml

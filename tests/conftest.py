@@ -73,9 +73,7 @@ def machine_id(docker_client):
         c.remove(force=True)
 
 
-@pytest.fixture(scope="session")
-def etcd_server():
-    """One real etcd for the session, on free loopback ports; stopped and its data removed after."""
+def _etcd():
     import shutil
 
     from tests.etcd_server import EtcdServer
@@ -83,6 +81,21 @@ def etcd_server():
     if shutil.which("etcd") is None:
         pytest.fail("etcd is not installed: run scripts/setup.sh (Debian's etcd-server)")
     server = EtcdServer().start()
+    return server
+
+
+@pytest.fixture(scope="session")
+def etcd_server():
+    """One real etcd for the session, on free loopback ports; stopped and its data removed after."""
+    server = _etcd()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def own_etcd():
+    """An etcd of the test's own, for a test that stops and starts it (an outage)."""
+    server = _etcd()
     yield server
     server.stop()
 

@@ -118,9 +118,8 @@ class Candidates:
         """Every msb's quiet candidate in its class: the one pass over the msbs of the type."""
         quiet: dict[Path, list[Quiet]] = {}
         msbs = self.owned_msb.keys() | self.pool_msb.keys() if self.quota_open else self.owned_msb.keys()
-        dcs = {f.dc for f in self.req.dcs}
-        if dcs:
-            msbs = [m for m in msbs if len(dcs) == 1 and m[1] in dcs]
+        if self.req.dcs:
+            msbs = [m for m in msbs if self.req.dc_allows(m[1])]
         if not self.fine:
             msbs = [m for m in msbs if m not in self.occupied]
         quiet_in, class_of = self._quiet_in, self._class_of

@@ -421,13 +421,12 @@ async def list_jobs(request: web.Request) -> web.Response:
 async def show_job(request: web.Request) -> web.Response:
     d: ControlDaemon = request.app[DAEMON]
     job = _job(d, request)
-    if d.scheduler_for(job.handle) is None and d.coordinator is not None \
-            and d.coordinator.leader_url(d.state.shard_of_job(job.handle)) and FORWARDED not in request.headers:
+    if d.scheduler_for(job.handle) is None:
         # the shard's leader knows the job's plan and TaskControl session; the rest is the same
         try:
             return await forward(request, d.state.shard_of_job(job.handle))
         except ApiError:
-            pass  # the leader does not answer (it died; its lease has not run out yet): our own view
+            pass  # no leader, or it does not answer (it died; its lease has not run out): our own view
     return reply(job_view(d, job))
 
 

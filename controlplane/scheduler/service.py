@@ -125,7 +125,12 @@ class Scheduler:
                 except TimeoutError:
                     pass
         finally:
+            # deposed or stopping: no call to a TaskController goes on after the leadership
             self.state.changed.unsubscribe(queue)
+            for session in self.sessions.values():
+                await session.close()
+            if self._http is not None:
+                await self._http.close()
 
     def owns(self, handle: str) -> bool:
         return self.state.shard_of_job(handle) == self.shard
@@ -157,16 +162,13 @@ class Scheduler:
 
     async def pass_all(self) -> None:
         self.counters["passes"] += 1
-        for handle in [h for h in self.sessions if not self.owns(h)]:
-            # the job's entitlement moved to another shard: its new leader calls the controller
-            self.sessions.pop(handle).close_now()
-            self.plans.pop(handle, None)
-        self.unsettled = {h for h in self.unsettled if h in self.state.jobs}
-        await self.pass_jobs(h for h in self.state.jobs if self.owns(h))
+        # with the sessions of jobs whose entitlement moved away: pass_jobs closes those
+        await self.pass_jobs({h for h in self.state.jobs if self.owns(h)} | set(self.sessions))
 
     async def pass_jobs(self, handles) -> None:
         for handle in sorted(handles):
             if handle in self.sessions and not self.owns(handle):
+                # the job's entitlement moved to another shard: its new leader calls the controller
                 self.sessions.pop(handle).close_now()
                 self.plans.pop(handle, None)
             self.counters["job_passes"] += 1
@@ -334,11 +336,7 @@ class Scheduler:
 
     def _ready_for(self, job: JobRec, mid: str) -> bool:
         m = self.state.machines.get(mid)
-        if m is None or not m.healthy or self.state.maintenance_of(mid, time.time()) is not None:
-            return False
-        ent = self.state.entitlements.get(job.entitlement)
-        want = ent.profile if ent is not None else None
-        return m.profile_ok and m.profile_applied == want and m.entitlement in (None, job.entitlement)
+        return m is not None and self.state.profile_ready(m, joining=job.entitlement)
 
     async def commit_placement(self, job: JobRec, placement: Placement, indices: tuple[int, ...],
                                job_put: JobRec | None = None, deletes: tuple[TaskRec, ...] = (),
@@ -490,17 +488,3 @@ class Scheduler:
             await self.state.wait_for(rev)
             return rev
         raise Conflict(f"{job.handle}: gave up after {CREATE_RETRIES} conflicting placements")
-
-    async def check_fits(self, job: JobRec) -> None:
-        """Raise AllocationError if the job (as it would be) cannot be placed now."""
-        async with self.lock:
-            allocate(self.state.snapshot(), job_request(job))
-
-    async def put_job(self, job: JobRec, read_revision: int) -> int:
-        """Write a job record the front end derived from the one it read at `read_revision`:
-        Conflict if anything wrote the job since (no lost update)."""
-        async with self.lock:
-            key = self.keys.job(job.handle)
-            rev = await self.store.commit([Versioned(key, None, read_revision)], {key: job.to_json()})
-        await self.state.wait_for(rev)
-        return rev

@@ -42,14 +42,19 @@ class Controld:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self, wait_led: bool = True) -> "Controld":
+    def launch(self) -> "Controld":
+        """The process, without waiting for it (start() waits)."""
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "controlplane.daemon", "--etcd", f"127.0.0.1:{self.etcd_port}",
              "--region", self.region, "--listen", f"127.0.0.1:{self.port}", "--api-token-file", str(self.api_file),
              "--bootstrap-token-file", str(self.boot_file), "--heartbeat-timeout", str(self.heartbeat_timeout), *self.extra],
             stdout=open(self.log, "ab"), stderr=subprocess.STDOUT, cwd=REPO,
             env={**os.environ, **self.env} if self.env else None)
-        deadline = time.monotonic() + 20
+        return self
+
+    def start(self, wait_led: bool = True, timeout: float = 20) -> "Controld":
+        self.launch()
+        deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise AssertionError(f"controld exited {self.proc.returncode}: {self.log.read_text()[-2000:]}")
@@ -59,10 +64,22 @@ class Controld:
             except OSError:
                 time.sleep(0.05)
         else:
-            raise AssertionError("controld did not answer in 20 s")
+            raise AssertionError(f"controld did not answer in {timeout:g} s")
         if wait_led:
             self.wait_led(deadline)
         return self
+
+    def metrics(self) -> dict[str, float]:
+        """GET /v1/metrics, name -> value."""
+        req = urllib.request.Request(self.url + "/v1/metrics", headers={"Authorization": f"Bearer {API_TOKEN}"})
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return {k: float(v) for k, v in (line.split() for line in r.read().decode().splitlines() if line)}
+
+    def metric(self, name: str) -> float:
+        values = self.metrics()
+        if name not in values:
+            raise AssertionError(f"no metric {name}")
+        return values[name]
 
     def cluster(self) -> dict:
         return self.call("GET", "/v1/cluster")[1]

@@ -13,20 +13,10 @@ import time
 import urllib.error
 import urllib.request
 
-import pytest
-
 from tests.controlplane.controld_proc import API_TOKEN, Controld
 from tests.controlplane.test_controld_api import TASK, register
-from tests.etcd_server import EtcdServer
 
 OUTAGE = float(os.environ.get("TWINE_ETCD_OUTAGE", "30"))
-
-
-@pytest.fixture
-def own_etcd():
-    server = EtcdServer().start()
-    yield server
-    server.stop()
 
 
 def get(c: Controld, path: str, token: str | None = API_TOKEN) -> tuple[int, dict, dict]:

@@ -39,17 +39,9 @@ def test_two_replicas_racing_never_overcommit_a_machine(tmp_path, etcd_server):
             for t in a.call("GET", f"/v1/jobs/{j['handle']}")[1]["tasks"]:
                 per_machine[t["machine"]] = per_machine.get(t["machine"], 0) + 1
         assert sorted(per_machine.values()) == [4, 4, 4, 4]
-        conflicts = sum(int(line.split()[1]) for c in (a, b)
-                        for line in c_metrics(c).splitlines() if line.startswith("twine_scheduler_conflicts_total"))
+        conflicts = int(sum(c.metric("twine_scheduler_conflicts_total") for c in (a, b)))
         print(f"\n24 racing job creations on two replicas: 16 placed, 8 refused, {conflicts} conflict(s) retried")
     finally:
         a.close()
         b.close()
 
-
-def c_metrics(c: Controld) -> str:
-    import urllib.request
-
-    req = urllib.request.Request(c.url + "/v1/metrics", headers={"Authorization": "Bearer test-api-token"})
-    with urllib.request.urlopen(req, timeout=10) as r:
-        return r.read().decode()

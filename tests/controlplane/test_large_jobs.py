@@ -32,7 +32,7 @@ def test_a_300_task_job_on_an_etcd_with_default_limits(tmp_path):
         machines = c.call("GET", "/v1/machines")[1]["machines"]
         assert sum(m["alloc"]["tasks"] for m in machines) == 300
         assert all(m["alloc"]["cpus"] <= 8 for m in machines)
-        batches = metric(c, "twine_scheduler_batches_total")
+        batches = c.metric("twine_scheduler_batches_total")
         assert batches >= 300 // 24, batches
         assert c.call("POST", "/v1/jobs/big/wide/resize", {"count": 10})[0] == 200
         c.wait_for("/v1/jobs/big/wide", lambda j: len(j["tasks"]) == 10, what="shrunk to 10")
@@ -45,9 +45,3 @@ def test_a_300_task_job_on_an_etcd_with_default_limits(tmp_path):
     finally:
         c.close()
         etcd.stop()
-
-
-def metric(c: Controld, name: str) -> float:
-    from tests.controlplane.test_replicas_chaos import metric as m
-
-    return m(c, name)

@@ -143,7 +143,6 @@ def test_leader_killed_mid_update_a_follower_finishes_it_without_restarts(tmp_pa
             assert agents.versions_started("web/api") == {i: [1, 2] for i in range(4)}
             seqs = [c["sequenceNumber"] for c in controller.calls]
             assert seqs == sorted(set(seqs)), seqs  # strictly increasing across the change of leader
-            acked = [op["id"] for c in controller.calls for op in c["request"]]
             done = [op["id"] for c in controller.calls for op in c["completed"] if op.get("outcome") == "done"]
             assert sorted(set(done)) == sorted(f"restart/{i}/v2" for i in range(4)), \
                 [(c["sequenceNumber"], [o["id"] for o in c["request"]], c["completed"]) for c in controller.calls]
@@ -185,7 +184,7 @@ def test_agents_heartbeating_to_one_replica_cause_no_false_failures(tmp_path, et
         assert [e for e in events if e["kind"] == "failure"] == []
         assert all(m["healthy"] for m in a.call("GET", "/v1/machines")[1]["machines"])
         # b owns a share of the machines, and heard of them only by relay
-        relayed = metric(b, "twine_relay_received_total")
+        relayed = b.metric("twine_relay_received_total")
         print(f"\n12 machines heartbeating to replica a only for 8 s: 0 failures; b received {relayed:.0f} relays")
         assert relayed > 0 and set(agents.sent) == {a.url}
     finally:
@@ -216,7 +215,7 @@ def test_entitlement_moved_between_shards_mid_update_restarts_nothing(tmp_path, 
             assert agents.restarts() == {"started_again": {}, "on_two_machines": {}}
             assert agents.versions_started("web/api") == {i: [1, 2] for i in range(4)}
             new_leader = next(c for c in cs if member(c) == leader_of(a, 1 - src))
-            assert metric(new_leader, "twine_scheduler_commits_total") > 0
+            assert new_leader.metric("twine_scheduler_commits_total") > 0
         assert a.call("POST", "/v1/entitlements/web/move", {"shard": 7})[0] == 400
     finally:
         for c in cs:
@@ -249,14 +248,3 @@ def test_rate_limit_buckets_survive_a_change_of_leader(tmp_path, etcd_server):
     finally:
         for c in cs:
             c.close()
-
-
-def metric(c: Controld, name: str) -> float:
-    import urllib.request
-
-    req = urllib.request.Request(c.url + "/v1/metrics", headers={"Authorization": "Bearer test-api-token"})
-    with urllib.request.urlopen(req, timeout=10) as r:
-        for line in r.read().decode().splitlines():
-            if line.startswith(name + " "):
-                return float(line.split()[1])
-    raise AssertionError(f"no metric {name}")

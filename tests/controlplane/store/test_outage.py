@@ -13,14 +13,6 @@ from controlplane.etcdproc import free_port
 from controlplane.store import Index, Store, Unavailable
 from controlplane.store.etcd import Change
 from controlplane.store.keys import Keys
-from tests.etcd_server import EtcdServer
-
-
-@pytest.fixture
-def own_etcd():
-    server = EtcdServer().start()
-    yield server
-    server.stop()
 
 
 @pytest.fixture

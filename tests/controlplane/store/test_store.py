@@ -102,26 +102,45 @@ def test_wait_for_a_large_commit_sees_all_of_it(etcd_server, keys):
     assert run(go()) == [200] * 8
 
 
-def test_a_range_larger_than_one_grpc_answer_is_read_in_pages_at_one_revision(etcd_server):
-    """12,000 keys of 600 bytes (7 MB: over gRPC's 4 MB answer), read in pages of 5,000."""
+def test_a_range_larger_than_one_grpc_answer_is_read_in_pages_at_one_revision(etcd_server, monkeypatch):
+    """12,000 keys of 600 bytes (7 MB: over gRPC's 4 MB answer), read in pages of 5,000; a write
+    made between the pages (a key changed, one added) is not in the read: every page is read at
+    the first page's revision."""
     import asyncio
     import uuid
 
+    import controlplane.store.etcd as etcd_module
     from controlplane.store import Store
 
     prefix = f"/paging-{uuid.uuid4().hex[:8]}/"
+    real_page = etcd_module._range_page
+    pages: list[int] = []
 
     async def body():
         store = Store([("127.0.0.1", etcd_server.port)])
+        writer = Store([("127.0.0.1", etcd_server.port)])
+
+        async def page_then_write(c, start, end, limit, revision):
+            got = await real_page(c, start, end, limit, revision)
+            pages.append(len(got.kvs))
+            if len(pages) == 1:
+                await writer.commit([], {f"{prefix}011000": {"pad": "", "i": -1}, f"{prefix}zzz": {"i": -2}})
+            return got
+
         try:
             for base in range(0, 12_000, 1000):
                 await store.commit([], {f"{prefix}{i:06d}": {"pad": "x" * 580, "i": i} for i in range(base, base + 1000)})
+            monkeypatch.setattr(etcd_module, "_range_page", page_then_write)
             items, revision = await store.range(prefix)
-            later = await store.commit([], {f"{prefix}zzz": {"after": True}})
-            return items, revision, later
+            monkeypatch.setattr(etcd_module, "_range_page", real_page)
+            now, _ = await store.range(prefix)
+            return items, revision, now
         finally:
             await store.close()
+            await writer.close()
 
-    items, revision, later = asyncio.run(body())
+    items, revision, now = asyncio.run(body())
+    assert pages == [5000, 5000, 2000]
     assert [v.value["i"] for v in items] == list(range(12_000))
-    assert all(v.mod_revision <= revision for v in items) and later > revision
+    assert all(v.mod_revision <= revision for v in items)
+    assert len(now) == 12_001 and now[11_000].value["i"] == -1  # the write landed, after the read's revision

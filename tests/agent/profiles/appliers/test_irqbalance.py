@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from agent.errors import ProfileError
 from agent.profiles.appliers.base import HostContext
 from agent.profiles.appliers.irqbalance import Irqbalance
 from agent.profiles.model import Setting
+from agent.sdnotify import systemd_is_pid1
 
 
 def test_parse_takes_only_running_as_a_bool():
@@ -23,7 +22,7 @@ def test_parse_takes_only_running_as_a_bool():
 
 def test_applicable_only_where_systemd_can_switch_it():
     verdict = Irqbalance(HostContext()).applicable("running")
-    if Path("/proc/1/comm").read_text().strip() == "systemd":
+    if systemd_is_pid1():
         assert verdict is None or verdict.why == "irqbalance is not installed"
     else:
         assert verdict is not None and "systemd is not PID 1" in verdict.why

@@ -94,13 +94,9 @@ class MemoryStore:
         changes += [(k, None) for k in deletes if self.revs.pop(k, None) is not None]
         for key, value in changes:
             events += 1
-            if value is None:
-                index.items.pop(key, None)
-            else:
+            if value is not None:
                 self.revs[key] = rev
-                index.items[key] = Versioned(key, value, rev)
-            index.revision = rev
-            self.state._on_change(Change(key, value, rev))  # noqa: SLF001 - as the watch does
+            index._apply(Change(key, value, rev))  # noqa: SLF001 - as the watch does (and on to RegionState)
         return Revision(rev, events)
 
 

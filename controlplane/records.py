@@ -99,7 +99,7 @@ def _opt_str(value: Any, field_: str) -> str | None:
 # -- entitlements ------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Spread:
     properties: tuple[str, ...] = ("dc", "msb")
     pinned_dc: str | None = None
@@ -118,7 +118,7 @@ class Spread:
         return {"properties": list(self.properties), "pinned_dc": self.pinned_dc}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class EntitlementRec:
     name: str
     machine_type: str
@@ -184,14 +184,14 @@ def parse_task(data: Any, handle: str) -> dict:
     return {k: v for k, v in spec.to_json().items() if k in TASK_FIELDS}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Preference:
     property: str = "msb"
     strategy: str = "spread"
     weight: float = 1.0
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class JobRec:
     entitlement: str
     name: str
@@ -284,7 +284,7 @@ def _preferences(data: Any) -> tuple[Preference, ...] | None:
 # -- tasks, machines, events -------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class TaskRec:
     job: str
     index: int
@@ -318,7 +318,7 @@ class TaskRec:
         return {"job": self.job, "index": self.index, "spec_version": self.spec_version, **self.spec}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class MachineRec:
     id: str
     hostname: str
@@ -346,7 +346,7 @@ class MachineRec:
         return _decode(cls, d)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class EventRec:
     """An unavailability event. A failure is opened by the health check and ended when the machine
     answers again. A maintenance is scheduled by an operator: its machines take no new tasks from
@@ -456,7 +456,7 @@ def parse_maintenance(data: Any, machines: dict[str, MachineRec], now: float) ->
                     scope, policy, now)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Endpoint:
     """A discovery record: where a task answers, and whether clients should send it traffic."""
 

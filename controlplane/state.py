@@ -108,7 +108,7 @@ class RegionState:
         self.profiles = profiles  # the sidekick's merged profile documents; None: send names only
         self.store = store
         self.keys = keys
-        self.index = Index(store, keys.root, on_change=self._on_change)
+        self.index = Index(store, keys.root, on_change=self._on_change, keep_values=False)
         self.machines: dict[str, MachineRec] = {}
         self.entitlements: dict[str, EntitlementRec] = {}
         self.jobs: dict[str, JobRec] = {}
@@ -138,8 +138,7 @@ class RegionState:
         self._cordoned: set[str] = set()  # machines the snapshot has as unavailable for maintenance
 
     async def start(self) -> None:
-        await self.index.start()
-        for v in self.index.items.values():
+        for v in await self.index.start():
             self._apply(v.key, v.value, v.mod_revision)
         self._snapshot = None
         log.info("region %s: %d machines, %d entitlements, %d jobs, %d tasks at revision %d",
@@ -268,6 +267,13 @@ class RegionState:
             if handle in self.tasks and not self.tasks[handle]:
                 del self.tasks[handle]
         else:
+            # one copy of a job's task template, not one per task (fewer objects for the
+            # collector's full passes to scan): the task's own record is fresh, not yet shared
+            shared = old.spec if old is not None and old.spec_version == t.spec_version else None
+            if shared is None and (job := self.jobs.get(handle)) is not None and job.spec_version == t.spec_version:
+                shared = job.task
+            if shared is not None and shared is not t.spec and shared == t.spec:
+                object.__setattr__(t, "spec", shared)
             self.tasks[handle][index] = t
         key = (handle, index)
         if old is not None and old.machine:
@@ -416,6 +422,12 @@ class RegionState:
         self._dirty_tasks.clear()
         self._dirty_ents.clear()
         return self._snapshot
+
+    def reread(self, machines: Iterable[str], tasks: Iterable[tuple[str, int]]) -> None:
+        """The snapshot takes these machines and tasks from their records again at the next
+        snapshot(): after a change made to it ahead of a commit that did not land."""
+        self._dirty_machines.update(machines)
+        self._dirty_tasks.update(tasks)
 
     def _placed_one(self, key: tuple[str, int]) -> PlacedTask | None:
         t = self.tasks.get(key[0], {}).get(key[1])

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 
 import aiohttp
 import time
@@ -42,6 +43,7 @@ log = logging.getLogger("twine.controld.scheduler")
 Reports = Callable[[str], Mapping[tuple[str, int], dict] | None]
 PASS_INTERVAL = 1.0  # jobs not settled are looked at again this often
 RESYNC_INTERVAL = 30.0  # every job is looked at once in this long, whatever the queue says (a safety net)
+PASS_SLICE = 0.02  # seconds of passes over jobs between two chances for everything else to run
 CREATE_RETRIES = 8
 MAINTENANCE_GRACE = 120.0  # seconds after a maintenance for its silent machines to come back
 
@@ -82,6 +84,8 @@ class Scheduler:
         self.reports = reports
         self.cache = AllocationCache()
         self.lock = asyncio.Lock()  # the shard's commits do not race each other
+        self._creates: deque[tuple[JobRec, int, asyncio.Future]] = deque()  # creates waiting for a batch
+        self._creator: asyncio.Task | None = None
         self.plans: dict[str, JobPlan] = {}
         self.messages: dict[str, str] = {}  # why a job's tasks cannot be placed, for job status
         self.unsettled: set[str] = set()  # jobs to look at again in PASS_INTERVAL
@@ -166,7 +170,11 @@ class Scheduler:
         await self.pass_jobs({h for h in self.state.jobs if self.owns(h)} | set(self.sessions))
 
     async def pass_jobs(self, handles) -> None:
+        slice_began = time.monotonic()
         for handle in sorted(handles):
+            if time.monotonic() - slice_began > PASS_SLICE:
+                await asyncio.sleep(0)  # a long pass lets the API and the watch in between jobs
+                slice_began = time.monotonic()
             if handle in self.sessions and not self.owns(handle):
                 # the job's entitlement moved to another shard: its new leader calls the controller
                 self.sessions.pop(handle).close_now()
@@ -286,8 +294,10 @@ class Scheduler:
             return False
         for t in tasks.values():
             v = views.get(t.machine) if t.machine else None
-            if t.state != "running" or t.spec_version != job.spec_version or v is None or not v.healthy \
-                    or v.maintenance is not None:
+            # starting or allocated: waiting for the agent's report or the machine's profile, each
+            # of which wakes the job when it changes (the watch, the broker), not for a time
+            if t.state not in ("running", "starting", "allocated") or t.spec_version != job.spec_version \
+                    or v is None or not v.healthy or v.maintenance is not None:
                 return False
         return True
 
@@ -383,73 +393,22 @@ class Scheduler:
                           extra: dict[str, dict] | None = None) -> int:
         """One transaction for a job's task changes and everything that follows from them, fenced
         by this shard's leadership and the job's entitlement record (its shard)."""
-        keys, st = self.keys, self.state
-        if not self.owns(job.handle):
-            raise Conflict(f"{job.handle}: its entitlement is no longer in shard {self.shard}")
-        ekey = keys.entitlement(job.entitlement)
-        guards: dict[str, Versioned] = {keys.job(job.handle): st.guard(keys.job(job.handle)), ekey: st.guard(ekey)}
-        if self.fence is not None:
-            guards[self.fence.key] = self.fence.guard
-        puts: dict[str, dict] = dict(extra or {})
-        deletes: list[str] = []
-        if job_put is not None:
-            puts[keys.job(job.handle)] = job_put.to_json()
-        delta: dict[str, list[float]] = {}
-        for old, new in changes:
-            index = (old or new).index
-            tkey = keys.task(job.handle, index)
-            guards[tkey] = st.guard(tkey)
-            for t, sign in ((old, -1), (new, 1)):
-                if t is not None and t.machine:
-                    cpus, mem = t.resources
-                    d = delta.setdefault(t.machine, [0, 0.0, 0])
-                    d[0] += sign
-                    d[1] += sign * cpus
-                    d[2] += sign * mem
-            dkey = keys.discovery(job.handle) + f"{index:06d}"
-            if new is None:
-                puts.pop(tkey, None)
-                deletes += [tkey, dkey]
-            else:
-                puts[tkey] = new.to_json()
-                if old is None or (old.machine, old.discovery, old.spec_version) != (new.machine, new.discovery, new.spec_version):
-                    m = st.machines.get(new.machine) if new.machine else None
-                    puts[dkey] = Endpoint(job.handle, index, new.machine or "", m.address if m else "",
-                                          new.discovery, new.spec_version).to_json()
-        ent_touched = False
-        for mid in set(delta) | set(taken):
-            m = st.machines.get(mid)
-            if m is None:
-                continue  # a machine record that is gone holds nothing
-            mkey = keys.machine(mid)
-            guards[mkey] = st.guard(mkey)
-            n, cpus, mem = delta.get(mid, (0, 0.0, 0))
-            new_m = replace(m, alloc_tasks=m.alloc_tasks + n, alloc_cpus=round(m.alloc_cpus + cpus, 6),
-                            alloc_memory_mb=m.alloc_memory_mb + mem)
-            if mid in taken and m.entitlement is None:
-                new_m = replace(new_m, entitlement=job.entitlement)
-                ent_touched = True
-                log.info("entitlement %s takes machine %s from the free pool", job.entitlement, mid)
-            elif new_m.alloc_tasks <= 0 and m.entitlement is not None:
-                new_m = replace(new_m, entitlement=None, alloc_tasks=0, alloc_cpus=0.0, alloc_memory_mb=0)
-                ent_touched = True
-                log.info("machine %s returns from %s to the free pool", mid, m.entitlement)
-            puts[mkey] = new_m.to_json()
-        if ent_touched:
-            # Every change to what an entitlement holds writes its record: two such changes
-            # race on it, so the quota is never overrun by concurrent allocations.
-            puts[ekey] = st.entitlements[job.entitlement].to_json()
+        txn = Txn(self)
+        txn.add(job, changes, job_put, taken, extra)
         if destructive:
             for scope, record in self.limiter.take(job.handle, destructive).items():
-                rkey = keys.ratelimit(scope)
-                guards[rkey] = st.guard(rkey)  # the region's bucket is shared by every shard
-                puts[rkey] = record
+                rkey = self.keys.ratelimit(scope)
+                txn.guards[rkey] = self.state.guard(rkey)  # the region's bucket is shared by every shard
+                txn.puts[rkey] = record
         try:
-            rev = await self.store.commit(list(guards.values()), puts, deletes)
+            return await self._send(txn)
         except BaseException:
             if destructive:
-                self.limiter.load(st.ratelimits)  # the tokens were not spent
+                self.limiter.load(self.state.ratelimits)  # the tokens were not spent
             raise
+
+    async def _send(self, txn: "Txn") -> int:
+        rev = await self.store.commit(*txn.finish())
         self.counters["commits"] += 1
         if self.first_commit_at is None:
             self.first_commit_at = time.time()
@@ -460,18 +419,115 @@ class Scheduler:
     # -- front-end operations ----------------------------------------------------------------
 
     async def create(self, job: JobRec, read_revision: int) -> int:
-        """Place a new job and commit it with its tasks in one transaction, provided the job's
-        record is still as the front end read it (absent, or a stopped job: `read_revision`).
-        AllocationError: it cannot fit; Conflict: someone else wrote the job. Nothing is written."""
+        """Place a new job and commit it with its tasks, provided the job's record is still as the
+        front end read it (absent, or a stopped job: `read_revision`). AllocationError: it cannot
+        fit; Conflict: someone else wrote the job. Nothing is written then.
+
+        Group commit: creates that arrive while a transaction is in flight go together into the
+        next one, as many as fit in etcd's limits, each placed on the snapshot as the ones before
+        it in the batch left it. One round trip to etcd and one watch event then serve them all,
+        where one create at a time made the shard's creates wait for each other's round trip."""
+        fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self._creates.append((job, read_revision, fut))
+        if self._creator is None or self._creator.done():
+            self._creator = asyncio.create_task(self._create_batches(), name=f"creates-{self.shard}")
+        return await fut
+
+    def _create_changes(self, job: JobRec, placement: Placement | None = None) \
+            -> tuple[list[tuple[TaskRec | None, TaskRec | None]], set[str]]:
+        """A create's task changes (the new tasks; a re-run job's tasks beyond its new count
+        deleted) and the free machines it takes; without a placement, just the deletions."""
+        old = [(t, None) for t in self.state.tasks.get(job.handle, {}).values() if t.index >= job.count]
+        if placement is None:
+            return old, set()
+        chosen = tuple(i for i in range(job.count) if i in set(placement.new_tasks))
+        changes: list[tuple[TaskRec | None, TaskRec | None]] = list(self.new_tasks(job, placement, chosen))
+        taken = {placement.machine_of(i) for i in chosen} & set(placement.machines_taken)
+        return changes + old, taken
+
+    async def _create_batches(self) -> None:
+        while self._creates:
+            job, read_revision, fut = self._creates[0]
+            if fut.done():
+                self._creates.popleft()
+            elif not Txn(self).fits(job.count + len(self._create_changes(job)[0]), self.max_txn_ops):
+                self._creates.popleft()  # too large for one transaction: alone, in bounded batches
+                await _settle(fut, self._create_alone(job, read_revision))
+            else:
+                await self._create_batch()
+
+    async def _create_batch(self) -> None:
+        members: list[tuple[JobRec, int, asyncio.Future]] = []
+        later: list[tuple[JobRec, int, asyncio.Future]] = []  # a second create of a job in the batch
+        async with self.lock:
+            txn = Txn(self)
+            snap = self.state.snapshot()
+            while self._creates:
+                job, read_revision, fut = self._creates[0]
+                if not txn.fits(job.count + len(self._create_changes(job)[0]), self.max_txn_ops):
+                    break
+                self._creates.popleft()
+                if fut.done():
+                    continue
+                if self.deposed:
+                    fut.set_exception(self._deposed_error())
+                    continue
+                if job.handle in txn.jobs:
+                    later.append((job, read_revision, fut))
+                    continue
+                if self.state.revs.get(self.keys.job(job.handle), 0) != read_revision:
+                    fut.set_exception(Conflict(f"job {job.handle} was written concurrently"))
+                    continue
+                try:
+                    placement = allocate(snap, job_request(job), cache=self.cache)
+                    changes, taken = self._create_changes(job, placement)
+                    txn.add(job, changes, job_put=job, taken=taken)
+                except Exception as e:  # AllocationError, most often: this create's answer
+                    fut.set_exception(e)
+                    continue
+                snap.apply_placement(placement)  # the next create in the batch sees these tasks
+                members.append((job, read_revision, fut))
+            self._creates.extendleft(reversed(later))
+            if not members:
+                return
+            try:
+                rev = await self._send(txn)
+            except BaseException as e:
+                # the snapshot drops the placements that did not land
+                self.state.reread(txn.machines(), txn.tasks)
+                if not isinstance(e, (Conflict, TooLarge)):
+                    for _, _, fut in members:
+                        if not fut.done():
+                            fut.set_exception(e if isinstance(e, Exception) else self._deposed_error())
+                    if not isinstance(e, Exception):
+                        raise  # cancelled
+                    return
+                rev = 0
+            else:
+                self.counters["placements"] += len(members)
+        if not rev:  # one create of the batch lost a race, or etcd found the batch too large: each alone
+            self.counters["conflicts"] += 1
+            for job, read_revision, fut in members:
+                await _settle(fut, self._create_alone(job, read_revision))
+            return
+        await self.state.wait_for(rev)
+        for _, _, fut in members:
+            if not fut.done():
+                fut.set_result(rev)
+
+    def _deposed_error(self) -> ApiError:
+        return ApiError("unavailable", None, f"shard {self.shard}: this process no longer leads it "
+                        f"({self.deposed}); retry")
+
+    async def _create_alone(self, job: JobRec, read_revision: int) -> int:
         for attempt in range(CREATE_RETRIES):
             if self.deposed:
-                raise ApiError("unavailable", None, f"shard {self.shard}: this process no longer leads it "
-                               f"({self.deposed}); retry")
+                raise self._deposed_error()
             async with self.lock:
                 if self.state.revs.get(self.keys.job(job.handle), 0) != read_revision:
                     raise Conflict(f"job {job.handle} was written concurrently")
                 placement = allocate(self.state.snapshot(), job_request(job), cache=self.cache)
-                old = tuple(t for t in self.state.tasks.get(job.handle, {}).values() if t.index >= job.count)
+                old = tuple(t for t, _ in self._create_changes(job)[0])
                 try:
                     rev = await self.commit_placement(job, placement, tuple(range(job.count)), job_put=job, deletes=old)
                 except Conflict:
@@ -488,3 +544,117 @@ class Scheduler:
             await self.state.wait_for(rev)
             return rev
         raise Conflict(f"{job.handle}: gave up after {CREATE_RETRIES} conflicting placements")
+
+
+async def _settle(fut: asyncio.Future, work) -> None:
+    """Await `work` and give its result or exception to `fut` (unless its waiter has gone)."""
+    try:
+        result = await work
+    except Exception as e:
+        if not fut.done():
+            fut.set_exception(e)
+    else:
+        if not fut.done():
+            fut.set_result(result)
+
+class Txn:
+    """One etcd transaction of a shard's scheduler, built from one or more jobs' task changes: the
+    records they write, the guards on what they read (the fence, each job, its entitlement, each
+    task, each machine whose allocation changes), and per machine the sum of the changes, so that
+    two jobs of one transaction placing tasks on the same machine write its counters once."""
+
+    def __init__(self, sched: Scheduler) -> None:
+        self.sched = sched
+        self.guards: dict[str, Versioned] = {}
+        self.puts: dict[str, dict] = {}
+        self.deletes: list[str] = []
+        self.delta: dict[str, list[float]] = {}  # machine -> [tasks, cpus, memory] it gains
+        self.taken: dict[str, str] = {}  # free machine -> the entitlement it joins
+        self.entitlements: set[str] = set()  # entitlements whose jobs this transaction changes
+        self.jobs: list[str] = []
+        self.tasks: list[tuple[str, int]] = []
+        if sched.fence is not None:
+            self.guards[sched.fence.key] = sched.fence.guard
+
+    @staticmethod
+    def size(count: int) -> tuple[int, int]:
+        """The most guards and the most writes that a job of `count` task changes adds (etcd
+        limits each list of a transaction to max-txn-ops)."""
+        return 2 * count + 2, 3 * count + 2
+
+    def fits(self, count: int, limit: int) -> bool:
+        g, w = self.size(count)
+        return len(self.guards) + g <= limit and len(self.puts) + len(self.deletes) + w + 1 <= limit
+
+    def add(self, job: JobRec, changes: list[tuple[TaskRec | None, TaskRec | None]], job_put: JobRec | None = None,
+            taken: set[str] | frozenset[str] = frozenset(), extra: dict[str, dict] | None = None) -> None:
+        sched = self.sched
+        keys, st = sched.keys, sched.state
+        if not sched.owns(job.handle):
+            raise Conflict(f"{job.handle}: its entitlement is no longer in shard {sched.shard}")
+        jkey, ekey = keys.job(job.handle), keys.entitlement(job.entitlement)
+        self.guards[jkey] = st.guard(jkey)
+        self.guards[ekey] = st.guard(ekey)
+        self.entitlements.add(job.entitlement)
+        self.jobs.append(job.handle)
+        self.puts.update(extra or {})
+        if job_put is not None:
+            self.puts[jkey] = job_put.to_json()
+        for mid in taken:
+            self.taken.setdefault(mid, job.entitlement)
+        for old, new in changes:
+            index = (old or new).index
+            self.tasks.append((job.handle, index))
+            tkey = keys.task(job.handle, index)
+            self.guards[tkey] = st.guard(tkey)
+            for t, sign in ((old, -1), (new, 1)):
+                if t is not None and t.machine:
+                    cpus, mem = t.resources
+                    d = self.delta.setdefault(t.machine, [0, 0.0, 0])
+                    d[0] += sign
+                    d[1] += sign * cpus
+                    d[2] += sign * mem
+            dkey = keys.discovery(job.handle) + f"{index:06d}"
+            if new is None:
+                self.puts.pop(tkey, None)
+                self.deletes += [tkey, dkey]
+            else:
+                self.puts[tkey] = new.to_json()
+                if old is None or (old.machine, old.discovery, old.spec_version) != (new.machine, new.discovery, new.spec_version):
+                    m = st.machines.get(new.machine) if new.machine else None
+                    self.puts[dkey] = Endpoint(job.handle, index, new.machine or "", m.address if m else "",
+                                               new.discovery, new.spec_version).to_json()
+
+    def machines(self) -> set[str]:
+        return set(self.delta) | set(self.taken)
+
+    def finish(self) -> tuple[list[Versioned], dict[str, dict], list[str]]:
+        """The guards, puts and deletes, with each touched machine's record written once."""
+        keys, st = self.sched.keys, self.sched.state
+        touched: set[str] = set()
+        for mid in self.machines():
+            m = st.machines.get(mid)
+            if m is None:
+                continue  # a machine record that is gone holds nothing
+            mkey = keys.machine(mid)
+            self.guards[mkey] = st.guard(mkey)
+            n, cpus, mem = self.delta.get(mid, (0, 0.0, 0))
+            new_m = replace(m, alloc_tasks=m.alloc_tasks + n, alloc_cpus=round(m.alloc_cpus + cpus, 6),
+                            alloc_memory_mb=m.alloc_memory_mb + mem)
+            if mid in self.taken and m.entitlement is None:
+                new_m = replace(new_m, entitlement=self.taken[mid])
+                touched.add(self.taken[mid])
+                log.info("entitlement %s takes machine %s from the free pool", self.taken[mid], mid)
+            elif new_m.alloc_tasks <= 0 and m.entitlement is not None:
+                new_m = replace(new_m, entitlement=None, alloc_tasks=0, alloc_cpus=0.0, alloc_memory_mb=0)
+                touched.add(m.entitlement)
+                log.info("machine %s returns from %s to the free pool", mid, m.entitlement)
+            self.puts[keys.machine(mid)] = new_m.to_json()
+        for name in touched:
+            # Every change to what an entitlement holds writes its record: two such changes
+            # race on it, so the quota is never overrun by concurrent allocations.
+            if name in st.entitlements:
+                ekey = keys.entitlement(name)
+                self.guards.setdefault(ekey, st.guard(ekey))
+                self.puts[ekey] = st.entitlements[name].to_json()
+        return list(self.guards.values()), self.puts, self.deletes

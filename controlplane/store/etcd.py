@@ -49,6 +49,24 @@ async def _range_page(c: aetcd.Client, start: bytes, end: bytes, limit: int, rev
     return await c.kvstub.Range(req, timeout=c._timeout, metadata=c.metadata)
 
 
+@aetcd.client._handle_errors
+async def _txn(c: aetcd.Client, request: aetcd.rpc.TxnRequest):
+    """A Txn request built here from etcd's messages: aetcd's transaction() builds each operation
+    through several layers of helpers, a cost that showed per job in the scheduler's commits."""
+    await c.connect()
+    return await c.kvstub.Txn(request, timeout=c._timeout, metadata=c.metadata)
+
+
+def txn_request(reads: list[Versioned], puts: dict[str, Any], deletes) -> aetcd.rpc.TxnRequest:
+    rpc = aetcd.rpc
+    equal, mod = rpc.Compare.EQUAL, rpc.Compare.MOD
+    op, put, delete = rpc.RequestOp, rpc.PutRequest, rpc.DeleteRangeRequest
+    return rpc.TxnRequest(
+        compare=[rpc.Compare(result=equal, target=mod, key=r.key.encode(), mod_revision=r.mod_revision) for r in reads],
+        success=[op(request_put=put(key=k.encode(), value=encode(v))) for k, v in puts.items()]
+        + [op(request_delete_range=delete(key=k.encode())) for k in deletes])
+
+
 def encode(value: Any) -> bytes:
     """Compact JSON with sorted keys, by msgspec (several times faster than json.dumps on the
     records every commit writes). Same JSON as json.dumps(sort_keys=True, separators=(",", ":"))
@@ -68,7 +86,7 @@ def decode(raw: bytes) -> Any:
         return json.loads(raw)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Versioned:
     """A value as read, with the mod revision that a later write must compare against.
     mod_revision 0 means the key did not exist."""
@@ -113,7 +131,7 @@ class TooLarge(Exception):
 ETCD_FLAGS = ("--max-txn-ops", "65536", "--max-request-bytes", str(32 * 1024 * 1024))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Change:
     key: str
     value: Any | None  # None: deleted
@@ -239,25 +257,19 @@ class Store:
     async def commit(self, reads: list[Versioned], puts: dict[str, Any], deletes: tuple[str, ...] | list[str] = ()) -> int:
         """One transaction: apply puts and deletes only if every read is still current.
         Returns the new revision; raises Conflict otherwise."""
-        t = self.client.transactions
-        compare = [t.mod(r.key.encode()) == r.mod_revision for r in reads]
-        ops = [t.put(k.encode(), encode(v)) for k, v in puts.items()]
-        ops += [t.delete(k.encode()) for k in deletes]
+        request = txn_request(reads, puts, deletes)
         try:
-            ok, responses = await self._call(lambda c: c.transaction(compare=compare, success=ops, failure=[]),
-                                             retry_timeouts=False)
+            got = await self._call(lambda c: _txn(c, request), retry_timeouts=False)
         except aetcd.exceptions.InvalidArgumentError as e:
             if "too many operations" in str(e) or "too large" in str(e):
-                raise TooLarge(f"etcd refused a transaction of {len(compare)} compares and {len(ops)} operations "
-                               f"({e}); run etcd with {' '.join(ETCD_FLAGS)}") from None
+                raise TooLarge(f"etcd refused a transaction of {len(request.compare)} compares and "
+                               f"{len(request.success)} operations ({e}); run etcd with {' '.join(ETCD_FLAGS)}") from None
             raise
-        if not ok:
+        if not got.succeeded:
             raise Conflict(", ".join(r.key for r in reads))
-        events = 0
-        for r in responses:
-            kind = r.WhichOneof("response")
-            events += 1 if kind == "response_put" else getattr(r, kind).deleted if kind == "response_delete_range" else 0
-        return Revision(max((getattr(r, r.WhichOneof("response")).header.revision for r in responses), default=0), events)
+        # the responses follow the operations: the puts', then the deletes' (each says how many it found)
+        events = len(puts) + sum(r.response_delete_range.deleted for r in got.responses[len(puts):])
+        return Revision(got.header.revision, events)
 
     async def update(
         self, keys: list[str], compute: Callable[[dict[str, Versioned]], Plan | Awaitable[Plan]], retries: int = 20
@@ -280,7 +292,11 @@ class Store:
         """Changes under prefix from start_revision on, in order. Ends when the store moves to
         another endpoint; raises Unavailable when etcd goes away, RevisionCompactedError when
         start_revision is compacted: either way the watcher reads afresh (Index)."""
-        watch = await self._call(lambda c: c.watch_prefix(prefix.encode(), start_revision=start_revision))
+        client, at = self.client, self.endpoint
+        try:
+            watch = await self._call(lambda c: c.watch_prefix(prefix.encode(), start_revision=start_revision))
+        except aetcd.exceptions.InternalError as e:  # its creation met the stream's end (below)
+            raise self._unreachable(f"etcd unreachable at {self._failed(client, at, e)}") from None
         client, at = self.client, self.endpoint
         try:
             async for event in watch:

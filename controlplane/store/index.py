@@ -22,10 +22,18 @@ RESYNC_FIRST, RESYNC_MAX = 0.05, 1.0  # seconds between range reads while etcd d
 
 
 class Index:
-    def __init__(self, store: Store, prefix: str, on_change: Callable[[Change], None] | None = None):
+    """`items`: every key's value and mod revision, kept unless `keep_values` is False. An owner
+    that keeps its own decoded records (RegionState) has the index keep only each key's mod
+    revision (`revisions`): a second copy of the region's values, each several objects, was most
+    of what the garbage collector's full passes scanned."""
+
+    def __init__(self, store: Store, prefix: str, on_change: Callable[[Change], None] | None = None,
+                 keep_values: bool = True):
         self.store = store
         self.prefix = prefix
+        self.keep_values = keep_values
         self.items: dict[str, Versioned] = {}
+        self.revisions: dict[str, int] = {}
         self.revision = 0
         self.stale = ""  # "" while the watch follows etcd; else why the cache may be behind
         self.resyncs = 0
@@ -35,12 +43,16 @@ class Index:
         self._advanced = asyncio.Condition()
         self._task: asyncio.Task | None = None
 
-    async def start(self) -> None:
-        """The first range read (raises if etcd does not answer), then the watch."""
+    async def start(self) -> list[Versioned]:
+        """The first range read (raises if etcd does not answer), then the watch. Returns what
+        the read found."""
         items, revision = await self.store.range(self.prefix)
-        self.items = {v.key: v for v in items}
+        self.revisions = {v.key: v.mod_revision for v in items}
+        if self.keep_values:
+            self.items = {v.key: v for v in items}
         self.revision = self._start_revision = revision
         self._task = asyncio.create_task(self._follow())
+        return items
 
     async def stop(self) -> None:
         if self._task:
@@ -90,9 +102,12 @@ class Index:
 
     def _apply(self, change: Change) -> None:
         if change.value is None:
+            self.revisions.pop(change.key, None)
             self.items.pop(change.key, None)
         else:
-            self.items[change.key] = Versioned(change.key, change.value, change.mod_revision)
+            self.revisions[change.key] = change.mod_revision
+            if self.keep_values:
+                self.items[change.key] = Versioned(change.key, change.value, change.mod_revision)
         self.revision = max(self.revision, change.mod_revision)
         self._events[change.mod_revision] = self._events.get(change.mod_revision, 0) + 1
         if len(self._events) > 256:
@@ -105,10 +120,13 @@ class Index:
         """Take a fresh range read: hand on_change every key that differs from the cache (a
         deleted one as None, at the read's revision), in key order as at start."""
         fresh = {v.key: v for v in items}
-        changes = [Change(k, None, revision) for k in self.items if k not in fresh]
+        # a key's mod revision names its value: the same revision, the same value
+        changes = [Change(k, None, revision) for k in self.revisions if k not in fresh]
         changes += [Change(k, v.value, v.mod_revision) for k, v in fresh.items()
-                    if (old := self.items.get(k)) is None or (old.mod_revision, old.value) != (v.mod_revision, v.value)]
-        self.items = fresh
+                    if self.revisions.get(k) != v.mod_revision]
+        self.revisions = {k: v.mod_revision for k, v in fresh.items()}
+        if self.keep_values:
+            self.items = fresh
         self.revision = self._start_revision = revision  # every change up to it is in the cache
         self._events.clear()
         self.stale = ""

@@ -15,6 +15,7 @@ grace from that moment: its heartbeats went to the old owner until then.
 from __future__ import annotations
 
 import asyncio
+import heapq
 import logging
 import time
 from dataclasses import replace
@@ -42,13 +43,15 @@ class HealthService:
         self.grace = timeout + 5.0
         self._returning: set[str] = set()
         self._tasks: set[asyncio.Task] = set()
-        self.counters = {"failures": 0, "recoveries": 0}
+        self.counters = {"failures": 0, "recoveries": 0, "examined": 0}
         self.coordinator = None  # replicas: judge only the machines this process owns
         self._owned: set[str] = set()
         self._known: set[str] = set()
         self._members: tuple[str, ...] = ()
         self._owned_key: tuple = ()
         self._adopted: dict[str, float] = {}  # machine -> when this process came to own it
+        self._heap: list[tuple[float, str]] = []  # (when to look at it, machine): one live entry a machine
+        self._due: dict[str, float] = {}  # machine -> the due time of its live entry
 
     async def run(self) -> None:
         self.started = time.monotonic()  # the clock starts when the API listens, not at construction
@@ -65,16 +68,23 @@ class HealthService:
             except Exception:
                 log.exception("health check pass failed")
 
-    def _mine(self, now: float) -> list:
+    def _refresh_owned(self, now: float) -> bool:
+        """The machines this process judges, recomputed only when the members with the health
+        role or the set of machines changed; False while it may not judge anyone (cut off from
+        etcd: its view of the region, and of who owns what, may be stale)."""
         coord = self.coordinator
         if coord is None:
-            return list(self.state.machines.values())
+            key: tuple = ((), self.state.machines_version)
+            if key != self._owned_key:
+                self._owned_key = key
+                self._own(set(self.state.machines), now)
+            return True
         if not coord.valid():
-            return []  # cut off from etcd: our view of the region, and of who owns what, may be stale
+            return False
         members = coord.health_members()
         key = (members, self.state.machines_version)
         if key == self._owned_key:  # nothing changed who owns what: no pass over the region
-            return [m for mid in self._owned if (m := self.state.machines.get(mid)) is not None]
+            return True
         self._owned_key = key
         owned = {mid for mid in self.state.machines if coord.owns(mid)}
         if members != self._members:
@@ -87,14 +97,42 @@ class HealthService:
         self._known = set(self.state.machines)
         for mid in self._owned - owned:
             self._adopted.pop(mid, None)
+        self._own(owned, now)
+        return True
+
+    def _own(self, owned: set[str], now: float) -> None:
+        for mid in owned - self._owned:
+            self._push(mid, now)  # looked at in the next pass, which computes its deadline
         self._owned = owned
-        return [self.state.machines[mid] for mid in owned]
+
+    def _push(self, mid: str, due: float) -> None:
+        self._due[mid] = due
+        heapq.heappush(self._heap, (due, mid))
 
     async def check(self) -> None:
+        """Look at the machines whose deadline has come, not at every machine: each owned machine
+        has one entry in a heap, due when its silence would pass its limit (as of its last
+        heartbeat when it was last looked at). A machine that heartbeated meanwhile is put back
+        with its new deadline; one still silent fails. So a pass costs the machines due, about
+        owned / timeout a second in all, where a pass over every machine twice a second cost the
+        region. An unhealthy machine is looked at again every pass interval (the recovery its
+        next heartbeat makes, in seen(), is the usual way back; this is the fallback)."""
         now = time.monotonic()
-        for m in self._mine(now):
-            seen = self.last_seen.get(m.id)
-            since = max(self.started, self._adopted.get(m.id, self.started))
+        if not self._refresh_owned(now):
+            return
+        heap, due_of = self._heap, self._due
+        again = max(min(self.timeout / 4, 0.5), 0.05)
+        while heap and heap[0][0] <= now:
+            due, mid = heapq.heappop(heap)
+            if due_of.get(mid) != due:
+                continue  # an entry replaced by a later one
+            del due_of[mid]
+            m = self.state.machines.get(mid)
+            if m is None or mid not in self._owned:
+                continue  # gone, or another member judges it now (it is pushed again if it comes back)
+            self.counters["examined"] += 1
+            seen = self.last_seen.get(mid)
+            since = max(self.started, self._adopted.get(mid, self.started))
             if seen is None or seen < since:  # not heard from since this daemon started, or came to own it
                 silent, limit = now - since, self.grace
             else:
@@ -104,6 +142,8 @@ class HealthService:
             elif not m.healthy and seen is not None and m.health_reason.startswith(NO_HEARTBEAT) \
                     and now - seen <= self.timeout:
                 await self._set(m.id, True, "")
+            # a healthy machine: due when its silence passes the limit; else looked at again soon
+            self._push(mid, now + (limit - silent) + 0.001 if m.healthy and silent <= limit else now + again)
 
     def seen(self, mid: str) -> None:
         """Called on every heartbeat: a machine marked unhealthy for silence is healthy again."""

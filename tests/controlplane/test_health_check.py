@@ -1,0 +1,72 @@
+"""The health check looks at the machines whose deadline has come, not at every machine each pass:
+real etcd, the daemon's RegionState and HealthService, 2,000 machines of which one falls silent."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+
+from controlplane.health import NO_HEARTBEAT, HealthService
+from controlplane.records import MachineRec
+from controlplane.state import RegionState
+from controlplane.store import Store
+from controlplane.store.keys import Keys
+
+N = 2000
+SILENT = "m0007"
+
+
+def test_a_pass_looks_at_the_machines_due_and_a_silent_one_fails(etcd_server):
+    async def body() -> None:
+        keys = Keys(f"hc-{uuid.uuid4().hex[:8]}")
+        store = Store([("127.0.0.1", etcd_server.port)])
+        mids = [f"m{i:04d}" for i in range(N)]
+        for at in range(0, N, 100):
+            await store.commit([], {keys.machine(mid): MachineRec(mid, mid, {"region": keys.region}, {"cpus": 4, "memory_mb": 4096}).to_json()
+                                    for mid in mids[at:at + 100]})
+        state = RegionState(store, keys)
+        await state.start()
+        last_seen: dict[str, float] = {}
+        health = HealthService(state, store, keys, last_seen, timeout=1.0)
+        health.grace = 1.0
+        health.started = time.monotonic()
+        stop = asyncio.Event()
+
+        async def heartbeats() -> None:  # every machine but one, four times a timeout
+            while not stop.is_set():
+                now = time.monotonic()
+                last_seen.update((mid, now) for mid in mids if mid != SILENT)
+                await asyncio.sleep(0.25)
+
+        beating = asyncio.create_task(heartbeats())
+        try:
+            passes = 0
+            deadline = time.monotonic() + 3.0
+            while time.monotonic() < deadline:
+                await health.check()
+                passes += 1
+                await asyncio.sleep(0.1)
+            silent = state.machines[SILENT]
+            assert not silent.healthy and silent.health_reason.startswith(NO_HEARTBEAT), silent
+            assert [m for m in mids if not state.machines[m].healthy] == [SILENT], "no false verdicts"
+            assert health.counters["failures"] == 1
+            examined = health.counters["examined"]
+            # each machine about once per timeout (3 s: ~3 looks each), not once per pass
+            print(f"\n{passes} passes over {N} machines looked at {examined} machines ({examined / passes:.0f} a pass)")
+            assert examined < passes * N / 4, (examined, passes)
+
+            last_seen[SILENT] = time.monotonic()  # it answers again
+            health.seen(SILENT)
+            for _ in range(100):
+                if state.machines[SILENT].healthy:
+                    break
+                await asyncio.sleep(0.05)
+            assert state.machines[SILENT].healthy and health.counters["recoveries"] == 1
+        finally:
+            stop.set()
+            await beating
+            await state.stop()
+            await store.close()
+
+    asyncio.run(body())

@@ -10,11 +10,12 @@ Measured, each beside a baseline taken in the same run:
   1. index time: from the processes' start until every one answers and every shard has a leader;
      baseline: one paged range read of the same records in this process (the etcd read alone);
   2. memory: resident set of each process (psutil), and their sum;
-  3. heartbeats: A simulated agents (machines 0..A-1) every I seconds for S seconds, from the
+  3. heartbeats: A simulated agents (machines 0..A-1) every I seconds for 2 S seconds, from the
      moment the processes are ready; heartbeats answered per second against the target A/I, and
-     failure verdicts on those machines (false ones: goal 0). Machines beyond A never heartbeat;
-     their verdicts are true and not counted;
-  4. allocation: jobs of 36 tasks created through the API for S seconds, spread over entitlements
+     failure verdicts on those machines (false ones: goal 0). Machines beyond A never heartbeat:
+     they are loaded as failed already (as the health check would leave them);
+  4. allocation: jobs of 36 tasks created through the API for S seconds (the heartbeats' second
+     S: they go on meanwhile), spread over entitlements
      in every shard (8 clients, each request to any process: forwarded to the shard's leader);
      jobs/s per shard.
 
@@ -52,23 +53,27 @@ def cred(mid: str) -> str:
     return f"cred-{mid}"
 
 
-def machine(i: int) -> MachineRec:
+def machine(i: int, agents: int) -> MachineRec:
+    """Machines 0..agents-1 heartbeat (simulated agents) and are loaded healthy; the rest never
+    heartbeat and are loaded as already failed, as the health check would leave them: their
+    verdicts are the starting state, not a storm of failure writes during the measurement."""
     mid = f"m{i:07d}"
     dc, msb, rack = i % 3, (i // 3) % 60, (i // 180) % 1000
     return MachineRec(id=mid, hostname=mid, labels={"region": REGION, "dc": f"dc{dc}", "msb": f"dc{dc}-msb{msb}",
                                                      "rack": f"dc{dc}-r{rack}", "machine_type": ("t1", "t2", "t3")[i % 3]},
                       capacity={"cpus": 32, "memory_mb": 131072},
-                      credential_sha256=hashlib.sha256(cred(mid).encode()).hexdigest(), registered_at=time.time())
+                      credential_sha256=hashlib.sha256(cred(mid).encode()).hexdigest(), registered_at=time.time(),
+                      healthy=i < agents, health_reason="" if i < agents else "no heartbeat (never: no simulated agent)")
 
 
-async def bulk_load(port: int, n: int, shards: int, ents_per_shard: int) -> float:
+async def bulk_load(port: int, n: int, shards: int, ents_per_shard: int, agents: int) -> float:
     keys = Keys(REGION)
     store = Store([("127.0.0.1", port)])
     t0 = time.perf_counter()
     try:
         for base in range(0, n, 5000):
             await store.commit([], {keys.machine(m.id): m.to_json()
-                                    for m in (machine(i) for i in range(base, min(n, base + 5000)))})
+                                    for m in (machine(i, agents) for i in range(base, min(n, base + 5000)))})
         await store.commit([], {keys.settings(): {"shards": shards}})
         ents = {}
         for s in range(shards):
@@ -192,7 +197,7 @@ def main() -> int:
     etcd = EtcdServer(data_dir=tmp / "etcd", extra_flags=("--quota-backend-bytes", str(8 * 1024**3))).start()
     cs: list[Controld] = []
     try:
-        load = asyncio.run(bulk_load(etcd.port, args.machines, args.shards, 3))
+        load = asyncio.run(bulk_load(etcd.port, args.machines, args.shards, 3, args.agents))
         print(f"bulk-loaded {args.machines:,} machine records (3 DCs, 180 MSBs, 3,000 racks, 3 types) and "
               f"{args.shards * 3} entitlements into etcd in {load:.1f}s")
         base_read, n = asyncio.run(range_baseline(etcd.port))
@@ -212,7 +217,16 @@ def main() -> int:
               f"(goal: all shards <= 4 GB together: {'met' if sum(rss) <= 4 * 1e9 / 2**30 else 'NOT met'})")
         # heartbeats first: the health check judges a machine silent for its grace (timeout + 5 s)
         # after the process started, so the simulated agents must begin at once
-        ok, failed = asyncio.run(heartbeats(urls, args.agents, args.interval, args.seconds))
+        ents = [f"s{s}-e{e}" for s in range(args.shards) for e in range(3)]
+
+        async def both():
+            # heartbeats for 2 S; jobs are created in the second S, while the heartbeats go on
+            beating = asyncio.create_task(heartbeats(urls, args.agents, args.interval, 2 * args.seconds))
+            await asyncio.sleep(args.seconds)
+            created = await create_jobs(urls, ents, args.seconds)
+            return await beating, created
+
+        (ok, failed), (total, per_ent) = asyncio.run(both())
         time.sleep(1)
         events = cs[0].call("GET", "/v1/events")[1]["events"]
         # false: a machine declared failed after it had heartbeated (and kept heartbeating every
@@ -220,14 +234,12 @@ def main() -> int:
         false = [e for e in events if e["kind"] == "failure"
                  and any(m in FIRST_OK and e["start"] > FIRST_OK[m] for m in e["machines"])]
         relays = sum(c.metric("twine_relay_seen_relayed_total") for c in cs)
-        print(f"3. heartbeats: {args.agents:,} simulated agents every {args.interval:g}s for {args.seconds:.0f}s (target "
-              f"{args.agents / args.interval:.0f}/s): {ok / args.seconds:.0f}/s answered, {failed} failed; "
+        print(f"3. heartbeats: {args.agents:,} simulated agents every {args.interval:g}s for {2 * args.seconds:.0f}s (target "
+              f"{args.agents / args.interval:.0f}/s): {ok / args.seconds / 2:.0f}/s answered, {failed} failed; "
               f"{relays:.0f} relayed to their owner; failure verdicts on machines that heartbeat: {len(false)}")
-        ents = [f"s{s}-e{e}" for s in range(args.shards) for e in range(3)]
-        total, per_ent = asyncio.run(create_jobs(urls, ents, args.seconds))
         per_shard = {s: sum(per_ent.get(f"s{s}-e{e}", 0) for e in range(3)) / args.seconds for s in range(args.shards)}
         print(f"4. allocation: {total / args.seconds:.1f} jobs of 36 tasks/s over all shards through the API "
-              f"({args.seconds:.0f}s, 8 clients); per shard: min {min(per_shard.values()):.2f}, "
+              f"({args.seconds:.0f}s, 8 clients, while the heartbeats go on); per shard: min {min(per_shard.values()):.2f}, "
               f"max {max(per_shard.values()):.2f} jobs/s")
     finally:
         for c in cs:

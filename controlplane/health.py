@@ -115,13 +115,12 @@ class HealthService:
         heartbeat when it was last looked at). A machine that heartbeated meanwhile is put back
         with its new deadline; one still silent fails. So a pass costs the machines due, about
         owned / timeout a second in all, where a pass over every machine twice a second cost the
-        region. An unhealthy machine is looked at again every pass interval (the recovery its
-        next heartbeat makes, in seen(), is the usual way back; this is the fallback)."""
+        region. An unhealthy machine comes back by its next heartbeat (seen()); it is looked at
+        again once a timeout, a fallback."""
         now = time.monotonic()
         if not self._refresh_owned(now):
             return
         heap, due_of = self._heap, self._due
-        again = max(min(self.timeout / 4, 0.5), 0.05)
         while heap and heap[0][0] <= now:
             due, mid = heapq.heappop(heap)
             if due_of.get(mid) != due:
@@ -142,8 +141,9 @@ class HealthService:
             elif not m.healthy and seen is not None and m.health_reason.startswith(NO_HEARTBEAT) \
                     and now - seen <= self.timeout:
                 await self._set(m.id, True, "")
-            # a healthy machine: due when its silence passes the limit; else looked at again soon
-            self._push(mid, now + (limit - silent) + 0.001 if m.healthy and silent <= limit else now + again)
+            # a healthy machine: due when its silence passes the limit; an unhealthy one comes back by
+            # its next heartbeat (seen(), which also puts it back here): a look a timeout is a fallback
+            self._push(mid, now + (limit - silent) + 0.001 if m.healthy and silent <= limit else now + self.timeout)
 
     def seen(self, mid: str) -> None:
         """Called on every heartbeat: a machine marked unhealthy for silence is healthy again."""
@@ -157,6 +157,8 @@ class HealthService:
     async def _recover(self, mid: str) -> None:
         try:
             await self._set(mid, True, "")
+            if mid in self._owned:  # judged again from its heartbeat on, not a fallback's timeout later
+                self._push(mid, self.last_seen.get(mid, time.monotonic()) + self.timeout + 0.001)
         finally:
             self._returning.discard(mid)
 

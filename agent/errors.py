@@ -11,7 +11,8 @@ class InputError(Exception):
 
     def __init__(self, where: str, field: str, value: object, why: str):
         self.where, self.field, self.value, self.why = where, field, value, why
-        super().__init__(f"{where}: {field} = {value!r}: {why}")
+        shown = repr(value)
+        super().__init__(f"{where}: {field} = {shown[:200] + '...' if len(shown) > 200 else shown}: {why}")
 
 
 class ProfileError(InputError):

@@ -17,7 +17,12 @@ from typing import Any
 from agent.errors import DesiredStateError
 
 _HANDLE = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}/[a-z0-9][a-z0-9_.-]{0,62}$")
-_ENV = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_ENV = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,255}$")
+# A task's size, so that a job record (and each of its tasks' records) stays far below what the
+# store carries in one value (etcd's request limit: 1.5 MiB by default): 64 KiB of command and
+# 64 KiB of environment at most.
+MAX_ARGS, MAX_COMMAND = 1024, 65536
+MAX_ENV, MAX_ENV_SIZE = 1024, 65536
 NETWORK_MODES = ("bridge", "none", "host")
 
 
@@ -83,7 +88,13 @@ class TaskSpec:
             command = ["sh", "-c", command]
         if not all(isinstance(c, str) for c in command):
             raise DesiredStateError(where, f"{field_}.command", command, "must be a list of strings")
+        if len(command) > MAX_ARGS or sum(len(c) for c in command) > MAX_COMMAND:
+            raise DesiredStateError(where, f"{field_}.command", f"{len(command)} arguments", f"at most {MAX_ARGS} "
+                                    f"arguments of {MAX_COMMAND} characters in all")
         env = opt("env", {}, dict, why="must be a table of strings")
+        if len(env) > MAX_ENV or sum(len(k) + len(str(v)) for k, v in env.items()) > MAX_ENV_SIZE:
+            raise DesiredStateError(where, f"{field_}.env", f"{len(env)} variables", f"at most {MAX_ENV} variables "
+                                    f"of {MAX_ENV_SIZE} characters in all")
         for k, v in env.items():
             if not _ENV.match(k) or not isinstance(v, (str, int, float)) or isinstance(v, bool):
                 raise DesiredStateError(where, f"{field_}.env.{k}", v, "names are [A-Za-z_][A-Za-z0-9_]*, values strings")
@@ -91,7 +102,8 @@ class TaskSpec:
             job=need("job", str, _HANDLE.match, "must be a job handle <entitlement>/<name> (lower case, digits, _.-)"),
             index=need("index", int, lambda v: 0 <= v < 1_000_000, "must be an integer >= 0"),
             spec_version=opt("spec_version", 1, int, lambda v: v >= 0, "must be an integer >= 0"),
-            image=need("image", str, lambda v: bool(v.strip()) and " " not in v, "must be an image reference"),
+            image=need("image", str, lambda v: bool(v.strip()) and " " not in v and len(v) <= 512,
+                       "must be an image reference (at most 512 characters)"),
             command=tuple(command),
             env=tuple(sorted((k, str(v)) for k, v in env.items())),
             cpus=float(opt("cpus", 0.5, (int, float), lambda v: 0 < v <= 1024, "must be > 0 and <= 1024")),

@@ -23,6 +23,7 @@ from agent.models import TaskSpec
 from controlplane.allocator.model import LEVELS, STRATEGIES
 
 NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
+MAX_OWNER = 256  # characters of an entitlement's owner
 TASK_STATES = ("pending", "allocated", "starting", "running", "stopping", "stopped", "failed", "lost", "suspended")
 JOB_STATES = ("active", "stopping", "stopped")
 # Tasks in these states are in their machine's desired state (the agent runs them). A suspended
@@ -36,7 +37,7 @@ class ApiError(Exception):
     """A request the daemon refuses: kind maps to the HTTP status, field names what is wrong."""
 
     STATUS = {"invalid": 400, "unauthorized": 401, "not_found": 404, "exists": 409, "conflict": 409,
-              "quota": 422, "no_placement": 422, "unavailable": 503}
+              "too_large": 413, "quota": 422, "no_placement": 422, "unavailable": 503}
 
     def __init__(self, kind: str, field: str | None, why: str):
         super().__init__(f"{field}: {why}" if field else why)
@@ -90,9 +91,11 @@ def _int(value: Any, field_: str, low: int, high: int = 1_000_000) -> int:
     return value
 
 
-def _opt_str(value: Any, field_: str) -> str | None:
-    if value is not None and (not isinstance(value, str) or not value):
-        raise ApiError("invalid", field_, f"{value!r} must be a non-empty string or null")
+def _opt_str(value: Any, field_: str, longest: int = 253) -> str | None:
+    if value is not None and (not isinstance(value, str) or not value or len(value) > longest):
+        shown = repr(value)
+        raise ApiError("invalid", field_, f"{shown[:80] + '...' if len(shown) > 80 else shown} must be a non-empty "
+                       f"string of at most {longest} characters, or null")
     return value
 
 
@@ -158,10 +161,11 @@ class EntitlementRec:
         if "quota" in data:
             changes["quota"] = _int(data["quota"], "quota", 0)
         if "profile" in data:
-            changes["profile"] = _opt_str(data["profile"], "profile")
+            # a profile's name, as in profiles/NAME.toml: never a path (agents look it up by name)
+            changes["profile"] = None if data["profile"] is None else _name(data["profile"], "profile")
         if "owner" in data:
-            if not isinstance(data["owner"], str):
-                raise ApiError("invalid", "owner", "must be a string")
+            if not isinstance(data["owner"], str) or len(data["owner"]) > MAX_OWNER:
+                raise ApiError("invalid", "owner", f"must be a string of at most {MAX_OWNER} characters")
             changes["owner"] = data["owner"]
         if "spread" in data:
             changes["spread"] = Spread.parse(data["spread"])
@@ -243,7 +247,7 @@ class JobRec:
         ent, name = _name(data["entitlement"], "entitlement"), _name(data["name"], "name")
         req = _check_keys(data.get("requirements") or {}, {"machine_type", "dc"}, "requirements")
         update = _check_keys(data.get("update") or {}, {"max_unavailable"}, "update")
-        controller = _opt_str(data.get("controller"), "controller")
+        controller = _opt_str(data.get("controller"), "controller", 2048)
         if controller is not None and not re.match(r"^https?://", controller):
             raise ApiError("invalid", "controller", f"{controller!r} must be an http(s) URL")
         now = time.time()

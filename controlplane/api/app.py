@@ -18,6 +18,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 import aiohttp
+import msgspec
 from aiohttp import web
 
 from agent.errors import InputError
@@ -82,8 +83,10 @@ async def errors_and_auth(request: web.Request, handler: Callable[[web.Request],
     except web.HTTPNotFound:
         return reply(ApiError("not_found", "path", f"no such endpoint {request.path}").to_json(), 404)
     except web.HTTPMethodNotAllowed as e:
-        return reply({"error": "invalid", "field": "method", "why": f"{request.method} is not allowed; "
-                      f"allowed: {', '.join(sorted(e.allowed_methods))}"}, 405)
+        response = reply({"error": "invalid", "field": "method", "why": f"{request.method} is not allowed; "
+                          f"allowed: {', '.join(sorted(e.allowed_methods))}"}, 405)
+        response.headers["Allow"] = ", ".join(sorted(e.allowed_methods))
+        return response
 
 
 def _header(text: str) -> str:
@@ -103,16 +106,33 @@ def _authenticate(d: ControlDaemon, request: web.Request) -> None:
         ok = mid is not None
         request[MACHINE] = mid
     else:
-        ok = any(hmac.compare_digest(token, t) for t in d.api_tokens)
+        # as bytes: compare_digest refuses str with characters beyond ASCII (a 500, before)
+        ok = any(hmac.compare_digest(token.encode(errors="surrogateescape"), t.encode()) for t in d.api_tokens)
     if not ok:
         raise ApiError("unauthorized", None, "the token is not valid for this request")
 
 
-async def body(request: web.Request) -> Any:
+MAX_BODY = 1024 * 1024  # bytes of a request body; the records it makes are capped below etcd's limits
+MAX_INTERNAL_BODY = 16 * 1024 * 1024  # a replica's relay (every task report, for a member that joins)
+
+
+async def body(request: web.Request, limit: int = MAX_BODY) -> Any:
+    """The request's JSON body, strictly: standard JSON only (no NaN or Infinity), integers that
+    fit 64 bits, nesting the decoder can follow, at most `limit` bytes. Anything else is a 4xx
+    naming the body, never a 500."""
+    if request.content_length is not None and request.content_length > limit:
+        raise ApiError("too_large", "body", f"{request.content_length} bytes; at most {limit} are accepted")
     try:
-        return await request.json()
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ApiError("invalid", None, f"the body is not JSON: {e}") from None
+        raw = await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        raise ApiError("too_large", "body", f"more than {request.app._client_max_size} bytes") from None
+    if len(raw) > limit:
+        raise ApiError("too_large", "body", f"{len(raw)} bytes; at most {limit} are accepted")
+    try:
+        return msgspec.json.decode(raw)
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError) as e:
+        why = "nested too deep" if isinstance(e, RecursionError) else str(e)
+        raise ApiError("invalid", "body", f"the body is not JSON within limits: {why}") from None
 
 
 # -- views ------------------------------------------------------------------------------------
@@ -230,7 +250,7 @@ async def internal_relay(request: web.Request) -> web.Response:
     d: ControlDaemon = request.app[DAEMON]
     if d.relay is None:
         raise ApiError("unavailable", None, "this process is starting")
-    return reply(d.relay.receive(await body(request)))
+    return reply(d.relay.receive(await body(request, MAX_INTERNAL_BODY)))
 
 
 # -- entitlements ------------------------------------------------------------------------------
@@ -596,7 +616,7 @@ ROUTES = [
 
 
 def make_app(daemon: ControlDaemon) -> web.Application:
-    app = web.Application(middlewares=[errors_and_auth], client_max_size=4 * 1024 * 1024)
+    app = web.Application(middlewares=[errors_and_auth], client_max_size=MAX_INTERNAL_BODY)
     app[DAEMON] = daemon
     for method, path, handler in ROUTES:
         app.router.add_route(method, path, handler)

@@ -33,14 +33,32 @@ LABELS = ("region", "dc", "msb", "rack", "machine_type")
 MAX_WAIT = 60.0
 
 
+MAX_LABEL = 253  # characters of a label value, hostname, address or agent version (a DNS name's length)
+# What an agent says of its host (agent/report.py, capacity()): each field's check and its words.
+CAPACITY: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "cpus": (lambda v: True, ""),  # checked below, with their own words
+    "memory_mb": (lambda v: True, ""),
+    "disk_gb": (lambda v: isinstance(v, (int, float)) and 0 <= v <= 2**40, "must be a number from 0 to 2^40"),
+    "hugepage_sizes_kb": (lambda v: isinstance(v, list) and len(v) <= 16
+                          and all(isinstance(x, int) and not isinstance(x, bool) and 0 < x <= 2**30 for x in v),
+                          "must be a list of at most 16 page sizes (kB)"),
+    "cgroup_version": (lambda v: v in (1, 2), "must be 1 or 2"),
+    "supports": (lambda v: isinstance(v, list) and len(v) <= 64
+                 and all(isinstance(x, str) and 0 < len(x) <= 64 for x in v),
+                 "must be a list of at most 64 setting kinds"),
+}
+
+
 def sha256(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()
+    # surrogateescape: a header's bytes that are not UTF-8 hash as they came (no 500 for them)
+    return hashlib.sha256(text.encode(errors="surrogateescape")).hexdigest()
 
 
 def _need(d: dict, key: str, where: str, check: Callable[[Any], bool], why: str) -> Any:
     v = d.get(key)
     if v is None or isinstance(v, bool) or not check(v):
-        raise ApiError("invalid", f"{where}{key}", f"{v!r}: {why}")
+        shown = repr(v)
+        raise ApiError("invalid", f"{where}{key}", f"{shown[:80] + '...' if len(shown) > 80 else shown}: {why}")
     return v
 
 
@@ -95,17 +113,29 @@ class AgentService:
         mid = _need(body, "machine_id", "", lambda v: isinstance(v, str) and MACHINE_ID.match(v), "not a machine id")
         labels = _need(body, "labels", "", lambda v: isinstance(v, dict), "must be an object")
         for k in LABELS:
-            _need(labels, k, "labels.", lambda v: isinstance(v, str) and v != "", "must be a non-empty string")
+            _need(labels, k, "labels.", lambda v: isinstance(v, str) and 0 < len(v) <= MAX_LABEL,
+                  f"must be a non-empty string of at most {MAX_LABEL} characters")
         if labels["region"] != self.keys.region:
             raise ApiError("invalid", "labels.region", f"{labels['region']!r}: this control plane serves region "
                            f"{self.keys.region!r}")
         cap = _need(body, "capacity", "", lambda v: isinstance(v, dict), "must be an object")
-        _need(cap, "cpus", "capacity.", lambda v: isinstance(v, (int, float)) and v > 0, "must be > 0")
-        _need(cap, "memory_mb", "capacity.", lambda v: isinstance(v, int) and v > 0, "must be an integer > 0")
+        for k in cap:
+            if k not in CAPACITY:
+                raise ApiError("invalid", f"capacity.{k}", f"unknown field; known: {', '.join(CAPACITY)}")
+            if k not in ("cpus", "memory_mb"):
+                _need(cap, k, "capacity.", *CAPACITY[k])
+        _need(cap, "cpus", "capacity.", lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)
+              and 0 < v <= 65536, "must be a number > 0 and <= 65536")
+        _need(cap, "memory_mb", "capacity.", lambda v: isinstance(v, int) and not isinstance(v, bool)
+              and 0 < v <= 2**40, "must be an integer > 0 and <= 2^40 (MiB)")
+        for k in ("hostname", "address", "version"):
+            if body.get(k) is not None:
+                _need(body, k, "", lambda v: isinstance(v, str) and len(v) <= MAX_LABEL,
+                      f"must be a string of at most {MAX_LABEL} characters")
         credential = secrets.token_urlsafe(32)
         fields = dict(hostname=str(body.get("hostname") or mid), labels={k: labels[k] for k in LABELS},
-                      capacity=cap, address=str(body.get("address") or ""), agent_version=str(body.get("version") or ""),
-                      credential_sha256=sha256(credential))
+                      capacity=dict(cap), address=str(body.get("address") or ""),
+                      agent_version=str(body.get("version") or ""), credential_sha256=sha256(credential))
         key = self.keys.machine(mid)
 
         def compute(reads):

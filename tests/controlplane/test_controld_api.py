@@ -62,7 +62,7 @@ def test_bad_input_is_a_4xx_naming_the_field_and_writes_nothing(controld, etcd_s
     before = etcd_revision(etcd_server.port)
     job = {"entitlement": "web", "name": "api", "count": 1, "task": TASK}
     cases = [
-        ("POST", "/v1/jobs", b"{not json", 400, None),
+        ("POST", "/v1/jobs", b"{not json", 400, "body"),
         ("POST", "/v1/jobs", {**job, "colour": "red"}, 400, "colour"),
         ("POST", "/v1/jobs", {**job, "task": {**TASK, "memory_mb": 1}}, 400, "task.memory_mb"),
         ("POST", "/v1/jobs", {**job, "task": {**TASK, "image": ""}}, 400, "task.image"),

@@ -1,0 +1,76 @@
+"""Requests that once took the control plane down or gave a 500 (issue #11): each is a 4xx naming
+what is wrong, writes nothing to etcd, and the daemon goes on answering."""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+
+from tests.controlplane.controld_proc import API_TOKEN, BOOTSTRAP_TOKEN
+from tests.controlplane.test_controld_api import controld, etcd_revision, register  # noqa: F401 - a fixture
+
+TASK = {"image": "twine/busybox:1", "command": ["sleep", "3600"], "cpus": 0.1, "memory_mb": 16}
+
+
+def raw_call(c, method: str, path: str, data: bytes, token: str = API_TOKEN, headers: dict | None = None):
+    req = urllib.request.Request(c.url + path, method=method, data=data,
+                                 headers={"Content-Type": "application/json", "Authorization": f"Bearer {token}",
+                                          **(headers or {})})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status, json.loads(r.read()), r.headers
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read()), e.headers
+
+
+def test_oversized_and_malformed_requests_are_refused_naming_the_field(controld, etcd_server):
+    c = controld
+    register(c, "m1", "dc1", "msb1")
+    assert c.call("POST", "/v1/entitlements", {"name": "web", "machine_type": "generic", "quota": 1})[0] == 201
+    before = etcd_revision(etcd_server.port)
+    job = {"entitlement": "web", "name": "big", "count": 1, "task": TASK}
+    reg = {"machine_id": "m9", "hostname": "m9", "labels": {"region": c.region, "dc": "dc1", "msb": "msb1",
+           "rack": "r1", "machine_type": "generic"}, "capacity": {"cpus": 2, "memory_mb": 2048}}
+    cases = [
+        # a 3 MB environment value: past the body limit, before it is read whole
+        ("POST", "/v1/jobs", json.dumps({**job, "task": {**TASK, "env": {"X": "x" * 3_000_000}}}).encode(),
+         API_TOKEN, 413, "body"),
+        # under the body limit, over a task's environment limit
+        ("POST", "/v1/jobs", json.dumps({**job, "task": {**TASK, "env": {"X": "x" * 900_000}}}).encode(),
+         API_TOKEN, 400, "task.env"),
+        ("POST", "/v1/jobs", json.dumps({**job, "task": {**TASK, "command": ["a"] * 2000}}).encode(),
+         API_TOKEN, 400, "task.command"),
+        ("POST", "/v1/jobs", json.dumps({**job, "count": 10_001}).encode(), API_TOKEN, 400, "count"),
+        ("POST", "/v1/jobs", b"[" * 100_000 + b"]" * 100_000, API_TOKEN, 400, "body"),
+        ("POST", "/v1/jobs", b'{"entitlement": "web", "name": "n", "count": ' + b"9" * 5000 + b"}", API_TOKEN, 400, "body"),
+        ("POST", "/v1/entitlements", json.dumps({"name": "own", "machine_type": "generic", "quota": 1,
+                                                 "owner": "o" * 1_500_000}).encode(), API_TOKEN, 413, "body"),
+        ("POST", "/v1/entitlements", json.dumps({"name": "own", "machine_type": "generic", "quota": 1,
+                                                 "owner": "o" * 300}).encode(), API_TOKEN, 400, "owner"),
+        # a profile is a name, never a path: no file on the daemon's host is looked at
+        ("POST", "/v1/entitlements", json.dumps({"name": "p", "machine_type": "generic", "quota": 1,
+                                                 "profile": "/bin/true"}).encode(), API_TOKEN, 400, "profile"),
+        ("POST", "/v1/agent/register", json.dumps(reg).replace('"cpus": 2', '"cpus": Infinity').encode(),
+         BOOTSTRAP_TOKEN, 400, "body"),
+        ("POST", "/v1/agent/register", json.dumps({**reg, "capacity": {"cpus": 1e9, "memory_mb": 2048}}).encode(),
+         BOOTSTRAP_TOKEN, 400, "capacity.cpus"),
+        ("POST", "/v1/agent/register", json.dumps({**reg, "capacity": {"cpus": 2, "memory_mb": 2048, "gpus": "x" * 1000}}).encode(),
+         BOOTSTRAP_TOKEN, 400, "capacity.gpus"),
+        ("POST", "/v1/agent/register", json.dumps({**reg, "hostname": "h" * 1000}).encode(), BOOTSTRAP_TOKEN, 400, "hostname"),
+        ("POST", "/v1/agent/register", json.dumps({**reg, "labels": {**reg["labels"], "rack": "r" * 1000}}).encode(),
+         BOOTSTRAP_TOKEN, 400, "labels.rack"),
+        # a token with characters beyond ASCII: refused as any wrong token, before authentication decides
+        ("GET", "/v1/jobs", None, "t\u00f6ken", 401, None),
+        ("POST", "/v1/agent/heartbeat", b"{}", "cr\u00e9dential", 401, None),
+    ]
+    for method, path, data, token, want, field in cases:
+        status, answer, _ = raw_call(c, method, path, data, token)
+        assert status == want, (path, (data or b"")[:100], answer)
+        assert answer["field"] == field and answer["why"], answer
+        assert len(json.dumps(answer)) < 2000, "an error does not echo a huge value back"
+    status, answer, headers = raw_call(c, "DELETE", "/v1/cluster", None)
+    assert status == 405 and headers["Allow"] == "GET", (answer, dict(headers))
+    assert etcd_revision(etcd_server.port) == before, "a refused request wrote to etcd"
+    assert c.call("GET", "/healthz", token=None)[0] == 200
+    assert c.call("POST", "/v1/jobs", {**job, "task": {**TASK, "env": {"X": "x" * 60_000}}})[0] == 201, \
+        "a task within the limits is taken"

@@ -136,6 +136,7 @@ class ControlDaemon:
             "twine_allocation_cache_hit_ratio": round(hits / (hits + misses), 4) if hits + misses else 0.0,
             "twine_allocation_cache_hits_total": hits,
             "twine_allocation_cache_misses_total": misses,
+            "twine_records_skipped": len(self.state.skipped),
             "twine_machines": len(self.state.machines),
             "twine_machines_unhealthy": sum(1 for m in self.state.machines.values() if not m.healthy),
             "twine_machines_in_maintenance": sum(1 for mid in self.state.machines

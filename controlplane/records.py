@@ -177,6 +177,18 @@ class EntitlementRec:
 TASK_FIELDS = ("image", "command", "env", "cpus", "memory_mb", "pids", "network_mode")
 
 
+MAX_JOB_BYTES = 64 * 1024 * 1024  # what a job's task records may weigh in the store together
+
+
+def check_job_size(count: int, task: dict) -> None:
+    """Each task's record carries the job's template: count x template is what the job puts in
+    the store, bounded so that one job cannot fill it (etcd's default quota is 2 GiB)."""
+    each = len(msgspec.json.encode(task)) + 512
+    if count * each > MAX_JOB_BYTES:
+        raise ApiError("invalid", "count", f"{count} tasks of a {each}-byte template would put {count * each} bytes "
+                       f"in the store; at most {MAX_JOB_BYTES}: fewer tasks, or a smaller command or env")
+
+
 def parse_task(data: Any, handle: str) -> dict:
     """A job's task template, validated by the agent's own TaskSpec codec (one codec for both
     ends), returned in the canonical form the agent will receive."""
@@ -251,9 +263,10 @@ class JobRec:
         if controller is not None and not re.match(r"^https?://", controller):
             raise ApiError("invalid", "controller", f"{controller!r} must be an http(s) URL")
         now = time.time()
+        count, task = _int(data["count"], "count", 0, 10_000), parse_task(data["task"], f"{ent}/{name}")
+        check_job_size(count, task)
         return cls(
-            entitlement=ent, name=name, count=_int(data["count"], "count", 0, 10_000),
-            task=parse_task(data["task"], f"{ent}/{name}"),
+            entitlement=ent, name=name, count=count, task=task,
             machine_type=_opt_str(req.get("machine_type"), "requirements.machine_type"),
             dc=_opt_str(req.get("dc"), "requirements.dc"), preferences=_preferences(data.get("preferences")),
             max_unavailable=_int(update.get("max_unavailable", 1), "update.max_unavailable", 1, 10_000),

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Iterable
 from controlplane.allocator import Entitlement, Machine, PlacedTask, Snapshot, SpreadPolicy
 from controlplane.records import ON_MACHINE, EntitlementRec, EventRec, JobRec, MachineRec, TaskRec
 from controlplane.store import Index, Store, Versioned
-from controlplane.store.etcd import Change
+from controlplane.store.etcd import Change, Skipped
 from controlplane.store.keys import Keys
 
 if TYPE_CHECKING:
@@ -128,6 +128,7 @@ class RegionState:
         self.ratelimits: dict[str, dict] = {}  # persisted token buckets, by scope
         self.taskcontrol: dict[str, dict] = {}  # job -> its TaskController operations in flight
         self.settings: dict = {}
+        self.skipped: dict[str, str] = {}  # key -> why its record was not read (reported, skipped)
         self.coordination_changed = asyncio.Event()
         self._machine_waiters: dict[str, asyncio.Event] = {}
         self._snapshot: Snapshot | None = None
@@ -139,7 +140,7 @@ class RegionState:
 
     async def start(self) -> None:
         for v in await self.index.start():
-            self._apply(v.key, v.value, v.mod_revision)
+            self._take(v.key, v.value, v.mod_revision)
         self._snapshot = None
         log.info("region %s: %d machines, %d entitlements, %d jobs, %d tasks at revision %d",
                  self.keys.region, len(self.machines), len(self.entitlements), len(self.jobs),
@@ -168,7 +169,25 @@ class RegionState:
     # -- decoding the watch ----------------------------------------------------------------
 
     def _on_change(self, change: Change) -> None:
-        self.changed.set(self._apply(change.key, change.value, change.mod_revision))
+        self.changed.set(self._take(change.key, change.value, change.mod_revision))
+
+    def _take(self, key: str, value, revision: int) -> set[str] | None:
+        """_apply, except that a record this daemon cannot read (too large, not JSON, not the
+        record its key says) is reported and skipped: the view keeps what it had. Such a record
+        must neither stop the watch nor the daemon's next start (issue #11)."""
+        if isinstance(value, Skipped):
+            return self._skip(key, value.why)
+        try:
+            return self._apply(key, value, revision)
+        except (TypeError, KeyError, ValueError, AttributeError) as e:  # msgspec's ValidationError is a ValueError
+            return self._skip(key, f"{type(e).__name__}: {str(e)[:300]}")
+
+    def _skip(self, key: str, why: str) -> set[str]:
+        if self.skipped.get(key) != why:
+            log.error("skipping the record %s, which this daemon cannot read (%s); it keeps what it had. "
+                      "Rewrite or delete the record to end this", key, why)
+        self.skipped[key] = why
+        return set()
 
     def jobs_on(self, mid: str) -> set[str]:
         return {h for h, _ in self.by_machine.get(mid, ())}
@@ -178,6 +197,7 @@ class RegionState:
         work queues (None: any job)."""
         rel = key[len(self.keys.root):]
         kind, _, rest = rel.partition("/")
+        self.skipped.pop(key, None)
         if value is None:
             self.revs.pop(key, None)
         else:

@@ -25,7 +25,7 @@ from agent.errors import InputError
 from controlplane.allocator import AllocationError, InvalidRequest, QuotaExceeded, allocate
 from controlplane.scheduler.service import job_request
 from controlplane.api.openapi import document
-from controlplane.records import ApiError, EntitlementRec, EventRec, JobRec, TaskRec, parse_maintenance
+from controlplane.records import ApiError, EntitlementRec, EventRec, JobRec, TaskRec, check_job_size, parse_maintenance
 from controlplane.store import Conflict, TooLarge, Unavailable, Versioned
 from controlplane.store.etcd import UNREACHABLE
 
@@ -397,6 +397,7 @@ async def resize_job(request: web.Request) -> web.Response:
         raise ApiError("invalid", "count", f"{count!r} must be an integer from 0 to 10000")
     if old.state != "active":
         raise ApiError("conflict", "state", f"job {old.handle} is {old.state}")
+    check_job_size(count, old.task)
     new = replace(old, count=count, updated_at=time.time())
     if count > old.count:
         await _fits(d, new)

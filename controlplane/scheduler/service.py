@@ -34,6 +34,7 @@ from controlplane.scheduler.reconcile import Gate, JobPlan, MachineView, Mainten
 from controlplane.taskcontrol.session import TaskControlSession, unhealthy
 from controlplane.state import RegionState
 from controlplane.store import Conflict, Store, TooLarge, Unavailable, Versioned
+from controlplane.store.etcd import encode
 from controlplane.store.keys import Keys
 
 if TYPE_CHECKING:
@@ -43,9 +44,16 @@ log = logging.getLogger("twine.controld.scheduler")
 Reports = Callable[[str], Mapping[tuple[str, int], dict] | None]
 PASS_INTERVAL = 1.0  # jobs not settled are looked at again this often
 RESYNC_INTERVAL = 30.0  # every job is looked at once in this long, whatever the queue says (a safety net)
+MAX_TXN_BYTES = 1024 * 1024  # about what one transaction may weigh: etcd's default request limit is 1.5 MiB
 PASS_SLICE = 0.02  # seconds of passes over jobs between two chances for everything else to run
 CREATE_RETRIES = 8
 MAINTENANCE_GRACE = 120.0  # seconds after a maintenance for its silent machines to come back
+
+
+def task_bytes(job: JobRec) -> int:
+    """About what one task change of the job weighs in a transaction: its task record (which
+    carries the template), its discovery record, its machine's record, their keys."""
+    return 1024 + len(encode(job.task))
 
 
 def job_request(job: JobRec, replace: tuple[int, ...] = ()) -> JobRequest:
@@ -372,6 +380,8 @@ class Scheduler:
         is stopped once its tasks are gone). If a batch loses a race, what landed stays and the
         reconciler, level-triggered, does the rest from the job record on its next pass."""
         per_batch = max(1, (self.max_txn_ops - 8) // 5)  # a task: its record, discovery, machine; guards
+        # and in bytes: each task's record carries the job's template
+        per_batch = max(1, min(per_batch, MAX_TXN_BYTES // task_bytes(job)))
         if len(changes) <= per_batch:
             return await self._commit_one(job, changes, job_put, taken, destructive, extra)
         batches = [changes[i:i + per_batch] for i in range(0, len(changes), per_batch)]
@@ -450,7 +460,7 @@ class Scheduler:
             job, read_revision, fut = self._creates[0]
             if fut.done():
                 self._creates.popleft()
-            elif not Txn(self).fits(job.count + len(self._create_changes(job)[0]), self.max_txn_ops):
+            elif not Txn(self).fits(job.count + len(self._create_changes(job)[0]), self.max_txn_ops, task_bytes(job)):
                 self._creates.popleft()  # too large for one transaction: alone, in bounded batches
                 await _settle(fut, self._create_alone(job, read_revision))
             else:
@@ -464,7 +474,7 @@ class Scheduler:
             snap = self.state.snapshot()
             while self._creates:
                 job, read_revision, fut = self._creates[0]
-                if not txn.fits(job.count + len(self._create_changes(job)[0]), self.max_txn_ops):
+                if not txn.fits(job.count + len(self._create_changes(job)[0]), self.max_txn_ops, task_bytes(job)):
                     break
                 self._creates.popleft()
                 if fut.done():
@@ -573,6 +583,7 @@ class Txn:
         self.entitlements: set[str] = set()  # entitlements whose jobs this transaction changes
         self.jobs: list[str] = []
         self.tasks: list[tuple[str, int]] = []
+        self.bytes = 0  # about what the transaction's records weigh (task_bytes a task change)
         if sched.fence is not None:
             self.guards[sched.fence.key] = sched.fence.guard
 
@@ -582,9 +593,11 @@ class Txn:
         limits each list of a transaction to max-txn-ops)."""
         return 2 * count + 2, 3 * count + 2
 
-    def fits(self, count: int, limit: int) -> bool:
+    def fits(self, count: int, limit: int, each: int = 0) -> bool:
+        """Whether `count` more task changes of `each` bytes (task_bytes) fit in this transaction."""
         g, w = self.size(count)
-        return len(self.guards) + g <= limit and len(self.puts) + len(self.deletes) + w + 1 <= limit
+        return len(self.guards) + g <= limit and len(self.puts) + len(self.deletes) + w + 1 <= limit \
+            and self.bytes + count * each <= MAX_TXN_BYTES
 
     def add(self, job: JobRec, changes: list[tuple[TaskRec | None, TaskRec | None]], job_put: JobRec | None = None,
             taken: set[str] | frozenset[str] = frozenset(), extra: dict[str, dict] | None = None) -> None:
@@ -597,6 +610,7 @@ class Txn:
         self.guards[ekey] = st.guard(ekey)
         self.entitlements.add(job.entitlement)
         self.jobs.append(job.handle)
+        self.bytes += len(changes) * task_bytes(job)
         self.puts.update(extra or {})
         if job_put is not None:
             self.puts[jkey] = job_put.to_json()

@@ -31,6 +31,10 @@ T = TypeVar("T")
 # is given, 20 s by default; at 100 ms a slow host, such as an emulated VM, never finished the
 # HTTP/2 handshake with its own etcd.)
 CHANNEL_OPTIONS = {
+    # gRPC's default (4 MiB) is below what one etcd answer may carry: a watch response with a
+    # large transaction's events, or a range page of large values (issue #11: a daemon that died
+    # on its watch and could not restart). Our etcds take requests up to 32 MiB (ETCD_FLAGS).
+    "grpc.max_receive_message_length": 64 * 1024 * 1024, "grpc.max_send_message_length": 64 * 1024 * 1024,
     "grpc.initial_reconnect_backoff_ms": 100, "grpc.max_reconnect_backoff_ms": 1000,
     "grpc.keepalive_time_ms": 10_000, "grpc.keepalive_timeout_ms": 5_000, "grpc.http2.max_pings_without_data": 0,
 }
@@ -65,6 +69,29 @@ def txn_request(reads: list[Versioned], puts: dict[str, Any], deletes) -> aetcd.
         compare=[rpc.Compare(result=equal, target=mod, key=r.key.encode(), mod_revision=r.mod_revision) for r in reads],
         success=[op(request_put=put(key=k.encode(), value=encode(v))) for k, v in puts.items()]
         + [op(request_delete_range=delete(key=k.encode())) for k in deletes])
+
+
+MAX_VALUE = 2 * 1024 * 1024  # bytes: a value larger than any record the API can make (a job: ~130 KiB)
+
+
+class Skipped:
+    """In place of a value too large or not JSON, which a daemon must neither crash on nor let
+    block its restart: the owner reports it and keeps what it had (RegionState)."""
+
+    def __init__(self, why: str) -> None:
+        self.why = why
+
+    def __repr__(self) -> str:
+        return f"Skipped({self.why})"
+
+
+def decode_value(raw: bytes) -> Any:
+    if len(raw) > MAX_VALUE:
+        return Skipped(f"{len(raw)} bytes, more than the {MAX_VALUE} a record may have")
+    try:
+        return decode(raw)
+    except (ValueError, RecursionError) as e:
+        return Skipped(f"not JSON: {str(e)[:200]}")
 
 
 def encode(value: Any) -> bytes:
@@ -237,7 +264,7 @@ class Store:
         got = await self._call(lambda c: c.get(key.encode()))
         if got is None:
             return Versioned(key, None, 0)
-        return Versioned(key, decode(got.value), got.mod_revision)
+        return Versioned(key, decode_value(got.value), got.mod_revision)
 
     async def range(self, prefix: str, page: int = RANGE_PAGE) -> tuple[list[Versioned], int]:
         """Every key under prefix, and the store revision the read saw (for a watch to follow).
@@ -247,9 +274,16 @@ class Store:
         items: list[Versioned] = []
         revision = 0
         while True:
-            got = await self._call(lambda c: _range_page(c, start, end, page, revision))
+            try:
+                got = await self._call(lambda c: _range_page(c, start, end, page, revision))
+            except aetcd.exceptions.ClientError as e:
+                if "larger than max" not in str(e) or page == 1:
+                    raise
+                page = max(1, page // 8)  # a page of large values: fewer keys an answer
+                log.warning("reading %s: %s; %d keys a page from here", prefix, e, page)
+                continue
             revision = revision or got.header.revision
-            items += [Versioned(kv.key.decode(), decode(kv.value), kv.mod_revision) for kv in got.kvs]
+            items += [Versioned(kv.key.decode(), decode_value(kv.value), kv.mod_revision) for kv in got.kvs]
             if not got.more or not got.kvs:
                 return items, revision
             start = got.kvs[-1].key + b"\0"
@@ -260,8 +294,10 @@ class Store:
         request = txn_request(reads, puts, deletes)
         try:
             got = await self._call(lambda c: _txn(c, request), retry_timeouts=False)
-        except aetcd.exceptions.InvalidArgumentError as e:
-            if "too many operations" in str(e) or "too large" in str(e):
+        except aetcd.exceptions.ClientError as e:
+            # etcd's words: "too many operations in txn request", "request is too large"; its gRPC
+            # server's: "received message larger than max" (RESOURCE_EXHAUSTED)
+            if any(w in str(e) for w in ("too many operations", "too large", "larger than max")):
                 raise TooLarge(f"etcd refused a transaction of {len(request.compare)} compares and "
                                f"{len(request.success)} operations ({e}); run etcd with {' '.join(ETCD_FLAGS)}") from None
             raise
@@ -301,7 +337,7 @@ class Store:
         try:
             async for event in watch:
                 kv = event.kv
-                value = None if event.kind == "DELETE" else decode(kv.value)
+                value = None if event.kind == "DELETE" else decode_value(kv.value)
                 yield Change(kv.key.decode(), value, kv.mod_revision)
         except (*UNREACHABLE, aetcd.exceptions.InternalError) as e:
             # a stream cut by a dying peer may end as gRPC INTERNAL ("Internal error from Core")

@@ -6,7 +6,8 @@ from __future__ import annotations
 import json
 import urllib.request
 
-from tests.controlplane.controld_proc import API_TOKEN, BOOTSTRAP_TOKEN
+from controlplane.etcdproc import EtcdServer
+from tests.controlplane.controld_proc import API_TOKEN, BOOTSTRAP_TOKEN, Controld
 from tests.controlplane.test_controld_api import controld, etcd_revision, register  # noqa: F401 - a fixture
 
 TASK = {"image": "twine/busybox:1", "command": ["sleep", "3600"], "cpus": 0.1, "memory_mb": 16}
@@ -41,6 +42,9 @@ def test_oversized_and_malformed_requests_are_refused_naming_the_field(controld,
         ("POST", "/v1/jobs", json.dumps({**job, "task": {**TASK, "command": ["a"] * 2000}}).encode(),
          API_TOKEN, 400, "task.command"),
         ("POST", "/v1/jobs", json.dumps({**job, "count": 10_001}).encode(), API_TOKEN, 400, "count"),
+        # each task's record carries the template: 2,000 x 60 KB would put 120 MB in the store
+        ("POST", "/v1/jobs", json.dumps({**job, "count": 2000, "task": {**TASK, "env": {"X": "x" * 60_000}}}).encode(),
+         API_TOKEN, 400, "count"),
         ("POST", "/v1/jobs", b"[" * 100_000 + b"]" * 100_000, API_TOKEN, 400, "body"),
         ("POST", "/v1/jobs", b'{"entitlement": "web", "name": "n", "count": ' + b"9" * 5000 + b"}", API_TOKEN, 400, "body"),
         ("POST", "/v1/entitlements", json.dumps({"name": "own", "machine_type": "generic", "quota": 1,
@@ -74,3 +78,27 @@ def test_oversized_and_malformed_requests_are_refused_naming_the_field(controld,
     assert c.call("GET", "/healthz", token=None)[0] == 200
     assert c.call("POST", "/v1/jobs", {**job, "task": {**TASK, "env": {"X": "x" * 60_000}}})[0] == 201, \
         "a task within the limits is taken"
+
+
+def test_a_job_of_large_tasks_is_committed_in_batches_that_fit_etcds_default_request_size(tmp_path):
+    """30 tasks with a 60 KB environment and a 60 KB command each: 3.6 MB of task records, and the
+    24 tasks a batch of etcd's default 128 operations holds are 2.9 MB, more than its default
+    1.5 MiB a request: batches are bounded by bytes as well as by operations."""
+    etcd = EtcdServer(raised_limits=False).start()
+    c = Controld(tmp_path, etcd.port)
+    try:
+        c.start()
+        for i in range(4):
+            register(c, f"m{i}", f"dc{i % 2}", f"msb{i}", cpus=16, memory_mb=16384)
+        assert c.call("POST", "/v1/entitlements", {"name": "big", "machine_type": "generic", "quota": 4})[0] == 201
+        status, answer = c.call("POST", "/v1/jobs", {"entitlement": "big", "name": "env", "count": 30,
+                                                    "task": {**TASK, "env": {"X": "x" * 60_000},
+                                                             "command": ["echo", "y" * 60_000]}})
+        assert status == 201, answer
+        job = c.wait_for("/v1/jobs/big/env", lambda j: len(j["tasks"]) == 30 and all(t["machine"] for t in j["tasks"]),
+                         what="30 tasks placed")
+        assert len(job["tasks"]) == 30
+        assert c.metric("twine_scheduler_batches_total") >= 2
+    finally:
+        c.close()
+        etcd.stop()

@@ -28,6 +28,7 @@ from agent.report import report_digest
 
 log = logging.getLogger("twine.agent.controlplane")
 CREDENTIAL = "credential"
+CREDENTIAL_HEADER = "X-Twine-Credential"  # on a registration: the credential the agent holds
 LONG_POLL_WAIT = 25  # seconds the daemon may hold a desired-state request
 REQUEST_TIMEOUT = 10.0  # seconds for a call, on top of the long poll's wait
 CONNECT_TIMEOUT = 3.0  # a replica that does not accept the connection by then is failed over
@@ -183,9 +184,12 @@ class ControlPlaneClient:
     async def register(self) -> None:
         """POST /v1/agent/register with the bootstrap token; store the new credential."""
         url = self.url
+        # the credential we hold, if any: an existing machine id is registered again only with it
+        # (or after an admin's release), so a bootstrap token cannot take a live machine over
+        extra = {"headers": {CREDENTIAL_HEADER: self.credential}} if self.credential else {}
         try:
             answer = await self._request(url, "POST", "/v1/agent/register", self.bootstrap_token, REQUEST_TIMEOUT,
-                                         json=self.machine_info)
+                                         json=self.machine_info, **extra)
         except Unauthorized as e:
             raise ControlPlaneError(f"registration refused: {e}") from None
         credential = answer.get("credential")
@@ -209,7 +213,7 @@ class ControlPlaneClient:
         """One HTTP call to `url`. When `url` fails to answer, the next call goes elsewhere."""
         if self._session is None:
             self._session = aiohttp.ClientSession()
-        headers = {"Authorization": f"Bearer {token}"}
+        headers = {"Authorization": f"Bearer {token}", **kw.pop("headers", {})}
         limits = aiohttp.ClientTimeout(total=timeout, sock_connect=min(CONNECT_TIMEOUT, timeout))
         try:
             async with self._session.request(method, url + path, headers=headers, timeout=limits, **kw) as r:

@@ -25,6 +25,7 @@ from agent.errors import InputError
 from controlplane.allocator import AllocationError, InvalidRequest, QuotaExceeded, allocate
 from controlplane.scheduler.service import job_request
 from controlplane.api.openapi import document
+from controlplane.broker.agents import CREDENTIAL_HEADER
 from controlplane.records import ApiError, EntitlementRec, EventRec, JobRec, TaskRec, check_job_size, parse_maintenance
 from controlplane.store import Conflict, TooLarge, Unavailable, Versioned
 from controlplane.store.etcd import UNREACHABLE
@@ -467,6 +468,15 @@ async def show_machine(request: web.Request) -> web.Response:
     return reply(machine_view(d, mid, detail=True))
 
 
+async def release_machine(request: web.Request) -> web.Response:
+    d: ControlDaemon = request.app[DAEMON]
+    mid = request.match_info["id"]
+    if mid not in d.state.machines:
+        raise ApiError("not_found", "machine", f"no machine {mid!r}")
+    await d.agents.release(mid)
+    return reply(machine_view(d, mid, detail=True))
+
+
 async def list_events(request: web.Request) -> web.Response:
     d: ControlDaemon = request.app[DAEMON]
     events = sorted(d.state.events.values(), key=lambda e: e.start)
@@ -543,7 +553,7 @@ async def discovery(request: web.Request) -> web.Response:
 
 async def agent_register(request: web.Request) -> web.Response:
     d: ControlDaemon = request.app[DAEMON]
-    return reply(await d.agents.register(await body(request)))
+    return reply(await d.agents.register(await body(request), request.headers.get(CREDENTIAL_HEADER)))
 
 
 async def agent_desired(request: web.Request) -> web.Response:
@@ -598,6 +608,7 @@ ROUTES = [
     ("DELETE", "/v1/jobs/{ent}/{name}", stop_job),
     ("GET", "/v1/machines", list_machines),
     ("GET", "/v1/machines/{id}", show_machine),
+    ("POST", "/v1/machines/{id}/release", release_machine),
     ("GET", "/v1/events", list_events),
     ("POST", "/v1/maintenance", schedule_maintenance),
     ("GET", "/v1/maintenance", list_maintenance),

@@ -58,6 +58,8 @@ PATHS = {
     "/v1/jobs/{ent}/{name}/resize": {"post": _op("change a job's task count", "the job", "Job", "Resize")},
     "/v1/machines": {"get": _op("list machines", "the machines", "MachineList")},
     "/v1/machines/{id}": {"get": _op("show a machine with its tasks", "the machine", "Machine")},
+    "/v1/machines/{id}/release": {"post": _op("end the machine's credential: a bootstrap token may register it again",
+                                              "the machine", "Machine")},
     "/v1/events": {"get": _op("unavailability events", "the events", "EventList")},
     "/v1/maintenance": {
         "post": _op("schedule maintenance on machines (listed, or by dc/msb/rack)", "scheduled", "Maintenance",

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import hmac
 import logging
 import re
 import secrets
@@ -33,6 +34,7 @@ LABELS = ("region", "dc", "msb", "rack", "machine_type")
 MAX_WAIT = 60.0
 
 
+CREDENTIAL_HEADER = "X-Twine-Credential"  # a registering agent's current credential
 MAX_LABEL = 253  # characters of a label value, hostname, address or agent version (a DNS name's length)
 # What an agent says of its host (agent/report.py, capacity()): each field's check and its words.
 CAPACITY: dict[str, tuple[Callable[[Any], bool], str]] = {
@@ -107,7 +109,12 @@ class AgentService:
 
     # -- registration ------------------------------------------------------------------------
 
-    async def register(self, body: Any) -> dict:
+    async def register(self, body: Any, current: str | None = None) -> dict:
+        """Register a machine with the bootstrap token (checked by the caller). A machine id that
+        exists is taken again only with its current credential (`current`, the agent's
+        X-Twine-Credential header) or after an admin released it: a bootstrap token cannot take a
+        live machine over (its credential, its desired state, its labels). Labels and capacity do
+        not change under placed tasks: drain the machine, or release it."""
         if not isinstance(body, dict):
             raise ApiError("invalid", None, "body must be a JSON object")
         mid = _need(body, "machine_id", "", lambda v: isinstance(v, str) and MACHINE_ID.match(v), "not a machine id")
@@ -140,8 +147,23 @@ class AgentService:
 
         def compute(reads):
             old = reads[key].value
-            m = replace(MachineRec.from_json(old), **fields) if old else MachineRec(id=mid, registered_at=time.time(), **fields)
-            return {key: m.to_json()}, []
+            if not old:
+                return {key: MachineRec(id=mid, registered_at=time.time(), **fields).to_json()}, []
+            rec = MachineRec.from_json(old)
+            released = not rec.credential_sha256
+            if not released and (current is None or not hmac.compare_digest(sha256(current), rec.credential_sha256)):
+                raise ApiError("exists", "machine_id", f"machine {mid} is registered; registering it again takes its "
+                               f"current credential (header {CREDENTIAL_HEADER}), or an admin's release "
+                               f"(twinectl machine release {mid})")
+            if rec.alloc_tasks and not released:
+                for f in ("labels", "capacity"):
+                    was, now = getattr(rec, f), fields[f]
+                    changed = was != now if f == "labels" else \
+                        (was.get("cpus"), was.get("memory_mb")) != (now.get("cpus"), now.get("memory_mb"))
+                    if changed:
+                        raise ApiError("conflict", f, f"machine {mid} has {rec.alloc_tasks} task(s) placed on it: its "
+                                       f"{f} do not change under them; drain it, or have an admin release it")
+            return {key: replace(rec, **fields).to_json()}, []
 
         rev = await self.store.update([key], compute)
         await self.state.wait_for(rev)
@@ -151,6 +173,20 @@ class AgentService:
         log.info("machine %s registered (%s/%s/%s/%s)", mid, labels["dc"], labels["msb"], labels["rack"],
                  labels["machine_type"])
         return {"machine_id": mid, "credential": credential}
+
+    async def release(self, mid: str) -> None:
+        """An admin's release: the machine's credential no longer holds, and the next registration
+        with a bootstrap token takes the machine id (a reinstalled host that lost its credential)."""
+        key = self.keys.machine(mid)
+
+        def compute(reads):
+            old = reads[key].value
+            if not old:
+                raise ApiError("not_found", "machine", f"no machine {mid!r}")
+            return {key: replace(MachineRec.from_json(old), credential_sha256="").to_json()}, []
+
+        await self.state.wait_for(await self.store.update([key], compute))
+        log.warning("machine %s released: its credential no longer holds; a bootstrap token may register it", mid)
 
     # -- desired state (long poll) -----------------------------------------------------------
 

@@ -42,6 +42,7 @@ class ContractServer:
     def __init__(self) -> None:
         self.url = ""
         self.registrations: list[dict] = []
+        self.presented: list[str | None] = []  # the X-Twine-Credential each registration showed
         self.credentials: dict[str, str] = {}  # credential -> machine id
         self.desired = {"version": "v1", "profile": None, "tasks": []}
         self.heartbeats: list[dict] = []
@@ -87,6 +88,7 @@ class ContractServer:
             if key not in body:
                 return self._error(400, "invalid", key, "missing")
         self.registrations.append(body)
+        self.presented.append(request.headers.get("X-Twine-Credential"))
         for old in [c for c, m in self.credentials.items() if m == body["machine_id"]]:
             del self.credentials[old]
         credential = secrets.token_hex(16)
@@ -196,6 +198,8 @@ def test_a_refused_credential_registers_again_once_with_the_bootstrap_token(tmp_
             server.revoke()
             await client.desired("")
             assert len(server.registrations) == 2 and client.credential != first
+            # the first registration had no credential to show; the second showed the one it held
+            assert server.presented == [None, first]
             assert json.loads((tmp_path / "credential").read_text())["credential"] == client.credential
 
             server.refuse_credentials = True  # a new credential is refused too: give up this call

@@ -232,3 +232,10 @@ def test_an_answer_of_an_unexpected_shape_is_shown_as_json(server, capsys):
     out = capsys.readouterr()
     assert json.loads(out.out) == {"machines": ["m-001", "m-002"]}
     assert "cannot show this answer as a table" in out.err
+
+
+def test_machine_release_posts_to_the_machine_and_shows_it(server, capsys):
+    server.reply("POST", "/v1/machines/m-001/release", 200, samples.MACHINE_DETAIL)
+    assert ctl(server, "machine", "release", "m-001") == EXIT_OK
+    assert (server.requests[-1].method, server.requests[-1].path) == ("POST", "/v1/machines/m-001/release")
+    assert "m-001" in capsys.readouterr().out

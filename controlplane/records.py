@@ -197,6 +197,11 @@ def parse_task(data: Any, handle: str) -> dict:
         spec = TaskSpec.from_json({**data, "job": handle, "index": 0, "spec_version": 1}, "job", "task")
     except InputError as e:
         raise ApiError("invalid", e.field, e.why) from None
+    if spec.network_mode == "host":
+        # a task on the host's network reaches all the host reaches (the region's etcd among it):
+        # not for a job sent through the API (an operator's own desired-state file may still)
+        raise ApiError("invalid", "task.network_mode", "'host' is not allowed for jobs: a task on the host's "
+                       "network reaches what the host reaches; use bridge or none")
     return {k: v for k, v in spec.to_json().items() if k in TASK_FIELDS}
 
 

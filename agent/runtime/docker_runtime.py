@@ -38,6 +38,9 @@ def _info(c: Any) -> ContainerInfo:
     )
 
 
+TASK_CAPABILITIES = ("CHOWN", "DAC_OVERRIDE", "FOWNER", "SETGID", "SETUID", "KILL", "NET_BIND_SERVICE")
+
+
 class DockerRuntime:
     def __init__(self, base_url: str | None = None, pull: str = "if-not-present", cgroup_parent: str | None = None):
         if pull not in PULL_POLICIES:
@@ -105,6 +108,12 @@ class DockerRuntime:
             mem_limit=f"{spec.memory_mb}m",
             pids_limit=spec.pids,
             network_mode=spec.network_mode,
+            # no privilege a task's process could gain by exec (setuid binaries), and of Docker's
+            # default capabilities only those an ordinary service uses (no raw sockets, device
+            # nodes, chroot, audit, file capabilities)
+            security_opt=["no-new-privileges"],
+            cap_drop=["ALL"],
+            cap_add=list(TASK_CAPABILITIES),
             detach=True,
         )
         if self.cgroup_parent:

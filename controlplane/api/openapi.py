@@ -111,7 +111,7 @@ SCHEMAS = {
     "EntitlementList": {**OBJ, "properties": {"entitlements": {"type": "array", "items": _ref("Entitlement")}}},
     "TaskTemplate": {**OBJ, "required": ["image"], "additionalProperties": False, "properties": {
         "image": STR, "command": {"type": ["array", "string"]}, "env": OBJ, "cpus": {"type": "number"},
-        "memory_mb": INT, "pids": INT, "network_mode": {"enum": ["bridge", "none", "host"]}}},
+        "memory_mb": INT, "pids": INT, "network_mode": {"enum": ["bridge", "none"]}}},
     "JobSpec": {**OBJ, "required": ["entitlement", "name", "count", "task"], "additionalProperties": False, "properties": {
         "entitlement": STR, "name": STR, "count": {**INT, "minimum": 0}, "task": _ref("TaskTemplate"),
         "requirements": {**OBJ, "properties": {"machine_type": NSTR, "dc": NSTR}},

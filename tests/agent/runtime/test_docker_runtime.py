@@ -94,3 +94,19 @@ def test_missing_image_is_a_clear_error_and_creates_nothing(docker_client, machi
 def test_unreachable_docker_is_reported_not_raised_as_a_crash():
     rt = DockerRuntime(base_url="unix:///nonexistent/docker.sock")
     assert run(rt.ping()) is False
+
+
+def test_a_task_gains_no_privileges_and_holds_few_capabilities(docker_client, machine_id):
+    """Read from inside the container: the kernel's own view of the task's process."""
+    rt = DockerRuntime(pull="never")
+    info = run(rt.start(machine_id, spec(), generation=1))
+    c = docker_client.containers.get(info.id)
+    status = dict(line.split(":", 1) for line in c.exec_run(["cat", "/proc/1/status"]).output.decode().splitlines()
+                  if ":" in line)
+    assert status["NoNewPrivs"].strip() == "1"
+    caps = int(status["CapEff"].strip(), 16)
+    bits = {"CHOWN": 0, "DAC_OVERRIDE": 1, "FOWNER": 3, "KILL": 5, "SETGID": 6, "SETUID": 7, "NET_BIND_SERVICE": 10,
+            "NET_RAW": 13, "MKNOD": 27, "SYS_CHROOT": 18, "AUDIT_WRITE": 29, "SETFCAP": 31}
+    held = {name for name, bit in bits.items() if caps >> bit & 1}
+    assert held == {"CHOWN", "DAC_OVERRIDE", "FOWNER", "KILL", "SETGID", "SETUID", "NET_BIND_SERVICE"}, hex(caps)
+    assert caps & ~sum(1 << bits[n] for n in held) == 0, f"more than the task capabilities: {caps:#x}"

@@ -43,10 +43,20 @@ def locate(name_or_file: str, search: tuple[Path, ...] | None = None) -> Path:
     raise ProfileError(name_or_file, "profile", name_or_file, f"no profile of that name in {where}")
 
 
+MAX_PROFILE_BYTES = 1024 * 1024
+
+
 def _read(path: Path) -> dict[str, Any]:
     try:
         with open(path, "rb") as f:
-            return tomllib.load(f)
+            raw = f.read(MAX_PROFILE_BYTES + 1)
+        if len(raw) > MAX_PROFILE_BYTES:
+            raise ProfileError(str(path), "file", path.name, f"larger than {MAX_PROFILE_BYTES} bytes")
+        return tomllib.loads(raw.decode())
+    except UnicodeDecodeError as e:
+        raise ProfileError(str(path), "file", path.name, f"not UTF-8 text: {e}") from None
+    except RecursionError:
+        raise ProfileError(str(path), "file", path.name, "not valid TOML: nested too deep") from None
     except tomllib.TOMLDecodeError as e:
         raise ProfileError(str(path), "file", path.name, f"not valid TOML: {e}") from None
     except OSError as e:

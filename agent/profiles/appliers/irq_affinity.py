@@ -31,11 +31,14 @@ _RULE = re.compile(r"^[A-Za-z0-9_.-]+$")
 _TRIGGER = re.compile(r"(edge|level|fasteoi)$")  # the column before the action names
 
 
+MAX_CPU = 8191  # the kernel's NR_CPUS is at most 8192
+
+
 def parse_cpus(spec: str | list) -> set[int]:
     """A CPU list, "0-3,8" or [0, 1, 2, 3, 8], as a set. ValueError when malformed."""
     if isinstance(spec, list):
-        if not all(isinstance(c, int) and not isinstance(c, bool) and c >= 0 for c in spec):
-            raise ValueError("a CPU list holds CPU numbers")
+        if not all(isinstance(c, int) and not isinstance(c, bool) and 0 <= c <= MAX_CPU for c in spec):
+            raise ValueError(f"a CPU list holds CPU numbers from 0 to {MAX_CPU}")
         return set(spec)
     cpus: set[int] = set()
     for part in str(spec).strip().split(","):
@@ -43,6 +46,8 @@ def parse_cpus(spec: str | list) -> set[int]:
         first, last = int(lo), int(hi or lo)
         if last < first:
             raise ValueError(f"range {part} runs backwards")
+        if first < 0 or last > MAX_CPU:  # checked before the range is made: "0-100000000" ran out of memory
+            raise ValueError(f"range {part} is beyond CPU {MAX_CPU}, the kernel's largest")
         cpus.update(range(first, last + 1))
     return cpus
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from agent.errors import ProfileError
 from agent.profiles.appliers.base import KERNEL, NETNS, Applier, ApplierError
@@ -23,6 +23,37 @@ _OWNED_ELSEWHERE = {
     "vm.nr_hugepages_mempolicy": "hugepages",
     "vm.nr_overcommit_hugepages": "hugepages",
 }
+
+
+def _mem_total_kb(proc: Path) -> int:
+    try:
+        for line in (proc / "meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return 1 << 20  # unknown: as if 1 GiB, the strict side
+
+
+def _holds(ok: Callable[[str, Path], bool], value: str, proc: Path) -> bool:
+    try:
+        return ok(value, proc)
+    except ValueError:
+        return False
+
+
+# Within the allow-list, settings that would hurt the host itself, whatever the workload: a profile
+# may not set them, or only within bounds (issue #11).
+_GUARDED: tuple[tuple[re.Pattern, tuple[Callable[[str, Path], bool], str]], ...] = (
+    (re.compile(r"vm\.panic_on_oom$"), (lambda v, _: v == "0",
+                                        "only 0: a host short of memory kills a task, it does not panic")),
+    (re.compile(r"kernel\.sched_rt_(runtime|period)_us$"), (lambda v, _: 0 < int(v) <= 1_000_000,
+                                                            "from 1 to 1000000: -1 lets real-time tasks take every CPU")),
+    (re.compile(r"net\.ipv[46]\.(ip_forward|conf\.[^.]+\.forwarding)$"), (lambda v, _: v == "0",
+                                                                         "only 0: a profile does not make a host a router")),
+    (re.compile(r"vm\.min_free_kbytes$"), (lambda v, proc: 0 < int(v) <= _mem_total_kb(proc) // 20,
+                                           "at most 5% of the host's memory (more starves its processes)")),
+)
 
 
 def normalise(value: Any) -> str:
@@ -56,6 +87,9 @@ class Sysctl(Applier):
                     origin, field, value,
                     "not in the allow-list of sysctl prefixes: " + ", ".join(self.ctx.sysctl_prefixes),
                 )
+            for pattern, (ok, why) in _GUARDED:
+                if pattern.match(key) and not _holds(ok, normalise(value), self.ctx.proc):
+                    raise ProfileError(origin, field, value, why)
             root = (self.ctx.proc / "sys").resolve()
             path = self._path(key).resolve()
             if root not in path.parents:

@@ -223,6 +223,13 @@ def test_journal_left_by_a_crash_is_rolled_back(tmp_path, originals):
     "bad_line, field, why",
     [
         ('"kernel.core_pattern" = "|/tmp/x"', "kernel.core_pattern", "allow-list"),
+        # in the allow-list, but they hurt the host itself (issue #11)
+        ('"vm.panic_on_oom" = 2', "vm.panic_on_oom", "does not panic"),
+        ('"kernel.sched_rt_runtime_us" = -1', "kernel.sched_rt_runtime_us", "every CPU"),
+        ('"net.ipv4.ip_forward" = 1', "net.ipv4.ip_forward", "router"),
+        ('"net.ipv6.conf.all.forwarding" = 1', "net.ipv6.conf.all.forwarding", "router"),
+        ('"vm.min_free_kbytes" = 20000000', "vm.min_free_kbytes", "5% of the host's memory"),
+        ('x = ' + '[' * 5000 + ']' * 5000, "file", "nested too deep"),
         ('"net/../../etc/passwd" = 1', "net/../../etc/passwd", "not a sysctl name"),
         ('"vm.nr_hugepages" = 4', "vm.nr_hugepages", "[hugepages]"),
         ('"net.core.no_such_knob" = 4', "net.core.no_such_knob", "no such sysctl"),
@@ -285,6 +292,12 @@ def test_cli_apply_exit_codes_and_json(tmp_path, originals):
 
     bad = run("apply", str(tmp_path / "bad.toml"))
     assert bad.returncode == 2 and "kernel.core_pattern" in bad.stderr and "bad.toml" in bad.stderr
+    # hostile files are input errors (exit 2, named), not tracebacks (exit 1)
+    (tmp_path / "deep.toml").write_text("[sysctl]\nx = " + "[" * 5000 + "]" * 5000 + "\n")
+    (tmp_path / "latin1.toml").write_bytes('[sysctl]\n"vm.swappiness" = 10 # caf\u00e9\n'.encode("latin-1"))
+    for name, why in (("deep", "nested too deep"), ("latin1", "not UTF-8")):
+        hostile = run("apply", str(tmp_path / f"{name}.toml"))
+        assert hostile.returncode == 2 and why in hostile.stderr and "Traceback" not in hostile.stderr, hostile
     fails = run("apply", str(tmp_path / "fails.toml"))
     assert fails.returncode == 1 and "Invalid argument" in fails.stdout
     ok = run("apply", str(tmp_path / "p.toml"), "--json")

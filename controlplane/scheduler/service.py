@@ -24,7 +24,6 @@ from collections import deque
 
 import aiohttp
 import time
-from dataclasses import replace
 from typing import TYPE_CHECKING, Callable, Mapping
 
 from controlplane.allocator import AllocationCache, AllocationError, JobRequest, Placement, SoftPreference, allocate
@@ -653,17 +652,19 @@ class Txn:
             mkey = keys.machine(mid)
             self.guards[mkey] = st.guard(mkey)
             n, cpus, mem = self.delta.get(mid, (0, 0.0, 0))
-            new_m = replace(m, alloc_tasks=m.alloc_tasks + n, alloc_cpus=round(m.alloc_cpus + cpus, 6),
-                            alloc_memory_mb=m.alloc_memory_mb + mem)
+            # the record as JSON, its allocation fields changed there (no second record object)
+            new_m = m.to_json()
+            new_m.update(alloc_tasks=m.alloc_tasks + n, alloc_cpus=round(m.alloc_cpus + cpus, 6),
+                         alloc_memory_mb=m.alloc_memory_mb + mem)
             if mid in self.taken and m.entitlement is None:
-                new_m = replace(new_m, entitlement=self.taken[mid])
+                new_m["entitlement"] = self.taken[mid]
                 touched.add(self.taken[mid])
                 log.info("entitlement %s takes machine %s from the free pool", self.taken[mid], mid)
-            elif new_m.alloc_tasks <= 0 and m.entitlement is not None:
-                new_m = replace(new_m, entitlement=None, alloc_tasks=0, alloc_cpus=0.0, alloc_memory_mb=0)
+            elif new_m["alloc_tasks"] <= 0 and m.entitlement is not None:
+                new_m.update(entitlement=None, alloc_tasks=0, alloc_cpus=0.0, alloc_memory_mb=0)
                 touched.add(m.entitlement)
                 log.info("machine %s returns from %s to the free pool", mid, m.entitlement)
-            self.puts[keys.machine(mid)] = new_m.to_json()
+            self.puts[mkey] = new_m
         for name in touched:
             # Every change to what an entitlement holds writes its record: two such changes
             # race on it, so the quota is never overrun by concurrent allocations.

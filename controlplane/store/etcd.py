@@ -14,7 +14,7 @@ import asyncio
 import json
 import logging
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Awaitable, Callable, Sequence, TypeVar
+from typing import NamedTuple, Any, AsyncIterator, Awaitable, Callable, Sequence, TypeVar
 
 import aetcd
 from aetcd.exceptions import ConnectionFailedError, ConnectionTimeoutError, WatchTimeoutError
@@ -113,10 +113,10 @@ def decode(raw: bytes) -> Any:
         return json.loads(raw)
 
 
-@dataclass(frozen=True, slots=True)
-class Versioned:
+class Versioned(NamedTuple):
     """A value as read, with the mod revision that a later write must compare against.
-    mod_revision 0 means the key did not exist."""
+    mod_revision 0 means the key did not exist. (A named tuple: every commit makes one a record
+    it guards, and a frozen dataclass cost several times as much to make.)"""
 
     key: str
     value: Any

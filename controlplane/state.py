@@ -128,6 +128,7 @@ class RegionState:
         self.ratelimits: dict[str, dict] = {}  # persisted token buckets, by scope
         self.taskcontrol: dict[str, dict] = {}  # job -> its TaskController operations in flight
         self.settings: dict = {}
+        self.tokens: dict[str, dict] = {}  # API token id -> its record (controlplane/api/tokens.py)
         self.skipped: dict[str, str] = {}  # key -> why its record was not read (reported, skipped)
         self.coordination_changed = asyncio.Event()
         self._machine_waiters: dict[str, asyncio.Event] = {}
@@ -202,7 +203,8 @@ class RegionState:
             self.revs.pop(key, None)
         else:
             self.revs[key] = revision
-        plain = {"members": self.members, "ratelimits": self.ratelimits, "taskcontrol": self.taskcontrol}.get(kind)
+        plain = {"members": self.members, "ratelimits": self.ratelimits, "taskcontrol": self.taskcontrol,
+                 "tokens": self.tokens}.get(kind)
         if plain is not None:  # kept as etcd has them
             if value is None:
                 plain.pop(rest, None)

@@ -10,7 +10,6 @@ the cause (docs/api.md, "When etcd is unreachable").
 
 from __future__ import annotations
 
-import hmac
 import json
 import time
 from dataclasses import replace
@@ -24,6 +23,7 @@ from aiohttp import web
 from agent.errors import InputError
 from controlplane.allocator import AllocationError, InvalidRequest, QuotaExceeded, allocate
 from controlplane.scheduler.service import job_request
+from controlplane.api import tokens
 from controlplane.api.openapi import document
 from controlplane.broker.agents import CREDENTIAL_HEADER
 from controlplane.records import ApiError, EntitlementRec, EventRec, JobRec, TaskRec, check_job_size, parse_maintenance
@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 
 DAEMON = web.AppKey("daemon", object)
 MACHINE = "machine_id"
+PRINCIPAL = "principal"  # who an API request comes from (controlplane/api/tokens.py)
 _dumps = partial(json.dumps, default=str)
 PUBLIC = ("/v1/openapi.json", "/healthz")
 SERVED_BY_EVERY_ROLE = (*PUBLIC, "/v1/metrics", "/v1/cluster", "/v1/internal/relay")
@@ -53,8 +54,20 @@ def allocation_error(e: AllocationError) -> ApiError:
     return ApiError("no_placement", e.field, e.message)
 
 
+NOT_AUDITED = ("/v1/agent/heartbeat", "/v1/internal/relay")  # changes of state every second, not of intent
+
+
 @web.middleware
 async def errors_and_auth(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]):
+    response = await _answer(request, handler)
+    if request.method not in ("GET", "HEAD", "OPTIONS") and request.path not in NOT_AUDITED:
+        who = request.get(PRINCIPAL)
+        tokens.audit.info("%s %s %s -> %d", who.name if who else (f"machine {request[MACHINE]}" if request.get(MACHINE)
+                          else "unauthenticated"), request.method, request.path_qs, response.status)
+    return response
+
+
+async def _answer(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]):
     d: ControlDaemon = request.app[DAEMON]
     try:
         if request.path not in PUBLIC:
@@ -107,10 +120,13 @@ def _authenticate(d: ControlDaemon, request: web.Request) -> None:
         ok = mid is not None
         request[MACHINE] = mid
     else:
-        # as bytes: compare_digest refuses str with characters beyond ASCII (a 500, before)
-        ok = any(hmac.compare_digest(token.encode(errors="surrogateescape"), t.encode()) for t in d.api_tokens)
+        principal = tokens.resolve(token, d.api_tokens, d.state.tokens)
+        if principal is not None:
+            request[PRINCIPAL] = principal
+            tokens.authorize(principal, request.method, path, request.match_info.get("ent"))
+        ok = principal is not None
     if not ok:
-        raise ApiError("unauthorized", None, "the token is not valid for this request")
+        raise ApiError("unauthorized", None, "the token is not valid for this request (unknown, revoked or expired)")
 
 
 MAX_BODY = 1024 * 1024  # bytes of a request body; the records it makes are capped below etcd's limits
@@ -352,6 +368,8 @@ def _read(d: ControlDaemon, request: web.Request) -> tuple[JobRec, int]:
 async def create_job(request: web.Request) -> web.Response:
     d: ControlDaemon = request.app[DAEMON]
     job = JobRec.parse(await body(request))
+    if not request[PRINCIPAL].may_change_jobs_of(job.entitlement):
+        raise tokens.forbidden(request[PRINCIPAL], "POST", request.path, f"owner of entitlement {job.entitlement}")
     _entitlement(d, job.entitlement)
     old = d.state.jobs.get(job.handle)
     read_revision = d.state.revs.get(d.keys.job(job.handle), 0)
@@ -475,6 +493,29 @@ async def release_machine(request: web.Request) -> web.Response:
         raise ApiError("not_found", "machine", f"no machine {mid!r}")
     await d.agents.release(mid)
     return reply(machine_view(d, mid, detail=True))
+
+
+async def create_token(request: web.Request) -> web.Response:
+    d: ControlDaemon = request.app[DAEMON]
+    token_id, secret, record = tokens.parse_new(await body(request), time.time())
+    key = d.keys.token(token_id)
+    await d.state.wait_for(await d.store.commit([Versioned(key, None, 0)], {key: record}))
+    return reply({**tokens.view(record), "token": secret}, 201)
+
+
+async def list_tokens(request: web.Request) -> web.Response:
+    d: ControlDaemon = request.app[DAEMON]
+    return reply({"tokens": [tokens.view(r) for _, r in sorted(d.state.tokens.items())]})
+
+
+async def revoke_token(request: web.Request) -> web.Response:
+    d: ControlDaemon = request.app[DAEMON]
+    token_id = request.match_info["id"]
+    if token_id not in d.state.tokens:
+        raise ApiError("not_found", "token", f"no token {token_id!r}")
+    key = d.keys.token(token_id)
+    await d.state.wait_for(await d.store.commit([d.state.guard(key)], {}, [key]))
+    return reply({"revoked": token_id})
 
 
 async def list_events(request: web.Request) -> web.Response:
@@ -609,6 +650,9 @@ ROUTES = [
     ("GET", "/v1/machines", list_machines),
     ("GET", "/v1/machines/{id}", show_machine),
     ("POST", "/v1/machines/{id}/release", release_machine),
+    ("POST", "/v1/tokens", create_token),
+    ("GET", "/v1/tokens", list_tokens),
+    ("DELETE", "/v1/tokens/{id}", revoke_token),
     ("GET", "/v1/events", list_events),
     ("POST", "/v1/maintenance", schedule_maintenance),
     ("GET", "/v1/maintenance", list_maintenance),

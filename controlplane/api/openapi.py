@@ -61,6 +61,12 @@ PATHS = {
     "/v1/machines/{id}/release": {"post": _op("end the machine's credential: a bootstrap token may register it again",
                                               "the machine", "Machine")},
     "/v1/events": {"get": _op("unavailability events", "the events", "EventList")},
+    "/v1/tokens": {
+        "post": _op("make an API token (admin): its secret is in this answer only", "the token", "Token", "TokenSpec",
+                    "201"),
+        "get": _op("the API tokens, never their secrets (admin)", "the tokens", "TokenList"),
+    },
+    "/v1/tokens/{id}": {"delete": _op("revoke an API token (admin)", "revoked", "Revoked")},
     "/v1/maintenance": {
         "post": _op("schedule maintenance on machines (listed, or by dc/msb/rack)", "scheduled", "Maintenance",
                     "MaintenanceSpec", "201"),
@@ -95,7 +101,8 @@ TASK_STATES = ["pending", "allocated", "starting", "running", "stopping", "stopp
 
 SCHEMAS = {
     "Error": {**OBJ, "required": ["error", "why"], "properties": {
-        "error": {"enum": ["invalid", "unauthorized", "not_found", "exists", "conflict", "quota", "no_placement"]},
+        "error": {"enum": ["invalid", "unauthorized", "forbidden", "not_found", "exists", "conflict", "too_large",
+                           "quota", "no_placement", "unavailable"]},
         "field": NSTR, "why": STR}},
     "Spread": {**OBJ, "properties": {"properties": {"type": "array", "items": {"enum": ["region", "dc", "msb", "rack"]}},
                                      "pinned_dc": NSTR}},
@@ -132,6 +139,14 @@ SCHEMAS = {
                                       "entitlement": NSTR, "healthy": {"type": "boolean"}, "profile": OBJ,
                                       "alloc": OBJ, "agent": OBJ, "last_heartbeat": {"type": ["number", "null"]}}},
     "MachineList": {**OBJ, "properties": {"machines": {"type": "array", "items": _ref("Machine")}}},
+    "TokenSpec": {**OBJ, "required": ["role"], "additionalProperties": False, "properties": {
+        "role": {"enum": ["admin", "owner", "reader"]}, "entitlements": {"type": "array", "items": STR},
+        "expires_in": {"type": ["number", "null"]}, "description": STR}},
+    "Token": {**OBJ, "properties": {"id": STR, "role": STR, "entitlements": {"type": "array", "items": STR},
+                                    "created_at": {"type": "number"}, "expires": {"type": ["number", "null"]},
+                                    "description": STR, "token": {**STR, "description": "only in the answer that made it"}}},
+    "TokenList": {**OBJ, "properties": {"tokens": {"type": "array", "items": _ref("Token")}}},
+    "Revoked": {**OBJ, "properties": {"revoked": STR}},
     "Event": {**OBJ, "properties": {"id": STR, "kind": {"enum": ["failure", "maintenance"]},
                                     "machines": {"type": "array", "items": STR}, "start": {"type": "number"},
                                     "end": {"type": ["number", "null"]}, "reason": STR}},

@@ -317,3 +317,15 @@ def _ranges(shards: list[int]) -> str:
         if s is not None:
             run.append(s)
     return ",".join(out) or "-"
+
+
+def token_created(body: dict) -> str:
+    return (f"token {body['id']} ({body['role']}{' of ' + ', '.join(body['entitlements']) if body['entitlements'] else ''}"
+            f", expires {when(body['expires']) if body['expires'] else 'never'}):\n{body['token']}\n"
+            "(shown this once: the control plane keeps only its hash)")
+
+
+def token_list(body: dict) -> str:
+    return table(["ID", "ROLE", "ENTITLEMENTS", "EXPIRES", "CREATED", "DESCRIPTION"],
+                 [[t["id"], t["role"], ", ".join(t["entitlements"]) or "-", when(t["expires"]) if t["expires"] else "never",
+                   when(t["created_at"]), t["description"] or "-"] for t in body["tokens"]])

@@ -6,6 +6,7 @@
   twinectl maintenance schedule (--machine ID ... | --dc DC | --msb MSB | --rack RACK) --start WHEN
            --duration DUR [--deadline WHEN] [--policy move|stop] [--reason TEXT]
   twinectl maintenance list [--all] | show ID | end ID
+  twinectl token create --role admin|owner|reader [--entitlement E ...] [--expires DUR] | list | revoke ID
 
 WHEN is +90s, +10m, +2h, now, seconds since the epoch, or a local ISO time (2026-11-21T14:00);
 DUR is 90, 90s, 10m, 2h or 1d.
@@ -322,6 +323,17 @@ def _parser() -> argparse.ArgumentParser:
     leaf(mt_sub, "show", "a maintenance with the tasks on its machines").add_argument("id", metavar="ID")
     leaf(mt_sub, "end", "end a maintenance now (before its deadline: cancel it)").add_argument("id", metavar="ID")
 
+    tok = sub.add_parser("token", help="API tokens with roles (admin only): create, list, revoke")
+    tok_sub = tok.add_subparsers(dest="action", required=True, metavar="ACTION")
+    tc = leaf(tok_sub, "create", "make a token; its secret is shown this once")
+    tc.add_argument("--role", required=True, choices=("admin", "owner", "reader"),
+                    help="admin: everything; owner: the jobs of its entitlements; reader: reads only")
+    tc.add_argument("--entitlement", action="append", metavar="NAME", help="an entitlement an owner token owns (repeat)")
+    tc.add_argument("--expires", type=_duration, metavar="DUR", help="valid this long (default: until revoked)")
+    tc.add_argument("--description", default="", metavar="TEXT")
+    leaf(tok_sub, "list", "the tokens (never their secrets)")
+    leaf(tok_sub, "revoke", "end a token now").add_argument("id", metavar="ID")
+
     leaf(sub, "cluster", "the region's control-plane replicas, shard leaders and the entitlements of each shard")
     leaf(sub, "events", "unavailability events (failures, maintenance)")
     leaf(sub, "discovery", "a job's endpoints").add_argument("handle", metavar="HANDLE")
@@ -601,6 +613,24 @@ async def ent_move(api: Api, args, out: Out) -> int:
     return EXIT_OK
 
 
+async def token_create(api: Api, args, out: Out) -> int:
+    body: dict[str, Any] = {"role": args.role, "entitlements": args.entitlement or [], "description": args.description}
+    if args.expires is not None:
+        body["expires_in"] = args.expires
+    out(await api.call("POST", "/v1/tokens", body), render.token_created)
+    return EXIT_OK
+
+
+async def token_list(api: Api, args, out: Out) -> int:
+    out(await api.call("GET", "/v1/tokens"), render.token_list)
+    return EXIT_OK
+
+
+async def token_revoke(api: Api, args, out: Out) -> int:
+    out(await api.call("DELETE", f"/v1/tokens/{_q(args.id)}"), lambda b: f"token {b['revoked']} revoked")
+    return EXIT_OK
+
+
 async def cluster(api: Api, args, out: Out) -> int:
     out(await api.call("GET", "/v1/cluster"), render.cluster)
     return EXIT_OK
@@ -618,6 +648,9 @@ COMMANDS: dict[tuple[str, str | None], Command] = {
     ("entitlement", "show"): ent_show,
     ("entitlement", "move"): ent_move,
     ("cluster", None): cluster,
+    ("token", "create"): token_create,
+    ("token", "list"): token_list,
+    ("token", "revoke"): token_revoke,
     ("job", "run"): job_run,
     ("job", "status"): job_status,
     ("job", "list"): job_list,

@@ -68,3 +68,6 @@ class Keys:
 
     def taskcontrol(self, handle: str) -> str:  # the operations in flight for a job's TaskController
         return self.root + "taskcontrol/" + handle
+
+    def token(self, token_id: str) -> str:  # an API token's record: its sha256, role and scope, never the secret
+        return self.root + "tokens/" + token_id

@@ -1,0 +1,123 @@
+"""API tokens with roles (issue #11): who may do what through the API.
+
+Roles:
+  admin   everything (the tokens in --api-token-file are admin tokens: the region's first key);
+  owner   reads everything; creates, updates, resizes and stops the jobs of the entitlements it
+          owns (its `entitlements`), nothing else;
+  reader  reads everything, changes nothing.
+
+A token is `<id>.<secret>`, shown once when it is made. etcd keeps only its record under
+/twine/<region>/tokens/<id>: the secret's sha256, the role, the entitlements, the expiry; so a
+copy of etcd holds no usable token. Tokens are made, listed and revoked by admins
+(`twinectl token create|list|revoke`). Every refusal is a 403 naming the permission missing, and
+every request that changes something is written to the audit log (logger twine.audit): who, what,
+and the answer's status.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import re
+import secrets
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from controlplane.records import NAME, ApiError
+
+audit = logging.getLogger("twine.audit")
+ROLES = ("admin", "owner", "reader")
+TOKEN_ID = re.compile(r"^[a-f0-9]{12}$")
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    """Who a request comes from: `name` for the audit log and the refusals."""
+
+    name: str
+    role: str
+    entitlements: frozenset[str] = frozenset()
+
+    def may_change_jobs_of(self, entitlement: str) -> bool:
+        return self.role == "admin" or (self.role == "owner" and entitlement in self.entitlements)
+
+    def describe(self) -> str:
+        owns = f" of {', '.join(sorted(self.entitlements))}" if self.role == "owner" else ""
+        return f"{self.name} ({self.role}{owns})"
+
+
+def sha256(secret: str) -> str:
+    return hashlib.sha256(secret.encode(errors="surrogateescape")).hexdigest()
+
+
+def resolve(token: str, file_tokens: set[str], records: dict[str, dict], now: float | None = None) -> Principal | None:
+    """The principal a bearer token names, or None (unknown, revoked or expired)."""
+    raw = token.encode(errors="surrogateescape")
+    if any(hmac.compare_digest(raw, t.encode()) for t in file_tokens):
+        return Principal("api-token-file", "admin")
+    token_id, _, secret = token.partition(".")
+    rec = records.get(token_id) if TOKEN_ID.match(token_id) else None
+    if rec is None or not secret or not hmac.compare_digest(sha256(secret), str(rec.get("sha256", ""))):
+        return None
+    expires = rec.get("expires")
+    if expires is not None and (now if now is not None else time.time()) >= expires:
+        return None
+    return Principal(f"token {token_id}", rec.get("role", "reader"), frozenset(rec.get("entitlements") or ()))
+
+
+def parse_new(data: Any, now: float) -> tuple[str, str, dict]:
+    """A POST /v1/tokens body -> (id, the secret token, the record to store)."""
+    if not isinstance(data, dict):
+        raise ApiError("invalid", "body", "must be an object")
+    for k in data:
+        if k not in ("role", "entitlements", "expires_in", "description"):
+            raise ApiError("invalid", k, "unknown field; known: description, entitlements, expires_in, role")
+    role = data.get("role")
+    if role not in ROLES:
+        raise ApiError("invalid", "role", f"{role!r} must be one of {', '.join(ROLES)}")
+    ents = data.get("entitlements") or []
+    if not isinstance(ents, list) or len(ents) > 1000 or not all(isinstance(e, str) and NAME.match(e) for e in ents):
+        raise ApiError("invalid", "entitlements", "must be a list of entitlement names")
+    if role == "owner" and not ents:
+        raise ApiError("invalid", "entitlements", "an owner token names the entitlements it owns")
+    if role != "owner" and ents:
+        raise ApiError("invalid", "entitlements", f"only an owner token names entitlements, not a{'n' if role == 'admin' else ''} {role} token")
+    expires_in = data.get("expires_in")
+    if expires_in is not None and (isinstance(expires_in, bool) or not isinstance(expires_in, (int, float))
+                                   or not 0 < expires_in <= 10 * 365 * 86400):
+        raise ApiError("invalid", "expires_in", "seconds from now, more than 0 and at most ten years (or null: never)")
+    description = data.get("description", "")
+    if not isinstance(description, str) or len(description) > 256:
+        raise ApiError("invalid", "description", "a string of at most 256 characters")
+    token_id, secret = secrets.token_hex(6), secrets.token_urlsafe(32)
+    record = {"id": token_id, "sha256": sha256(secret), "role": role, "entitlements": sorted(set(ents)),
+              "created_at": now, "expires": None if expires_in is None else now + expires_in,
+              "description": description}
+    return token_id, f"{token_id}.{secret}", record
+
+
+def view(record: dict) -> dict:
+    """A token's record as the API shows it: never the hash."""
+    return {k: v for k, v in record.items() if k != "sha256"}
+
+
+def authorize(p: Principal, method: str, path: str, job_entitlement: str | None) -> None:
+    """Raise 403 unless `p` may make this request. `job_entitlement`: the entitlement of the job a
+    /v1/jobs/{ent}/... path names (POST /v1/jobs is checked by its handler, which reads the body)."""
+    if p.role == "admin":
+        return
+    if path.startswith("/v1/tokens"):  # even their list: who holds what is the admins'
+        raise forbidden(p, method, path, "admin")
+    if method in ("GET", "HEAD", "OPTIONS"):
+        return
+    if p.role == "owner" and path.startswith("/v1/jobs"):
+        if job_entitlement is None or p.may_change_jobs_of(job_entitlement):
+            return
+        raise forbidden(p, method, path, f"owner of entitlement {job_entitlement}")
+    raise forbidden(p, method, path, "admin" if p.role == "owner" or path.startswith("/v1/tokens") else "owner or admin")
+
+
+def forbidden(p: Principal, method: str, path: str, needs: str) -> ApiError:
+    return ApiError("forbidden", None, f"{p.describe()} may not {method} {path}: that needs {needs}")

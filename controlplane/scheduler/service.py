@@ -455,15 +455,31 @@ class Scheduler:
         return changes + old, taken
 
     async def _create_batches(self) -> None:
-        while self._creates:
-            job, read_revision, fut = self._creates[0]
-            if fut.done():
-                self._creates.popleft()
-            elif not Txn(self).fits(job.count + len(self._create_changes(job)[0]), self.max_txn_ops, task_bytes(job)):
-                self._creates.popleft()  # too large for one transaction: alone, in bounded batches
-                await _settle(fut, self._create_alone(job, read_revision))
-            else:
-                await self._create_batch()
+        try:
+            while self._creates:
+                job, read_revision, fut = self._creates[0]
+                if fut.done():
+                    self._creates.popleft()
+                elif not Txn(self).fits(job.count + len(self._create_changes(job)[0]), self.max_txn_ops,
+                                        task_bytes(job)):
+                    self._creates.popleft()  # too large for one transaction: alone, in bounded batches
+                    await _settle(fut, self._create_alone(job, read_revision))
+                else:
+                    head = self._creates[0]
+                    try:
+                        await self._create_batch()
+                    except Exception as e:  # its creates have their answer; the next batch may fare better
+                        log.warning("shard %d: a batch of creates failed: %s", self.shard, e)
+                        if self._creates and self._creates[0] is head:  # failed before taking any: answer
+                            self._creates.popleft()                    # the first, so that the loop moves on
+                            if not head[2].done():
+                                head[2].set_exception(e)
+        finally:
+            # cancelled (or a bug): no create waits for an answer that will not come
+            while self._creates:
+                fut = self._creates.popleft()[2]
+                if not fut.done():
+                    fut.set_exception(self._deposed_error())
 
     async def _create_batch(self) -> None:
         members: list[tuple[JobRec, int, asyncio.Future]] = []
@@ -519,7 +535,13 @@ class Scheduler:
             for job, read_revision, fut in members:
                 await _settle(fut, self._create_alone(job, read_revision))
             return
-        await self.state.wait_for(rev)
+        try:
+            await self.state.wait_for(rev)  # read-your-writes, as a create alone (TimeoutError: etcd went away)
+        except BaseException as e:
+            for _, _, fut in members:
+                if not fut.done():
+                    fut.set_exception(e if isinstance(e, Exception) else self._deposed_error())
+            raise
         for _, _, fut in members:
             if not fut.done():
                 fut.set_result(rev)

@@ -17,7 +17,9 @@ Measured, each beside a baseline taken in the same run:
   4. allocation: jobs of 36 tasks created through the API for S seconds (the heartbeats' second
      S: they go on meanwhile), spread over entitlements
      in every shard (8 clients, each request to any process: forwarded to the shard's leader);
-     jobs/s per shard.
+     jobs/s per shard. The 8 clients wait for each answer before the next request, so with many
+     shards this is bounded by their round trips: what the region answered them, not what a
+     shard can sustain.
 
     .venv/bin/python bench/bench_region_scale.py [--machines 1000000] [--processes 4] [--shards 20]
         [--agents 100000] [--interval 10] [--seconds 20]

@@ -129,7 +129,10 @@ class RegionState:
         self.taskcontrol: dict[str, dict] = {}  # job -> its TaskController operations in flight
         self.settings: dict = {}
         self.tokens: dict[str, dict] = {}  # API token id -> its record (controlplane/api/tokens.py)
-        self.skipped: dict[str, str] = {}  # key -> why its record was not read (reported, skipped)
+        self.skipped: dict[str, str] = {}
+        # the records kept as etcd has them, by the kind in their key (built once: every change looks here)
+        self._plain = {"members": self.members, "ratelimits": self.ratelimits, "taskcontrol": self.taskcontrol,
+                       "tokens": self.tokens}  # key -> why its record was not read (reported, skipped)
         self.coordination_changed = asyncio.Event()
         self._machine_waiters: dict[str, asyncio.Event] = {}
         self._snapshot: Snapshot | None = None
@@ -203,8 +206,7 @@ class RegionState:
             self.revs.pop(key, None)
         else:
             self.revs[key] = revision
-        plain = {"members": self.members, "ratelimits": self.ratelimits, "taskcontrol": self.taskcontrol,
-                 "tokens": self.tokens}.get(kind)
+        plain = self._plain.get(kind)
         if plain is not None:  # kept as etcd has them
             if value is None:
                 plain.pop(rest, None)

@@ -137,14 +137,15 @@ async def body(request: web.Request, limit: int = MAX_BODY) -> Any:
     """The request's JSON body, strictly: standard JSON only (no NaN or Infinity), integers that
     fit 64 bits, nesting the decoder can follow, at most `limit` bytes. Anything else is a 4xx
     naming the body, never a 500."""
-    if request.content_length is not None and request.content_length > limit:
-        raise ApiError("too_large", "body", f"{request.content_length} bytes; at most {limit} are accepted")
+    too_large = ApiError("too_large", "body", f"more than the {limit} bytes accepted")
+    if (request.content_length or 0) > limit:
+        raise too_large  # refused unread
     try:
         raw = await request.read()
-    except web.HTTPRequestEntityTooLarge:
-        raise ApiError("too_large", "body", f"more than {request.app._client_max_size} bytes") from None
+    except web.HTTPRequestEntityTooLarge:  # a stream without a length, past client_max_size
+        raise too_large from None
     if len(raw) > limit:
-        raise ApiError("too_large", "body", f"{len(raw)} bytes; at most {limit} are accepted")
+        raise too_large
     try:
         return msgspec.json.decode(raw)
     except (msgspec.DecodeError, msgspec.ValidationError, RecursionError) as e:

@@ -16,7 +16,6 @@ and the answer's status.
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 import logging
 import re
@@ -25,6 +24,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from controlplane.broker.agents import sha256
 from controlplane.records import NAME, ApiError
 
 audit = logging.getLogger("twine.audit")
@@ -46,10 +46,6 @@ class Principal:
     def describe(self) -> str:
         owns = f" of {', '.join(sorted(self.entitlements))}" if self.role == "owner" else ""
         return f"{self.name} ({self.role}{owns})"
-
-
-def sha256(secret: str) -> str:
-    return hashlib.sha256(secret.encode(errors="surrogateescape")).hexdigest()
 
 
 def resolve(token: str, file_tokens: set[str], records: dict[str, dict], now: float | None = None) -> Principal | None:

@@ -38,8 +38,8 @@ CREDENTIAL_HEADER = "X-Twine-Credential"  # a registering agent's current creden
 MAX_LABEL = 253  # characters of a label value, hostname, address or agent version (a DNS name's length)
 # What an agent says of its host (agent/report.py, capacity()): each field's check and its words.
 CAPACITY: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "cpus": (lambda v: True, ""),  # checked below, with their own words
-    "memory_mb": (lambda v: True, ""),
+    "cpus": (lambda v: isinstance(v, (int, float)) and 0 < v <= 65536, "must be a number > 0 and <= 65536"),
+    "memory_mb": (lambda v: isinstance(v, int) and 0 < v <= 2**40, "must be an integer > 0 and <= 2^40 (MiB)"),
     "disk_gb": (lambda v: isinstance(v, (int, float)) and 0 <= v <= 2**40, "must be a number from 0 to 2^40"),
     "hugepage_sizes_kb": (lambda v: isinstance(v, list) and len(v) <= 16
                           and all(isinstance(x, int) and not isinstance(x, bool) and 0 < x <= 2**30 for x in v),
@@ -129,12 +129,8 @@ class AgentService:
         for k in cap:
             if k not in CAPACITY:
                 raise ApiError("invalid", f"capacity.{k}", f"unknown field; known: {', '.join(CAPACITY)}")
-            if k not in ("cpus", "memory_mb"):
-                _need(cap, k, "capacity.", *CAPACITY[k])
-        _need(cap, "cpus", "capacity.", lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)
-              and 0 < v <= 65536, "must be a number > 0 and <= 65536")
-        _need(cap, "memory_mb", "capacity.", lambda v: isinstance(v, int) and not isinstance(v, bool)
-              and 0 < v <= 2**40, "must be an integer > 0 and <= 2^40 (MiB)")
+        for k in ("cpus", "memory_mb", *cap):  # cpus and memory_mb must be there; _need refuses bools
+            _need(cap, k, "capacity.", *CAPACITY[k])
         for k in ("hostname", "address", "version"):
             if body.get(k) is not None:
                 _need(body, k, "", lambda v: isinstance(v, str) and len(v) <= MAX_LABEL,

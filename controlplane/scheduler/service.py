@@ -355,13 +355,20 @@ class Scheduler:
         m = self.state.machines.get(mid)
         return m is not None and self.state.profile_ready(m, joining=job.entitlement)
 
-    async def commit_placement(self, job: JobRec, placement: Placement, indices: tuple[int, ...],
-                               job_put: JobRec | None = None, deletes: tuple[TaskRec, ...] = (),
-                               destructive: int = 0, extra: dict[str, dict] | None = None) -> int:
+    def placement_changes(self, job: JobRec, placement: Placement, indices: tuple[int, ...],
+                          deletes: tuple[TaskRec, ...] = ()) -> tuple[list[tuple[TaskRec | None, TaskRec | None]], set[str]]:
+        """The task changes a placement makes for tasks `indices` (with `deletes` removed), and
+        the free machines it takes."""
         chosen = tuple(i for i in indices if i in set(placement.new_tasks))
         changes: list[tuple[TaskRec | None, TaskRec | None]] = list(self.new_tasks(job, placement, chosen))
         changes += [(t, None) for t in deletes]
         taken = {placement.machine_of(i) for i in chosen} & set(placement.machines_taken)
+        return changes, taken
+
+    async def commit_placement(self, job: JobRec, placement: Placement, indices: tuple[int, ...],
+                               job_put: JobRec | None = None, deletes: tuple[TaskRec, ...] = (),
+                               destructive: int = 0, extra: dict[str, dict] | None = None) -> int:
+        changes, taken = self.placement_changes(job, placement, indices, deletes)
         rev = await self.commit(job, changes, job_put=job_put, taken=taken, destructive=destructive, extra=extra)
         self.counters["placements"] += 1
         for old, new in changes:
@@ -442,17 +449,17 @@ class Scheduler:
             self._creator = asyncio.create_task(self._create_batches(), name=f"creates-{self.shard}")
         return await fut
 
-    def _create_changes(self, job: JobRec, placement: Placement | None = None) \
-            -> tuple[list[tuple[TaskRec | None, TaskRec | None]], set[str]]:
-        """A create's task changes (the new tasks; a re-run job's tasks beyond its new count
-        deleted) and the free machines it takes; without a placement, just the deletions."""
-        old = [(t, None) for t in self.state.tasks.get(job.handle, {}).values() if t.index >= job.count]
-        if placement is None:
-            return old, set()
-        chosen = tuple(i for i in range(job.count) if i in set(placement.new_tasks))
-        changes: list[tuple[TaskRec | None, TaskRec | None]] = list(self.new_tasks(job, placement, chosen))
-        taken = {placement.machine_of(i) for i in chosen} & set(placement.machines_taken)
-        return changes + old, taken
+    def _beyond(self, job: JobRec) -> tuple[TaskRec, ...]:
+        """A re-run job's tasks beyond its new count: its create deletes them."""
+        return tuple(t for t in self.state.tasks.get(job.handle, {}).values() if t.index >= job.count)
+
+    def _fits(self, txn: Txn, job: JobRec) -> bool:
+        return txn.fits(job.count + len(self._beyond(job)), self.max_txn_ops, task_bytes(job))
+
+    def _fail(self, members: list[tuple[JobRec, int, asyncio.Future]], e: BaseException) -> None:
+        for _, _, fut in members:
+            if not fut.done():
+                fut.set_exception(e if isinstance(e, Exception) else self._deposed_error())
 
     async def _create_batches(self) -> None:
         try:
@@ -460,8 +467,7 @@ class Scheduler:
                 job, read_revision, fut = self._creates[0]
                 if fut.done():
                     self._creates.popleft()
-                elif not Txn(self).fits(job.count + len(self._create_changes(job)[0]), self.max_txn_ops,
-                                        task_bytes(job)):
+                elif not self._fits(Txn(self), job):
                     self._creates.popleft()  # too large for one transaction: alone, in bounded batches
                     await _settle(fut, self._create_alone(job, read_revision))
                 else:
@@ -489,7 +495,7 @@ class Scheduler:
             snap = self.state.snapshot()
             while self._creates:
                 job, read_revision, fut = self._creates[0]
-                if not txn.fits(job.count + len(self._create_changes(job)[0]), self.max_txn_ops, task_bytes(job)):
+                if not self._fits(txn, job):
                     break
                 self._creates.popleft()
                 if fut.done():
@@ -505,7 +511,7 @@ class Scheduler:
                     continue
                 try:
                     placement = allocate(snap, job_request(job), cache=self.cache)
-                    changes, taken = self._create_changes(job, placement)
+                    changes, taken = self.placement_changes(job, placement, tuple(range(job.count)), self._beyond(job))
                     txn.add(job, changes, job_put=job, taken=taken)
                 except Exception as e:  # AllocationError, most often: this create's answer
                     fut.set_exception(e)
@@ -521,9 +527,7 @@ class Scheduler:
                 # the snapshot drops the placements that did not land
                 self.state.reread(txn.machines(), txn.tasks)
                 if not isinstance(e, (Conflict, TooLarge)):
-                    for _, _, fut in members:
-                        if not fut.done():
-                            fut.set_exception(e if isinstance(e, Exception) else self._deposed_error())
+                    self._fail(members, e)
                     if not isinstance(e, Exception):
                         raise  # cancelled
                     return
@@ -538,9 +542,7 @@ class Scheduler:
         try:
             await self.state.wait_for(rev)  # read-your-writes, as a create alone (TimeoutError: etcd went away)
         except BaseException as e:
-            for _, _, fut in members:
-                if not fut.done():
-                    fut.set_exception(e if isinstance(e, Exception) else self._deposed_error())
+            self._fail(members, e)
             raise
         for _, _, fut in members:
             if not fut.done():
@@ -558,9 +560,9 @@ class Scheduler:
                 if self.state.revs.get(self.keys.job(job.handle), 0) != read_revision:
                     raise Conflict(f"job {job.handle} was written concurrently")
                 placement = allocate(self.state.snapshot(), job_request(job), cache=self.cache)
-                old = tuple(t for t, _ in self._create_changes(job)[0])
                 try:
-                    rev = await self.commit_placement(job, placement, tuple(range(job.count)), job_put=job, deletes=old)
+                    rev = await self.commit_placement(job, placement, tuple(range(job.count)), job_put=job,
+                                                      deletes=self._beyond(job))
                 except Conflict:
                     if self.state.revs.get(self.keys.job(job.handle), 0) != read_revision \
                             and self.state.jobs.get(job.handle) == job:

@@ -52,6 +52,9 @@ class HealthService:
         self._adopted: dict[str, float] = {}  # machine -> when this process came to own it
         self._heap: list[tuple[float, str]] = []  # (when to look at it, machine): one live entry a machine
         self._due: dict[str, float] = {}  # machine -> the due time of its live entry
+        # owned machines last looked at before their first heartbeat (due at the end of the grace):
+        # their first heartbeat brings their deadline forward to a timeout after it
+        self._unheard: set[str] = set()
 
     async def run(self) -> None:
         self.started = time.monotonic()  # the clock starts when the API listens, not at construction
@@ -97,6 +100,7 @@ class HealthService:
         self._known = set(self.state.machines)
         for mid in self._owned - owned:
             self._adopted.pop(mid, None)
+            self._unheard.discard(mid)
         self._own(owned, now)
         return True
 
@@ -134,8 +138,10 @@ class HealthService:
             since = max(self.started, self._adopted.get(mid, self.started))
             if seen is None or seen < since:  # not heard from since this daemon started, or came to own it
                 silent, limit = now - since, self.grace
+                self._unheard.add(mid)
             else:
                 silent, limit = now - seen, self.timeout
+                self._unheard.discard(mid)
             if m.healthy and silent > limit:
                 await self._set(m.id, False, f"{NO_HEARTBEAT} for {silent:.1f}s")
             elif not m.healthy and seen is not None and m.health_reason.startswith(NO_HEARTBEAT) \
@@ -146,7 +152,12 @@ class HealthService:
             self._push(mid, now + (limit - silent) + 0.001 if m.healthy and silent <= limit else now + self.timeout)
 
     def seen(self, mid: str) -> None:
-        """Called on every heartbeat: a machine marked unhealthy for silence is healthy again."""
+        """Called on every heartbeat: a machine marked unhealthy for silence is healthy again; a
+        machine heard from for the first time is judged a timeout from now, not at the grace's end."""
+        if mid in self._unheard:
+            self._unheard.discard(mid)
+            if mid in self._owned:
+                self._push(mid, time.monotonic() + self.timeout + 0.001)
         m = self.state.machines.get(mid)
         if m is not None and not m.healthy and m.health_reason.startswith(NO_HEARTBEAT) and mid not in self._returning:
             self._returning.add(mid)

@@ -70,3 +70,35 @@ def test_a_pass_looks_at_the_machines_due_and_a_silent_one_fails(etcd_server):
             await store.close()
 
     asyncio.run(body())
+
+
+def test_a_machine_first_heard_during_the_grace_is_judged_a_timeout_after_its_heartbeat(etcd_server):
+    """A restarted daemon gives every machine a grace before judging it; a machine heard from
+    once within the grace and then silent fails a timeout after that heartbeat, not at the
+    grace's end (the pass that looked at it before its heartbeat had put it off until then)."""
+    async def body() -> None:
+        keys = Keys(f"hc-{uuid.uuid4().hex[:8]}")
+        store = Store([("127.0.0.1", etcd_server.port)])
+        await store.commit([], {keys.machine("m1"): MachineRec("m1", "m1", {"region": keys.region},
+                                                                {"cpus": 4, "memory_mb": 4096}).to_json()})
+        state = RegionState(store, keys)
+        await state.start()
+        last_seen: dict[str, float] = {}
+        health = HealthService(state, store, keys, last_seen, timeout=0.5)
+        health.grace = 30.0
+        health.started = time.monotonic()
+        try:
+            await health.check()  # looked at before any heartbeat: not due again until the grace ends
+            last_seen["m1"] = beat = time.monotonic()
+            health.seen("m1")
+            while state.machines["m1"].healthy and time.monotonic() - beat < 5:
+                await health.check()
+                await asyncio.sleep(0.05)
+            took = time.monotonic() - beat
+            assert not state.machines["m1"].healthy, f"still healthy {took:.1f}s after its only heartbeat"
+            assert took < 0.5 + 1.0, took
+        finally:
+            await state.stop()
+            await store.close()
+
+    asyncio.run(body())

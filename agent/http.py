@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
+from agent.listener import ConnLimits, Listener
+
 if TYPE_CHECKING:
     from agent.daemon import Agent
 
@@ -129,14 +131,27 @@ def make_app(agent: "Agent") -> web.Application:
     return app
 
 
-async def serve(agent: "Agent") -> web.AppRunner:
-    runner = web.AppRunner(make_app(agent), access_log=None)
+class Served:
+    """The status server: cleanup() stops it."""
+
+    def __init__(self, runner: web.AppRunner, listener: Listener | None):
+        self.runner, self.listener = runner, listener
+
+    async def cleanup(self) -> None:
+        if self.listener is not None:
+            await self.listener.stop()
+        await self.runner.cleanup()
+
+
+async def serve(agent: "Agent") -> Served:
+    """On a unix socket (only local users reach it), or on TCP within the connection limits that
+    guard the control daemon's API (agent/listener.py)."""
+    limits = ConnLimits(per_client=32, total=256)
+    runner = web.AppRunner(make_app(agent), access_log=None, **limits.runner_kwargs())
     await runner.setup()
     listen = agent.config.listen
     if listen.startswith("unix:"):
-        site: web.BaseSite = web.UnixSite(runner, listen[len("unix:"):])
-    else:
-        host, _, port = listen.rpartition(":")
-        site = web.TCPSite(runner, host or "127.0.0.1", int(port))
-    await site.start()
-    return runner
+        await web.UnixSite(runner, listen[len("unix:"):]).start()
+        return Served(runner, None)
+    host, _, port = listen.rpartition(":")
+    return Served(runner, await Listener(runner, limits).start(host or "127.0.0.1", int(port)))

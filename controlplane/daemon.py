@@ -14,6 +14,7 @@ import argparse
 import asyncio
 import logging
 import signal
+import ssl
 import sys
 import time
 from pathlib import Path
@@ -21,6 +22,7 @@ from pathlib import Path
 import aiohttp
 from aiohttp import web
 
+from agent.listener import ConnLimits, Listener
 from agent.sdnotify import Notifier
 from controlplane import daemon_config
 from controlplane.broker.agents import AgentService
@@ -45,7 +47,8 @@ class ControlDaemon:
                  profile_search: tuple[Path, ...] | None = None, limits: Limits = Limits(),
                  taskcontrol_interval: float = 1.0, maintenance_policy: str = "move", reboot_grace: float = 300.0,
                  roles: tuple[str, ...] = ROLES, shards: str = "all", shard_count: int = 1, lease_ttl: int = 2,
-                 advertise: str = "", member_id: str | None = None, max_txn_ops: int = 128):
+                 advertise: str = "", member_id: str | None = None, max_txn_ops: int = 128,
+                 conn_limits: ConnLimits = ConnLimits(), tls: ssl.SSLContext | None = None):
         self.store = store
         self.keys = Keys(region)
         self.api_tokens = api_tokens
@@ -60,6 +63,9 @@ class ControlDaemon:
         self.advertise = advertise
         self.member_id = member_id
         self.max_txn_ops = max_txn_ops
+        self.conn_limits = conn_limits
+        self.tls = tls
+        self.listener: Listener | None = None
         self.state = RegionState(store, self.keys, ProfileDocuments(profile_search))
         self.agents = AgentService(self.state, store, self.keys, bootstrap_tokens, heartbeat_interval,
                                    reboot_grace=reboot_grace)
@@ -131,6 +137,8 @@ class ControlDaemon:
             **({f"twine_relay_{k}_total": v for k, v in self.relay.counters.items()} if self.relay else {}),
             "twine_ratelimit_held_operations_total": counters["rate_limited"],
             "twine_shards_led": len(scheds),
+            "twine_connections_open": self.listener.total if self.listener else 0,
+            "twine_connections_refused_total": self.listener.refused if self.listener else 0,
             "twine_taskcontrol_sessions": sum(len(sc.sessions) for sc in scheds),
             "twine_taskcontrol_failing": sum(1 for sc in scheds for s in sc.sessions.values() if s.status["ok"] is False),
             "twine_allocation_cache_hit_ratio": round(hits / (hits + misses), 4) if hits + misses else 0.0,
@@ -169,15 +177,17 @@ class ControlDaemon:
         await self.state.start()
         await self._settle_shard_count()
         shards = parse_shards(self.shards_spec, self.state.shard_count)
-        runner = web.AppRunner(make_app(self), access_log=None, shutdown_timeout=2.0)
+        runner = web.AppRunner(make_app(self), access_log=None, shutdown_timeout=2.0,
+                               **self.conn_limits.runner_kwargs())
         await runner.setup()
-        url = self.advertise or f"http://{host if host not in ('0.0.0.0', '::', '') else '127.0.0.1'}:{port}"
+        scheme = "https" if self.tls is not None else "http"
+        url = self.advertise or f"{scheme}://{host if host not in ('0.0.0.0', '::', '') else '127.0.0.1'}:{port}"
         self.coordinator = Coordinator(self.store, self.keys, self.state, url, self.roles, shards, self.lead,
                                        self.depose, ttl=self.lease_ttl, member_id=self.member_id)
         self.relay = Relay(self)
         self.health.coordinator = self.coordinator
         try:
-            await web.TCPSite(runner, host, port).start()
+            self.listener = await Listener(runner, self.conn_limits).start(host, port, self.tls)
             log.info("twine-controld for region %s listening on %s:%d (member %s, roles %s, shards %s of %d)",
                      self.keys.region, host, port, self.coordinator.id, ",".join(self.roles),
                      self.shards_spec, self.state.shard_count)
@@ -195,6 +205,8 @@ class ControlDaemon:
         finally:
             for shard in list(self.schedulers):
                 await self.depose(shard, "stopping")
+            if self.listener is not None:
+                await self.listener.stop()
             await runner.cleanup()
             if self._http is not None:
                 await self._http.close()
@@ -287,6 +299,15 @@ def parser() -> argparse.ArgumentParser:
                         "job's changes larger than that are committed in batches (default %(default)s)")
     p.add_argument("--advertise", default="",
                    help="this process's URL as other replicas and agents reach it (default: http://LISTEN)")
+    p.add_argument("--max-connections-per-client", type=int, default=ConnLimits.per_client,
+                   help="open connections one client address may hold; more are answered 503 (default %(default)s)")
+    p.add_argument("--max-connections", type=int, default=ConnLimits.total,
+                   help="open connections in all; more are answered 503 (default %(default)s)")
+    p.add_argument("--header-timeout", type=float, default=ConnLimits.header_timeout,
+                   help="seconds a connection has to send a request's head (and a TLS handshake), from its "
+                        "opening or its last response; then it is closed (default %(default)s)")
+    p.add_argument("--body-timeout", type=float, default=ConnLimits.body_timeout,
+                   help="seconds a request has to send its body; then it is answered 408 (default %(default)s)")
     p.add_argument("--profiles", action="append", default=[], help="extra profile directory for validating entitlement profiles")
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     return p
@@ -313,6 +334,15 @@ async def _main(args: argparse.Namespace) -> int:
                                     ("--lease-ttl", args.lease_ttl, 2, "etcd grants leases of 2 s or more")):
         if value < least:
             raise SystemExit(_input_error(flag, f"{value}: at least {least} ({why})"))
+    for flag, value in (("--max-connections-per-client", args.max_connections_per_client),
+                        ("--max-connections", args.max_connections)):
+        if value < 1:
+            raise SystemExit(_input_error(flag, f"{value}: at least 1"))
+    for flag, value in (("--header-timeout", args.header_timeout), ("--body-timeout", args.body_timeout)):
+        if not 0 < value <= 3600:
+            raise SystemExit(_input_error(flag, f"{value}: seconds, more than 0 and at most 3600"))
+    conn_limits = ConnLimits(args.max_connections_per_client, args.max_connections, args.header_timeout,
+                             args.body_timeout)
     store = Store(args.etcd)
     daemon = ControlDaemon(store, args.region, _tokens(args.api_token_file, "--api-token-file"),
                            _tokens(args.bootstrap_token_file, "--bootstrap-token-file"),
@@ -320,7 +350,7 @@ async def _main(args: argparse.Namespace) -> int:
                            (*map(Path, args.profiles), *default_search_path()), limits, args.taskcontrol_interval,
                            args.maintenance_policy, args.reboot_grace, roles=roles, shards=args.shards,
                            shard_count=args.shard_count, lease_ttl=args.lease_ttl, advertise=args.advertise,
-                           max_txn_ops=args.max_txn_ops)
+                           max_txn_ops=args.max_txn_ops, conn_limits=conn_limits)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

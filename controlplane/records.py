@@ -36,7 +36,7 @@ MAINTENANCE_POLICIES = ("move", "stop")
 class ApiError(Exception):
     """A request the daemon refuses: kind maps to the HTTP status, field names what is wrong."""
 
-    STATUS = {"invalid": 400, "unauthorized": 401, "forbidden": 403, "not_found": 404, "exists": 409, "conflict": 409,
+    STATUS = {"invalid": 400, "unauthorized": 401, "forbidden": 403, "not_found": 404, "timeout": 408, "exists": 409, "conflict": 409,
               "too_large": 413, "quota": 422, "no_placement": 422, "unavailable": 503}
 
     def __init__(self, kind: str, field: str | None, why: str):

@@ -10,6 +10,7 @@ the cause (docs/api.md, "When etcd is unreachable").
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from dataclasses import replace
@@ -80,7 +81,10 @@ async def _answer(request: web.Request, handler: Callable[[web.Request], Awaitab
             response.headers[STALE] = _header(stale)
         return response
     except ApiError as e:
-        return reply(e.to_json(), e.status)
+        response = reply(e.to_json(), e.status)
+        if e.kind == "timeout":
+            response.force_close()  # the rest of the body is not waited for
+        return response
     except Conflict:
         return reply(ApiError("conflict", None, "a concurrent change won; retry").to_json(), 409)
     except TooLarge as e:
@@ -140,10 +144,14 @@ async def body(request: web.Request, limit: int = MAX_BODY) -> Any:
     too_large = ApiError("too_large", "body", f"more than the {limit} bytes accepted")
     if (request.content_length or 0) > limit:
         raise too_large  # refused unread
+    timeout = request.app[DAEMON].conn_limits.body_timeout
     try:
-        raw = await request.read()
+        async with asyncio.timeout(timeout):
+            raw = await request.read()
     except web.HTTPRequestEntityTooLarge:  # a stream without a length, past client_max_size
         raise too_large from None
+    except TimeoutError:  # a client trickling its body holds no connection for long
+        raise ApiError("timeout", "body", f"not received within {timeout:g} s") from None
     if len(raw) > limit:
         raise too_large
     try:

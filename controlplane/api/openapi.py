@@ -101,7 +101,7 @@ TASK_STATES = ["pending", "allocated", "starting", "running", "stopping", "stopp
 
 SCHEMAS = {
     "Error": {**OBJ, "required": ["error", "why"], "properties": {
-        "error": {"enum": ["invalid", "unauthorized", "forbidden", "not_found", "exists", "conflict", "too_large",
+        "error": {"enum": ["invalid", "unauthorized", "forbidden", "not_found", "timeout", "exists", "conflict", "too_large",
                            "quota", "no_placement", "unavailable"]},
         "field": NSTR, "why": STR}},
     "Spread": {**OBJ, "properties": {"properties": {"type": "array", "items": {"enum": ["region", "dc", "msb", "rack"]}},

@@ -1,0 +1,138 @@
+"""An HTTP listener that bounds what one client can hold: the control daemon's API and the agent's
+status port both serve through it.
+
+- **Connections per client and in all**: a connection beyond `per_client` from one address, or
+  beyond `total`, is answered 503 at once and closed, before any of its bytes are read (as nginx's
+  limit_conn). A client that opens hundreds of connections does not take the others' places.
+- **Header timeout**: a connection must send a whole request head within `header_timeout` seconds
+  of opening, and within that long of its last response (aiohttp's keep-alive timer, which the
+  trickle of a slow client's bytes does not reset). The TLS handshake has the same bound.
+- **Body timeout**: the API reads a body within `body_timeout` seconds (controlplane/api/app.py);
+  what is left of a body the server did not read is drained for at most 2 s before it closes.
+
+aiohttp's sites take the runner's protocol factory as it is; this listener puts a small protocol in
+front of each connection, which counts it and then hands every callback to aiohttp's handler.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import ssl as ssl_module
+from collections import Counter
+from dataclasses import dataclass
+
+from aiohttp import web
+
+
+@dataclass(frozen=True)
+class ConnLimits:
+    per_client: int = 256
+    total: int = 10000
+    header_timeout: float = 10.0
+    body_timeout: float = 30.0
+
+    def runner_kwargs(self) -> dict:
+        """For web.AppRunner: an idle or unfinished request head is closed after header_timeout;
+        the rest of a body that was not read (refused, or timed out) is drained for at most 2 s
+        (aiohttp's lingering close, 10 s by default), then the connection is closed."""
+        return {"keepalive_timeout": self.header_timeout, "lingering_time": min(2.0, self.header_timeout)}
+
+
+def _refusal(why: str) -> bytes:
+    body = json.dumps({"error": "unavailable", "field": "connection", "why": why}).encode()
+    return (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\n"
+            b"Connection: close\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+
+
+class _Guard(asyncio.Protocol):
+    """One connection: admitted (then aiohttp's handler does the work) or refused with a 503."""
+
+    __slots__ = ("_listener", "_inner", "_client")
+
+    def __init__(self, listener: "Listener"):
+        self._listener = listener
+        self._inner: asyncio.Protocol | None = None
+        self._client = ""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        peer = transport.get_extra_info("peername")
+        client = peer[0] if isinstance(peer, tuple) and peer else ""
+        why = self._listener.admit(client)
+        if why:
+            transport.write(_refusal(why))  # type: ignore[attr-defined]
+            transport.close()
+            return
+        self._client = client
+        self._inner = self._listener.runner.server()
+        self._inner.connection_made(transport)
+
+    def data_received(self, data: bytes) -> None:
+        if self._inner is not None:
+            self._inner.data_received(data)
+
+    def eof_received(self) -> bool | None:
+        return self._inner.eof_received() if self._inner is not None else None
+
+    def pause_writing(self) -> None:
+        if self._inner is not None:
+            self._inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        if self._inner is not None:
+            self._inner.resume_writing()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._inner is not None:
+            self._listener.release(self._client)
+            inner, self._inner = self._inner, None
+            inner.connection_lost(exc)
+
+
+class Listener:
+    """Serves a set-up AppRunner on HOST:PORT, plain or TLS, within `limits`."""
+
+    def __init__(self, runner: web.AppRunner, limits: ConnLimits):
+        self.runner = runner
+        self.limits = limits
+        self.open: Counter[str] = Counter()
+        self.total = 0
+        self.refused = 0
+        self._server: asyncio.base_events.Server | None = None
+
+    def admit(self, client: str) -> str:
+        """"" if the connection may stay, else why not."""
+        if self.total >= self.limits.total:
+            why = f"this server holds its limit of {self.limits.total} connections"
+        elif self.open[client] >= self.limits.per_client:
+            why = f"{client or 'this client'} holds its limit of {self.limits.per_client} connections"
+        else:
+            self.open[client] += 1
+            self.total += 1
+            return ""
+        self.refused += 1
+        return why
+
+    def release(self, client: str) -> None:
+        self.total -= 1
+        self.open[client] -= 1
+        if self.open[client] <= 0:
+            del self.open[client]
+
+    async def start(self, host: str, port: int, ssl: ssl_module.SSLContext | None = None) -> "Listener":
+        loop = asyncio.get_running_loop()
+        extra = {"ssl": ssl, "ssl_handshake_timeout": self.limits.header_timeout} if ssl is not None else {}
+        self._server = await loop.create_server(lambda: _Guard(self), host, port, reuse_address=True,
+                                                backlog=1024, **extra)
+        return self
+
+    @property
+    def port(self) -> int:
+        assert self._server is not None
+        return self._server.sockets[0].getsockname()[1]
+
+    async def stop(self) -> None:
+        """Stop accepting; the runner's cleanup then ends the open connections."""
+        if self._server is not None:
+            self._server.close()
+            self._server = None

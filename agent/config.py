@@ -5,6 +5,7 @@
     desired = "/etc/twine/desired.toml"   # a local file, or (not both) twine-controld:
     # control_plane = ["http://controld1:7000", "http://controld2:7000"]   # replicas of one region
     # bootstrap_token_file = "/etc/twine/bootstrap-token"   # the token is the file's first line
+    # control_plane_ca = "/etc/twine/ca.pem"   # https control planes are verified against it (default: system CAs)
     # heartbeat_interval = 1.0
     # address = "10.0.0.5:7070"   # advertised to the control plane; default: listen
     # cpus = 8                    # capacity claimed at registration; default: the host's
@@ -57,6 +58,7 @@ class AgentConfig:
     image_pull: str = "if-not-present"  # or "never": use only images already on the host
     control_plane: tuple[str, ...] = ()  # URLs of twine-controld replicas of one region; exclusive with `desired`
     bootstrap_token_file: Path | None = None
+    control_plane_ca: Path | None = None  # the CA an https control plane's certificate chains to
     heartbeat_interval: float = 1.0
     cpus: float | None = None  # capacity overrides for registration (default: the host's)
     memory_mb: int | None = None
@@ -162,7 +164,7 @@ def _typed(path: str, data: dict) -> dict:
             out["labels"] = Labels(**value)
         elif key not in known:
             raise InputError(path, key, value, f"unknown setting; known: {', '.join(sorted(known))}")
-        elif key in ("state_dir", "desired", "bootstrap_token_file"):
+        elif key in ("state_dir", "desired", "bootstrap_token_file", "control_plane_ca"):
             if not isinstance(value, str):
                 raise InputError(path, key, value, "must be a path")
             out[key] = Path(value)
@@ -211,6 +213,8 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
                    help="take the desired state from twine-controld (not with --desired); several replicas of "
                         "one region: comma-separated, tried in order, the next one when one fails")
     p.add_argument("--bootstrap-token-file", metavar="FILE", help="registration token for --control-plane: the file's first line")
+    p.add_argument("--control-plane-ca", metavar="FILE",
+                   help="CA bundle (PEM) an https --control-plane's certificate must chain to (default: the system's CAs)")
     p.add_argument("--heartbeat-interval", type=_positive(float), help="seconds between heartbeats (default 1)")
     p.add_argument("--cpus", type=_positive(float), help="CPUs to register (default: the host's)")
     p.add_argument("--memory-mb", type=_positive(int), help="memory in MiB to register (default: the host's)")
@@ -246,6 +250,8 @@ def load_config(args: argparse.Namespace) -> AgentConfig:
         flags["control_plane"] = control_plane_urls("command line", "--control-plane", args.control_plane)
     if getattr(args, "bootstrap_token_file", None):
         flags["bootstrap_token_file"] = Path(args.bootstrap_token_file)
+    if getattr(args, "control_plane_ca", None):
+        flags["control_plane_ca"] = Path(args.control_plane_ca)
     for name in ("heartbeat_interval", "cpus", "memory_mb", "address"):
         if getattr(args, name, None):
             flags[name] = getattr(args, name)

@@ -13,6 +13,7 @@ import asyncio
 import json
 import logging
 import os
+import ssl
 import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -119,13 +120,14 @@ class ControlPlaneClient:
     """
 
     def __init__(self, urls: str | Sequence[str], bootstrap_token: str, state_dir: Path, machine_info: dict,
-                 heartbeat_interval: float = 1.0):
+                 heartbeat_interval: float = 1.0, tls: ssl.SSLContext | None = None):
         self.urls = tuple(u.rstrip("/") for u in ((urls,) if isinstance(urls, str) else urls))
         if not self.urls:
             raise ValueError("no control-plane URL")
         self._current = 0
         self.heartbeat_to: str | None = None  # the health-checking replica, when it is not self.url
         self.bootstrap_token = bootstrap_token
+        self.tls = tls  # how https URLs are verified (None: the system's CAs)
         self.machine_info = machine_info
         self.machine_id: str = machine_info["machine_id"]
         self.region: str = machine_info["labels"]["region"]
@@ -212,7 +214,7 @@ class ControlPlaneClient:
     async def _request(self, url: str, method: str, path: str, token: str, timeout: float, **kw: Any) -> dict:
         """One HTTP call to `url`. When `url` fails to answer, the next call goes elsewhere."""
         if self._session is None:
-            self._session = aiohttp.ClientSession()
+            self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=self.tls or True))
         headers = {"Authorization": f"Bearer {token}", **kw.pop("headers", {})}
         limits = aiohttp.ClientTimeout(total=timeout, sock_connect=min(CONNECT_TIMEOUT, timeout))
         try:

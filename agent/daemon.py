@@ -30,6 +30,7 @@ from agent.report import machine_info, task_reports
 from agent.runtime.base import ContainerInfo, ContainerRuntime, ImageNotFound, RuntimeUnavailable
 from agent.runtime.docker_runtime import DockerRuntime
 from agent.sdnotify import Notifier, host_rebooting
+from agent.tls import client_context
 
 log = logging.getLogger("twine.agent")
 PROFILE_RETRY = 60.0  # a failed profile is retried after this long, or at once when desired changes
@@ -311,8 +312,10 @@ def _runtime(config: AgentConfig) -> DockerRuntime:
 
 def _control_plane(config: AgentConfig) -> tuple[ControlPlaneSource, ControlPlaneClient]:
     """The long-poll source and its client; registration happens in the background, when first needed."""
+    tls = client_context(config.control_plane_ca, "config", "control_plane_ca") if config.control_plane_ca else None
     client = ControlPlaneClient(
         config.control_plane, config.bootstrap_token(), config.state_dir, machine_info(config), config.heartbeat_interval,
+        tls=tls,
     )
     cached = desired_mod.load_cache(config.state_dir)
     return ControlPlaneSource(client, cached.version if cached else ""), client
@@ -357,5 +360,7 @@ def run_daemon(config: AgentConfig) -> int:
         raise InputError("/etc/machine-id", "machine_id", "", "no machine id: set machine_id in the config or --machine-id")
     if config.control_plane:
         config.bootstrap_token()  # InputError (exit 2) before anything starts
+        if config.control_plane_ca:
+            client_context(config.control_plane_ca, "config", "control_plane_ca")  # the same: a CA file we cannot use
     config.state_dir.mkdir(parents=True, exist_ok=True)
     return asyncio.run(_main(replace(config)))

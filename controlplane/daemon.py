@@ -22,6 +22,8 @@ from pathlib import Path
 import aiohttp
 from aiohttp import web
 
+from agent import tls as tls_files
+from agent.errors import InputError
 from agent.listener import ConnLimits, Listener
 from agent.sdnotify import Notifier
 from controlplane import daemon_config
@@ -48,7 +50,8 @@ class ControlDaemon:
                  taskcontrol_interval: float = 1.0, maintenance_policy: str = "move", reboot_grace: float = 300.0,
                  roles: tuple[str, ...] = ROLES, shards: str = "all", shard_count: int = 1, lease_ttl: int = 2,
                  advertise: str = "", member_id: str | None = None, max_txn_ops: int = 128,
-                 conn_limits: ConnLimits = ConnLimits(), tls: ssl.SSLContext | None = None):
+                 conn_limits: ConnLimits = ConnLimits(), tls: ssl.SSLContext | None = None,
+                 client_tls: ssl.SSLContext | None = None):
         self.store = store
         self.keys = Keys(region)
         self.api_tokens = api_tokens
@@ -64,7 +67,8 @@ class ControlDaemon:
         self.member_id = member_id
         self.max_txn_ops = max_txn_ops
         self.conn_limits = conn_limits
-        self.tls = tls
+        self.tls = tls  # served over TLS when set
+        self.client_tls = client_tls  # how this process verifies the other replicas (None: the system's CAs)
         self.listener: Listener | None = None
         self.state = RegionState(store, self.keys, ProfileDocuments(profile_search))
         self.agents = AgentService(self.state, store, self.keys, bootstrap_tokens, heartbeat_interval,
@@ -82,7 +86,7 @@ class ControlDaemon:
     def http(self) -> aiohttp.ClientSession:
         """For requests forwarded to another replica."""
         if self._http is None:
-            self._http = aiohttp.ClientSession()
+            self._http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=self.client_tls or True))
         return self._http
 
     # -- shards --------------------------------------------------------------------------------
@@ -299,6 +303,10 @@ def parser() -> argparse.ArgumentParser:
                         "job's changes larger than that are committed in batches (default %(default)s)")
     p.add_argument("--advertise", default="",
                    help="this process's URL as other replicas and agents reach it (default: http://LISTEN)")
+    p.add_argument("--tls-cert", help="serve the API over TLS with this certificate chain (PEM); needs --tls-key")
+    p.add_argument("--tls-key", help="the private key of --tls-cert (PEM); keep it readable by this daemon only")
+    p.add_argument("--tls-ca", help="CA bundle (PEM) this daemon verifies the other replicas' certificates "
+                                    "against when it forwards or relays to them (default: the system's CAs)")
     p.add_argument("--max-connections-per-client", type=int, default=ConnLimits.per_client,
                    help="open connections one client address may hold; more are answered 503 (default %(default)s)")
     p.add_argument("--max-connections", type=int, default=ConnLimits.total,
@@ -343,6 +351,13 @@ async def _main(args: argparse.Namespace) -> int:
             raise SystemExit(_input_error(flag, f"{value}: seconds, more than 0 and at most 3600"))
     conn_limits = ConnLimits(args.max_connections_per_client, args.max_connections, args.header_timeout,
                              args.body_timeout)
+    if bool(args.tls_cert) != bool(args.tls_key):
+        raise SystemExit(_input_error("--tls-cert/--tls-key", "give both or neither"))
+    try:
+        tls = tls_files.server_context(args.tls_cert, args.tls_key) if args.tls_cert else None
+        client_tls = tls_files.client_context(args.tls_ca) if args.tls_ca else None
+    except InputError as e:
+        raise SystemExit(_input_error(e.field, f"{e.value}: {e.why}"))
     store = Store(args.etcd)
     daemon = ControlDaemon(store, args.region, _tokens(args.api_token_file, "--api-token-file"),
                            _tokens(args.bootstrap_token_file, "--bootstrap-token-file"),
@@ -350,7 +365,8 @@ async def _main(args: argparse.Namespace) -> int:
                            (*map(Path, args.profiles), *default_search_path()), limits, args.taskcontrol_interval,
                            args.maintenance_policy, args.reboot_grace, roles=roles, shards=args.shards,
                            shard_count=args.shard_count, lease_ttl=args.lease_ttl, advertise=args.advertise,
-                           max_txn_ops=args.max_txn_ops, conn_limits=conn_limits)
+                           max_txn_ops=args.max_txn_ops, conn_limits=conn_limits,
+                           tls=tls, client_tls=client_tls)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

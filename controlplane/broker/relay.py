@@ -126,7 +126,7 @@ class Relay:
         body = {"from": self.d.coordinator.id, "seen": sorted(seen), "reports": reports}
         token = min(self.d.api_tokens)
         if self._http is None:
-            self._http = aiohttp.ClientSession()
+            self._http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=self.d.client_tls or True))
         try:
             async with self._http.post(url + "/v1/internal/relay", json=body, timeout=aiohttp.ClientTimeout(total=2),
                                        headers={"Authorization": f"Bearer {token}"}) as r:

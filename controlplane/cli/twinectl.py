@@ -28,6 +28,7 @@ import argparse
 import asyncio
 import json
 import os
+import ssl
 import sys
 import time
 from datetime import datetime
@@ -39,6 +40,8 @@ from urllib.parse import quote
 import aiohttp
 import yarl
 
+from agent import tls as tls_files
+from agent.errors import InputError
 from controlplane.cli import render
 from controlplane.cli.specfile import SpecError, read_spec, spec_handle
 
@@ -96,15 +99,17 @@ class ApiError(CliError):
 class Api:
     """The daemon's REST API over one aiohttp session: `await api.call("GET", "/v1/jobs")`."""
 
-    def __init__(self, url: str, token: str | None, timeout: float):
+    def __init__(self, url: str, token: str | None, timeout: float, tls: ssl.SSLContext | None = None):
         self.url, self.token, self.timeout = url.rstrip("/"), token, timeout
+        self.tls = tls  # how an https daemon is verified (None: the system's CAs)
         self.session: aiohttp.ClientSession | None = None
 
     async def __aenter__(self) -> Self:
         headers = {"Accept": "application/json", "User-Agent": PROG}
         if self.token:
             headers["Authorization"] = f"Bearer {self.token}"
-        self.session = aiohttp.ClientSession(headers=headers, timeout=aiohttp.ClientTimeout(total=self.timeout))
+        self.session = aiohttp.ClientSession(headers=headers, timeout=aiohttp.ClientTimeout(total=self.timeout),
+                                             connector=aiohttp.TCPConnector(ssl=self.tls or True))
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -119,6 +124,12 @@ class Api:
                 status, text = r.status, await r.text(errors="replace")
         except aiohttp.InvalidURL as e:
             raise CliError(EXIT_INPUT, f"--url: {self.url!r} is not a valid URL: {e}") from None
+        except aiohttp.ClientConnectorCertificateError as e:
+            raise CliError(EXIT_UNREACHABLE, f"cannot trust {where}: {e.certificate_error.verify_message or e} "
+                                             "(give its CA with --ca or TWINE_CA)") from None
+        except aiohttp.ClientConnectorSSLError as e:
+            raise CliError(EXIT_UNREACHABLE, f"no TLS session with {where}: {e.os_error} "
+                                             "(is it served over TLS? https:// needs --tls-cert on the daemon)") from None
         except aiohttp.ClientConnectorError as e:
             raise CliError(EXIT_UNREACHABLE, f"cannot reach {where}: {_os_reason(e.os_error)}") from None
         except TimeoutError:
@@ -235,6 +246,8 @@ def _common(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--url", default=s, help=f"twine-controld's URL (env TWINE_URL, default {DEFAULT_URL})")
     g.add_argument("--token", default=s, help="API token (env TWINE_TOKEN)")
     g.add_argument("--token-file", default=s, help="file holding the API token (env TWINE_TOKEN_FILE)")
+    g.add_argument("--ca", default=s, help="CA bundle (PEM) to verify an https daemon against "
+                                           "(env TWINE_CA; default the system's CAs)")
     g.add_argument("--json", action="store_true", default=s, help="print the daemon's JSON as it is")
     g.add_argument("--timeout", type=_seconds, default=s, help=f"seconds per request (default {DEFAULT_TIMEOUT:g})")
 
@@ -669,8 +682,20 @@ COMMANDS: dict[tuple[str, str | None], Command] = {
 }
 
 
-async def _run(command: Command, args: argparse.Namespace, url: str, token: str | None, timeout: float, out: Out) -> int:
-    async with Api(url, token, timeout) as api:
+def _tls(args: argparse.Namespace, env: dict) -> ssl.SSLContext | None:
+    """--ca or TWINE_CA: the CA an https daemon's certificate must chain to."""
+    ca = getattr(args, "ca", None) or env.get("TWINE_CA") or None
+    if ca is None:
+        return None
+    try:
+        return tls_files.client_context(ca, field="--ca")
+    except InputError as e:
+        raise CliError(EXIT_INPUT, f"--ca {ca}: {e.why}") from None
+
+
+async def _run(command: Command, args: argparse.Namespace, url: str, token: str | None, timeout: float, out: Out,
+               tls: ssl.SSLContext | None = None) -> int:
+    async with Api(url, token, timeout, tls) as api:
         return await command(api, args, out)
 
 
@@ -689,7 +714,8 @@ def main(argv: list[str] | None = None) -> int:
             args.spec = read_spec(args.file)
             if command is job_update:
                 args.handle = spec_handle(args.spec, args.file)
-        return asyncio.run(_run(command, args, url, token, timeout, Out(as_json)))
+        tls = _tls(args, env)
+        return asyncio.run(_run(command, args, url, token, timeout, Out(as_json), tls))
     except SpecError as e:
         print(f"{PROG}: {e}", file=sys.stderr)
         return EXIT_INPUT

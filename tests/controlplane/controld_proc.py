@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import ssl
 import subprocess
 import sys
 import time
@@ -23,7 +24,7 @@ BOOTSTRAP_TOKEN = "test-bootstrap-token"
 
 class Controld:
     def __init__(self, tmp: Path, etcd_port: int, heartbeat_timeout: float = 2.0, region: str | None = None,
-                 env: dict[str, str] | None = None, extra: tuple[str, ...] = ()):
+                 env: dict[str, str] | None = None, extra: tuple[str, ...] = (), ca: Path | None = None):
         self.tmp = tmp
         self.env = env
         self.extra = extra
@@ -37,10 +38,12 @@ class Controld:
         self.boot_file.write_text(BOOTSTRAP_TOKEN + "\n")
         self.log = tmp / f"controld-{self.port}.log"
         self.proc: subprocess.Popen | None = None
+        # served over TLS (extra has --tls-cert/--tls-key): requests verify it against `ca`
+        self.tls = ssl.create_default_context(cafile=str(ca)) if ca is not None else None
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}"
 
     def launch(self) -> "Controld":
         """The process, without waiting for it (start() waits)."""
@@ -59,7 +62,7 @@ class Controld:
             if self.proc.poll() is not None:
                 raise AssertionError(f"controld exited {self.proc.returncode}: {self.log.read_text()[-2000:]}")
             try:
-                urllib.request.urlopen(self.url + "/healthz", timeout=1).read()
+                urllib.request.urlopen(self.url + "/healthz", timeout=1, context=self.tls).read()
                 break
             except OSError:
                 time.sleep(0.05)
@@ -72,7 +75,7 @@ class Controld:
     def metrics(self) -> dict[str, float]:
         """GET /v1/metrics, name -> value."""
         req = urllib.request.Request(self.url + "/v1/metrics", headers={"Authorization": f"Bearer {API_TOKEN}"})
-        with urllib.request.urlopen(req, timeout=10) as r:
+        with urllib.request.urlopen(req, timeout=10, context=self.tls) as r:
             return {k: float(v) for k, v in (line.split() for line in r.read().decode().splitlines() if line)}
 
     def metric(self, name: str) -> float:
@@ -113,7 +116,7 @@ class Controld:
         data = body if isinstance(body, bytes) else None if body is None else json.dumps(body).encode()
         req = urllib.request.Request(self.url + path, method=method, data=data, headers=headers)
         try:
-            with urllib.request.urlopen(req, timeout=timeout) as r:
+            with urllib.request.urlopen(req, timeout=timeout, context=self.tls) as r:
                 return r.status, json.loads(r.read())
         except urllib.error.HTTPError as e:
             return e.code, json.loads(e.read())

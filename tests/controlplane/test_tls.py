@@ -1,0 +1,107 @@
+"""The API over TLS, for real: twine-controld with a certificate from a throwaway CA (openssl), and
+twinectl, an agent's control-plane client and a second replica that verify it against that CA."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import urllib.request
+
+import pytest
+
+from agent.config import AgentConfig, Labels
+from agent.controlplane_client import ControlPlaneClient
+from agent.report import machine_info
+from agent.tls import client_context
+from controlplane.cli import twinectl
+from tests.agent.agentproc import REPO, free_port
+from tests.controlplane.controld_proc import API_TOKEN, BOOTSTRAP_TOKEN, Controld
+from tests.controlplane.test_controld_api import TASK, register
+from tests.tlscerts import TestCA
+
+
+@pytest.fixture
+def ca(tmp_path):
+    return TestCA(tmp_path / "pki")
+
+
+def tls_flags(pair, ca: TestCA) -> tuple[str, ...]:
+    return ("--tls-cert", str(pair.cert), "--tls-key", str(pair.key), "--tls-ca", str(ca.cert))
+
+
+@pytest.fixture
+def controld(tmp_path, etcd_server, ca):
+    c = Controld(tmp_path, etcd_server.port, extra=tls_flags(ca.issue("controld"), ca), ca=ca.cert).start()
+    yield c
+    c.close()
+
+
+def test_twinectl_and_agents_verify_the_daemon_and_plain_http_is_not_served(controld, ca, tmp_path, capsys):
+    assert controld.url.startswith("https://")
+    assert controld.call("POST", "/v1/entitlements", {"name": "web", "machine_type": "generic", "quota": 1})[0] == 201
+
+    # twinectl: with the CA it works; without it, it says whom it cannot trust and how to fix it
+    assert twinectl.main(["--url", controld.url, "--ca", str(ca.cert), "--token", API_TOKEN, "--json",
+                          "entitlement", "list"]) == 0
+    assert '"web"' in capsys.readouterr().out
+    assert twinectl.main(["--url", controld.url, "--token", API_TOKEN, "entitlement", "list"]) == 3
+    err = capsys.readouterr().err
+    assert "cannot trust twine-controld" in err and "--ca" in err, err
+    assert twinectl.main(["--url", controld.url, "--ca", str(tmp_path / "nope.pem"), "--token", API_TOKEN,
+                          "entitlement", "list"]) == 2
+    assert "nope.pem: no such file" in capsys.readouterr().err
+
+    # the agent's client registers and heartbeats over TLS, verifying against the CA
+    async def agent() -> None:
+        cfg = AgentConfig(machine_id="m1", state_dir=tmp_path, labels=Labels(region=controld.region))
+        client = ControlPlaneClient(controld.url, BOOTSTRAP_TOKEN, tmp_path, machine_info(cfg),
+                                    tls=client_context(ca.cert))
+        try:
+            await client.register()
+            await client.heartbeat({"desired_version": "", "health": {}, "profile": {"name": None, "ok": True},
+                                    "tasks": []})
+        finally:
+            await client.close()
+
+    asyncio.run(agent())
+    machine = controld.call("GET", "/v1/machines/m1")[1]
+    assert machine["id"] == "m1" and machine["healthy"], machine
+
+    # nothing answers in plain HTTP on the TLS port
+    with pytest.raises(OSError):
+        urllib.request.urlopen(f"http://127.0.0.1:{controld.port}/healthz", timeout=5).read()
+
+
+def test_a_second_replica_forwards_to_the_leader_over_verified_tls(controld, ca, tmp_path, etcd_server):
+    """A job created on a replica that does not lead the shard is forwarded to the leader, over TLS."""
+    (tmp_path / "b").mkdir()
+    follower = Controld(tmp_path / "b", etcd_server.port, region=controld.region, ca=ca.cert,
+                        extra=tls_flags(ca.issue("controld-b"), ca)).start(wait_led=False)
+    try:
+        register(controld, "m1", "dc1", "msb1")
+        assert controld.call("POST", "/v1/entitlements", {"name": "web", "machine_type": "generic", "quota": 1})[0] == 201
+        follower.wait_for("/v1/entitlements", lambda b: [e["name"] for e in b["entitlements"]] == ["web"])
+        status, job = follower.call("POST", "/v1/jobs", {"entitlement": "web", "name": "api", "count": 1, "task": TASK})
+        assert status == 201, job
+        assert job["tasks"][0]["machine"] == "m1"
+    finally:
+        follower.close()
+
+
+def test_unusable_tls_files_are_exit_2_naming_the_file(tmp_path, etcd_server, ca):
+    pair = ca.issue("controld")
+    garbage = tmp_path / "garbage.pem"
+    garbage.write_text("not a certificate\n")
+    (tmp_path / "t").write_text("t\n")
+    (tmp_path / "b").write_text("b\n")
+    base = [sys.executable, "-m", "controlplane.daemon", "--etcd", f"127.0.0.1:{etcd_server.port}",
+            "--listen", f"127.0.0.1:{free_port()}", "--api-token-file", str(tmp_path / "t"),
+            "--bootstrap-token-file", str(tmp_path / "b")]
+    for flags, said in ((["--tls-cert", str(pair.cert)], "give both or neither"),
+                        (["--tls-cert", str(garbage), "--tls-key", str(pair.key)], "garbage.pem"),
+                        (["--tls-cert", str(pair.cert), "--tls-key", str(tmp_path / "missing")], "missing"),
+                        (["--tls-ca", str(garbage)], "garbage.pem: not a usable PEM file")):
+        p = subprocess.run([*base, *flags], cwd=REPO, capture_output=True, text=True, timeout=30)
+        assert p.returncode == 2 and said in p.stderr, (flags, p.returncode, p.stderr)
+        assert "Traceback" not in p.stderr

@@ -38,7 +38,7 @@ from controlplane.records import EntitlementRec, JobRec, MachineRec  # noqa: E40
 from controlplane.scheduler.ratelimit import Limits  # noqa: E402
 from controlplane.scheduler.service import Scheduler  # noqa: E402
 from controlplane.state import RegionState  # noqa: E402
-from controlplane.store import Store  # noqa: E402
+from controlplane.store import Store, Versioned  # noqa: E402
 from controlplane.store.keys import Keys  # noqa: E402
 from controlplane.taskcontrol.controllers.replica_aware import ReplicaAware  # noqa: E402
 from controlplane.taskcontrol.sdk import Background  # noqa: E402
@@ -156,7 +156,8 @@ async def run_update(args, res: Result, state: RegionState, scheduler: Scheduler
     victims = [mid for mid, msb in msbs.items() if msb == args.fail_msb]
     failed_tasks = {t.index for t in state.tasks[handle].values() if t.machine in victims}
     new = replace(job, task={**TASK, "env": {"V": "2"}}, spec_version=job.spec_version + 1, controller=controller)
-    await scheduler.put_job(new, state.revs[scheduler.keys.job(handle)])
+    key = scheduler.keys.job(handle)  # as the API's PUT: guarded by the revision the job was read at
+    await state.wait_for(await scheduler.store.commit([Versioned(key, None, state.revs[key])], {key: new.to_json()}))
     t0 = time.monotonic()
     failed_at = revived_at = None
     in_flight_at_failure: set[int] = set()

@@ -36,7 +36,7 @@ from controlplane.scheduler.ratelimit import Limits
 from controlplane.scheduler.service import Scheduler
 from controlplane.sidekick import ProfileDocuments
 from controlplane.state import RegionState
-from controlplane.store import Conflict, Store, Versioned
+from controlplane.store import Conflict, EtcdTls, Store, Versioned
 from controlplane.store.keys import Keys
 
 log = logging.getLogger("twine.controld")
@@ -271,6 +271,10 @@ def parser() -> argparse.ArgumentParser:
                    help="etcd client addresses HOST:PORT[,HOST:PORT...], members of one cluster: when one does not "
                         "answer the daemon moves to the next; while none does, it keeps serving from its cache "
                         "and writes answer 503 (default %(default)s)")
+    p.add_argument("--etcd-ca", help="etcd serves TLS: the CA bundle (PEM) its certificate chains to")
+    p.add_argument("--etcd-cert", help="this daemon's client certificate for etcd (PEM; with etcd's "
+                                       "--client-cert-auth it is the credential); needs --etcd-key")
+    p.add_argument("--etcd-key", help="the private key of --etcd-cert (PEM)")
     p.add_argument("--region", default="region1", help="the region this daemon serves (default %(default)s)")
     p.add_argument("--listen", default="127.0.0.1:8080", help="API address HOST:PORT (default %(default)s)")
     p.add_argument("--api-token-file", help="operator/job owner tokens, one per line (required)")
@@ -358,7 +362,13 @@ async def _main(args: argparse.Namespace) -> int:
         client_tls = tls_files.client_context(args.tls_ca) if args.tls_ca else None
     except InputError as e:
         raise SystemExit(_input_error(e.field, f"{e.value}: {e.why}"))
-    store = Store(args.etcd)
+    try:
+        etcd_tls = EtcdTls.load(args.etcd_ca, args.etcd_cert, args.etcd_key) if args.etcd_ca else None
+    except InputError as e:
+        raise SystemExit(_input_error(e.field, f"{e.value}: {e.why}"))
+    if etcd_tls is None and (args.etcd_cert or args.etcd_key):
+        raise SystemExit(_input_error("--etcd-cert/--etcd-key", "need --etcd-ca (the CA of etcd's certificate)"))
+    store = Store(args.etcd, tls=etcd_tls)
     daemon = ControlDaemon(store, args.region, _tokens(args.api_token_file, "--api-token-file"),
                            _tokens(args.bootstrap_token_file, "--bootstrap-token-file"),
                            args.heartbeat_timeout, args.heartbeat_interval,

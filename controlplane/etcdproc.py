@@ -10,6 +10,7 @@ import contextlib
 import os
 import shutil
 import socket
+import ssl
 import subprocess
 import tempfile
 import time
@@ -43,7 +44,10 @@ class EtcdServer:
         name: str = "test",
         raised_limits: bool = True,
         extra_flags: tuple[str, ...] = (),
+        tls: tuple[str | Path, str | Path, str | Path] | None = None,
     ) -> None:
+        # (cert, key, ca): clients speak TLS and must show a certificate the CA signed
+        self.tls = tuple(map(str, tls)) if tls is not None else None
         self.extra_flags = tuple(extra_flags)  # more etcd flags (a benchmark's larger backend quota)
         self.raised_limits = raised_limits  # False: etcd's default limits (128 operations a transaction)
         self.host = host
@@ -66,7 +70,7 @@ class EtcdServer:
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        return f"{'https' if self.tls else 'http'}://{self.host}:{self.port}"
 
     @property
     def pid(self) -> int | None:
@@ -80,7 +84,16 @@ class EtcdServer:
             "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
             "--initial-cluster", f"{self.name}={peer}", "--log-level", self.log_level, "--logger", "zap",
             *(ETCD_FLAGS if self.raised_limits else ()), *self.extra_flags,
+            *(("--cert-file", self.tls[0], "--key-file", self.tls[1], "--trusted-ca-file", self.tls[2],
+                "--client-cert-auth") if self.tls else ()),
         ]
+
+    def _opener(self) -> urllib.request.OpenerDirector:
+        if self.tls is None:
+            return _NO_PROXY
+        ctx = ssl.create_default_context(cafile=self.tls[2])
+        ctx.load_cert_chain(self.tls[0], self.tls[1])  # etcd's own certificate serves as a client's too
+        return urllib.request.build_opener(urllib.request.ProxyHandler({}), urllib.request.HTTPSHandler(context=ctx))
 
     def start(self, timeout: float = 20.0) -> EtcdServer:
         if self.log_file is not None:
@@ -91,11 +104,12 @@ class EtcdServer:
                 start_new_session=self.new_session,
             )
         deadline = time.monotonic() + timeout
+        opener = self._opener()
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"etcd exited with {self.proc.returncode}: {self._stderr_tail()}")
             try:
-                with _NO_PROXY.open(f"{self.url}/health", timeout=1) as r:
+                with opener.open(f"{self.url}/health", timeout=1) as r:
                     if b'"true"' in r.read():
                         return self
             except OSError:

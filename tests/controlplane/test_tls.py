@@ -15,6 +15,7 @@ from agent.controlplane_client import ControlPlaneClient
 from agent.report import machine_info
 from agent.tls import client_context
 from controlplane.cli import twinectl
+from controlplane.etcdproc import EtcdServer
 from tests.agent.agentproc import REPO, free_port
 from tests.controlplane.controld_proc import API_TOKEN, BOOTSTRAP_TOKEN, Controld
 from tests.controlplane.test_controld_api import TASK, register
@@ -105,3 +106,26 @@ def test_unusable_tls_files_are_exit_2_naming_the_file(tmp_path, etcd_server, ca
         p = subprocess.run([*base, *flags], cwd=REPO, capture_output=True, text=True, timeout=30)
         assert p.returncode == 2 and said in p.stderr, (flags, p.returncode, p.stderr)
         assert "Traceback" not in p.stderr
+
+
+def test_the_daemon_reaches_an_etcd_that_serves_tls_and_wants_client_certificates(tmp_path, ca):
+    """etcd with TLS and --client-cert-auth: the daemon with the CA and its own certificate works;
+    a daemon without a certificate is refused by etcd, and says so (exit 3, etcd unreachable)."""
+    etcd_pair = ca.issue("etcd")
+    etcd = EtcdServer(tls=(etcd_pair.cert, etcd_pair.key, ca.cert)).start()
+    try:
+        client = ca.issue("twine-controld", server=False)
+        good = Controld(tmp_path, etcd.port, extra=("--etcd-ca", str(ca.cert), "--etcd-cert", str(client.cert),
+                                                    "--etcd-key", str(client.key))).start()
+        try:
+            assert good.call("POST", "/v1/entitlements", {"name": "web", "machine_type": "generic", "quota": 1})[0] == 201
+            assert [e["name"] for e in good.call("GET", "/v1/entitlements")[1]["entitlements"]] == ["web"]
+        finally:
+            good.close()
+        (tmp_path / "anon").mkdir()
+        anonymous = Controld(tmp_path / "anon", etcd.port, region=good.region, extra=("--etcd-ca", str(ca.cert)))
+        anonymous.launch()
+        assert anonymous.proc.wait(60) == 3
+        assert "etcd unreachable" in anonymous.log.read_text()
+    finally:
+        etcd.stop()

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import signal
 import ssl
 import sys
@@ -217,11 +218,23 @@ class ControlDaemon:
             await self.state.stop()
 
 
-def _tokens(path: str, flag: str) -> set[str]:
+def _tokens(path: str | None, flag: str, required: bool = True) -> set[str]:
+    """The tokens of a file, one per line. The file must be readable by its owner only (as ssh's
+    keys): a token anyone on the host can read is no secret."""
+    if path is None:
+        if required:
+            raise SystemExit(_input_error(flag, "required"))
+        return set()
     try:
+        mode = os.stat(path).st_mode & 0o777
         tokens = {line.strip() for line in Path(path).read_text().splitlines() if line.strip()}
     except OSError as e:
         raise SystemExit(_input_error(flag, f"{path}: {e.strerror}"))
+    except UnicodeDecodeError:
+        raise SystemExit(_input_error(flag, f"{path}: not UTF-8 text"))
+    if mode & 0o077:
+        raise SystemExit(_input_error(flag, f"{path}: mode {mode:04o} lets others than its owner read or write "
+                                            f"it; tokens must be secret: chmod 600 {path}"))
     if not tokens:
         raise SystemExit(_input_error(flag, f"{path}: no token in the file"))
     return tokens
@@ -278,7 +291,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--region", default="region1", help="the region this daemon serves (default %(default)s)")
     p.add_argument("--listen", default="127.0.0.1:8080", help="API address HOST:PORT (default %(default)s)")
     p.add_argument("--api-token-file", help="operator/job owner tokens, one per line (required)")
-    p.add_argument("--bootstrap-token-file", help="agent bootstrap tokens, one per line (required)")
+    p.add_argument("--bootstrap-token-file",
+                   help="agent bootstrap tokens, one per line, that do not expire (or make expiring ones with "
+                        "`twinectl token create --role bootstrap`)")
     p.add_argument("--heartbeat-timeout", type=float, default=5.0, help="seconds without a heartbeat before a machine is unhealthy")
     p.add_argument("--heartbeat-interval", type=float, default=1.0, help="seconds between agent heartbeats (told to agents)")
     p.add_argument("--rate-limits", default="job=1:10,shard=10:100,region=20:200",
@@ -369,8 +384,13 @@ async def _main(args: argparse.Namespace) -> int:
     if etcd_tls is None and (args.etcd_cert or args.etcd_key):
         raise SystemExit(_input_error("--etcd-cert/--etcd-key", "need --etcd-ca (the CA of etcd's certificate)"))
     store = Store(args.etcd, tls=etcd_tls)
-    daemon = ControlDaemon(store, args.region, _tokens(args.api_token_file, "--api-token-file"),
-                           _tokens(args.bootstrap_token_file, "--bootstrap-token-file"),
+    api_tokens = _tokens(args.api_token_file, "--api-token-file")
+    bootstrap_tokens = _tokens(args.bootstrap_token_file, "--bootstrap-token-file", required=False)
+    if api_tokens & bootstrap_tokens:
+        raise SystemExit(_input_error("--bootstrap-token-file", f"{args.bootstrap_token_file}: a token in it is in "
+                                      "--api-token-file too: an agent's host would hold an admin token; give "
+                                      "agents tokens of their own"))
+    daemon = ControlDaemon(store, args.region, api_tokens, bootstrap_tokens,
                            args.heartbeat_timeout, args.heartbeat_interval,
                            (*map(Path, args.profiles), *default_search_path()), limits, args.taskcontrol_interval,
                            args.maintenance_policy, args.reboot_grace, roles=roles, shards=args.shards,

@@ -140,7 +140,7 @@ SCHEMAS = {
                                       "alloc": OBJ, "agent": OBJ, "last_heartbeat": {"type": ["number", "null"]}}},
     "MachineList": {**OBJ, "properties": {"machines": {"type": "array", "items": _ref("Machine")}}},
     "TokenSpec": {**OBJ, "required": ["role"], "additionalProperties": False, "properties": {
-        "role": {"enum": ["admin", "owner", "reader"]}, "entitlements": {"type": "array", "items": STR},
+        "role": {"enum": ["admin", "owner", "reader", "bootstrap"]}, "entitlements": {"type": "array", "items": STR},
         "expires_in": {"type": ["number", "null"]}, "description": STR}},
     "Token": {**OBJ, "properties": {"id": STR, "role": STR, "entitlements": {"type": "array", "items": STR},
                                     "created_at": {"type": "number"}, "expires": {"type": ["number", "null"]},

@@ -4,7 +4,10 @@ Roles:
   admin   everything (the tokens in --api-token-file are admin tokens: the region's first key);
   owner   reads everything; creates, updates, resizes and stops the jobs of the entitlements it
           owns (its `entitlements`), nothing else;
-  reader  reads everything, changes nothing.
+  reader  reads everything, changes nothing;
+  bootstrap  registers new machines (POST /v1/agent/register) and nothing else; it always expires
+          (24 h unless `expires_in` says otherwise), as Kubernetes' bootstrap tokens. The tokens
+          of --bootstrap-token-file are bootstrap tokens that do not expire.
 
 A token is `<id>.<secret>`, shown once when it is made. etcd keeps only its record under
 /twine/<region>/tokens/<id>: the secret's sha256, the role, the entitlements, the expiry; so a
@@ -28,7 +31,8 @@ from controlplane.broker.agents import sha256
 from controlplane.records import NAME, ApiError
 
 audit = logging.getLogger("twine.audit")
-ROLES = ("admin", "owner", "reader")
+ROLES = ("admin", "owner", "reader", "bootstrap")
+BOOTSTRAP_TTL = 86400.0  # a bootstrap token's life when its maker does not say
 TOKEN_ID = re.compile(r"^[a-f0-9]{12}$")
 
 
@@ -81,6 +85,8 @@ def parse_new(data: Any, now: float) -> tuple[str, str, dict]:
     if role != "owner" and ents:
         raise ApiError("invalid", "entitlements", f"only an owner token names entitlements, not a{'n' if role == 'admin' else ''} {role} token")
     expires_in = data.get("expires_in")
+    if role == "bootstrap" and expires_in is None:
+        expires_in = BOOTSTRAP_TTL  # a machine's key to the region does not lie around for ever
     if expires_in is not None and (isinstance(expires_in, bool) or not isinstance(expires_in, (int, float))
                                    or not 0 < expires_in <= 10 * 365 * 86400):
         raise ApiError("invalid", "expires_in", "seconds from now, more than 0 and at most ten years (or null: never)")
@@ -104,6 +110,8 @@ def authorize(p: Principal, method: str, path: str, job_entitlement: str | None)
     /v1/jobs/{ent}/... path names (POST /v1/jobs is checked by its handler, which reads the body)."""
     if p.role == "admin":
         return
+    if p.role == "bootstrap":
+        raise forbidden(p, method, path, "a reader, owner or admin token (a bootstrap token only registers machines)")
     if path.startswith("/v1/tokens"):  # even their list: who holds what is the admins'
         raise forbidden(p, method, path, "admin")
     if method in ("GET", "HEAD", "OPTIONS"):

@@ -6,7 +6,7 @@
   twinectl maintenance schedule (--machine ID ... | --dc DC | --msb MSB | --rack RACK) --start WHEN
            --duration DUR [--deadline WHEN] [--policy move|stop] [--reason TEXT]
   twinectl maintenance list [--all] | show ID | end ID
-  twinectl token create --role admin|owner|reader [--entitlement E ...] [--expires DUR] | list | revoke ID
+  twinectl token create --role admin|owner|reader|bootstrap [--entitlement E ...] [--expires DUR] | list | revoke ID
 
 WHEN is +90s, +10m, +2h, now, seconds since the epoch, or a local ISO time (2026-11-21T14:00);
 DUR is 90, 90s, 10m, 2h or 1d.
@@ -339,10 +339,11 @@ def _parser() -> argparse.ArgumentParser:
     tok = sub.add_parser("token", help="API tokens with roles (admin only): create, list, revoke")
     tok_sub = tok.add_subparsers(dest="action", required=True, metavar="ACTION")
     tc = leaf(tok_sub, "create", "make a token; its secret is shown this once")
-    tc.add_argument("--role", required=True, choices=("admin", "owner", "reader"),
-                    help="admin: everything; owner: the jobs of its entitlements; reader: reads only")
+    tc.add_argument("--role", required=True, choices=("admin", "owner", "reader", "bootstrap"),
+                    help="admin: everything; owner: the jobs of its entitlements; reader: reads only; "
+                         "bootstrap: registers new machines only, and expires (default 24h)")
     tc.add_argument("--entitlement", action="append", metavar="NAME", help="an entitlement an owner token owns (repeat)")
-    tc.add_argument("--expires", type=_duration, metavar="DUR", help="valid this long (default: until revoked)")
+    tc.add_argument("--expires", type=_duration, metavar="DUR", help="valid this long (default: until revoked; a bootstrap token 24h)")
     tc.add_argument("--description", default="", metavar="TEXT")
     leaf(tok_sub, "list", "the tokens (never their secrets)")
     leaf(tok_sub, "revoke", "end a token now").add_argument("id", metavar="ID")

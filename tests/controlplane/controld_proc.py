@@ -34,8 +34,9 @@ class Controld:
         self.heartbeat_timeout = heartbeat_timeout
         self.api_file = tmp / "api-tokens"
         self.boot_file = tmp / "bootstrap-tokens"
-        self.api_file.write_text(API_TOKEN + "\n")
-        self.boot_file.write_text(BOOTSTRAP_TOKEN + "\n")
+        for f, token in ((self.api_file, API_TOKEN), (self.boot_file, BOOTSTRAP_TOKEN)):
+            f.write_text(token + "\n")
+            f.chmod(0o600)  # the daemon refuses token files others may read
         self.log = tmp / f"controld-{self.port}.log"
         self.proc: subprocess.Popen | None = None
         # served over TLS (extra has --tls-cert/--tls-key): requests verify it against `ca`

@@ -12,14 +12,19 @@ from controlplane.etcdproc import terminate
 from tests.agent.agentproc import REPO, free_port
 
 
+def secret(path, text: str) -> None:
+    path.write_text(text)
+    path.chmod(0o600)
+
+
 def run_controld(*args: str, timeout: float = 20) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "controlplane.daemon", *args], capture_output=True, text=True,
                           cwd=REPO, timeout=timeout)
 
 
 def test_controld_serves_from_its_config_file_alone(tmp_path, etcd_server):
-    (tmp_path / "api").write_text("tok-a\n")
-    (tmp_path / "boot").write_text("tok-b\n")
+    secret(tmp_path / "api", "tok-a\n")
+    secret(tmp_path / "boot", "tok-b\n")
     port = free_port()
     conf = tmp_path / "controld.toml"
     conf.write_text(f'etcd = "127.0.0.1:{etcd_server.port}"\nregion = "cfg{port}"\nlisten = "127.0.0.1:{port}"\n'
@@ -51,8 +56,8 @@ def assert_serves(args: list[str], port: int, token: str) -> None:
 def test_etcd_is_a_list_of_members_and_a_dead_one_is_passed_over(tmp_path, etcd_server):
     """In the file a TOML list (or one string), on the command line comma-separated; the first
     member here is a loopback port nobody listens on."""
-    (tmp_path / "api").write_text("tok-a\n")
-    (tmp_path / "boot").write_text("tok-b\n")
+    secret(tmp_path / "api", "tok-a\n")
+    secret(tmp_path / "boot", "tok-b\n")
     dead, live = f"127.0.0.1:{free_port()}", f"127.0.0.1:{etcd_server.port}"
     port = free_port()
     conf = tmp_path / "controld.toml"
@@ -92,7 +97,24 @@ def test_token_files_are_required_from_the_file_or_the_flags(tmp_path):
 def test_a_flag_overrides_the_file(tmp_path):
     conf = tmp_path / "controld.toml"
     conf.write_text('api_token_file = "/nonexistent/api"\nbootstrap_token_file = "/nonexistent/boot"\n')
-    (tmp_path / "api").write_text("")
+    secret(tmp_path / "api", "")
     r = run_controld("--config", str(conf), "--api-token-file", str(tmp_path / "api"))
     # The flag's file (empty) is the one read, not the file's (missing).
     assert r.returncode == 2 and f"{tmp_path / 'api'}: no token in the file" in r.stderr, r.stderr
+
+
+def test_token_files_must_be_private_and_distinct(tmp_path):
+    """A token file others on the host can read is refused (as ssh refuses such a key), and so is
+    a token both in the API file (admin) and in the bootstrap file (on every agent's host)."""
+    api, boot = tmp_path / "api", tmp_path / "boot"
+    secret(api, "tok-a\n")
+    secret(boot, "tok-b\ntok-a\n")
+    base = ["--etcd", "127.0.0.1:1", "--api-token-file", str(api), "--bootstrap-token-file", str(boot)]
+    r = run_controld(*base)
+    assert r.returncode == 2 and "--bootstrap-token-file" in r.stderr and "in --api-token-file too" in r.stderr, r.stderr
+    secret(boot, "tok-b\n")
+    for path, mode in ((api, 0o644), (boot, 0o640), (api, 0o602)):
+        path.chmod(mode)
+        r = run_controld(*base)
+        assert r.returncode == 2 and f"{path}: mode {mode:04o}" in r.stderr and "chmod 600" in r.stderr, r.stderr
+        path.chmod(0o600)

@@ -94,8 +94,9 @@ def test_unusable_tls_files_are_exit_2_naming_the_file(tmp_path, etcd_server, ca
     pair = ca.issue("controld")
     garbage = tmp_path / "garbage.pem"
     garbage.write_text("not a certificate\n")
-    (tmp_path / "t").write_text("t\n")
-    (tmp_path / "b").write_text("b\n")
+    for name in ("t", "b"):
+        (tmp_path / name).write_text(name + "\n")
+        (tmp_path / name).chmod(0o600)
     base = [sys.executable, "-m", "controlplane.daemon", "--etcd", f"127.0.0.1:{etcd_server.port}",
             "--listen", f"127.0.0.1:{free_port()}", "--api-token-file", str(tmp_path / "t"),
             "--bootstrap-token-file", str(tmp_path / "b")]

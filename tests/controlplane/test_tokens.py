@@ -107,3 +107,37 @@ def test_twinectl_makes_lists_and_revokes_tokens(controld):
     assert denied.returncode == 4 and "needs admin" in denied.stderr, denied
     assert ctl(API_TOKEN, "token", "revoke", token_id).returncode == 0
     assert ctl(secret, "job", "list").returncode == 4
+
+
+def test_bootstrap_tokens_made_by_an_admin_register_machines_only_and_expire(controld, etcd_server):
+    c = controld
+
+    def reg(mid: str, token: str) -> tuple[int, dict]:
+        return c.call("POST", "/v1/agent/register", {
+            "machine_id": mid, "hostname": mid, "address": "10.0.0.9",
+            "labels": {"region": c.region, "dc": "dc1", "msb": "msb1", "rack": "r1", "machine_type": "generic"},
+            "capacity": {"cpus": 2, "memory_mb": 2048}}, token=token)
+
+    status, day = c.call("POST", "/v1/tokens", {"role": "bootstrap", "description": "rack 7 install"})
+    assert status == 201 and day["role"] == "bootstrap", day
+    assert 86400 - 60 < day["expires"] - day["created_at"] <= 86400  # expires though nobody said when
+    short = c.call("POST", "/v1/tokens", {"role": "bootstrap", "expires_in": 1})[1]
+    reader = c.call("POST", "/v1/tokens", {"role": "reader"})[1]
+
+    status, answer = reg("m7", day["token"])
+    assert status == 200 and answer["credential"], answer
+    assert c.call("GET", "/v1/machines/m7")[1]["id"] == "m7"
+    # nothing else: not even a read
+    before = etcd_revision(etcd_server.port)
+    for method, path, body in (("GET", "/v1/machines", None), ("POST", "/v1/tokens", {"role": "admin"}),
+                               ("POST", "/v1/entitlements", {"name": "x", "machine_type": "generic", "quota": 1})):
+        status, answer = c.call(method, path, body, token=day["token"])
+        assert status == 403 and "a bootstrap token only registers machines" in answer["why"], (path, answer)
+    # an API token of another role does not register machines
+    assert reg("m8", reader["token"])[0] == 401
+    assert etcd_revision(etcd_server.port) == before
+    time.sleep(1.2)
+    assert reg("m9", short["token"])[0] == 401, "an expired bootstrap token"
+    assert c.call("DELETE", f"/v1/tokens/{day['id']}")[0] == 200
+    assert reg("m10", day["token"])[0] == 401, "a revoked bootstrap token"
+    assert "m9" not in {m["id"] for m in c.call("GET", "/v1/machines")[1]["machines"]}

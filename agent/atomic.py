@@ -8,10 +8,14 @@ from pathlib import Path
 from typing import Any
 
 
-def write_json(path: Path, data: Any) -> None:
+def write_json(path: Path, data: Any, mode: int = 0o600) -> None:
+    """Readable by the agent's user only by default: the agent's files hold its credential and
+    its tasks' secret environment."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w") as f:
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    os.fchmod(fd, mode)  # an older temporary file of the same name keeps its mode through O_CREAT
+    with os.fdopen(fd, "w") as f:
         json.dump(data, f, indent=1, sort_keys=True)
         f.flush()
         os.fsync(f.fileno())

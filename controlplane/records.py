@@ -174,7 +174,7 @@ class EntitlementRec:
 
 # -- jobs --------------------------------------------------------------------------------------
 
-TASK_FIELDS = ("image", "command", "env", "cpus", "memory_mb", "pids", "network_mode")
+TASK_FIELDS = ("image", "command", "env", "secret_env", "cpus", "memory_mb", "pids", "network_mode")
 
 
 MAX_JOB_BYTES = 64 * 1024 * 1024  # what a job's task records may weigh in the store together
@@ -191,10 +191,19 @@ def check_job_size(count: int, task: dict) -> None:
 
 def parse_task(data: Any, handle: str) -> dict:
     """A job's task template, validated by the agent's own TaskSpec codec (one codec for both
-    ends), returned in the canonical form the agent will receive."""
+    ends), returned in the canonical form the agent will receive.
+
+    `secret_env` holds environment variables whose values the API never shows (its views give
+    each name with a null value); the agent that runs the task receives them in its
+    environment. The same rules as `env` hold for it, and for both together."""
     _check_keys(data, set(TASK_FIELDS), "task")
+    secret = data.get("secret_env", {})
+    if not isinstance(secret, dict):
+        raise ApiError("invalid", "task.secret_env", "must be an object of strings")
+    plain = {k: v for k, v in data.items() if k != "secret_env"}
+    ids = {"job": handle, "index": 0, "spec_version": 1}
     try:
-        spec = TaskSpec.from_json({**data, "job": handle, "index": 0, "spec_version": 1}, "job", "task")
+        spec = TaskSpec.from_json({**plain, **ids}, "job", "task")
     except InputError as e:
         raise ApiError("invalid", e.field, e.why) from None
     if spec.network_mode == "host":
@@ -202,7 +211,43 @@ def parse_task(data: Any, handle: str) -> dict:
         # not for a job sent through the API (an operator's own desired-state file may still)
         raise ApiError("invalid", "task.network_mode", "'host' is not allowed for jobs: a task on the host's "
                        "network reaches what the host reaches; use bridge or none")
-    return {k: v for k, v in spec.to_json().items() if k in TASK_FIELDS}
+    out = {k: v for k, v in spec.to_json().items() if k in TASK_FIELDS}
+    if secret:
+        try:
+            secret = dict(TaskSpec.from_json({**plain, **ids, "env": secret}, "job", "task").env)  # as env's
+        except InputError as e:
+            raise ApiError("invalid", e.field.replace("task.env", "task.secret_env", 1), e.why) from None
+        if both := set(secret) & set(out.get("env", {})):
+            raise ApiError("invalid", f"task.secret_env.{min(both)}", "is in task.env too: a variable is secret or not")
+        try:
+            TaskSpec.from_json({**plain, **ids, "env": {**out.get("env", {}), **secret}}, "job", "task")
+        except InputError as e:
+            raise ApiError("invalid", "task.secret_env", f"with task.env: {e.why}") from None
+        out["secret_env"] = dict(sorted(secret.items()))
+    return out
+
+
+def keep_secrets(data: Any, old_task: dict) -> Any:
+    """An update's body whose task.secret_env gives null for a name: the job's current value (the
+    API shows secrets as nulls, so a job read and sent back keeps them)."""
+    task = data.get("task") if isinstance(data, dict) else None
+    secret = task.get("secret_env") if isinstance(task, dict) else None
+    if not isinstance(secret, dict) or all(v is not None for v in secret.values()):
+        return data
+    current = old_task.get("secret_env", {})
+    filled = {}
+    for k, v in secret.items():
+        if v is None and k not in current:
+            raise ApiError("invalid", f"task.secret_env.{k}", "null keeps the current value, and the job has none")
+        filled[k] = current[k] if v is None else v
+    return {**data, "task": {**task, "secret_env": filled}}
+
+
+def redact_task(task: dict) -> dict:
+    """A task template as the API shows it: secret values are nulls."""
+    if "secret_env" not in task:
+        return task
+    return {**task, "secret_env": dict.fromkeys(task["secret_env"])}
 
 
 @dataclass(frozen=True, slots=True)
@@ -337,7 +382,12 @@ class TaskRec:
         return new
 
     def agent_spec(self) -> dict:
-        return {"job": self.job, "index": self.index, "spec_version": self.spec_version, **self.spec}
+        """The task as its agent runs it: secret_env joins the environment (the agent alone is told)."""
+        spec = self.spec
+        if "secret_env" in spec:
+            spec = {k: v for k, v in spec.items() if k != "secret_env"}
+            spec["env"] = dict(sorted({**spec.get("env", {}), **self.spec["secret_env"]}.items()))
+        return {"job": self.job, "index": self.index, "spec_version": self.spec_version, **spec}
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,7 +27,8 @@ from controlplane.scheduler.service import job_request
 from controlplane.api import tokens
 from controlplane.api.openapi import document
 from controlplane.broker.agents import CREDENTIAL_HEADER
-from controlplane.records import ApiError, EntitlementRec, EventRec, JobRec, TaskRec, check_job_size, parse_maintenance
+from controlplane.records import (ApiError, EntitlementRec, EventRec, JobRec, TaskRec, check_job_size, keep_secrets,
+                                  parse_maintenance, redact_task)
 from controlplane.store import Conflict, TooLarge, Unavailable, Versioned
 from controlplane.store.etcd import UNREACHABLE
 
@@ -183,8 +184,10 @@ def job_view(d: ControlDaemon, job: JobRec) -> dict:
     message = (sched.messages.get(job.handle) or sched.rate_limit_note(job.handle)) if sched else ""
     if session is not None and session.status["ok"] is False:
         message = message or f"TaskController {session.url} acks nothing: {session.status['error']}"
+    view = job.to_json()
+    view["task"] = redact_task(view["task"])  # secret values go to the agent alone
     return {
-        **job.to_json(), "summary": summary, "message": message,
+        **view, "summary": summary, "message": message,
         "operations": {
             "held": [str(op) for op in plan.held] if plan else [],
             "waiting": list(plan.waiting) if plan else [],
@@ -402,7 +405,7 @@ async def create_job(request: web.Request) -> web.Response:
 async def update_job(request: web.Request) -> web.Response:
     d: ControlDaemon = request.app[DAEMON]
     old, read_revision = _read(d, request)
-    new = JobRec.parse(await body(request))
+    new = JobRec.parse(keep_secrets(await body(request), old.task))
     if new.handle != old.handle:
         raise ApiError("invalid", "name", f"the spec is for {new.handle}, not {old.handle}")
     if old.state != "active":

@@ -117,7 +117,11 @@ SCHEMAS = {
                                           "jobs": {"type": "array", "items": STR}}},
     "EntitlementList": {**OBJ, "properties": {"entitlements": {"type": "array", "items": _ref("Entitlement")}}},
     "TaskTemplate": {**OBJ, "required": ["image"], "additionalProperties": False, "properties": {
-        "image": STR, "command": {"type": ["array", "string"]}, "env": OBJ, "cpus": {"type": "number"},
+        "image": STR, "command": {"type": ["array", "string"]}, "env": OBJ,
+        "secret_env": {**OBJ, "description": "variables whose values the API never shows (null in its answers; "
+                       "null in an update keeps the current value)",
+                       "additionalProperties": {"type": ["string", "null"]}},
+        "cpus": {"type": "number"},
         "memory_mb": INT, "pids": INT, "network_mode": {"enum": ["bridge", "none"]}}},
     "JobSpec": {**OBJ, "required": ["entitlement", "name", "count", "task"], "additionalProperties": False, "properties": {
         "entitlement": STR, "name": STR, "count": {**INT, "minimum": 0}, "task": _ref("TaskTemplate"),

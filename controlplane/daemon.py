@@ -52,7 +52,7 @@ class ControlDaemon:
                  roles: tuple[str, ...] = ROLES, shards: str = "all", shard_count: int = 1, lease_ttl: int = 2,
                  advertise: str = "", member_id: str | None = None, max_txn_ops: int = 128,
                  conn_limits: ConnLimits = ConnLimits(), tls: ssl.SSLContext | None = None,
-                 client_tls: ssl.SSLContext | None = None):
+                 client_tls: ssl.SSLContext | None = None, max_long_polls: int = 20000):
         self.store = store
         self.keys = Keys(region)
         self.api_tokens = api_tokens
@@ -73,7 +73,7 @@ class ControlDaemon:
         self.listener: Listener | None = None
         self.state = RegionState(store, self.keys, ProfileDocuments(profile_search))
         self.agents = AgentService(self.state, store, self.keys, bootstrap_tokens, heartbeat_interval,
-                                   reboot_grace=reboot_grace)
+                                   reboot_grace=reboot_grace, max_long_polls=max_long_polls)
         self.health = HealthService(self.state, store, self.keys, self.agents.last_seen, heartbeat_timeout)
         self.agents.on_seen = self.health.seen
         self.agents.daemon = self
@@ -330,6 +330,9 @@ def parser() -> argparse.ArgumentParser:
                    help="open connections one client address may hold; more are answered 503 (default %(default)s)")
     p.add_argument("--max-connections", type=int, default=ConnLimits.total,
                    help="open connections in all; more are answered 503 (default %(default)s)")
+    p.add_argument("--max-long-polls", type=int, default=20000,
+                   help="agents' desired-state long polls waiting at once in this process; more are answered 503 "
+                        "and the agent tries another replica (default %(default)s)")
     p.add_argument("--header-timeout", type=float, default=ConnLimits.header_timeout,
                    help="seconds a connection has to send a request's head (and a TLS handshake), from its "
                         "opening or its last response; then it is closed (default %(default)s)")
@@ -362,7 +365,7 @@ async def _main(args: argparse.Namespace) -> int:
         if value < least:
             raise SystemExit(_input_error(flag, f"{value}: at least {least} ({why})"))
     for flag, value in (("--max-connections-per-client", args.max_connections_per_client),
-                        ("--max-connections", args.max_connections)):
+                        ("--max-connections", args.max_connections), ("--max-long-polls", args.max_long_polls)):
         if value < 1:
             raise SystemExit(_input_error(flag, f"{value}: at least 1"))
     for flag, value in (("--header-timeout", args.header_timeout), ("--body-timeout", args.body_timeout)):
@@ -396,7 +399,7 @@ async def _main(args: argparse.Namespace) -> int:
                            args.maintenance_policy, args.reboot_grace, roles=roles, shards=args.shards,
                            shard_count=args.shard_count, lease_ttl=args.lease_ttl, advertise=args.advertise,
                            max_txn_ops=args.max_txn_ops, conn_limits=conn_limits,
-                           tls=tls, client_tls=client_tls)
+                           tls=tls, client_tls=client_tls, max_long_polls=args.max_long_polls)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

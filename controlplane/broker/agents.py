@@ -67,8 +67,10 @@ def _need(d: dict, key: str, where: str, check: Callable[[Any], bool], why: str)
 class AgentService:
     def __init__(self, state: RegionState, store: Store, keys: Keys, bootstrap_tokens: set[str],
                  heartbeat_interval: float = 1.0, on_seen: Callable[[str], None] | None = None,
-                 reboot_grace: float = 300.0):
+                 reboot_grace: float = 300.0, max_long_polls: int = 20000):
         self.state = state
+        self.max_long_polls = max_long_polls  # desired-state long polls parked at once in this process
+        self.parked = 0
         self.store = store
         self.keys = keys
         self.bootstrap = {sha256(t) for t in bootstrap_tokens}
@@ -79,7 +81,8 @@ class AgentService:
         self.reports: dict[str, dict[tuple[str, int], dict]] = {}
         self.digests: dict[str, str] = {}
         self.errors: dict[str, str] = {}  # machine id -> why its agent rejected its desired state
-        self.counters = {"heartbeats": 0, "heartbeat_reports": 0, "registrations": 0, "long_polls": 0}
+        self.counters = {"heartbeats": 0, "heartbeat_reports": 0, "registrations": 0, "long_polls": 0,
+                         "long_polls_refused": 0}
         self.closing = asyncio.Event()  # set at shutdown: long polls answer at once
         self.reboots = Reboots(state, store, keys, reboot_grace)
         self.daemon = None  # the ControlDaemon, for its relay and coordinator (replicas)
@@ -187,20 +190,35 @@ class AgentService:
     # -- desired state (long poll) -----------------------------------------------------------
 
     async def desired(self, mid: str, version: str, wait: float) -> dict:
+        """The machine's desired state: at once when it differs from `version`, else when it
+        changes or `wait` seconds have passed. At most max_long_polls wait at once; another is a
+        503 (an agent then tries the next replica, or again after a pause)."""
         self.counters["long_polls"] += 1
         deadline = time.monotonic() + max(0.0, min(wait, MAX_WAIT))
-        while True:
-            changed = self.state.machine_changed(mid)
-            d = self.state.desired_for(mid)
-            left = deadline - time.monotonic()
-            if d["version"] != version or left <= 0 or self.closing.is_set():
-                return d
-            waits = [asyncio.ensure_future(changed.wait()), asyncio.ensure_future(self.closing.wait())]
-            try:
-                await asyncio.wait(waits, timeout=left, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                for w in waits:
-                    w.cancel()
+        changed = self.state.machine_changed(mid)  # taken before the state is read: no change is missed
+        d = self.state.desired_for(mid)
+        if d["version"] != version or wait <= 0 or self.closing.is_set():
+            return d
+        if self.parked >= self.max_long_polls:
+            self.counters["long_polls_refused"] += 1
+            raise ApiError("unavailable", "wait", f"{self.parked} long polls wait here already, the limit "
+                           "(--max-long-polls): try another replica, or again shortly")
+        self.parked += 1
+        try:
+            while (left := deadline - time.monotonic()) > 0 and not self.closing.is_set():
+                waits = [asyncio.ensure_future(changed.wait()), asyncio.ensure_future(self.closing.wait())]
+                try:
+                    await asyncio.wait(waits, timeout=left, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    for w in waits:
+                        w.cancel()
+                changed = self.state.machine_changed(mid)
+                d = self.state.desired_for(mid)
+                if d["version"] != version:
+                    break
+            return d
+        finally:
+            self.parked -= 1
 
     # -- heartbeats --------------------------------------------------------------------------
 

@@ -6,10 +6,12 @@ from __future__ import annotations
 import socket
 import time
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 from tests.controlplane.controld_proc import API_TOKEN, Controld
+from tests.controlplane.test_controld_api import register
 
 PER_CLIENT = 6
 
@@ -39,12 +41,6 @@ def read_all(s: socket.socket, timeout: float) -> tuple[bytes, float]:
     except ConnectionResetError:
         pass
     return data, time.monotonic() - start
-
-
-def metric(c: Controld, name: str) -> float:
-    req = urllib.request.Request(c.url + "/v1/metrics", headers={"Authorization": f"Bearer {API_TOKEN}"})
-    text = urllib.request.urlopen(req, timeout=5).read().decode()
-    return float(next(line.split()[1] for line in text.splitlines() if line.startswith(name + " ")))
 
 
 def test_a_client_at_its_limit_is_refused_others_are_served_and_slow_heads_are_cut(controld):
@@ -83,7 +79,7 @@ def test_a_client_at_its_limit_is_refused_others_are_served_and_slow_heads_are_c
             s.close()
     # their places are free again
     assert urllib.request.urlopen(controld.url + "/healthz", timeout=5).status == 200
-    assert metric(controld, "twine_connections_refused_total") >= 1
+    assert controld.metric("twine_connections_refused_total") >= 1
 
 
 def test_a_body_that_does_not_come_is_answered_408_and_writes_nothing(controld):
@@ -98,3 +94,27 @@ def test_a_body_that_does_not_come_is_answered_408_and_writes_nothing(controld):
     assert b'"error": "timeout"' in data and b'"field": "body"' in data, data
     assert took < 1 + 2 + 1.5, took  # the body timeout, then at most 2 s draining what is left
     assert controld.call("GET", "/v1/entitlements")[1]["entitlements"] == []
+
+
+def test_long_polls_parked_at_once_are_bounded(tmp_path, etcd_server):
+    c = Controld(tmp_path, etcd_server.port, extra=("--max-long-polls", "2")).start()
+    try:
+        creds = {m: register(c, m, "dc1", "msb1") for m in ("m1", "m2", "m3")}
+        versions = {m: c.call("GET", "/v1/agent/desired?wait=0", token=cred)[1]["version"] for m, cred in creds.items()}
+
+        def poll(m: str, wait: float) -> tuple[int, dict]:
+            return c.call("GET", f"/v1/agent/desired?version={versions[m]}&wait={wait}", token=creds[m])
+
+        with ThreadPoolExecutor(2) as pool:
+            parked = [pool.submit(poll, m, 3) for m in ("m1", "m2")]
+            deadline = time.monotonic() + 5
+            while c.metric("twine_agents_long_polls_total") < 5 and time.monotonic() < deadline:
+                time.sleep(0.05)  # 3 unparked reads, then the 2 parked
+            status, answer = poll("m3", 3)
+            assert status == 503 and answer["field"] == "wait" and "--max-long-polls" in answer["why"], answer
+            assert poll("m3", 0)[0] == 200, "a poll that does not wait is served"
+            assert [f.result()[0] for f in parked] == [200, 200]
+        assert poll("m3", 0.2)[0] == 200, "a place is free again"
+        assert c.metric("twine_agents_long_polls_refused_total") == 1
+    finally:
+        c.close()

@@ -227,9 +227,14 @@ def parse_task(data: Any, handle: str) -> dict:
     return out
 
 
-def keep_secrets(data: Any, old_task: dict) -> Any:
+def keep_secrets(data: Any, old: "JobRec") -> Any:
     """An update's body whose task.secret_env gives null for a name: the job's current value (the
-    API shows secrets as nulls, so a job read and sent back keeps them)."""
+    API shows secrets as nulls, so a job read and sent back keeps them). The same for
+    controller_token: null (or absent) keeps it while the controller's URL stays, "" removes it."""
+    if isinstance(data, dict) and data.get("controller_token") is None and old.controller_token \
+            and data.get("controller") == old.controller:
+        data = {**data, "controller_token": old.controller_token}
+    old_task = old.task
     task = data.get("task") if isinstance(data, dict) else None
     secret = task.get("secret_env") if isinstance(task, dict) else None
     if not isinstance(secret, dict) or all(v is not None for v in secret.values()):
@@ -272,6 +277,7 @@ class JobRec:
     state: str = "active"
     created_at: float = 0.0
     updated_at: float = 0.0
+    controller_token: str | None = None  # sent to the controller as a Bearer token; never shown by the API
 
     @property
     def handle(self) -> str:
@@ -284,6 +290,7 @@ class JobRec:
             "requirements": {"machine_type": self.machine_type, "dc": self.dc},
             "preferences": None if self.preferences is None else [_encode(p) for p in self.preferences],
             "update": {"max_unavailable": self.max_unavailable}, "controller": self.controller,
+            "controller_token": self.controller_token,
             "state": self.state, "created_at": self.created_at, "updated_at": self.updated_at,
         }
 
@@ -296,13 +303,14 @@ class JobRec:
             dc=d["requirements"]["dc"], preferences=None if prefs is None else tuple(Preference(**p) for p in prefs),
             max_unavailable=d["update"]["max_unavailable"], controller=d.get("controller"), state=d["state"],
             created_at=d.get("created_at", 0.0), updated_at=d.get("updated_at", 0.0),
+            controller_token=d.get("controller_token"),
         )
 
     @classmethod
     def parse(cls, data: Any) -> JobRec:
         """A job spec from a user (docs/api.md). Raises ApiError naming the field."""
         _check_keys(data, {"entitlement", "name", "count", "task", "requirements", "preferences", "update",
-                           "controller"}, "")
+                           "controller", "controller_token"}, "")
         for required in ("entitlement", "name", "count", "task"):
             if required not in data:
                 raise ApiError("invalid", required, "missing")
@@ -312,6 +320,11 @@ class JobRec:
         controller = _opt_str(data.get("controller"), "controller", 2048)
         if controller is not None and not re.match(r"^https?://", controller):
             raise ApiError("invalid", "controller", f"{controller!r} must be an http(s) URL")
+        token = _opt_str(data.get("controller_token"), "controller_token", 512) or None
+        if token is not None and not re.fullmatch(r"[\x21-\x7e]+", token):
+            raise ApiError("invalid", "controller_token", "printable ASCII without spaces (it goes in an HTTP header)")
+        if token is not None and controller is None:
+            raise ApiError("invalid", "controller_token", "a token for which controller? give controller too")
         now = time.time()
         count, task = _int(data["count"], "count", 0, 10_000), parse_task(data["task"], f"{ent}/{name}")
         check_job_size(count, task)
@@ -320,7 +333,7 @@ class JobRec:
             machine_type=_opt_str(req.get("machine_type"), "requirements.machine_type"),
             dc=_opt_str(req.get("dc"), "requirements.dc"), preferences=_preferences(data.get("preferences")),
             max_unavailable=_int(update.get("max_unavailable", 1), "update.max_unavailable", 1, 10_000),
-            controller=controller, created_at=now, updated_at=now,
+            controller=controller, controller_token=token, created_at=now, updated_at=now,
         )
 
     def resources(self) -> tuple[float, int]:

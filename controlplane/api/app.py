@@ -186,6 +186,8 @@ def job_view(d: ControlDaemon, job: JobRec) -> dict:
         message = message or f"TaskController {session.url} acks nothing: {session.status['error']}"
     view = job.to_json()
     view["task"] = redact_task(view["task"])  # secret values go to the agent alone
+    view["controller_token"] = None  # and the controller's token to the controller alone
+    view["controller_token_set"] = job.controller_token is not None
     return {
         **view, "summary": summary, "message": message,
         "operations": {
@@ -405,7 +407,7 @@ async def create_job(request: web.Request) -> web.Response:
 async def update_job(request: web.Request) -> web.Response:
     d: ControlDaemon = request.app[DAEMON]
     old, read_revision = _read(d, request)
-    new = JobRec.parse(keep_secrets(await body(request), old.task))
+    new = JobRec.parse(keep_secrets(await body(request), old))
     if new.handle != old.handle:
         raise ApiError("invalid", "name", f"the spec is for {new.handle}, not {old.handle}")
     if old.state != "active":

@@ -155,14 +155,16 @@ class Scheduler:
         """The job's TaskController session: made when the job names a controller, replaced when
         the URL changes, dropped when it names none."""
         s = self.sessions.get(job.handle)
-        if s is not None and (job.controller is None or s.url != job.controller or job.state != "active"):
+        if s is not None and (job.controller is None or s.url != job.controller or s.token != job.controller_token
+                              or job.state != "active"):
             s.close_now()
             del self.sessions[job.handle]
             s = None
         if s is None and job.controller and job.state == "active":
             s = self.sessions[job.handle] = TaskControlSession(
                 job.handle, job.controller, self.http, self.taskcontrol_interval, self.taskcontrol_timeout,
-                on_answer=lambda h=job.handle: self.state.changed.set({h}), epoch=lambda: self.state.revision)
+                on_answer=lambda h=job.handle: self.state.changed.set({h}), epoch=lambda: self.state.revision,
+                token=job.controller_token)
             # operations a previous leader (or this daemon before a restart) started: the controller
             # approved them and waits to hear they completed
             for d in (self.state.taskcontrol.get(job.handle) or {}).get("in_flight", []):

@@ -19,11 +19,14 @@ are checked (an old call is answered with no acks); `self.calls` keeps a short h
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import hmac
 import logging
 import threading
 from collections import deque
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Iterable
 
 from aiohttp import web
@@ -144,8 +147,15 @@ class TaskController:
                                "notices": [n.id for n in request.notices]})
             return {"ack": acks}
 
-    def app(self) -> web.Application:
+    def app(self, token: str | None = None) -> web.Application:
+        """The controller's HTTP endpoint. With `token` (the job's controller_token), a call
+        without `Authorization: Bearer <token>` is a 401 and reaches no decision."""
+        expected = f"Bearer {token}".encode() if token else None
+
         async def handle(request: web.Request) -> web.Response:
+            given = request.headers.get("Authorization", "").encode(errors="surrogateescape")
+            if expected is not None and not hmac.compare_digest(given, expected):
+                return web.json_response({"error": "unauthorized: not the job's controller_token"}, status=401)
             try:
                 body = await request.json()
                 return web.json_response(self.process(body))
@@ -157,18 +167,19 @@ class TaskController:
         return app
 
 
-async def serve(controller: TaskController, host: str, port: int) -> web.AppRunner:
-    runner = web.AppRunner(controller.app(), access_log=None)
+async def serve(controller: TaskController, host: str, port: int, token: str | None = None) -> web.AppRunner:
+    runner = web.AppRunner(controller.app(token), access_log=None)
     await runner.setup()
     await web.TCPSite(runner, host, port).start()
     return runner
 
 
-def run(controller: TaskController, host: str, port: int) -> None:
-    """Serve until interrupted (the body of a controller program's main)."""
+def run(controller: TaskController, host: str, port: int, token: str | None = None) -> None:
+    """Serve until interrupted (the body of a controller program's main). `token`: the job's
+    controller_token, which every call must carry."""
 
     async def main() -> None:
-        runner = await serve(controller, host, port)
+        runner = await serve(controller, host, port, token)
         log.info("TaskController %s on http://%s:%d/", type(controller).__name__, host, port)
         try:
             await asyncio.Event().wait()
@@ -181,19 +192,33 @@ def run(controller: TaskController, host: str, port: int) -> None:
         pass
 
 
+def token_file(parser: argparse.ArgumentParser, path: Path | None) -> str | None:
+    """A controller program's --token-file: its first line, the job's controller_token."""
+    if path is None:
+        return None
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        parser.error(f"--token-file {path}: {getattr(e, 'strerror', None) or e}")
+    token = next((line.strip() for line in text.splitlines() if line.strip()), "")
+    if not token:
+        parser.error(f"--token-file {path}: holds no token")
+    return token
+
+
 class Background:
     """A controller served from a thread of its own (for tests and embedding):
     `with Background(controller) as url: ...`."""
 
-    def __init__(self, controller: TaskController, host: str = "127.0.0.1", port: int = 0):
-        self.controller, self.host, self.port = controller, host, port
+    def __init__(self, controller: TaskController, host: str = "127.0.0.1", port: int = 0, token: str | None = None):
+        self.controller, self.host, self.port, self.token = controller, host, port, token
         self._loop = asyncio.new_event_loop()
         self._runner: web.AppRunner | None = None
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
 
     def __enter__(self) -> str:
         self._thread.start()
-        fut = asyncio.run_coroutine_threadsafe(serve(self.controller, self.host, self.port), self._loop)
+        fut = asyncio.run_coroutine_threadsafe(serve(self.controller, self.host, self.port, self.token), self._loop)
         self._runner = fut.result(10)
         sockets = [s for site in self._runner.sites for s in site._server.sockets]  # noqa: SLF001
         self.port = sockets[0].getsockname()[1]

@@ -55,9 +55,10 @@ def done(op: Op, tasks: Mapping[int, TaskRec]) -> bool:
 class TaskControlSession:
     def __init__(self, handle: str, url: str, http: Callable[[], aiohttp.ClientSession],
                  interval: float = 1.0, timeout: float = 2.0, on_answer: Callable[[], None] | None = None,
-                 epoch: Callable[[], int] | None = None):
+                 epoch: Callable[[], int] | None = None, token: str | None = None):
         self.handle = handle
         self.url = url
+        self.token = token  # the job's controller_token: the controller checks it
         self.http = http
         self.interval = interval
         self.timeout = timeout
@@ -156,7 +157,9 @@ class TaskControlSession:
         self._last_call_at = time.monotonic()
         acked, error = [], ""
         try:
-            async with self.http().post(self.url, json=body, timeout=aiohttp.ClientTimeout(total=self.timeout)) as r:
+            headers = {"Authorization": f"Bearer {self.token}"} if self.token else None
+            async with self.http().post(self.url, json=body, headers=headers,
+                                        timeout=aiohttp.ClientTimeout(total=self.timeout)) as r:
                 if r.status != 200:
                     raise ValueError(f"HTTP {r.status}")
                 answer = await r.json(content_type=None)

@@ -194,6 +194,33 @@ def test_unreachable_controller_blocks_its_job_only(api, region):
     api.stop("blocked/y")
 
 
+def test_a_controller_checks_the_jobs_token_and_the_api_never_shows_it(api, region):
+    """A controller served with a token answers only calls that carry it (the job's
+    controller_token); a job with another token gets 401s, acks nothing, and is held."""
+    entitlement(api, "tok")
+    with Background(OneAtATimeHighestFirst(), token="tc-secret-1") as url:
+        api.ok("POST", "/v1/jobs", job_spec("tok", "good", 1, controller=url, controller_token="tc-secret-1"))
+        api.ok("POST", "/v1/jobs", job_spec("tok", "bad", 1, controller=url, controller_token="not-it"))
+        api.wait_running("tok/good")
+        api.wait_running("tok/bad")
+        shown = api.job("tok/good")
+        assert shown["controller_token"] is None and shown["controller_token_set"] is True
+        assert "tc-secret-1" not in json.dumps(shown) and "not-it" not in json.dumps(api.job("tok/bad"))
+        # the job read back keeps its token (null keeps it)
+        back = {k: shown[k] for k in ("entitlement", "name", "count", "task", "controller", "controller_token")}
+        back["task"] = {**back["task"], "env": {"V": "2"}}
+        api.ok("PUT", "/v1/jobs/tok/good", back)
+        update(api, "tok", "bad", 1, "2", controller=url, controller_token="not-it")
+        good = api.wait_running("tok/good")
+        assert good["spec_version"] == 2 and all(t["spec_version"] == 2 for t in good["tasks"])
+        bad = api.wait_job("tok/bad", lambda j: j["taskcontrol"] and j["taskcontrol"]["ok"] is False,
+                           what="the controller's refusal")
+        assert "401" in bad["taskcontrol"]["error"], bad["taskcontrol"]
+        assert all(t["spec_version"] == 1 and t["state"] == "running" for t in bad["tasks"])
+    api.stop("tok/good")
+    api.stop("tok/bad")
+
+
 def test_a_bug_that_moves_half_the_tasks_is_held_to_the_rate_limit(api, region):
     """Half of the job's machines "fail" at once (their agents stop heartbeating): the moves are
     paced by the job's token bucket (burst 2, then 1 per second) and the status says why."""

@@ -18,7 +18,7 @@ import urllib.request
 from pathlib import Path
 from typing import Callable
 
-from controlplane.taskcontrol.sdk import Request, TaskController, run
+from controlplane.taskcontrol.sdk import Request, TaskController, run, token_file
 
 
 class LeaderLast(TaskController):
@@ -62,11 +62,12 @@ def main(argv: list[str] | None = None) -> None:
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--leader-file", type=Path, help="file holding the leader's task index")
     src.add_argument("--leader-url", help="URL answering the leader's task index")
+    p.add_argument("--token-file", type=Path, help="file holding the job's controller_token: calls without it are refused")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO)
     host, _, port = args.listen.rpartition(":")
     leader = file_leader(args.leader_file) if args.leader_file else url_leader(args.leader_url)
-    run(LeaderLast(leader), host, int(port))
+    run(LeaderLast(leader), host, int(port), token_file(p, args.token_file))
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ import logging
 from pathlib import Path
 from typing import Mapping
 
-from controlplane.taskcontrol.sdk import Request, TaskController, run
+from controlplane.taskcontrol.sdk import Request, TaskController, run, token_file
 
 
 class ReplicaAware(TaskController):
@@ -94,6 +94,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--listen", default="127.0.0.1:9091", help="HOST:PORT to serve the TaskControl protocol on")
     p.add_argument("--shards", type=Path, required=True, help="JSON: shard name -> list of task indices")
     p.add_argument("--max-down", type=int, default=1, help="replicas of one shard that may be down at once")
+    p.add_argument("--token-file", type=Path, help="file holding the job's controller_token: calls without it are refused")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO)
     try:
@@ -101,7 +102,7 @@ def main(argv: list[str] | None = None) -> None:
     except (OSError, ValueError) as e:
         p.error(f"--shards {args.shards}: {e}")
     host, _, port = args.listen.rpartition(":")
-    run(ReplicaAware(shards, args.max_down), host, int(port))
+    run(ReplicaAware(shards, args.max_down), host, int(port), token_file(p, args.token_file))
 
 
 if __name__ == "__main__":

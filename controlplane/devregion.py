@@ -43,6 +43,7 @@ import secrets
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -58,6 +59,7 @@ from typing import Self, TypeVar
 import psutil
 
 from controlplane.etcdproc import EtcdServer
+from controlplane.pki import CA
 
 log = logging.getLogger("twine.devregion")
 
@@ -566,7 +568,6 @@ def _write_secret(path: Path, text: str) -> None:
     os.chmod(path, 0o600)
 
 
-_NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 class Region:
@@ -630,7 +631,40 @@ class Region:
     def url(self) -> str:
         if self.controld_listen is None:
             raise RuntimeError("the region is not started")
-        return f"http://{self.controld_listen}"
+        return f"https://{self.controld_listen}"
+
+    @property
+    def pki_dir(self) -> Path:
+        """The region's own CA and certificates: controld serves https, etcd TLS with client
+        certificates; agents, twinectl and the tests verify against ca.pem."""
+        return self.workdir / "pki"
+
+    @property
+    def ca_file(self) -> Path:
+        return self.pki_dir / "ca.pem"
+
+    def tls_context(self) -> ssl.SSLContext:
+        """For a client of the region's API (verifies controld's certificate against the CA)."""
+        return ssl.create_default_context(cafile=str(self.ca_file))
+
+    def opener(self) -> urllib.request.OpenerDirector:
+        """urllib for the region's API: https verified against its CA, no proxy from the environment."""
+        return urllib.request.build_opener(urllib.request.ProxyHandler({}),
+                                           urllib.request.HTTPSHandler(context=self.tls_context()))
+
+    def _pki(self, name: str) -> tuple[str, str]:
+        return str(self.pki_dir / f"{name}.pem"), str(self.pki_dir / f"{name}-key.pem")
+
+    def _make_pki(self) -> None:
+        """A new CA for this region; controld's certificate for the bridge address the agents use
+        and for loopback; etcd's; controld's client certificate for etcd."""
+        assert self.network is not None
+        if self.pki_dir.exists():
+            shutil.rmtree(self.pki_dir)
+        ca = CA(self.pki_dir, name=f"devregion {self.region} CA", days=30)
+        ca.issue("controld", client=True, ips=(self.network.bridge_ip, "127.0.0.1"))
+        ca.issue("etcd", ips=("127.0.0.1",))
+        ca.issue("controld-etcd-client", server=False)
 
     @property
     def prefix(self) -> str:
@@ -754,6 +788,7 @@ class Region:
             self.network.create()
             for name in self.specs:
                 self.network.add_namespace(name)
+            self._make_pki()
             self._start_etcd()
             _write_secret(self.api_token_file, secrets.token_urlsafe(32))
             _write_secret(self.bootstrap_token_file, secrets.token_urlsafe(32))
@@ -774,7 +809,8 @@ class Region:
 
     def _start_etcd(self) -> None:
         self.etcd = EtcdServer(host="127.0.0.1", data_dir=self.workdir / "etcd", log_file=self.log_path("etcd"),
-                               log_level="warn", new_session=True, name=f"devregion-{self.prefix}")
+                               log_level="warn", new_session=True, name=f"devregion-{self.prefix}",
+                               tls=(*self._pki("etcd"), self.ca_file))
         self._etcd_info = {"endpoint": self.etcd.endpoint, "port": self.etcd.port, "peer_port": self.etcd.peer_port,
                            "data_dir": self.etcd.data_dir, "log": str(self.log_path("etcd"))}
         self.save()
@@ -804,7 +840,10 @@ class Region:
             sys.executable, "-m", "controlplane.daemon",
             "--etcd", self._etcd_info["endpoint"], "--region", self.region, "--listen", self.controld_listen,
             "--api-token-file", str(self.api_token_file), "--bootstrap-token-file", str(self.bootstrap_token_file),
-            "--heartbeat-timeout", f"{self.heartbeat_timeout:g}", "--log-level", "info", *self.controld_args,
+            "--heartbeat-timeout", f"{self.heartbeat_timeout:g}", "--log-level", "info",
+            "--tls-cert", self._pki("controld")[0], "--tls-key", self._pki("controld")[1], "--tls-ca", str(self.ca_file),
+            "--etcd-ca", str(self.ca_file), "--etcd-cert", self._pki("controld-etcd-client")[0],
+            "--etcd-key", self._pki("controld-etcd-client")[1], *self.controld_args,
         ]
 
     def agent_command(self, name: str) -> list[str]:
@@ -814,6 +853,7 @@ class Region:
             sys.executable, "-m", "agent", "--config", str(self._agent_config(name)),
             "--state-dir", str(self.state_dir(name)), "run",
             "--control-plane", self.url, "--bootstrap-token-file", str(self.bootstrap_token_file),
+            "--control-plane-ca", str(self.ca_file),
             "--machine-id", self.machine_id(name), "--region", self.region, "--dc", s.dc, "--msb", s.msb,
             "--rack", s.rack, "--machine-type", s.machine_type, "--cpus", f"{s.cpus:g}", "--memory-mb", str(s.memory_mb),
             "--listen", AGENT_LISTEN, "--address", self.agent_ip(name), "--image-pull", "never",
@@ -862,7 +902,7 @@ class Region:
         while time.monotonic() < deadline:
             self._check_running("controld")
             try:
-                with _NO_PROXY.open(f"{self.url}/v1/openapi.json", timeout=2) as r:
+                with self.opener().open(f"{self.url}/v1/openapi.json", timeout=2) as r:
                     if r.status == 200:
                         return
                     last = r.status
@@ -945,9 +985,10 @@ class Region:
 
     # tools ---------------------------------------------------------------------------------
     def twinectl(self, *args: str, input: str | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
-        """Run `twinectl --url URL --token-file F ARGS...` (output captured as text)."""
+        """Run `twinectl --url URL --ca CA --token-file F ARGS...` (output captured as text)."""
         return subprocess.run(  # noqa: PLW1510 - the caller looks at returncode
-            [sys.executable, "-m", "controlplane.cli.twinectl", "--url", self.url, "--token-file", str(self.api_token_file), *args],
+            [sys.executable, "-m", "controlplane.cli.twinectl", "--url", self.url, "--ca", str(self.ca_file),
+             "--token-file", str(self.api_token_file), *args],
             input=input, capture_output=True, text=True, timeout=timeout, env=child_env(), cwd=REPO,
         )
 
@@ -1096,10 +1137,13 @@ def _cmd_up(args) -> int:
     for name, s in region.specs.items():
         kernel = ", owns the kernel" if s.owns_kernel else ""
         print(f"  agent {name:<4} machine {region.machine_id(name)}  {region.agent_ip(name)}  {s.dc}/{s.msb}/{s.rack}{kernel}")
-    print(f"  api token  {region.api_token_file}")
+    print(f"  api token  {region.api_token_file}   (admin; scoped ones: twinectl token create --role owner|reader)")
+    print(f"  CA         {region.ca_file}   (controld serves https; etcd wants client certificates)")
     print("twinectl:")
-    print(f"  {py} -m controlplane.cli.twinectl --url {region.url} --token-file {region.api_token_file} machine list")
-    print(f"  (or: export TWINE_URL={region.url} TWINE_TOKEN_FILE={region.api_token_file}; .venv/bin/twinectl machine list)")
+    print(f"  {py} -m controlplane.cli.twinectl --url {region.url} --ca {region.ca_file} "
+          f"--token-file {region.api_token_file} machine list")
+    print(f"  (or: export TWINE_URL={region.url} TWINE_CA={region.ca_file} TWINE_TOKEN_FILE={region.api_token_file}; "
+          ".venv/bin/twinectl machine list)")
     print("status / stop:")
     print(f"  {py} -m controlplane.devregion status --dir {region.workdir}")
     print(f"  {py} -m controlplane.devregion down --dir {region.workdir}")

@@ -17,11 +17,16 @@ trap down EXIT
 echo "== bringing up a local region in $work"
 $py -m controlplane.devregion up --dir "$work" | sed -n '1,7p'
 url=$($py -c 'import json,sys; print(json.load(open(sys.argv[1]))["url"])' "$work/region.json")
-export TWINE_URL=$url TWINE_TOKEN_FILE=$work/api-token
+export TWINE_URL=$url TWINE_CA=$work/pki/ca.pem TWINE_TOKEN_FILE=$work/api-token
 ctl() { echo; echo "\$ twinectl $*"; .venv/bin/twinectl "$@"; }
 
 ctl machine list
 ctl entitlement create web --machine-type generic --quota 3 --profile web
+# the job's owner deploys with a token scoped to its entitlement, not the region's admin token
+(umask 077; .venv/bin/twinectl --json token create --role owner --entitlement web --description "demo owner" \
+  | $py -c 'import json,sys; print(json.load(sys.stdin)["token"])' > "$work/owner-token")
+echo; echo "\$ twinectl token create --role owner --entitlement web   # -> $work/owner-token"
+export TWINE_TOKEN_FILE=$work/owner-token
 ctl job run examples/job.yaml --wait 120
 ctl machine list
 ctl discovery web/hello
@@ -31,7 +36,7 @@ first=$(docker ps -q --filter "label=twine.job=web/hello" | head -n1)
 sleep 2; echo; echo "== last log line of $first"; docker logs --tail 1 "$first"
 
 if [ $keep = 1 ]; then
-  echo; echo "region left running: export TWINE_URL=$url TWINE_TOKEN_FILE=$work/api-token; .venv/bin/twinectl job status web/hello"
+  echo; echo "region left running: export TWINE_URL=$url TWINE_CA=$work/pki/ca.pem TWINE_TOKEN_FILE=$work/owner-token; .venv/bin/twinectl job status web/hello"
   echo "stop it with: $py -m controlplane.devregion down --dir $work"
   exit 0
 fi

@@ -3,7 +3,7 @@
 #
 #   install-agent.sh --control-plane URL[,URL...] --bootstrap-token-file FILE [--dc DC] [--msb MSB]
 #                    [--rack RACK] [--machine-type TYPE] [--region R] [--listen HOST:PORT]
-#                    [--address HOST:PORT] [--wheelhouse DIR]
+#                    [--address HOST:PORT] [--wheelhouse DIR] [--control-plane-ca FILE]
 #   install-agent.sh --uninstall [--purge]
 #
 # Installs /opt/twine (code in a virtualenv, shipped profiles), /etc/twine/agent.toml (written from
@@ -12,6 +12,7 @@
 # tasks keep running through the restart (KillMode=process, adopted by label).
 # --control-plane takes one twine-controld URL, or the URLs of a region's replicas separated by
 # commas: the agent calls them in that order and moves to the next one when one fails.
+# --control-plane-ca FILE: the CA an https control plane's certificate chains to (/etc/twine/ca.pem).
 # --wheelhouse DIR installs offline, from wheels made by scripts/build-wheelhouse.sh.
 # --uninstall stops and removes the service and /opt/twine; task containers keep running
 # (docker ps); --purge also removes /etc/twine and the agent's state (its machine credential).
@@ -20,12 +21,13 @@ set -euo pipefail
 src=$(cd "$(dirname "$0")/.." && pwd)
 . "$src/scripts/install-lib.sh"
 
-control_plane="" token_file="" wheelhouse="" uninstall=0 purge=0
+control_plane="" token_file="" wheelhouse="" uninstall=0 purge=0 ca_file=""
 listen="" address="" region="" dc="" msb="" rack="" machine_type=""
 while [ $# -gt 0 ]; do
   case $1 in
     --control-plane) control_plane=${2:?}; shift 2;;
     --bootstrap-token-file) token_file=${2:?}; shift 2;;
+    --control-plane-ca) ca_file=${2:?}; shift 2;;
     --wheelhouse) wheelhouse=$(cd "${2:?}" 2>/dev/null && pwd) || usage_error "--wheelhouse $2: no such directory"; shift 2;;
     --region) region=${2:?}; shift 2;;
     --dc) dc=${2:?}; shift 2;;
@@ -75,6 +77,7 @@ if [ -n "$control_plane" ]; then
   done
   [ -n "$token_file" ] || usage_error "--control-plane needs --bootstrap-token-file FILE"
   [ -r "$token_file" ] || die "--bootstrap-token-file $token_file: cannot read it"
+  [ -z "$ca_file" ] || [ -r "$ca_file" ] || die "--control-plane-ca $ca_file: cannot read it"
 fi
 
 install_code "$src" "$wheelhouse"
@@ -87,6 +90,7 @@ if [ -n "$control_plane$dc$msb$rack$machine_type$region$listen$address" ] || [ !
     if [ -n "$control_plane" ]; then
       printf 'control_plane = [%s]\n' "$(printf '"%s", ' "${control_plane_urls[@]}" | sed 's/, $//')"
       echo 'bootstrap_token_file = "/etc/twine/bootstrap-token"'
+      [ -z "$ca_file" ] || echo 'control_plane_ca = "/etc/twine/ca.pem"'
     else
       echo 'desired = "/etc/twine/desired.toml"'
     fi
@@ -105,6 +109,7 @@ if [ -n "$control_plane$dc$msb$rack$machine_type$region$listen$address" ] || [ !
   mv $config.new $config
 fi
 [ -z "$token_file" ] || put_secret "$token_file" /etc/twine/bootstrap-token root
+[ -z "$ca_file" ] || install -m 0644 "$ca_file" /etc/twine/ca.pem
 [ -e /etc/twine/desired.toml ] || printf 'tasks = []\n' > /etc/twine/desired.toml
 # Bad config is exit 2 before anything starts: say so here rather than in a unit that will not run.
 /opt/twine/venv/bin/twine-agent --config $config profile current >/dev/null \

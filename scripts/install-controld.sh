@@ -3,13 +3,15 @@
 #
 #   install-controld.sh [--listen HOST:PORT] [--region R] [--heartbeat-timeout S]
 #                       [--api-token-file F] [--bootstrap-token-file F] [--wheelhouse DIR]
-#                       [--etcd-data-dir DIR]
+#                       [--etcd-data-dir DIR] [--tls-cert F --tls-key F [--tls-ca F]]
 #   install-controld.sh --uninstall [--purge]
 #
 # etcd (Debian's etcd-server) listens on 127.0.0.1:2379 only, configured in /etc/default/etcd
 # with room for one job's transaction. twine-controld runs as the system user `twine` from
 # /etc/twine/controld.toml (see systemd/controld.toml.example). Tokens: the files given, or new
 # random ones the first time; /etc/twine/api-tokens and /etc/twine/bootstrap-tokens, mode 0600.
+# --tls-cert/--tls-key: the API is served over https with this certificate (installed in
+# /etc/twine/tls, the key mode 0600); --tls-ca: the CA that replicas verify each other against.
 # Re-running it upgrades the code and restarts controld (etcd keeps its data).
 # --uninstall stops and removes controld (etcd and its data stay); --purge also removes
 # /etc/twine/controld.toml and the token files.
@@ -18,7 +20,7 @@ src=$(cd "$(dirname "$0")/.." && pwd)
 . "$src/scripts/install-lib.sh"
 
 listen=0.0.0.0:7080 region=region1 heartbeat_timeout=5 api_file="" boot_file="" wheelhouse=""
-etcd_data=/var/lib/etcd/twine uninstall=0 purge=0
+etcd_data=/var/lib/etcd/twine uninstall=0 purge=0 tls_cert="" tls_key="" tls_ca=""
 max_txn_ops=65536  # etcd's limit and controld's batch size: a job in one transaction
 while [ $# -gt 0 ]; do
   case $1 in
@@ -29,6 +31,9 @@ while [ $# -gt 0 ]; do
     --bootstrap-token-file) boot_file=${2:?}; shift 2;;
     --wheelhouse) wheelhouse=$(cd "${2:?}" 2>/dev/null && pwd) || usage_error "--wheelhouse $2: no such directory"; shift 2;;
     --etcd-data-dir) etcd_data=${2:?}; shift 2;;
+    --tls-cert) tls_cert=${2:?}; shift 2;;
+    --tls-key) tls_key=${2:?}; shift 2;;
+    --tls-ca) tls_ca=${2:?}; shift 2;;
     --uninstall) uninstall=1; shift;;
     --purge) purge=1; shift;;
     -h|--help) sed -n '2,/^set -e/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0;;
@@ -47,6 +52,10 @@ if [ $uninstall = 1 ]; then
 fi
 
 case $listen in *:[0-9]*) ;; *) usage_error "--listen $listen: must be HOST:PORT";; esac
+if [ -n "$tls_cert$tls_key" ] && { [ -z "$tls_cert" ] || [ -z "$tls_key" ]; }; then
+  usage_error "--tls-cert and --tls-key go together"
+fi
+for f in "$tls_cert" "$tls_key" "$tls_ca"; do [ -z "$f" ] || [ -r "$f" ] || die "$f: cannot read it"; done
 command -v etcd >/dev/null || die "etcd is missing: apt-get install etcd-server"
 install_code "$src" "$wheelhouse"
 getent passwd twine >/dev/null || useradd --system --home-dir /nonexistent --shell /usr/sbin/nologin twine
@@ -83,6 +92,17 @@ for pair in "api-tokens:$api_file" "bootstrap-tokens:$boot_file"; do
   chmod 0600 "/etc/twine/$name"
 done
 
+tls_conf=""
+if [ -n "$tls_cert" ]; then
+  install -d -m 0750 -o root -g twine /etc/twine/tls
+  install -m 0644 "$tls_cert" /etc/twine/tls/controld.pem
+  install -m 0600 -o twine -g twine "$tls_key" /etc/twine/tls/controld-key.pem
+  tls_conf=$'tls_cert = "/etc/twine/tls/controld.pem"\ntls_key = "/etc/twine/tls/controld-key.pem"'
+  if [ -n "$tls_ca" ]; then
+    install -m 0644 "$tls_ca" /etc/twine/tls/ca.pem
+    tls_conf+=$'\ntls_ca = "/etc/twine/tls/ca.pem"'
+  fi
+fi
 cat > /etc/twine/controld.toml.new <<CONF
 # Written by install-controld.sh; see /opt/twine/README.md and twine-controld --help.
 etcd = "127.0.0.1:2379"
@@ -93,6 +113,7 @@ bootstrap_token_file = "/etc/twine/bootstrap-tokens"
 heartbeat_timeout = $heartbeat_timeout
 max_txn_ops = $max_txn_ops
 profiles = ["/etc/twine/profiles", "/opt/twine/profiles"]
+$tls_conf
 CONF
 install -m 0640 -o root -g twine /etc/twine/controld.toml.new /etc/twine/controld.toml
 rm -f /etc/twine/controld.toml.new

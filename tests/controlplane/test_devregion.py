@@ -240,7 +240,13 @@ class StandInRegion(Region):
         (d / "v1").mkdir(parents=True, exist_ok=True)
         (d / "v1" / "openapi.json").write_text('{"openapi": "3.0.0"}')
         host, port = self.controld_listen.rsplit(":", 1)
-        return [sys.executable, "-m", "http.server", port, "--bind", host, "--directory", str(d)]
+        cert, key = self._pki("controld")
+        serve = ("import functools, http.server, ssl, sys\n"
+                 "h = functools.partial(http.server.SimpleHTTPRequestHandler, directory=sys.argv[3])\n"
+                 "s = http.server.HTTPServer((sys.argv[1], int(sys.argv[2])), h)\n"
+                 "c = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER); c.load_cert_chain(sys.argv[4], sys.argv[5])\n"
+                 "s.socket = c.wrap_socket(s.socket, server_side=True)\ns.serve_forever()\n")
+        return [sys.executable, "-c", serve, host, port, str(d), cert, key]
 
     def agent_command(self, name: str) -> list[str]:
         super().agent_command(name)
@@ -263,9 +269,12 @@ def test_region_commands_follow_the_process_contract(tmp_path, cleanup):
     assert ctl[1:3] == ["-m", "controlplane.daemon"]
     flags = dict(zip(ctl[3::2], ctl[4::2]))
     assert flags == {
-        "--etcd": f"127.0.0.1:{r.etcd.port}", "--region": "lab", "--listen": r.url.removeprefix("http://"),
+        "--etcd": f"127.0.0.1:{r.etcd.port}", "--region": "lab", "--listen": r.url.removeprefix("https://"),
         "--api-token-file": str(r.api_token_file), "--bootstrap-token-file": str(r.bootstrap_token_file),
         "--heartbeat-timeout": "2.5", "--log-level": "info",
+        "--tls-cert": str(r.pki_dir / "controld.pem"), "--tls-key": str(r.pki_dir / "controld-key.pem"),
+        "--tls-ca": str(r.ca_file), "--etcd-ca": str(r.ca_file), "--etcd-cert": str(r.pki_dir / "controld-etcd-client.pem"),
+        "--etcd-key": str(r.pki_dir / "controld-etcd-client-key.pem"),
     }
     m1, m2 = Region.agent_command(r, "m1"), Region.agent_command(r, "m2")
     assert m1[-1] == "--no-kernel" and "--no-kernel" not in m2
@@ -274,7 +283,7 @@ def test_region_commands_follow_the_process_contract(tmp_path, cleanup):
     flags = dict(zip(m1[run + 1:-1:2], m1[run + 2:-1:2]))
     assert flags == {
         "--control-plane": r.url, "--bootstrap-token-file": str(r.bootstrap_token_file),
-        "--machine-id": r.machine_id("m1"), "--region": "lab", "--dc": "dc1", "--msb": "msb1", "--rack": "rack1",
+        "--control-plane-ca": str(r.ca_file), "--machine-id": r.machine_id("m1"), "--region": "lab", "--dc": "dc1", "--msb": "msb1", "--rack": "rack1",
         "--machine-type": "generic", "--cpus": "4", "--memory-mb": "4096", "--listen": "127.0.0.1:7070",
         "--address": r.agent_ip("m1"), "--image-pull": "never", "--reconcile-interval": "0.5",
     }
@@ -289,7 +298,9 @@ def test_region_lifecycle_and_down_from_region_json(tmp_path, cleanup):
 
     # recorded state
     state = json.loads(r.state_file.read_text())
-    assert state["url"] == r.url and r.url.startswith(f"http://{r.network.bridge_ip}:")
+    assert state["url"] == r.url and r.url.startswith(f"https://{r.network.bridge_ip}:")
+    assert stat.S_IMODE((r.pki_dir / "controld-key.pem").stat().st_mode) == 0o600
+    assert stat.S_IMODE(r.pki_dir.stat().st_mode) == 0o700
     for f in (r.api_token_file, r.bootstrap_token_file):
         assert stat.S_IMODE(f.stat().st_mode) == 0o600 and len(f.read_text().strip()) >= 32
     assert r.api_token != r.bootstrap_token_file.read_text().strip()
@@ -303,8 +314,8 @@ def test_region_lifecycle_and_down_from_region_json(tmp_path, cleanup):
         assert os.getsid(pids[name]) == pids[name]
     assert proc_netns(pids["controld"]) == proc_netns(os.getpid())
 
-    with NO_PROXY.open(f"{r.url}/v1/openapi.json", timeout=5) as resp:
-        assert resp.status == 200
+    with r.opener().open(f"{r.url}/v1/openapi.json", timeout=5) as resp:
+        assert resp.status == 200  # https, verified against the region's CA
     assert r.agent_status("m1") == {"machine": {"id": r.machine_id("m1")}, "tasks": []}
 
     # kill and restart pieces
@@ -411,7 +422,7 @@ def test_full_region_with_controld_and_agents(tmp_path, cleanup):
 
     def machines() -> set[str]:
         req = urllib.request.Request(f"{r.url}/v1/machines", headers={"Authorization": f"Bearer {r.api_token}"})
-        with NO_PROXY.open(req, timeout=5) as resp:
+        with r.opener().open(req, timeout=5) as resp:
             return {m["id"] for m in json.loads(resp.read())["machines"]}
 
     import time

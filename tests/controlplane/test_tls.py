@@ -16,18 +16,18 @@ from agent.report import machine_info
 from agent.tls import client_context
 from controlplane.cli import twinectl
 from controlplane.etcdproc import EtcdServer
+from controlplane.pki import CA
 from tests.agent.agentproc import REPO, free_port
 from tests.controlplane.controld_proc import API_TOKEN, BOOTSTRAP_TOKEN, Controld
 from tests.controlplane.test_controld_api import TASK, register
-from tests.tlscerts import TestCA
 
 
 @pytest.fixture
 def ca(tmp_path):
-    return TestCA(tmp_path / "pki")
+    return CA(tmp_path / "pki")
 
 
-def tls_flags(pair, ca: TestCA) -> tuple[str, ...]:
+def tls_flags(pair, ca: CA) -> tuple[str, ...]:
     return ("--tls-cert", str(pair.cert), "--tls-key", str(pair.key), "--tls-ca", str(ca.cert))
 
 

@@ -42,7 +42,7 @@ def get(region: Region, path: str) -> tuple[int, dict, dict]:
     """status, body, headers"""
     req = urllib.request.Request(region.url + path, headers={"Authorization": f"Bearer {region.api_token}"})
     try:
-        with urllib.request.urlopen(req, timeout=30) as r:
+        with urllib.request.urlopen(req, timeout=30, context=region.tls_context()) as r:
             return r.status, json.loads(r.read()), dict(r.headers)
     except urllib.error.HTTPError as e:
         return e.code, json.loads(e.read()), dict(e.headers)

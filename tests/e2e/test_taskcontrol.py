@@ -260,7 +260,7 @@ def region_metrics(api: Api) -> dict[str, float]:
 
     req = urllib.request.Request(api.region.url + "/v1/metrics",
                                  headers={"Authorization": f"Bearer {api.region.api_token}"})
-    with urllib.request.urlopen(req, timeout=10) as r:
+    with urllib.request.urlopen(req, timeout=10, context=api.region.tls_context()) as r:
         return {k: float(v) for k, v in (line.split() for line in r.read().decode().splitlines() if line)}
 
 
@@ -361,7 +361,7 @@ def test_maintenance_without_a_controller_follows_the_default_policy(api, region
     api.ok("POST", "/v1/jobs", job_spec("plain", "svc", 2, cpus=0.6))
     api.wait_running("plain/svc")
     m0 = machines_of(api, "plain/svc")[0]
-    cli = ["--url", region.url, "--token", region.api_token]
+    cli = ["--url", region.url, "--ca", str(region.ca_file), "--token", region.api_token]
     assert twinectl([*cli, "maintenance", "schedule", "--machine", m0, "--start", "+8s", "--duration", "5s"]) == 0
     assert "(the region default)" in capsys.readouterr().out
     start = time.time() + 7.5

@@ -87,7 +87,8 @@ class Region:
 
     def ctl(self, *args: str, check: bool = True):
         """twinectl on this host, as an operator runs it; --json answers parsed."""
-        env = {"TWINE_URL": f"http://127.0.0.1:{API_PORT}", "TWINE_TOKEN_FILE": str(REGION / "api-token")}
+        env = {"TWINE_URL": f"https://127.0.0.1:{API_PORT}", "TWINE_CA": str(REGION / "pki" / "ca.pem"),
+               "TWINE_TOKEN_FILE": str(REGION / "api-token")}
         r = self.run(str(REPO / ".venv/bin/twinectl"), "--json", *args, env=env, timeout=1200, check=check)
         if not check:
             return r

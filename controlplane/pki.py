@@ -1,0 +1,93 @@
+"""A region's own certificate authority, made with the openssl command (Debian's openssl): a CA,
+server certificates for the addresses a service answers on, and client certificates (etcd takes a
+client certificate's common name as its user). The local dev region makes one at start; tests
+make throwaway ones. Keys are EC P-256, readable by their owner only; certificates last `days`."""
+
+from __future__ import annotations
+
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+
+def _openssl(*args: str, cwd: Path) -> None:
+    try:
+        subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True, text=True)
+    except FileNotFoundError:
+        raise RuntimeError("the openssl command is missing (Debian: apt-get install openssl)") from None
+    except subprocess.CalledProcessError as e:
+        raise RuntimeError(f"openssl {args[0]} failed: {e.stderr.strip()[-500:]}") from None
+
+
+@dataclass(frozen=True)
+class Pair:
+    cert: Path
+    key: Path
+
+
+class CA:
+    """Files under `d`: ca.pem, and NAME.pem / NAME-key.pem for each certificate issued."""
+
+    def __init__(self, d: Path, name: str = "twine region CA", days: int = 30):
+        self.d = d
+        self.days = days
+        d.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.cert, self.key = d / "ca.pem", d / "ca-key.pem"
+        _openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+                 "-keyout", str(self.key), "-out", str(self.cert), "-days", str(days), "-subj", f"/CN={name}",
+                 "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign",
+                 cwd=d)
+        self.key.chmod(0o600)
+
+    @classmethod
+    def existing(cls, d: Path, days: int = 365) -> "CA | None":
+        """The CA already in `d`, or None."""
+        if not (d / "ca.pem").exists() or not (d / "ca-key.pem").exists():
+            return None
+        ca = cls.__new__(cls)
+        ca.d, ca.days, ca.cert, ca.key = d, days, d / "ca.pem", d / "ca-key.pem"
+        return ca
+
+    def issue(self, name: str, server: bool = True, client: bool = True, ips: tuple[str, ...] = ("127.0.0.1",),
+              dns: tuple[str, ...] = ("localhost",)) -> Pair:
+        cert, key, csr, ext = (self.d / f"{name}.pem", self.d / f"{name}-key.pem", self.d / f"{name}.csr",
+                               self.d / f"{name}.ext")
+        usage = ",".join(u for u, on in (("serverAuth", server), ("clientAuth", client)) if on)
+        san = ",".join([*(f"IP:{i}" for i in ips), *(f"DNS:{n}" for n in dns)])
+        ext.write_text(f"basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\n"
+                       f"extendedKeyUsage={usage}\n" + (f"subjectAltName={san}\n" if san else ""))
+        _openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-keyout", str(key),
+                 "-out", str(csr), "-subj", f"/CN={name}", cwd=self.d)
+        _openssl("x509", "-req", "-in", str(csr), "-CA", str(self.cert), "-CAkey", str(self.key), "-CAcreateserial",
+                 "-out", str(cert), "-days", str(self.days), "-extfile", str(ext), cwd=self.d)
+        key.chmod(0o600)
+        csr.unlink()
+        ext.unlink()
+        return Pair(cert, key)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m controlplane.pki DIR --server NAME --ip IP ...`: a CA in DIR unless one is there,
+    and a server certificate NAME for the addresses given (test regions: the Vagrantfile)."""
+    import argparse
+    import sys
+
+    p = argparse.ArgumentParser(prog="python -m controlplane.pki", description=main.__doc__)
+    p.add_argument("dir", type=Path)
+    p.add_argument("--server", action="append", default=[], metavar="NAME", help="a server certificate to issue")
+    p.add_argument("--ip", action="append", default=[], help="an address the servers answer on (repeat)")
+    p.add_argument("--days", type=int, default=365)
+    args = p.parse_args(argv)
+    try:
+        ca = CA.existing(args.dir) or CA(args.dir, days=args.days)
+        for name in args.server:
+            if not (args.dir / f"{name}.pem").exists():
+                ca.issue(name, ips=tuple(args.ip) or ("127.0.0.1",))
+    except RuntimeError as e:
+        print(f"pki: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -15,7 +15,7 @@ down() { [ $keep = 1 ] || $py -m controlplane.devregion down --dir "$work" >/dev
 trap down EXIT
 
 echo "== bringing up a local region in $work"
-$py -m controlplane.devregion up --dir "$work" | sed -n '1,7p'
+$py -m controlplane.devregion up --dir "$work" | sed -n '1,8p'
 url=$($py -c 'import json,sys; print(json.load(open(sys.argv[1]))["url"])' "$work/region.json")
 export TWINE_URL=$url TWINE_CA=$work/pki/ca.pem TWINE_TOKEN_FILE=$work/api-token
 ctl() { echo; echo "\$ twinectl $*"; .venv/bin/twinectl "$@"; }

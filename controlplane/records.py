@@ -37,7 +37,7 @@ class ApiError(Exception):
     """A request the daemon refuses: kind maps to the HTTP status, field names what is wrong."""
 
     STATUS = {"invalid": 400, "unauthorized": 401, "forbidden": 403, "not_found": 404, "timeout": 408, "exists": 409, "conflict": 409,
-              "too_large": 413, "quota": 422, "no_placement": 422, "unavailable": 503}
+              "too_large": 413, "unprocessable": 422, "quota": 422, "no_placement": 422, "unavailable": 503}
 
     def __init__(self, kind: str, field: str | None, why: str):
         super().__init__(f"{field}: {why}" if field else why)
@@ -185,7 +185,7 @@ def check_job_size(count: int, task: dict) -> None:
     the store, bounded so that one job cannot fill it (etcd's default quota is 2 GiB)."""
     each = len(msgspec.json.encode(task)) + 512
     if count * each > MAX_JOB_BYTES:
-        raise ApiError("invalid", "count", f"{count} tasks of a {each}-byte template would put {count * each} bytes "
+        raise ApiError("unprocessable", "count", f"{count} tasks of a {each}-byte template would put {count * each} bytes "
                        f"in the store; at most {MAX_JOB_BYTES}: fewer tasks, or a smaller command or env")
 
 
@@ -212,17 +212,20 @@ def parse_task(data: Any, handle: str) -> dict:
         raise ApiError("invalid", "task.network_mode", "'host' is not allowed for jobs: a task on the host's "
                        "network reaches what the host reaches; use bridge or none")
     out = {k: v for k, v in spec.to_json().items() if k in TASK_FIELDS}
+    if nulls := sorted(k for k, v in secret.items() if v is None):
+        raise ApiError("unprocessable", f"task.secret_env.{nulls[0]}", "null keeps a job's current value, and a new "
+                       "job has none")
     if secret:
         try:
             secret = dict(TaskSpec.from_json({**plain, **ids, "env": secret}, "job", "task").env)  # as env's
         except InputError as e:
             raise ApiError("invalid", e.field.replace("task.env", "task.secret_env", 1), e.why) from None
         if both := set(secret) & set(out.get("env", {})):
-            raise ApiError("invalid", f"task.secret_env.{min(both)}", "is in task.env too: a variable is secret or not")
+            raise ApiError("unprocessable", f"task.secret_env.{min(both)}", "is in task.env too: a variable is secret or not")
         try:
             TaskSpec.from_json({**plain, **ids, "env": {**out.get("env", {}), **secret}}, "job", "task")
         except InputError as e:
-            raise ApiError("invalid", "task.secret_env", f"with task.env: {e.why}") from None
+            raise ApiError("unprocessable", "task.secret_env", f"with task.env: {e.why}") from None
         out["secret_env"] = dict(sorted(secret.items()))
     return out
 
@@ -243,7 +246,7 @@ def keep_secrets(data: Any, old: "JobRec") -> Any:
     filled = {}
     for k, v in secret.items():
         if v is None and k not in current:
-            raise ApiError("invalid", f"task.secret_env.{k}", "null keeps the current value, and the job has none")
+            raise ApiError("unprocessable", f"task.secret_env.{k}", "null keeps the current value, and the job has none")
         filled[k] = current[k] if v is None else v
     return {**data, "task": {**task, "secret_env": filled}}
 
@@ -320,11 +323,11 @@ class JobRec:
         controller = _opt_str(data.get("controller"), "controller", 2048)
         if controller is not None and not re.match(r"^https?://", controller):
             raise ApiError("invalid", "controller", f"{controller!r} must be an http(s) URL")
-        token = _opt_str(data.get("controller_token"), "controller_token", 512) or None
+        token = _opt_str(data.get("controller_token") or None, "controller_token", 512)  # "": none
         if token is not None and not re.fullmatch(r"[\x21-\x7e]+", token):
             raise ApiError("invalid", "controller_token", "printable ASCII without spaces (it goes in an HTTP header)")
         if token is not None and controller is None:
-            raise ApiError("invalid", "controller_token", "a token for which controller? give controller too")
+            raise ApiError("unprocessable", "controller_token", "a token for which controller? give controller too")
         now = time.time()
         count, task = _int(data["count"], "count", 0, 10_000), parse_task(data["task"], f"{ent}/{name}")
         check_job_size(count, task)
@@ -489,7 +492,7 @@ def _time(value: Any, field_: str, now: float) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
         raise ApiError("invalid", field_, f"{value!r} must be a time in seconds since the epoch")
     if value > now + MAX_AHEAD:
-        raise ApiError("invalid", field_, f"{value!r} is more than a year ahead (seconds since the epoch, "
+        raise ApiError("unprocessable", field_, f"{value!r} is more than a year ahead (seconds since the epoch, "
                        "not milliseconds?)")
     return float(value)
 
@@ -505,27 +508,27 @@ def parse_maintenance(data: Any, machines: dict[str, MachineRec], now: float) ->
         if not isinstance(v, str) or not v:
             raise ApiError("invalid", k, f"{v!r} must be a non-empty string")
     if listed is None and not labels:
-        raise ApiError("invalid", "machines", "name the machines: a list of machine ids, or dc, msb or rack")
+        raise ApiError("unprocessable", "machines", "name the machines: a list of machine ids, or dc, msb or rack")
     if listed is not None:
         if not isinstance(listed, list) or not listed or not all(isinstance(m, str) for m in listed):
             raise ApiError("invalid", "machines", "must be a non-empty list of machine ids")
         unknown = [m for m in listed if m not in machines]
         if unknown:
-            raise ApiError("invalid", "machines", f"no such machine(s): {', '.join(unknown[:5])}")
+            raise ApiError("unprocessable", "machines", f"no such machine(s): {', '.join(unknown[:5])}")
     chosen = sorted(mid for mid, m in machines.items() if (listed is None or mid in listed)
                     and all(m.labels.get(k) == v for k, v in labels.items()))
     if not chosen:
         what = ", ".join(f"{k}={v}" for k, v in labels.items())
-        raise ApiError("invalid", next(iter(labels)) if labels else "machines", f"no machine matches {what}")
+        raise ApiError("unprocessable", next(iter(labels)) if labels else "machines", f"no machine matches {what}")
     start = _time(d.get("start"), "start", now)
     duration = d.get("duration")
     if isinstance(duration, bool) or not isinstance(duration, (int, float)) or not 0 < duration <= MAX_MAINTENANCE:
         raise ApiError("invalid", "duration", f"{duration!r} must be seconds, more than 0 and at most {MAX_MAINTENANCE:.0f}")
     deadline = start if d.get("deadline") is None else _time(d["deadline"], "deadline", now)
     if deadline > start:
-        raise ApiError("invalid", "deadline", "must be at or before the start: tasks leave before the work begins")
+        raise ApiError("unprocessable", "deadline", "must be at or before the start: tasks leave before the work begins")
     if start + duration <= now:
-        raise ApiError("invalid", "start", "the maintenance would be over already")
+        raise ApiError("unprocessable", "start", "the maintenance would be over already")
     policy = d.get("policy")
     if policy is not None and policy not in MAINTENANCE_POLICIES:
         raise ApiError("invalid", "policy", f"{policy!r} is not one of {', '.join(MAINTENANCE_POLICIES)}")

@@ -24,10 +24,11 @@ from aiohttp import web
 from agent.errors import InputError
 from controlplane.allocator import AllocationError, InvalidRequest, QuotaExceeded, allocate
 from controlplane.scheduler.service import job_request
+from controlplane.api import schema as S
 from controlplane.api import tokens
 from controlplane.api.openapi import document
 from controlplane.broker.agents import CREDENTIAL_HEADER
-from controlplane.records import (ApiError, EntitlementRec, EventRec, JobRec, TaskRec, check_job_size, keep_secrets,
+from controlplane.records import (NAME, ApiError, EntitlementRec, EventRec, JobRec, TaskRec, check_job_size, keep_secrets,
                                   parse_maintenance, redact_task)
 from controlplane.store import Conflict, TooLarge, Unavailable, Versioned
 from controlplane.store.etcd import UNREACHABLE
@@ -51,8 +52,8 @@ def reply(data: Any, status: int = 200) -> web.Response:
 def allocation_error(e: AllocationError) -> ApiError:
     if isinstance(e, QuotaExceeded):
         return ApiError("quota", e.field, e.message)
-    if isinstance(e, InvalidRequest):
-        return ApiError("invalid", e.field, e.message)
+    if isinstance(e, InvalidRequest):  # valid in itself, not for this entitlement as it is
+        return ApiError("unprocessable", e.field, e.message)
     return ApiError("no_placement", e.field, e.message)
 
 
@@ -139,10 +140,10 @@ MAX_BODY = 1024 * 1024  # bytes of a request body; the records it makes are capp
 MAX_INTERNAL_BODY = 16 * 1024 * 1024  # a replica's relay (every task report, for a member that joins)
 
 
-async def body(request: web.Request, limit: int = MAX_BODY) -> Any:
+async def body(request: web.Request, limit: int = MAX_BODY, schema: type | None = None) -> Any:
     """The request's JSON body, strictly: standard JSON only (no NaN or Infinity), integers that
-    fit 64 bits, nesting the decoder can follow, at most `limit` bytes. Anything else is a 4xx
-    naming the body, never a 500."""
+    fit 64 bits, nesting the decoder can follow, at most `limit` bytes, and within `schema` (the
+    document's, controlplane/api/schema.py). Anything else is a 4xx naming the field, never a 500."""
     too_large = ApiError("too_large", "body", f"more than the {limit} bytes accepted")
     if (request.content_length or 0) > limit:
         raise too_large  # refused unread
@@ -157,10 +158,11 @@ async def body(request: web.Request, limit: int = MAX_BODY) -> Any:
     if len(raw) > limit:
         raise too_large
     try:
-        return msgspec.json.decode(raw)
+        data = msgspec.json.decode(raw)
     except (msgspec.DecodeError, msgspec.ValidationError, RecursionError) as e:
         why = "nested too deep" if isinstance(e, RecursionError) else str(e)
         raise ApiError("invalid", "body", f"the body is not JSON within limits: {why}") from None
+    return data if schema is None else S.checked(data, schema)
 
 
 # -- views ------------------------------------------------------------------------------------
@@ -282,7 +284,7 @@ async def internal_relay(request: web.Request) -> web.Response:
     d: ControlDaemon = request.app[DAEMON]
     if d.relay is None:
         raise ApiError("unavailable", None, "this process is starting")
-    return reply(d.relay.receive(await body(request, MAX_INTERNAL_BODY)))
+    return reply(d.relay.receive(await body(request, MAX_INTERNAL_BODY, S.Relay)))
 
 
 # -- entitlements ------------------------------------------------------------------------------
@@ -303,12 +305,12 @@ def _check_profile(d: ControlDaemon, e: EntitlementRec) -> None:
     try:
         load(e.profile, d.profile_search)
     except InputError as err:
-        raise ApiError("invalid", "profile", f"{e.profile!r}: {err.why}") from None
+        raise ApiError("unprocessable", "profile", f"{e.profile!r}: {err.why}") from None
 
 
 async def create_entitlement(request: web.Request) -> web.Response:
     d: ControlDaemon = request.app[DAEMON]
-    e = EntitlementRec.parse(await body(request))
+    e = EntitlementRec.parse(await body(request, schema=S.EntitlementSpec))
     e = replace(e, shard=d.state.least_loaded_shard())
     if e.name in d.state.entitlements:
         raise ApiError("exists", "name", f"entitlement {e.name!r} exists")
@@ -322,7 +324,7 @@ async def modify_entitlement(request: web.Request) -> web.Response:
     d: ControlDaemon = request.app[DAEMON]
     old = _entitlement(d, request.match_info["name"])
     read_revision = d.state.revs[d.keys.entitlement(old.name)]
-    new = old.modified(await body(request))
+    new = old.modified(await body(request, schema=S.EntitlementPatch))
     held = sum(1 for m in d.state.machines.values() if m.entitlement == old.name)
     if new.quota < held:
         raise ApiError("quota", "quota", f"{new.quota} is below the {held} machines {old.name} holds now; "
@@ -340,12 +342,12 @@ async def move_entitlement(request: web.Request) -> web.Response:
     record, fail from this write on."""
     d: ControlDaemon = request.app[DAEMON]
     old = _entitlement(d, request.match_info["name"])
-    data = await body(request)
+    data = await body(request, schema=S.EntitlementMove)
     if not isinstance(data, dict) or set(data) != {"shard"}:
         raise ApiError("invalid", "shard", "the body must be {\"shard\": N}")
     shard = data["shard"]
     if isinstance(shard, bool) or not isinstance(shard, int) or not 0 <= shard < d.state.shard_count:
-        raise ApiError("invalid", "shard", f"{shard!r}: the region's shards are 0-{d.state.shard_count - 1}")
+        raise ApiError("unprocessable", "shard", f"{shard!r}: the region's shards are 0-{d.state.shard_count - 1}")
     if shard != old.shard:
         key = d.keys.entitlement(old.name)
         rev = await d.store.commit([d.state.guard(key)], {key: replace(old, shard=shard).to_json()})
@@ -382,7 +384,7 @@ def _read(d: ControlDaemon, request: web.Request) -> tuple[JobRec, int]:
 
 async def create_job(request: web.Request) -> web.Response:
     d: ControlDaemon = request.app[DAEMON]
-    job = JobRec.parse(await body(request))
+    job = JobRec.parse(await body(request, schema=S.JobSpec))
     if not request[PRINCIPAL].may_change_jobs_of(job.entitlement):
         raise tokens.forbidden(request[PRINCIPAL], "POST", request.path, f"owner of entitlement {job.entitlement}")
     _entitlement(d, job.entitlement)
@@ -407,9 +409,9 @@ async def create_job(request: web.Request) -> web.Response:
 async def update_job(request: web.Request) -> web.Response:
     d: ControlDaemon = request.app[DAEMON]
     old, read_revision = _read(d, request)
-    new = JobRec.parse(keep_secrets(await body(request), old))
+    new = JobRec.parse(keep_secrets(await body(request, schema=S.JobSpec), old))
     if new.handle != old.handle:
-        raise ApiError("invalid", "name", f"the spec is for {new.handle}, not {old.handle}")
+        raise ApiError("unprocessable", "name", f"the spec is for {new.handle}, not {old.handle}")
     if old.state != "active":
         raise ApiError("conflict", "state", f"job {old.handle} is {old.state}; run it again instead")
     changed_task = new.task != old.task
@@ -423,7 +425,7 @@ async def update_job(request: web.Request) -> web.Response:
 async def resize_job(request: web.Request) -> web.Response:
     d: ControlDaemon = request.app[DAEMON]
     old, read_revision = _read(d, request)
-    data = await body(request)
+    data = await body(request, schema=S.Resize)
     if not isinstance(data, dict) or set(data) != {"count"}:
         raise ApiError("invalid", "count", "the body must be {\"count\": N}")
     count = data["count"]
@@ -467,6 +469,8 @@ async def stop_job(request: web.Request) -> web.Response:
 async def list_jobs(request: web.Request) -> web.Response:
     d: ControlDaemon = request.app[DAEMON]
     ent = request.query.get("entitlement")
+    if ent is not None and not NAME.match(ent):
+        raise ApiError("invalid", "entitlement", f"{ent[:80]!r} is not an entitlement name")
     jobs = [job_view(d, j) for h, j in sorted(d.state.jobs.items()) if ent is None or j.entitlement == ent]
     for j in jobs:
         j.pop("tasks")
@@ -512,7 +516,7 @@ async def release_machine(request: web.Request) -> web.Response:
 
 async def create_token(request: web.Request) -> web.Response:
     d: ControlDaemon = request.app[DAEMON]
-    token_id, secret, record = tokens.parse_new(await body(request), time.time())
+    token_id, secret, record = tokens.parse_new(await body(request, schema=S.TokenSpec), time.time())
     key = d.keys.token(token_id)
     await d.state.wait_for(await d.store.commit([Versioned(key, None, 0)], {key: record}))
     return reply({**tokens.view(record), "token": secret}, 201)
@@ -560,7 +564,7 @@ def _maintenance(d: ControlDaemon, request: web.Request) -> EventRec:
 async def schedule_maintenance(request: web.Request) -> web.Response:
     d: ControlDaemon = request.app[DAEMON]
     now = time.time()
-    e = parse_maintenance(await body(request), d.state.machines, now)
+    e = parse_maintenance(await body(request, schema=S.MaintenanceSpec), d.state.machines, now)
     key = d.keys.event(e.id)
     rev = await d.store.commit([d.state.guard(key)], {key: e.to_json()})
     await d.state.wait_for(rev)
@@ -572,7 +576,10 @@ async def list_maintenance(request: web.Request) -> web.Response:
     d: ControlDaemon = request.app[DAEMON]
     now = time.time()
     events = sorted((e for e in d.state.events.values() if e.kind == "maintenance"), key=lambda e: (e.start, e.id))
-    if request.query.get("all") not in ("1", "true"):
+    every = request.query.get("all", "0")
+    if every not in ("0", "1", "true", "false"):
+        raise ApiError("invalid", "all", f"{every[:80]!r}: 1 (or true) for all, 0 (or false) for those not over")
+    if every not in ("1", "true"):
         events = [e for e in events if e.phase(now) != "over"]
     return reply({"maintenance": [maintenance_view(d, e, now) for e in events]})
 
@@ -617,7 +624,9 @@ async def agent_desired(request: web.Request) -> web.Response:
     try:
         wait = float(request.query.get("wait", "0"))
     except ValueError:
-        raise ApiError("invalid", "wait", "must be a number of seconds") from None
+        wait = -1.0
+    if not 0 <= wait <= 3600:  # NaN too; more than the longest wait (60 s) is that wait
+        raise ApiError("invalid", "wait", "must be a number of seconds from 0")
     return reply(await d.agents.desired(request[MACHINE], request.query.get("version", ""), wait))
 
 

@@ -1,8 +1,16 @@
-"""The OpenAPI 3.1 document of the /v1 API, served at /v1/openapi.json (docs/api.md is its prose)."""
+"""The OpenAPI 3.1 document of the /v1 API, served at /v1/openapi.json (docs/api.md is its prose).
+
+The request bodies' schemas are generated from controlplane/api/schema.py, the types the daemon
+checks every body against; the answers' schemas are written here. Schemathesis runs against the
+served document in tests/controlplane/test_api_fuzz.py."""
 
 from __future__ import annotations
 
+import re
 from functools import cache
+
+from controlplane.api import schema as request_schemas
+from controlplane.records import NAME
 
 
 def _ref(name: str) -> dict:
@@ -16,10 +24,15 @@ def _json(schema: dict) -> dict:
 ERRORS = {
     "400": {"description": "invalid input; names the field", **_json(_ref("Error"))},
     "401": {"description": "missing or invalid token", **_json(_ref("Error"))},
-    "404": {"description": "unknown entitlement, job or machine", **_json(_ref("Error"))},
+    "403": {"description": "the token's role does not allow it; names the permission missing", **_json(_ref("Error"))},
+    "404": {"description": "unknown entitlement, job, machine, token or maintenance", **_json(_ref("Error"))},
+    "408": {"description": "the body did not arrive within --body-timeout", **_json(_ref("Error"))},
     "409": {"description": "exists, or lost a race with another change", **_json(_ref("Error"))},
-    "422": {"description": "quota exceeded, or no machine fits; names the field", **_json(_ref("Error"))},
-    "503": {"description": "etcd unreachable (why names it), or a transaction over etcd's limits", **_json(_ref("Error"))},
+    "413": {"description": "a body over the limit (1 MiB)", **_json(_ref("Error"))},
+    "422": {"description": "valid, but not possible in the region as it is (quota, no machine fits, no such "
+                   "machine, times that do not add up); names the field", **_json(_ref("Error"))},
+    "503": {"description": "etcd unreachable (why names it), a transaction over etcd's limits, no leader, or "
+                   "a connection over the limits", **_json(_ref("Error"))},
 }
 # On an answer from the daemon's view while etcd is unreachable (docs/api.md, "When etcd is unreachable").
 STALE = {"X-Twine-Stale": {"description": "why this answer may be behind etcd", "schema": {"type": "string"}}}
@@ -90,7 +103,41 @@ PATHS = {
     "/v1/internal/relay": {"post": _op("heartbeats and task reports relayed between replicas", "accepted", None,
                                        "Relay")},
     "/v1/openapi.json": {"get": {"summary": "this document", "security": [], "responses": {"200": {"description": "OpenAPI"}}}},
+    "/healthz": {"get": {"summary": "200 while etcd answers, else 503 saying why (no token)", "security": [],
+                         "responses": {"200": {"description": "serving", **_json(_ref("Health"))},
+                                       "503": {"description": "etcd unreachable", **_json(_ref("Health"))}}}},
+    "/v1/metrics": {"get": {"summary": "Prometheus metrics (text)", "security": [{"apiToken": []}],
+                            "responses": {"200": {"description": "the metrics",
+                                                  "content": {"text/plain": {"schema": {"type": "string"}}}},
+                                          "401": ERRORS["401"]}}},
 }
+
+NAME_PARAM = {"type": "string", "pattern": NAME.pattern}
+ID_PARAM = {"type": "string", "minLength": 1, "maxLength": 253}
+PATH_PARAMS = {"name": NAME_PARAM, "ent": NAME_PARAM, "id": ID_PARAM}
+QUERY_PARAMS = {
+    ("/v1/jobs", "get"): [("entitlement", NAME_PARAM, "only the jobs of this entitlement")],
+    ("/v1/maintenance", "get"): [("all", {"type": "string", "enum": ["0", "1", "true", "false"]},
+                                  "1: also the maintenance that is over")],
+    ("/v1/agent/desired", "get"): [("version", {"type": "string", "maxLength": 64}, "the version the agent has"),
+                                   ("wait", {"type": "number", "minimum": 0, "maximum": 3600},
+                                    "seconds to wait for a change (at most 60 are waited)")],
+}
+
+
+def _parameters() -> None:
+    """Every path parameter and query parameter, declared (schema-driven tools refuse undeclared ones)."""
+    for path, ops in PATHS.items():
+        for method, op in ops.items():
+            params = [{"name": n, "in": "path", "required": True, "schema": PATH_PARAMS[n]}
+                      for n in re.findall(r"{(\w+)}", path)]
+            params += [{"name": n, "in": "query", "required": False, "schema": sch, "description": what}
+                       for n, sch, what in QUERY_PARAMS.get((path, method), [])]
+            if params:
+                op["parameters"] = params
+
+
+_parameters()
 
 OBJ = {"type": "object"}
 STR = {"type": "string"}
@@ -100,40 +147,17 @@ NUM = {"type": "number"}
 TASK_STATES = ["pending", "allocated", "starting", "running", "stopping", "stopped", "failed", "lost", "suspended"]
 
 SCHEMAS = {
+    "Health": {**OBJ, "properties": {"ok": {"type": "boolean"}, "error": STR, "field": NSTR, "why": STR}},
     "Error": {**OBJ, "required": ["error", "why"], "properties": {
         "error": {"enum": ["invalid", "unauthorized", "forbidden", "not_found", "timeout", "exists", "conflict", "too_large",
+                           "unprocessable",
                            "quota", "no_placement", "unavailable"]},
         "field": NSTR, "why": STR}},
-    "Spread": {**OBJ, "properties": {"properties": {"type": "array", "items": {"enum": ["region", "dc", "msb", "rack"]}},
-                                     "pinned_dc": NSTR}},
-    "EntitlementSpec": {**OBJ, "required": ["name", "machine_type", "quota"], "additionalProperties": False,
-                        "properties": {"name": STR, "machine_type": STR, "quota": {**INT, "minimum": 0},
-                                       "profile": NSTR, "owner": STR, "spread": _ref("Spread")}},
-    "EntitlementPatch": {**OBJ, "additionalProperties": False, "properties": {
-        "quota": INT, "profile": NSTR, "owner": STR, "spread": _ref("Spread")}},
     "Entitlement": {**OBJ, "properties": {"name": STR, "owner": STR, "machine_type": STR, "quota": INT, "profile": NSTR,
                                           "spread": _ref("Spread"), "shard": INT, "held": INT,
                                           "machines": {"type": "array", "items": STR},
                                           "jobs": {"type": "array", "items": STR}}},
     "EntitlementList": {**OBJ, "properties": {"entitlements": {"type": "array", "items": _ref("Entitlement")}}},
-    "TaskTemplate": {**OBJ, "required": ["image"], "additionalProperties": False, "properties": {
-        "image": STR, "command": {"type": ["array", "string"]}, "env": OBJ,
-        "secret_env": {**OBJ, "description": "variables whose values the API never shows (null in its answers; "
-                       "null in an update keeps the current value)",
-                       "additionalProperties": {"type": ["string", "null"]}},
-        "cpus": {"type": "number"},
-        "memory_mb": INT, "pids": INT, "network_mode": {"enum": ["bridge", "none"]}}},
-    "JobSpec": {**OBJ, "required": ["entitlement", "name", "count", "task"], "additionalProperties": False, "properties": {
-        "entitlement": STR, "name": STR, "count": {**INT, "minimum": 0}, "task": _ref("TaskTemplate"),
-        "requirements": {**OBJ, "properties": {"machine_type": NSTR, "dc": NSTR}},
-        "preferences": {"type": ["array", "null"], "items": {**OBJ, "properties": {
-            "property": {"enum": ["region", "dc", "msb", "rack"]}, "strategy": {"enum": ["spread", "pack"]},
-            "weight": {"type": "number"}}}},
-        "update": {**OBJ, "properties": {"max_unavailable": {**INT, "minimum": 1}}},
-        "controller": NSTR,
-        "controller_token": {**NSTR, "description": "sent to the controller as a Bearer token; never shown (null "
-                             "in answers; null in an update keeps it, \"\" removes it)"}}},
-    "Resize": {**OBJ, "required": ["count"], "properties": {"count": {**INT, "minimum": 0}}},
     "Task": {**OBJ, "properties": {"job": STR, "index": INT, "spec_version": INT, "machine": NSTR,
                                    "where": {"type": ["object", "null"]}, "state": {"enum": TASK_STATES},
                                    "reason": STR, "discovery": {"type": "boolean"}, "since": {"type": "number"}}},
@@ -146,9 +170,6 @@ SCHEMAS = {
                                       "entitlement": NSTR, "healthy": {"type": "boolean"}, "profile": OBJ,
                                       "alloc": OBJ, "agent": OBJ, "last_heartbeat": {"type": ["number", "null"]}}},
     "MachineList": {**OBJ, "properties": {"machines": {"type": "array", "items": _ref("Machine")}}},
-    "TokenSpec": {**OBJ, "required": ["role"], "additionalProperties": False, "properties": {
-        "role": {"enum": ["admin", "owner", "reader", "bootstrap"]}, "entitlements": {"type": "array", "items": STR},
-        "expires_in": {"type": ["number", "null"]}, "description": STR}},
     "Token": {**OBJ, "properties": {"id": STR, "role": STR, "entitlements": {"type": "array", "items": STR},
                                     "created_at": {"type": "number"}, "expires": {"type": ["number", "null"]},
                                     "description": STR, "token": {**STR, "description": "only in the answer that made it"}}},
@@ -157,10 +178,6 @@ SCHEMAS = {
     "Event": {**OBJ, "properties": {"id": STR, "kind": {"enum": ["failure", "maintenance"]},
                                     "machines": {"type": "array", "items": STR}, "start": {"type": "number"},
                                     "end": {"type": ["number", "null"]}, "reason": STR}},
-    "MaintenanceSpec": {**OBJ, "required": ["start", "duration"], "additionalProperties": False, "properties": {
-        "machines": {"type": "array", "items": STR, "minItems": 1}, "dc": STR, "msb": STR, "rack": STR,
-        "start": NUM, "duration": {**NUM, "exclusiveMinimum": 0}, "deadline": NUM,
-        "policy": {"enum": ["move", "stop", None]}, "reason": STR}},
     "Maintenance": {**OBJ, "properties": {
         "id": STR, "kind": {"const": "maintenance"}, "machines": {"type": "array", "items": STR}, "scope": STR,
         "start": NUM, "duration": NUM, "deadline": NUM, "end": {"type": ["number", "null"]}, "until": NUM,
@@ -179,10 +196,8 @@ SCHEMAS = {
     "ShutdownReply": {**OBJ, "properties": {"ok": {"type": "boolean"}, "maintenance": STR, "until": NUM}},
     "Heartbeat": {**OBJ, "properties": {"machine_id": STR, "seq": INT, "desired_version": STR, "health": OBJ,
                                         "profile": OBJ, "tasks": {"type": "array", "items": OBJ}, "digest": STR}},
-    "EntitlementMove": {**OBJ, "required": ["shard"], "properties": {"shard": INT}},
     "Cluster": {**OBJ, "properties": {"region": STR, "self": OBJ, "members": {"type": "array", "items": OBJ},
                                       "shards": {"type": "array", "items": OBJ}}},
-    "Relay": {**OBJ, "properties": {"from": STR, "seen": {"type": "array", "items": STR}, "reports": OBJ}},
     "HeartbeatReply": {**OBJ, "properties": {"ok": {"type": "boolean"}, "resend": {"type": "boolean"},
                                              "heartbeat_to": STR,
                                              "interval": {"type": "number"}}},
@@ -197,7 +212,7 @@ def document() -> dict:
                  "description": "The regional control plane of a Twine-style cluster manager (docs/api.md)."},
         "paths": PATHS,
         "components": {
-            "schemas": SCHEMAS,
+            "schemas": {**SCHEMAS, **request_schemas.components()},
             "securitySchemes": {
                 "apiToken": {"type": "http", "scheme": "bearer", "description": "operator / job owner token"},
                 "bootstrapToken": {"type": "http", "scheme": "bearer", "description": "agent bootstrap token"},

@@ -81,9 +81,9 @@ def parse_new(data: Any, now: float) -> tuple[str, str, dict]:
     if not isinstance(ents, list) or len(ents) > 1000 or not all(isinstance(e, str) and NAME.match(e) for e in ents):
         raise ApiError("invalid", "entitlements", "must be a list of entitlement names")
     if role == "owner" and not ents:
-        raise ApiError("invalid", "entitlements", "an owner token names the entitlements it owns")
+        raise ApiError("unprocessable", "entitlements", "an owner token names the entitlements it owns")
     if role != "owner" and ents:
-        raise ApiError("invalid", "entitlements", f"only an owner token names entitlements, not a{'n' if role == 'admin' else ''} {role} token")
+        raise ApiError("unprocessable", "entitlements", f"only an owner token names entitlements, not a{'n' if role == 'admin' else ''} {role} token")
     expires_in = data.get("expires_in")
     if role == "bootstrap" and expires_in is None:
         expires_in = BOOTSTRAP_TTL  # a machine's key to the region does not lie around for ever

@@ -47,7 +47,7 @@ def test_oversized_and_malformed_requests_are_refused_naming_the_field(controld,
          "task.network_mode"),
         # each task's record carries the template: 2,000 x 60 KB would put 120 MB in the store
         ("POST", "/v1/jobs", json.dumps({**job, "count": 2000, "task": {**TASK, "env": {"X": "x" * 60_000}}}).encode(),
-         API_TOKEN, 400, "count"),
+         API_TOKEN, 422, "count"),
         ("POST", "/v1/jobs", b"[" * 100_000 + b"]" * 100_000, API_TOKEN, 400, "body"),
         ("POST", "/v1/jobs", b'{"entitlement": "web", "name": "n", "count": ' + b"9" * 5000 + b"}", API_TOKEN, 400, "body"),
         ("POST", "/v1/entitlements", json.dumps({"name": "own", "machine_type": "generic", "quota": 1,

@@ -74,11 +74,12 @@ def test_roles_scope_what_a_token_may_do(controld, etcd_server):
     assert c.call("GET", "/v1/jobs", token=owner["token"])[0] == 401
     assert c.call("DELETE", "/v1/tokens/000000000000")[0] == 404
 
-    bad = [({"role": "root"}, "role"), ({"role": "owner"}, "entitlements"), ({"role": "reader", "entitlements": ["web"]},
-           "entitlements"), ({"role": "reader", "expires_in": -5}, "expires_in"), ({"role": "reader", "x": 1}, "x")]
-    for spec, field in bad:
+    bad = [({"role": "root"}, 400, "role"), ({"role": "owner"}, 422, "entitlements"),
+           ({"role": "reader", "entitlements": ["web"]}, 422, "entitlements"),
+           ({"role": "reader", "expires_in": -5}, 400, "expires_in"), ({"role": "reader", "x": 1}, 400, "x")]
+    for spec, code, field in bad:
         status, answer = c.call("POST", "/v1/tokens", spec)
-        assert status == 400 and answer["field"] == field, answer
+        assert status == code and answer["field"] == field, answer
 
     audit = [line for line in c.log.read_text().splitlines() if "twine.audit" in line]
     assert any(f"token {owner['id']} POST /v1/jobs -> 201" in line for line in audit), audit

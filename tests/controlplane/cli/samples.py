@@ -1,9 +1,12 @@
-"""Bodies shaped as docs/api.md describes them (the daemon does not exist yet): what the render
-tests print and what the ContractServer answers."""
+"""Bodies shaped as the daemon answers them (test_api_document.py checks them against the served
+document's answer schemas): what the render tests print and what the ContractServer answers.
+Times are seconds since the epoch, as the daemon gives them."""
 
 from __future__ import annotations
 
 import copy
+
+T0 = 1714561200.0  # 2024-05-01T11:00:00Z
 
 ENTITLEMENT = {
     "name": "web", "owner": "team-web", "machine_type": "c2.large", "quota": 10, "profile": "web",
@@ -12,27 +15,27 @@ ENTITLEMENT = {
 ENTITLEMENT_DETAIL = dict(ENTITLEMENT, machines=["m-001", "m-002", "m-003", "m-004"], jobs=["web/frontend"])
 ENTITLEMENTS = {"entitlements": [
     ENTITLEMENT,
-    {"name": "batch-analytics", "owner": None, "machine_type": "m5.xlarge", "quota": 200, "profile": None,
+    {"name": "batch-analytics", "owner": "", "machine_type": "m5.xlarge", "quota": 200, "profile": None,
      "spread": {"properties": ["msb"], "pinned_dc": "dc2"}, "shard": 0, "held": 0},
 ]}
 
 
 def task(index: int, state: str = "running", spec_version: int = 2, machine: str | None = "m-001",
-         reason: str | None = None) -> dict:
+         reason: str = "") -> dict:
     return {"job": "web/frontend", "index": index, "spec_version": spec_version, "machine": machine,
             "where": {"dc": "dc1", "msb": f"msb{index}", "rack": f"r{index}"} if machine else {"dc": None, "msb": None, "rack": None},
-            "state": state, "reason": reason, "discovery": state == "running", "since": "2024-05-01T12:00:00Z"}
+            "state": state, "reason": reason, "discovery": state == "running", "since": T0 + 3600}
 
 
 def job(tasks: list[dict] | None = None, state: str = "active", count: int = 3, spec_version: int = 2,
-        message: str | None = None) -> dict:
+        message: str = "") -> dict:
     body = {
         "handle": "web/frontend", "entitlement": "web", "name": "frontend", "count": count,
         "task": {"image": "twine/busybox:1", "command": ["sh", "-c", "httpd -f -p 8080"], "env": {"GREETING": "hello"},
                  "cpus": 0.5, "memory_mb": 64},
         "requirements": {"machine_type": None, "dc": None}, "preferences": [{"property": "msb", "strategy": "spread"}],
         "update": {"max_unavailable": 1}, "controller": None, "spec_version": spec_version, "state": state,
-        "created_at": "2024-05-01T11:00:00Z", "updated_at": "2024-05-01T12:00:00Z",
+        "created_at": T0, "updated_at": T0 + 3600,
         "summary": {"running": 0, "pending": 0}, "message": message,
     }
     if tasks is not None:
@@ -53,10 +56,10 @@ MACHINE = {
     "labels": {"region": "eu", "dc": "dc1", "msb": "msb0", "rack": "r0", "machine_type": "c2.large"},
     "capacity": {"cpus": 8, "memory_mb": 16384, "disk_gb": 200, "hugepage_sizes_kb": [2048],
                  "cgroup_version": 2, "supports": {"hugepages": True, "rdt": False}},
-    "entitlement": "web", "healthy": True, "health_reason": None,
+    "entitlement": "web", "healthy": True, "health_reason": "",
     "profile": {"desired": "web", "applied": "web", "ok": True},
     "alloc": {"tasks": 2, "cpus": 1.5, "memory_mb": 128},
-    "agent": {"address": "10.0.0.1:7070", "version": "0.1.0"}, "last_heartbeat": "2024-05-01T12:00:05Z",
+    "agent": {"address": "10.0.0.1:7070", "version": "0.1.0"}, "last_heartbeat": T0 + 3605,
 }
 MACHINES = {"machines": [
     MACHINE,
@@ -67,7 +70,7 @@ MACHINE_DETAIL = dict(MACHINE, tasks=[task(0), task(3, state="starting")])
 
 EVENTS = {"events": [
     {"id": "ev-1", "kind": "maintenance", "machines": ["m-001", "m-002", "m-003", "m-004", "m-005"],
-     "start": "2024-05-02T08:00:00Z", "duration": 5400, "deadline": "2024-05-02T07:00:00Z", "end": None,
+     "start": T0 + 72000, "duration": 5400, "deadline": T0 + 68400, "end": None,
      "reason": "kernel upgrade"},
     {"id": "ev-2", "kind": "failure", "machines": ["m-009"], "start": 1714550400, "duration": 30,
      "deadline": None, "end": 1714550430, "reason": "power supply"},

@@ -1,0 +1,202 @@
+"""The request bodies of the /v1 API, declared once (issue #11): msgspec types from which the
+OpenAPI document's request schemas are generated (openapi.py), and against which every body is
+checked before the daemon acts on it (app.py: `checked`). A body the document would refuse is
+refused with a 400 naming the field; the parsers in records.py then check what a schema cannot say
+(the state of the region, one field against another).
+
+Names, bounds and patterns come from the code that enforces them (records.NAME, agent/models.py's
+task limits), so the document and the daemon cannot drift apart; tests/controlplane/test_api_fuzz.py
+runs Schemathesis against the served document to prove it.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal, Union
+
+import msgspec
+from msgspec import Meta, Struct
+
+from agent.models import _ENV, MAX_ARGS, MAX_COMMAND, MAX_ENV, MAX_ENV_SIZE
+from controlplane.records import LEVELS, MAINTENANCE_POLICIES, MAX_MAINTENANCE, MAX_OWNER, NAME, STRATEGIES, ApiError
+
+Name = Annotated[str, Meta(pattern=NAME.pattern, description="lower case letters, digits, '_.-' (1-63)")]
+Label = Annotated[str, Meta(min_length=1, max_length=253)]
+Count = Annotated[int, Meta(ge=0, le=10_000)]
+EnvName = Annotated[str, Meta(pattern=_ENV.pattern)]
+EnvValue = Union[Annotated[str, Meta(max_length=MAX_ENV_SIZE)], int, float]
+Env = Annotated[dict[EnvName, EnvValue], Meta(max_length=MAX_ENV, description=f"at most {MAX_ENV} variables "
+                                              f"of {MAX_ENV_SIZE} characters in all")]
+Seconds = Annotated[float, Meta(gt=0, lt=1e300)]
+Level = Literal[LEVELS]  # type: ignore[valid-type]
+
+
+class Spread(Struct, forbid_unknown_fields=True):
+    properties: Union[list[Level], Annotated[str, Meta(pattern=r"^((region|dc|msb|rack)(,(region|dc|msb|rack))*)?$")]] = \
+        msgspec.field(default_factory=lambda: ["dc", "msb"])
+    pinned_dc: Union[Label, None] = None
+
+
+class EntitlementPatch(Struct, forbid_unknown_fields=True):
+    quota: Union[Annotated[int, Meta(ge=0, le=1_000_000)], msgspec.UnsetType] = msgspec.UNSET
+    profile: Union[Name, None, msgspec.UnsetType] = msgspec.UNSET
+    owner: Union[Annotated[str, Meta(max_length=MAX_OWNER)], msgspec.UnsetType] = msgspec.UNSET
+    spread: Union[Spread, msgspec.UnsetType] = msgspec.UNSET
+
+
+class EntitlementSpec(Struct, forbid_unknown_fields=True):
+    name: Name
+    machine_type: Name
+    quota: Annotated[int, Meta(ge=0, le=1_000_000)]
+    profile: Union[Name, None] = None
+    owner: Annotated[str, Meta(max_length=MAX_OWNER)] = ""
+    spread: Union[Spread, msgspec.UnsetType] = msgspec.UNSET
+
+
+class EntitlementMove(Struct, forbid_unknown_fields=True):
+    shard: Annotated[int, Meta(ge=0, le=1_000_000)]
+
+
+class TaskTemplate(Struct, forbid_unknown_fields=True):
+    image: Annotated[str, Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9._/:@+-]{0,511}$",
+                               description="an image reference: [registry/]name[:tag][@digest]")]
+    command: Union[Annotated[list[Annotated[str, Meta(max_length=MAX_COMMAND)]], Meta(max_length=MAX_ARGS)],
+                   Annotated[str, Meta(max_length=MAX_COMMAND)]] = []
+    env: Env = {}
+    secret_env: Annotated[dict[EnvName, Union[Annotated[str, Meta(max_length=MAX_ENV_SIZE)], int, float, None]],
+                          Meta(max_length=MAX_ENV, description="never shown by the API (null in its answers); "
+                               "null in an update keeps the current value")] = {}
+    cpus: Annotated[float, Meta(gt=0, le=1024)] = 0.5
+    memory_mb: Annotated[int, Meta(ge=4, le=4_194_304)] = 128
+    pids: Annotated[int, Meta(ge=1, le=4_194_304)] = 256
+    network_mode: Literal["bridge", "none"] = "bridge"
+
+
+class Requirements(Struct, forbid_unknown_fields=True):
+    machine_type: Union[Label, None] = None
+    dc: Union[Label, None] = None
+
+
+class Preference(Struct, forbid_unknown_fields=True):
+    property: Level = "msb"
+    strategy: Literal[STRATEGIES] = "spread"  # type: ignore[valid-type]
+    weight: Annotated[float, Meta(ge=0, lt=1e300)] = 1.0
+
+
+class Update(Struct, forbid_unknown_fields=True):
+    max_unavailable: Annotated[int, Meta(ge=1, le=10_000)] = 1
+
+
+class JobSpec(Struct, forbid_unknown_fields=True):
+    entitlement: Name
+    name: Name
+    count: Count
+    task: TaskTemplate
+    requirements: Union[Requirements, None] = None
+    preferences: Union[list[Preference], None] = None
+    update: Union[Update, None] = None
+    controller: Union[Annotated[str, Meta(pattern=r"^https?://", max_length=2048)], None] = None
+    controller_token: Union[Annotated[str, Meta(pattern=r"^[\x21-\x7e]{0,512}$")], None] = None
+
+
+class Resize(Struct, forbid_unknown_fields=True):
+    count: Count
+
+
+class TokenSpec(Struct, forbid_unknown_fields=True):
+    role: Literal["admin", "owner", "reader", "bootstrap"]
+    entitlements: Annotated[list[Name], Meta(max_length=1000)] = []
+    expires_in: Union[Annotated[float, Meta(gt=0, le=10 * 365 * 86400)], None] = None
+    description: Annotated[str, Meta(max_length=256)] = ""
+
+
+class MaintenanceSpec(Struct, forbid_unknown_fields=True):
+    start: Seconds
+    duration: Annotated[float, Meta(gt=0, le=MAX_MAINTENANCE)]
+    machines: Union[Annotated[list[Label], Meta(min_length=1, max_length=100_000)], None] = None
+    dc: Union[Label, None] = None
+    msb: Union[Label, None] = None
+    rack: Union[Label, None] = None
+    deadline: Union[Seconds, None] = None
+    policy: Union[Literal[MAINTENANCE_POLICIES], None] = None  # type: ignore[valid-type]
+    reason: Annotated[str, Meta(max_length=500)] = ""
+
+
+class RelayReport(Struct):
+    tasks: Union[list[dict[str, Any]], None] = None
+    error: Union[str, None] = ""
+
+
+class Relay(Struct, forbid_unknown_fields=True, rename={"from_": "from"}):
+    from_: Label
+    seen: list[Label] = []
+    reports: dict[Label, RelayReport] = {}
+
+
+BODIES: dict[str, type] = {t.__name__: t for t in (EntitlementSpec, EntitlementPatch, EntitlementMove, JobSpec,
+                                                   Resize, TokenSpec, MaintenanceSpec, Relay)}
+
+_AT = re.compile(r" - at (?:`key` in )?`\$(?P<path>[^`]*)`$")
+_FIELD = re.compile(r"(?:unknown|required) field `(?P<name>[^`]+)`")
+
+
+def checked(data: Any, schema: type) -> Any:
+    """`data` (a decoded JSON body) as it is, if it fits `schema`; else a 400 naming the field."""
+    try:
+        try:
+            msgspec.convert(data, schema, strict=True)
+        except msgspec.ValidationError as e:
+            if "Expected `int`, got `float`" not in str(e):
+                raise
+            # JSON has one number type: 3.0 is the integer 3 (as JSON Schema says); taken as it
+            data = _integral(data)
+            msgspec.convert(data, schema, strict=True)
+    except msgspec.ValidationError as e:
+        field = _field(str(e))
+        if " - at `key` in " in str(e):
+            field = _bad_key(data, field, str(e)) or field
+        raise ApiError("invalid", field, _why(str(e))) from None
+    return data
+
+
+def _integral(v: Any) -> Any:
+    """Floats with no fraction as ints, all through `v`."""
+    if isinstance(v, float) and v.is_integer() and abs(v) < 2**63:
+        return int(v)
+    if isinstance(v, list):
+        return [_integral(x) for x in v]
+    if isinstance(v, dict):
+        return {k: _integral(x) for k, x in v.items()}
+    return v
+
+
+def _bad_key(data: Any, path: str | None, message: str) -> str | None:
+    """The key a pattern refused (msgspec names the object, not the key): `task.env.1BAD`."""
+    obj = data
+    for part in (path or "").split("."):
+        obj = obj.get(part) if isinstance(obj, dict) and part else obj
+    pattern = re.search(r"matching regex '(.*)' - at ", message)
+    if not isinstance(obj, dict) or pattern is None:
+        return None
+    bad = next((k for k in obj if not re.search(pattern.group(1), k)), None)
+    return None if bad is None else f"{path}.{bad}"
+
+
+def _field(message: str) -> str | None:
+    """`Object contains unknown field `x` - at `$.task`` -> task.x; `... - at `$.preferences[0].weight`` ->
+    preferences[0].weight."""
+    m = _AT.search(message)
+    path = m.group("path").lstrip(".").removesuffix("[...]") if m else ""
+    if f := _FIELD.search(message):
+        path = f"{path}.{f.group('name')}" if path else f.group("name")
+    return path or None
+
+
+def _why(message: str) -> str:
+    return _AT.sub("", message).replace("`", "'")
+
+
+def components() -> dict[str, Any]:
+    """The request bodies' JSON schemas, for the OpenAPI document's components."""
+    _, defs = msgspec.json.schema_components(list(BODIES.values()), ref_template="#/components/schemas/{name}")
+    return defs

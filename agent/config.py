@@ -13,6 +13,7 @@
     listen = "127.0.0.1:7070"     # or "unix:/run/twine-agent.sock"
     task_cgroup = "twine"
     owns_kernel = true
+    # sysctl_unguarded = ["vm.min_free_kbytes"]   # the operator lifts a guard (agent/profiles/appliers/sysctl.py)
     [labels]
     region = "region1"  dc = "dc1"  msb = "msb1"  rack = "r1"  machine_type = "generic"
 """
@@ -52,6 +53,9 @@ class AgentConfig:
     profiles_path: tuple[Path, ...] = ()
     task_cgroup: str = "twine"
     owns_kernel: bool = True
+    # sysctls whose guard (values that can take a host down) this host's operator lifts: profiles may
+    # then set them to anything the allow-list allows. Only from the agent's own config file.
+    sysctl_unguarded: tuple[str, ...] = ()
     reconcile_interval: float = 2.0
     stop_grace: float = 10.0
     health_interval: float = 5.0
@@ -81,7 +85,8 @@ class AgentConfig:
     def host_context(self):
         from agent.profiles.appliers.base import HostContext
 
-        return HostContext(task_cgroup=self.task_cgroup, owns_kernel=self.owns_kernel)
+        return HostContext(task_cgroup=self.task_cgroup, owns_kernel=self.owns_kernel,
+                           sysctl_unguarded=frozenset(self.sysctl_unguarded))
 
     def profile_search(self) -> tuple[Path, ...] | None:
         from agent.profiles.loader import default_search_path
@@ -192,6 +197,15 @@ def _typed(path: str, data: dict) -> dict:
             if not isinstance(value, bool):
                 raise InputError(path, key, value, "must be true or false")
             out[key] = value
+        elif key == "sysctl_unguarded":
+            from agent.profiles.appliers.sysctl import GUARDED_NAMES, is_guarded
+
+            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+                raise InputError(path, key, value, "must be a list of sysctl names")
+            unknown = [v for v in value if not is_guarded(v)]
+            if unknown:
+                raise InputError(path, key, unknown[0], f"not a guarded sysctl; guarded: {GUARDED_NAMES}")
+            out[key] = tuple(value)
         else:
             if not isinstance(value, str):
                 raise InputError(path, key, value, "must be a string")

@@ -43,6 +43,8 @@ class HostContext:
     # False when another agent on the same kernel owns kernel-wide settings (several agents in
     # network namespaces of one machine): those settings are then "not applicable: shared kernel".
     owns_kernel: bool = True
+    # guarded sysctls (sysctl.py) the host's operator allows profiles to set freely (agent.toml)
+    sysctl_unguarded: frozenset[str] = frozenset()
     extra: Mapping[str, Any] = field(default_factory=dict)
 
 

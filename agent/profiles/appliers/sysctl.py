@@ -56,6 +56,15 @@ _GUARDED: tuple[tuple[re.Pattern, tuple[Callable[[str, Path], bool], str]], ...]
 )
 
 
+GUARDED_NAMES = "vm.panic_on_oom, kernel.sched_rt_runtime_us, kernel.sched_rt_period_us, net.ipv4.ip_forward, " \
+    "net.ipv4|6.conf.IFACE.forwarding, vm.min_free_kbytes"
+
+
+def is_guarded(name: str) -> bool:
+    """A sysctl a guard holds (an operator names it in agent.toml sysctl_unguarded to lift it)."""
+    return any(pattern.match(name) for pattern, _ in _GUARDED)
+
+
 def normalise(value: Any) -> str:
     """Kernel form: integers as decimal, vectors separated by single spaces."""
     if isinstance(value, bool):
@@ -88,8 +97,10 @@ class Sysctl(Applier):
                     "not in the allow-list of sysctl prefixes: " + ", ".join(self.ctx.sysctl_prefixes),
                 )
             for pattern, (ok, why) in _GUARDED:
-                if pattern.match(key) and not _holds(ok, normalise(value), self.ctx.proc):
-                    raise ProfileError(origin, field, value, why)
+                if pattern.match(key) and key not in self.ctx.sysctl_unguarded \
+                        and not _holds(ok, normalise(value), self.ctx.proc):
+                    raise ProfileError(origin, field, value, f"{why} (the host's operator may lift this guard: "
+                                       f"sysctl_unguarded = [\"{key}\"] in agent.toml)")
             root = (self.ctx.proc / "sys").resolve()
             path = self._path(key).resolve()
             if root not in path.parents:

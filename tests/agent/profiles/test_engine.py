@@ -306,3 +306,26 @@ def test_cli_apply_exit_codes_and_json(tmp_path, originals):
     assert run("verify").returncode == 1
     assert run("rollback").returncode == 0
     assert read("vm.swappiness") == originals["vm.swappiness"]
+
+
+def test_the_hosts_operator_may_lift_a_guard_and_only_in_the_agents_config(tmp_path):
+    """A guarded sysctl is refused in a profile unless agent.toml names it in sysctl_unguarded
+    (parsed only: the value is not applied to this host)."""
+    import argparse
+
+    from agent.config import load_config
+    from agent.errors import InputError, ProfileError
+    from agent.profiles.appliers.sysctl import Sysctl
+
+    with pytest.raises(ProfileError, match="sysctl_unguarded"):
+        Sysctl(HostContext()).parse({"vm.min_free_kbytes": 20_000_000}, "p.toml")
+    conf = tmp_path / "agent.toml"
+    conf.write_text('sysctl_unguarded = ["vm.min_free_kbytes", "net.ipv4.conf.eth0.forwarding"]\n')
+    cfg = load_config(argparse.Namespace(config=str(conf)))
+    [s] = Sysctl(cfg.host_context()).parse({"vm.min_free_kbytes": 20_000_000}, "p.toml")
+    assert (s.key, s.value) == ("vm.min_free_kbytes", "20000000")
+    with pytest.raises(ProfileError, match="does not panic"):  # the others stay guarded
+        Sysctl(cfg.host_context()).parse({"vm.panic_on_oom": 2}, "p.toml")
+    conf.write_text('sysctl_unguarded = ["net.core.somaxconn"]\n')
+    with pytest.raises(InputError, match="not a guarded sysctl"):
+        load_config(argparse.Namespace(config=str(conf)))

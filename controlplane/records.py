@@ -131,6 +131,8 @@ class EntitlementRec:
     spread: Spread = Spread()
     shard: int = 0
     created_at: float = 0.0
+    # admin policy: its jobs may put tasks on the host's network (which reaches all the host reaches)
+    allow_host_network: bool = False
 
     def to_json(self) -> dict:
         d = _encode(self)
@@ -144,7 +146,7 @@ class EntitlementRec:
 
     @classmethod
     def parse(cls, data: Any, shards: int = 1) -> EntitlementRec:
-        _check_keys(data, {"name", "machine_type", "quota", "profile", "owner", "spread"}, "")
+        _check_keys(data, {"name", "machine_type", "quota", "profile", "owner", "spread", "allow_host_network"}, "")
         for required in ("name", "machine_type", "quota"):
             if required not in data:
                 raise ApiError("invalid", required, "missing")
@@ -152,11 +154,11 @@ class EntitlementRec:
         ent = cls(name=name, machine_type=_name(data["machine_type"], "machine_type"),
                   quota=_int(data["quota"], "quota", 0), created_at=time.time(),
                   shard=sum(name.encode()) % max(shards, 1))
-        return ent.modified({k: v for k, v in data.items() if k in ("profile", "owner", "spread")})
+        return ent.modified({k: v for k, v in data.items() if k in ("profile", "owner", "spread", "allow_host_network")})
 
     def modified(self, data: Any) -> EntitlementRec:
         """The entitlement with the fields of a PATCH body changed."""
-        _check_keys(data, {"quota", "profile", "owner", "spread"}, "")
+        _check_keys(data, {"quota", "profile", "owner", "spread", "allow_host_network"}, "")
         changes: dict[str, Any] = {}
         if "quota" in data:
             changes["quota"] = _int(data["quota"], "quota", 0)
@@ -169,6 +171,10 @@ class EntitlementRec:
             changes["owner"] = data["owner"]
         if "spread" in data:
             changes["spread"] = Spread.parse(data["spread"])
+        if "allow_host_network" in data:
+            if not isinstance(data["allow_host_network"], bool):
+                raise ApiError("invalid", "allow_host_network", "must be true or false")
+            changes["allow_host_network"] = data["allow_host_network"]
         return replace(self, **changes)
 
 
@@ -206,11 +212,6 @@ def parse_task(data: Any, handle: str) -> dict:
         spec = TaskSpec.from_json({**plain, **ids}, "job", "task")
     except InputError as e:
         raise ApiError("invalid", e.field, e.why) from None
-    if spec.network_mode == "host":
-        # a task on the host's network reaches all the host reaches (the region's etcd among it):
-        # not for a job sent through the API (an operator's own desired-state file may still)
-        raise ApiError("invalid", "task.network_mode", "'host' is not allowed for jobs: a task on the host's "
-                       "network reaches what the host reaches; use bridge or none")
     out = {k: v for k, v in spec.to_json().items() if k in TASK_FIELDS}
     if nulls := sorted(k for k, v in secret.items() if v is None):
         raise ApiError("unprocessable", f"task.secret_env.{nulls[0]}", "null keeps a job's current value, and a new "

@@ -382,12 +382,20 @@ def _read(d: ControlDaemon, request: web.Request) -> tuple[JobRec, int]:
     return job, d.state.revs[d.keys.job(job.handle)]
 
 
+def _confined(job: JobRec, ent: EntitlementRec) -> None:
+    """A task on the host's network reaches all the host reaches (the region's etcd among it): only
+    in an entitlement whose policy allows it, which an admin sets."""
+    if job.task.get("network_mode") == "host" and not ent.allow_host_network:
+        raise ApiError("forbidden", "task.network_mode", f"entitlement {ent.name} does not allow the host's network "
+                       "(an admin may set allow_host_network on it); use bridge or none")
+
+
 async def create_job(request: web.Request) -> web.Response:
     d: ControlDaemon = request.app[DAEMON]
     job = JobRec.parse(await body(request, schema=S.JobSpec))
     if not request[PRINCIPAL].may_change_jobs_of(job.entitlement):
         raise tokens.forbidden(request[PRINCIPAL], "POST", request.path, f"owner of entitlement {job.entitlement}")
-    _entitlement(d, job.entitlement)
+    _confined(job, _entitlement(d, job.entitlement))
     old = d.state.jobs.get(job.handle)
     read_revision = d.state.revs.get(d.keys.job(job.handle), 0)
     if old is not None and old.state != "stopped":
@@ -412,6 +420,7 @@ async def update_job(request: web.Request) -> web.Response:
     new = JobRec.parse(keep_secrets(await body(request, schema=S.JobSpec), old))
     if new.handle != old.handle:
         raise ApiError("unprocessable", "name", f"the spec is for {new.handle}, not {old.handle}")
+    _confined(new, _entitlement(d, new.entitlement))
     if old.state != "active":
         raise ApiError("conflict", "state", f"job {old.handle} is {old.state}; run it again instead")
     changed_task = new.task != old.task

@@ -154,6 +154,7 @@ SCHEMAS = {
                            "quota", "no_placement", "unavailable"]},
         "field": NSTR, "why": STR}},
     "Entitlement": {**OBJ, "properties": {"name": STR, "owner": STR, "machine_type": STR, "quota": INT, "profile": NSTR,
+                                          "allow_host_network": {"type": "boolean"},
                                           "spread": _ref("Spread"), "shard": INT, "held": INT,
                                           "machines": {"type": "array", "items": STR},
                                           "jobs": {"type": "array", "items": STR}}},

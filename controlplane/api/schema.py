@@ -42,6 +42,7 @@ class EntitlementPatch(Struct, forbid_unknown_fields=True):
     profile: Union[Name, None, msgspec.UnsetType] = msgspec.UNSET
     owner: Union[Annotated[str, Meta(max_length=MAX_OWNER)], msgspec.UnsetType] = msgspec.UNSET
     spread: Union[Spread, msgspec.UnsetType] = msgspec.UNSET
+    allow_host_network: Union[bool, msgspec.UnsetType] = msgspec.UNSET
 
 
 class EntitlementSpec(Struct, forbid_unknown_fields=True):
@@ -51,6 +52,7 @@ class EntitlementSpec(Struct, forbid_unknown_fields=True):
     profile: Union[Name, None] = None
     owner: Annotated[str, Meta(max_length=MAX_OWNER)] = ""
     spread: Union[Spread, msgspec.UnsetType] = msgspec.UNSET
+    allow_host_network: Annotated[bool, Meta(description="its jobs may use network_mode host (admin policy)")] = False
 
 
 class EntitlementMove(Struct, forbid_unknown_fields=True):
@@ -69,7 +71,8 @@ class TaskTemplate(Struct, forbid_unknown_fields=True):
     cpus: Annotated[float, Meta(gt=0, le=1024)] = 0.5
     memory_mb: Annotated[int, Meta(ge=4, le=4_194_304)] = 128
     pids: Annotated[int, Meta(ge=1, le=4_194_304)] = 256
-    network_mode: Literal["bridge", "none"] = "bridge"
+    network_mode: Annotated[Literal["bridge", "none", "host"],
+                            Meta(description="host: only in an entitlement with allow_host_network")] = "bridge"
 
 
 class Requirements(Struct, forbid_unknown_fields=True):

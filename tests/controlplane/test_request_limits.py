@@ -42,8 +42,8 @@ def test_oversized_and_malformed_requests_are_refused_naming_the_field(controld,
         ("POST", "/v1/jobs", json.dumps({**job, "task": {**TASK, "command": ["a"] * 2000}}).encode(),
          API_TOKEN, 400, "task.command"),
         ("POST", "/v1/jobs", json.dumps({**job, "count": 10_001}).encode(), API_TOKEN, 400, "count"),
-        # a task on the host's network would reach the region's etcd
-        ("POST", "/v1/jobs", json.dumps({**job, "task": {**TASK, "network_mode": "host"}}).encode(), API_TOKEN, 400,
+        # a task on the host's network would reach the region's etcd: not unless the entitlement allows it
+        ("POST", "/v1/jobs", json.dumps({**job, "task": {**TASK, "network_mode": "host"}}).encode(), API_TOKEN, 403,
          "task.network_mode"),
         # each task's record carries the template: 2,000 x 60 KB would put 120 MB in the store
         ("POST", "/v1/jobs", json.dumps({**job, "count": 2000, "task": {**TASK, "env": {"X": "x" * 60_000}}}).encode(),

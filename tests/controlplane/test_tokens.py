@@ -142,3 +142,21 @@ def test_bootstrap_tokens_made_by_an_admin_register_machines_only_and_expire(con
     assert c.call("DELETE", f"/v1/tokens/{day['id']}")[0] == 200
     assert reg("m10", day["token"])[0] == 401, "a revoked bootstrap token"
     assert "m9" not in {m["id"] for m in c.call("GET", "/v1/machines")[1]["machines"]}
+
+
+def test_the_hosts_network_is_for_entitlements_an_admin_allowed_it(controld, etcd_server):
+    c = controld
+    register(c, "m1", "dc1", "msb1", cpus=8)
+    assert c.call("POST", "/v1/entitlements", {"name": "web", "machine_type": "generic", "quota": 1})[0] == 201
+    owner = c.call("POST", "/v1/tokens", {"role": "owner", "entitlements": ["web"]})[1]
+    host = {"entitlement": "web", "name": "lb", "count": 1, "task": {**TASK, "network_mode": "host"}}
+    before = etcd_revision(etcd_server.port)
+    status, answer = c.call("POST", "/v1/jobs", host, token=owner["token"])
+    assert status == 403 and answer["field"] == "task.network_mode" and "allow_host_network" in answer["why"], answer
+    # the owner may not give itself the policy; an admin may
+    assert c.call("PATCH", "/v1/entitlements/web", {"allow_host_network": True}, token=owner["token"])[0] == 403
+    assert etcd_revision(etcd_server.port) == before
+    status, ent = c.call("PATCH", "/v1/entitlements/web", {"allow_host_network": True})
+    assert status == 200 and ent["allow_host_network"] is True, ent
+    status, job = c.call("POST", "/v1/jobs", host, token=owner["token"])
+    assert status == 201 and job["task"]["network_mode"] == "host", job

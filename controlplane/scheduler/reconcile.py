@@ -109,6 +109,11 @@ class JobPlan:
     waiting: list[str] = field(default_factory=list)
     place: tuple[int, ...] = ()  # task indices that need a machine (pending, lost, moved)
     job: JobRec | None = None  # the job record when it changes (e.g. stopping -> stopped)
+    # the tasks as this plan leaves them: the records brought up to date by the agents' reports,
+    # with the plan's own changes. What a TaskController is told is down comes from here, the
+    # same view its requests were made from (issue #12: records a commit behind the reports
+    # showed a task both running, with a restart asked for, and down).
+    view: dict[int, TaskRec] = field(default_factory=dict)
 
     def empty(self) -> bool:
         return not (self.changes or self.job)
@@ -151,6 +156,7 @@ def reconcile(job: JobRec, tasks: Mapping[int, TaskRec], machines: Mapping[str, 
         plan.place = tuple(i for i in range(job.count) if i in movable or _needs_machine(current.get(i)))
     elif all(t.state == "stopped" for t in current.values()) and job.state != "stopped":
         plan.job = replace(job, state="stopped")
+    plan.view = current
     return plan
 
 

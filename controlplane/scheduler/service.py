@@ -261,7 +261,7 @@ class Scheduler:
             self.counters["rate_limited"] += len(held - self._held.get(handle, set()))
             self._held[handle] = held
             if session is not None:
-                session.offer(plan.proposed, unhealthy(tasks, job.count), self.notices(tasks, job.count, now))
+                session.offer(plan.proposed, unhealthy(plan.view, job.count), self.notices(tasks, job.count, now))
             started = [op.id for op in plan.ops if op.id]
             tc = self._in_flight_record(handle, session, plan, started)
             if not plan.empty():

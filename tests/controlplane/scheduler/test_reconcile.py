@@ -139,3 +139,24 @@ def test_update_that_changes_size_moves_the_task():
     assert new.machine is None and new.state == "pending" and new.spec == bigger
     assert plan.ops[0].kind == "move"
     assert reconcile(j, {0: new}, {}).place == (0,)
+
+
+def test_what_a_controller_is_told_is_down_is_the_view_its_requests_come_from():
+    """Issue #12: task records lag the agents' reports (a running task's record still says
+    starting until the commit of its change). The requests come from the reports' view; the list
+    of unhealthy tasks must too, or a running task is both asked to restart and said to be down
+    (a replica-aware controller approves restarts of down tasks at once: two replicas went down)."""
+    from controlplane.scheduler.reconcile import Gate
+    from controlplane.taskcontrol.session import unhealthy
+
+    ts = {i: task(i, state="starting" if i < 2 else "running") for i in range(4)}  # records a commit behind
+    reports = running(*ts.values())  # every container runs
+    plan = reconcile(job(4, spec_version=2), ts, {"m1": machine(reports=reports)}, Gate(approved=frozenset()))
+    asked = {op.index for op in plan.proposed}
+    assert asked == {0, 1, 2, 3}, plan.proposed  # each runs: each update needs the controller
+    assert unhealthy(plan.view, 4) == [], "no task is down"
+    assert {t["index"] for t in unhealthy(ts, 4)} == {0, 1}, "the records alone would say 0 and 1 are down"
+    # the restarts a plan makes are down in the view it leaves
+    plan = reconcile(job(4, spec_version=2), ts, {"m1": machine(reports=reports)},
+                     Gate(approved=frozenset({"restart/3/v2"})))
+    assert [t["index"] for t in unhealthy(plan.view, 4)] == [3]

@@ -17,20 +17,27 @@ N = 2000
 SILENT = "m0007"
 
 
+async def region(port: int, mids: list[str], timeout: float, grace: float):
+    """A region of `mids` in etcd, its RegionState, and a HealthService on it (heartbeat times in
+    the returned dict)."""
+    keys = Keys(f"hc-{uuid.uuid4().hex[:8]}")
+    store = Store([("127.0.0.1", port)])
+    for at in range(0, len(mids), 100):
+        await store.commit([], {keys.machine(mid): MachineRec(mid, mid, {"region": keys.region}, {"cpus": 4, "memory_mb": 4096}).to_json()
+                                for mid in mids[at:at + 100]})
+    state = RegionState(store, keys)
+    await state.start()
+    last_seen: dict[str, float] = {}
+    health = HealthService(state, store, keys, last_seen, timeout=timeout)
+    health.grace = grace
+    health.started = time.monotonic()
+    return store, state, health, last_seen
+
+
 def test_a_pass_looks_at_the_machines_due_and_a_silent_one_fails(etcd_server):
     async def body() -> None:
-        keys = Keys(f"hc-{uuid.uuid4().hex[:8]}")
-        store = Store([("127.0.0.1", etcd_server.port)])
         mids = [f"m{i:04d}" for i in range(N)]
-        for at in range(0, N, 100):
-            await store.commit([], {keys.machine(mid): MachineRec(mid, mid, {"region": keys.region}, {"cpus": 4, "memory_mb": 4096}).to_json()
-                                    for mid in mids[at:at + 100]})
-        state = RegionState(store, keys)
-        await state.start()
-        last_seen: dict[str, float] = {}
-        health = HealthService(state, store, keys, last_seen, timeout=1.0)
-        health.grace = 1.0
-        health.started = time.monotonic()
+        store, state, health, last_seen = await region(etcd_server.port, mids, timeout=1.0, grace=1.0)
         stop = asyncio.Event()
 
         async def heartbeats() -> None:  # every machine but one, four times a timeout
@@ -77,16 +84,7 @@ def test_a_machine_first_heard_during_the_grace_is_judged_a_timeout_after_its_he
     once within the grace and then silent fails a timeout after that heartbeat, not at the
     grace's end (the pass that looked at it before its heartbeat had put it off until then)."""
     async def body() -> None:
-        keys = Keys(f"hc-{uuid.uuid4().hex[:8]}")
-        store = Store([("127.0.0.1", etcd_server.port)])
-        await store.commit([], {keys.machine("m1"): MachineRec("m1", "m1", {"region": keys.region},
-                                                                {"cpus": 4, "memory_mb": 4096}).to_json()})
-        state = RegionState(store, keys)
-        await state.start()
-        last_seen: dict[str, float] = {}
-        health = HealthService(state, store, keys, last_seen, timeout=0.5)
-        health.grace = 30.0
-        health.started = time.monotonic()
+        store, state, health, last_seen = await region(etcd_server.port, ["m1"], timeout=0.5, grace=30.0)
         try:
             await health.check()  # looked at before any heartbeat: not due again until the grace ends
             last_seen["m1"] = beat = time.monotonic()

@@ -125,13 +125,15 @@ class TaskController:
         """One call of the TaskControl protocol: bookkeeping, then `decide`."""
         request = parse_request(body)
         with self._lock:
+            # completions are facts, whatever the call's age: a stale call's are taken too (the
+            # scheduler sends each once; dropped here, its op would stay in flight for ever)
+            for op in request.completed:  # done, or cancelled before it ran
+                if self.in_flight.pop(op.id, None) is not None:
+                    self.completed += 1
             if request.sequence <= self.last_sequence:
                 log.warning("%s: stale call %d (last %d): no acks", request.job, request.sequence, self.last_sequence)
                 return {"ack": []}
             self.last_sequence = request.sequence
-            for op in request.completed:  # done, or cancelled before it ran
-                if self.in_flight.pop(op.id, None) is not None:
-                    self.completed += 1
             for op in request.ops:  # asked again: the scheduler did not act on our approval
                 self.in_flight.pop(op.id, None)
             asked = {op.id: op for op in request.ops}

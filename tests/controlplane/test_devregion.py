@@ -413,7 +413,6 @@ def test_region_refuses_bad_specs(tmp_path):
 
 
 def test_full_region_with_controld_and_agents(tmp_path, cleanup):
-    pytest.importorskip("controlplane.daemon")
     r = Region(tmp_path / "r", [AgentSpec("m1", "dc1", "msb1", "rack1", cpus=2, memory_mb=2048),
                                 AgentSpec("m2", "dc2", "msb2", "rack2", cpus=2, memory_mb=2048)])
     cleanup.append(r)

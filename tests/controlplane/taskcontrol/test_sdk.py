@@ -108,11 +108,21 @@ def test_a_stale_or_repeated_sequence_number_gets_no_acks():
     c = Scripted()
     assert c.process(body(10, [op(0)])) == {"ack": ["restart/0/v2"]}
     assert c.process(body(10, [op(1)])) == {"ack": []}  # repeated
-    assert c.process(body(3, [op(1)], completed=[done(op(0))])) == {"ack": []}  # old
-    # the stale calls changed nothing and were not decided on
+    assert c.process(body(3, [op(1)])) == {"ack": []}  # old
+    # the stale calls were not decided on and acked nothing
     assert len(c.seen) == 1 and set(c.in_flight) == {"restart/0/v2"} and c.last_sequence == 10
     assert c.process(body(11, [op(1)])) == {"ack": ["restart/1/v2"]}
     assert [call["sequence"] for call in c.calls] == [10, 11]
+
+
+def test_a_stale_calls_completions_are_taken_all_the_same():
+    """Issue #12: the scheduler reports each completion once; a controller that dropped it with a
+    stale call kept the op in flight for ever (a controller that waits for its in-flight ops to
+    finish then stalls the job)."""
+    c = Scripted()
+    assert c.process(body(10, [op(0)])) == {"ack": ["restart/0/v2"]}
+    assert c.process(body(9, [op(1)], completed=[done(op(0))])) == {"ack": []}  # stale: no decision
+    assert c.in_flight == {} and c.completed == 1 and len(c.seen) == 1
 
 
 def test_calls_keep_a_history_of_what_was_asked_and_acked():

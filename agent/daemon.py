@@ -32,6 +32,7 @@ from agent.runtime.docker_runtime import DockerRuntime
 from agent.sdnotify import Notifier, host_rebooting
 from agent.tls import client_context
 
+START_CONCURRENCY = 8  # container starts (and replacements) a reconcile pass runs at once
 log = logging.getLogger("twine.agent")
 PROFILE_RETRY = 60.0  # a failed profile is retried after this long, or at once when desired changes
 SHUTDOWN_BOUND = 10.0
@@ -210,11 +211,18 @@ class Agent:
             self.runtime.cpu_limits = not self.cpu_controller_off()
         grace = self.config.stop_grace
         await asyncio.gather(*(self._stop_container(c, grace) for c in p.stop))
-        for old, spec, gen in (*p.update, *p.restart):
-            await self._stop_container(old, grace)
-            await self._start(spec, gen)
-        for spec, gen in p.place:
-            await self._start(spec, gen)
+        # a pass's replacements and starts run side by side, at most START_CONCURRENCY at a time
+        # (issue #12: one after another, ten tasks took ten container starts end to end)
+        slots = asyncio.Semaphore(START_CONCURRENCY)
+
+        async def replace_task(old: ContainerInfo | None, spec, gen: int) -> None:
+            async with slots:
+                if old is not None:
+                    await self._stop_container(old, grace)
+                await self._start(spec, gen)
+
+        await asyncio.gather(*(replace_task(old, spec, gen) for old, spec, gen in (*p.update, *p.restart)),
+                             *(replace_task(None, spec, gen) for spec, gen in p.place))
         if (p.update or p.restart or p.place) and not self.runtime.cpu_limits:
             await self._hold_cpu_controller_off()
         if not p.empty():

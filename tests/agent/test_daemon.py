@@ -73,6 +73,20 @@ def test_profile_is_applied_before_any_task_starts_with_its_limits_and_labels(tm
         assert parse_time(c.attrs["Created"]) >= applied_at  # the profile came first
 
 
+def test_a_passs_containers_start_side_by_side(tmp_path, agent, docker_client):
+    """Issue #12: the agent started a pass's containers one after another (each waiting for the
+    previous one to run). Now they start together (at most START_CONCURRENCY at once): some
+    container is created before another one's start is done. One after another, each container's
+    creation would come after the start of the one created before it."""
+    path = desired(tmp_path, *({"index": i} for i in range(6)))
+    a = agent(path).start()
+    s = a.wait_for(lambda s: len(running(s)) == 6, what="six running tasks")
+    times = sorted((parse_time(c.attrs["Created"]), parse_time(c.attrs["State"]["StartedAt"]))
+                   for c in (docker_client.containers.get(t["container"]["id"]) for t in s["tasks"]))
+    overlapping = [i for i in range(1, len(times)) if times[i][0] < times[i - 1][1]]
+    assert overlapping, f"each container was created after the previous one started: {times}"
+
+
 def test_sigkill_and_restart_adopts_every_container_without_restarting_it(tmp_path, agent, docker_client):
     path = desired(tmp_path, {"index": 0}, {"index": 1})
     a = agent(path).start()

@@ -78,7 +78,8 @@ class TaskControlSession:
         self.seq = 0 if epoch is not None else int(time.time() * 1000)
         self.status: dict = {"calls": 0, "ok": None, "error": "", "last_call": None}
         self.calls: deque[dict] = deque(maxlen=HISTORY)  # what was sent and acked, for job status
-        self._last_sent: tuple = ()
+        self._last_sent: tuple = ()  # (ops asked, tasks said down, notices) in the last call
+        self._told_completed: set[str] = set()  # completions sent in a call whose answer failed
         self._last_call_at = 0.0
         self._task: asyncio.Task | None = None
         self._again = False
@@ -105,12 +106,24 @@ class TaskControlSession:
         self.approved_ops = {k: v for k, v in self.approved_ops.items() if k in self.approved}
         self.unhealthy = unhealthy
         self.notices = list(notices)
-        key = (tuple(sorted(self.pending)), tuple(op["id"] for op in self.completed),
-               tuple((u["index"], u["state"]) for u in unhealthy), tuple((n.get("id"), n.get("phase"), tuple(n.get("tasks", ()))) for n in self.notices))
-        due = (self.pending or self.notices) and time.monotonic() - self._last_call_at >= self.interval
-        if key != self._last_sent or due:
-            self._last_sent = key
+        # One call per change that can let the controller approve something, plus the periodic
+        # one while something is pending (issue #12: each step made three calls in 20 ms, the
+        # same request asked again after every ack and every commit): an operation it was not
+        # asked about yet, completions to report, a task no longer down, a changed notice. Ops
+        # leaving the request (approved, dropped) or more tasks down ask nothing new.
+        sent_ops, sent_down, sent_notices = self._last_sent or (frozenset(), frozenset(), ())
+        asking = frozenset(self.pending)
+        down = frozenset(u["index"] for u in unhealthy)
+        changed = bool(asking - sent_ops) or bool(sent_down - down) or self._notices_key() != sent_notices \
+            or any(c["id"] not in self._told_completed for c in self.completed)
+        # a failed call is not tried again at once (the answer wakes the scheduler, whose pass
+        # would call again: a loop against a dead controller), but at the interval
+        due = (self.pending or self.notices or self.completed) and time.monotonic() - self._last_call_at >= self.interval
+        if changed or due:
             self._kick()
+
+    def _notices_key(self) -> tuple:
+        return tuple((n.get("id"), n.get("phase"), tuple(n.get("tasks", ()))) for n in self.notices)
 
     def started(self, op_ids: list[str], ops: list[Op]) -> None:
         by_id = {op.id: op for op in ops}
@@ -154,6 +167,11 @@ class TaskControlSession:
         request = [op for op_id, op in self.pending.items() if op_id not in self.approved and op_id not in self.in_flight]
         body = {"jobHandle": self.handle, "request": request, "completed": completed,
                 "advanceNotices": self.notices, "allUnhealthyTasks": self.unhealthy, "sequenceNumber": self.seq}
+        # what the controller has now been told: the next offer calls only for something beyond it
+        told = {op["id"] for op in completed}
+        self._told_completed |= told
+        self._last_sent = (frozenset(op["id"] for op in request), frozenset(u["index"] for u in self.unhealthy),
+                           self._notices_key())
         self._last_call_at = time.monotonic()
         acked, error = [], ""
         try:
@@ -169,6 +187,8 @@ class TaskControlSession:
             acked = []
         if error:
             self.completed = completed + self.completed  # not heard: say it again next call
+        else:
+            self._told_completed -= told
         self.approved |= set(acked)
         self.approved_ops.update({op["id"]: op for op in request if op["id"] in acked})
         self.status = {"calls": self.status["calls"] + 1, "ok": not error, "error": error, "last_call": time.time(),

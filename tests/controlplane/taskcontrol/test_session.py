@@ -186,17 +186,26 @@ def test_sequence_numbers_increase_across_sessions():
     assert second > first
 
 
-def test_calls_again_only_when_something_changed():
+def test_calls_again_only_when_the_controller_could_approve_something_new():
+    """Issue #12: one call per change that can let the controller approve more (a new op, a task
+    back up, completions), plus the periodic one; not one per pass."""
     async def body():
         async with Stub(lambda b: web.json_response({"ack": []})) as stub, Scheduler(stub.url) as sch:
-            await sch.offer([restart(0)])
-            sch.s.offer([restart(0)], [])  # the same: no call (the interval is long)
+            counts = []
+            one_down, two_down = unhealthy({1: task(1, "failed")}, 2), unhealthy({1: task(1, "failed"), 2: task(2, "failed")}, 3)
+            await sch.offer([restart(0)], one_down)
+            counts.append(len(stub.bodies))
+            sch.s.offer([restart(0)], one_down)  # the same: no call (the interval is long)
+            sch.s.offer([restart(0)], two_down)  # more down: nothing new to ask
             await asyncio.sleep(0.05)
-            calls = len(stub.bodies)
-            await sch.offer([restart(0)], unhealthy({1: task(1, "failed")}, 2))  # something went down
-            return calls, len(stub.bodies)
+            counts.append(len(stub.bodies))
+            await sch.offer([restart(0)], unhealthy({2: task(2, "failed")}, 3))  # task 1 is back: it may approve now
+            counts.append(len(stub.bodies))
+            await sch.offer([restart(0), restart(1)], [])  # a new operation
+            counts.append(len(stub.bodies))
+            return counts
 
-    assert run(body()) == (1, 2)
+    assert run(body()) == [1, 1, 2, 3]
 
 
 def test_calls_again_at_the_interval_while_something_is_pending():
@@ -226,10 +235,11 @@ def test_an_offer_during_a_call_leads_to_one_more_call_with_the_latest_set():
     assert run(body()) == [["restart/0/v2"], ["restart/1/v2"]]
 
 
-def test_a_call_queued_during_an_acking_one_does_not_ask_again_for_what_it_acked():
-    """An offer made while a call is out (same pending set, so still listing restart/0) queues one
-    more call; by then restart/0 is approved, and asking again would make the controller take it
-    for an op the scheduler dropped and approve a conflicting one next to it."""
+def test_an_offer_during_an_acking_call_asks_nothing_again():
+    """An offer made while a call is out, with the same operations (and one more task down), asks
+    the controller nothing it has not just been asked: no second call (issue #12). Asking again
+    for restart/0, approved meanwhile, would make the controller take it for an op the scheduler
+    dropped and approve a conflicting one next to it."""
 
     async def ack_first_slowly(b):
         await asyncio.sleep(0.05)
@@ -240,12 +250,15 @@ def test_a_call_queued_during_an_acking_one_does_not_ask_again_for_what_it_acked
             sch.s.offer([restart(0), restart(1)], [])
             await asyncio.sleep(0.01)
             sch.s.offer([restart(0), restart(1)], [{"index": 5, "state": "lost"}])  # while the first call is out
-            await until(lambda: sch.answers >= 2)
+            await until(lambda: sch.answers >= 1)
+            # the next pass: restart/0 approved (still proposed until the scheduler starts it)
+            sch.s.offer([restart(0), restart(1)], [{"index": 5, "state": "lost"}])
+            await asyncio.sleep(0.1)
             return [[o["id"] for o in b["request"]] for b in stub.bodies], sorted(sch.s.approved)
 
     requests, approved = run(body())
-    assert requests == [["restart/0/v2", "restart/1/v2"], ["restart/1/v2"]]
-    assert approved == ["restart/0/v2", "restart/1/v2"]
+    assert requests == [["restart/0/v2", "restart/1/v2"]]
+    assert approved == ["restart/0/v2"]
 
 
 async def slow_answer(body: dict) -> web.Response:
@@ -296,10 +309,13 @@ def test_a_good_answer_after_a_bad_one_clears_the_error():
     answers = iter([web.json_response({}, status=503), web.json_response({"ack": ["restart/0/v2"]})])
 
     async def body():
-        async with Stub(lambda b: next(answers)) as stub, Scheduler(stub.url) as sch:
+        async with Stub(lambda b: next(answers)) as stub, Scheduler(stub.url, interval=0.05) as sch:
             await sch.offer([restart(0)])
             assert sch.s.status["ok"] is False and sch.s.status["error"] == "ValueError: HTTP 503"
-            await sch.offer([restart(0)], unhealthy({1: task(1, "failed")}, 2))
+            sch.s.offer([restart(0)], [])  # at once: not called again (no loop against a failing controller)
+            await asyncio.sleep(0.06)
+            assert len(stub.bodies) == 1
+            await sch.offer([restart(0)], [])  # the interval passed: called again
             return sch.s
 
     s = run(body())
@@ -325,8 +341,8 @@ def test_acked_then_started_then_observed_done_is_reported_completed_once():
             assert s.in_flight and s.completed == []  # not running again yet
             s.observe({0: task(0, v=2), 1: task(1)})
             assert s.in_flight == {} and s.completed == [{**op_json(H, ops[0]), "outcome": "done"}]
-            await sch.offer([ops[1]])
-            await sch.offer([])
+            await sch.offer([ops[1]])  # a completion to report: a call
+            await sch.offer([ops[1], restart(2)])  # a new op: a call, without the completion again
             return stub.bodies
 
     bodies = run(body())
@@ -346,7 +362,7 @@ def test_an_approved_op_that_is_no_longer_proposed_is_reported_cancelled_once():
             s.started(["restart/1/v2"], ops)
             await sch.offer([ops[1]])  # #0 is not wanted any more (e.g. its machine came back)
             assert s.approved == set() and s.approved_ops == {}
-            await sch.offer([], unhealthy({1: task(1, "starting")}, 2))
+            await sch.offer([restart(2)], unhealthy({1: task(1, "starting")}, 2))
             return stub.bodies, s
 
     bodies, s = run(body())
@@ -366,8 +382,8 @@ def test_acks_arriving_for_ops_not_wanted_any_more_come_back_cancelled():
             sch.s.offer([restart(0)], [])
             await asyncio.sleep(0.01)
             sch.s.offer([], [])  # withdrawn while the call is out
-            await until(lambda: sch.answers >= 2)
-            await sch.offer([], unhealthy({1: task(1, "failed")}, 2))
+            await until(lambda: sch.answers >= 1)
+            await sch.offer([], [])  # the pass after the answer: the acked op comes back cancelled
             return stub.bodies, sch.s
 
     bodies, s = run(body())
@@ -396,7 +412,8 @@ def test_with_an_sdk_controller_end_to_end():
                     wanted.remove(op)
                     tasks[op.index] = task(op.index, "starting", v=2)
                     s.observe(tasks)
-                    await sch.offer(wanted, unhealthy(tasks, 3))
+                    sch.s.offer(wanted, unhealthy(tasks, 3))  # nothing new to ask: no call
+                    await asyncio.sleep(0.02)
                     assert s.approved == set()  # a member is down (and one in flight): nothing more
                     tasks[op.index] = task(op.index, v=2)
                     s.observe(tasks)
@@ -414,14 +431,15 @@ def test_a_completion_is_reported_again_after_a_failed_call():
 
     async def body():
         async with Stub(lambda b: next(answers, web.json_response({"ack": []}))) as stub, \
-                Scheduler(stub.url) as sch:
+                Scheduler(stub.url, interval=0.05) as sch:
             s = sch.s
             await sch.offer([restart(0)])
             s.started(["restart/0/v2"], [restart(0)])
             s.observe({0: task(0, v=2)})
             await sch.offer([])  # this call fails (HTTP 500): the controller did not hear of it
             assert s.status["ok"] is False
-            await sch.offer([], unhealthy({1: task(1, "failed")}, 2))
+            await asyncio.sleep(0.06)
+            await sch.offer([], unhealthy({1: task(1, "failed")}, 2))  # at the interval: told again
             return stub.bodies
 
     bodies = run(body())

@@ -32,7 +32,9 @@ from agent.runtime.docker_runtime import DockerRuntime
 from agent.sdnotify import Notifier, host_rebooting
 from agent.tls import client_context
 
-START_CONCURRENCY = 8  # container starts (and replacements) a reconcile pass runs at once
+# container starts (and replacements) a reconcile pass runs at once: each holds a thread of the
+# default executor (6 on a 2-core host) for its Docker calls, which the health probe shares
+START_CONCURRENCY = 4
 log = logging.getLogger("twine.agent")
 PROFILE_RETRY = 60.0  # a failed profile is retried after this long, or at once when desired changes
 SHUTDOWN_BOUND = 10.0
@@ -221,8 +223,13 @@ class Agent:
                     await self._stop_container(old, grace)
                 await self._start(spec, gen)
 
-        await asyncio.gather(*(replace_task(old, spec, gen) for old, spec, gen in (*p.update, *p.restart)),
-                             *(replace_task(None, spec, gen) for spec, gen in p.place))
+        # every start runs to its end before the pass ends, even when one fails (a start left
+        # running would meet the next pass's start of the same task)
+        results = await asyncio.gather(*(replace_task(old, spec, gen) for old, spec, gen in (*p.update, *p.restart)),
+                                       *(replace_task(None, spec, gen) for spec, gen in p.place),
+                                       return_exceptions=True)
+        if failed := next((r for r in results if isinstance(r, BaseException)), None):
+            raise failed
         if (p.update or p.restart or p.place) and not self.runtime.cpu_limits:
             await self._hold_cpu_controller_off()
         if not p.empty():

@@ -64,8 +64,13 @@ class _Guard(asyncio.Protocol):
             transport.close()
             return
         self._client = client
-        self._inner = self._listener.runner.server()
-        self._inner.connection_made(transport)
+        try:
+            self._inner = self._listener.runner.server()
+            self._inner.connection_made(transport)
+        except Exception:  # noqa: BLE001 - the server is shutting down (no handler any more)
+            self._inner = None
+            self._listener.release(client)
+            transport.close()
 
     def data_received(self, data: bytes) -> None:
         if self._inner is not None:

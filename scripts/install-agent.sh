@@ -90,7 +90,8 @@ if [ -n "$control_plane$dc$msb$rack$machine_type$region$listen$address" ] || [ !
     if [ -n "$control_plane" ]; then
       printf 'control_plane = [%s]\n' "$(printf '"%s", ' "${control_plane_urls[@]}" | sed 's/, $//')"
       echo 'bootstrap_token_file = "/etc/twine/bootstrap-token"'
-      [ -z "$ca_file" ] || echo 'control_plane_ca = "/etc/twine/ca.pem"'
+      # the CA given now, or installed by an earlier run (a re-run without the flag keeps it)
+      { [ -n "$ca_file" ] || [ -e /etc/twine/ca.pem ]; } && echo 'control_plane_ca = "/etc/twine/ca.pem"'
     else
       echo 'desired = "/etc/twine/desired.toml"'
     fi

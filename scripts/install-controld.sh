@@ -97,11 +97,12 @@ if [ -n "$tls_cert" ]; then
   install -d -m 0750 -o root -g twine /etc/twine/tls
   install -m 0644 "$tls_cert" /etc/twine/tls/controld.pem
   install -m 0600 -o twine -g twine "$tls_key" /etc/twine/tls/controld-key.pem
+  [ -z "$tls_ca" ] || install -m 0644 "$tls_ca" /etc/twine/tls/ca.pem
+fi
+# TLS installed now or by an earlier run: a re-run without the flags keeps it (agents use https)
+if [ -e /etc/twine/tls/controld.pem ] && [ -e /etc/twine/tls/controld-key.pem ]; then
   tls_conf=$'tls_cert = "/etc/twine/tls/controld.pem"\ntls_key = "/etc/twine/tls/controld-key.pem"'
-  if [ -n "$tls_ca" ]; then
-    install -m 0644 "$tls_ca" /etc/twine/tls/ca.pem
-    tls_conf+=$'\ntls_ca = "/etc/twine/tls/ca.pem"'
-  fi
+  [ ! -e /etc/twine/tls/ca.pem ] || tls_conf+=$'\ntls_ca = "/etc/twine/tls/ca.pem"'
 fi
 cat > /etc/twine/controld.toml.new <<CONF
 # Written by install-controld.sh; see /opt/twine/README.md and twine-controld --help.

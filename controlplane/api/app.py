@@ -442,6 +442,8 @@ async def resize_job(request: web.Request) -> web.Response:
         raise ApiError("invalid", "count", f"{count!r} must be an integer from 0 to 10000")
     if old.state != "active":
         raise ApiError("conflict", "state", f"job {old.handle} is {old.state}")
+    if count > old.count:
+        _confined(old, _entitlement(d, old.entitlement))  # more host-network tasks: the policy as it is now
     check_job_size(count, old.task)
     new = replace(old, count=count, updated_at=time.time())
     if count > old.count:

@@ -155,8 +155,9 @@ class Scheduler:
         """The job's TaskController session: made when the job names a controller, replaced when
         the URL changes, dropped when it names none."""
         s = self.sessions.get(job.handle)
-        if s is not None and (job.controller is None or s.url != job.controller or s.token != job.controller_token
-                              or job.state != "active"):
+        if s is not None and job.controller_token != s.token:
+            s.token = job.controller_token  # the same controller, a new token: its state goes on
+        if s is not None and (job.controller is None or s.url != job.controller or job.state != "active"):
             s.close_now()
             del self.sessions[job.handle]
             s = None

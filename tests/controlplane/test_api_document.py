@@ -52,3 +52,23 @@ def answer_schema(name: str) -> dict:
 def test_the_clis_samples_fit_the_documents_answers(sample, name):
     errors = [f"{e.instance_path}: {e.message}" for e in jsonschema_rs.validator_for(answer_schema(name)).iter_errors(sample)]
     assert not errors, errors
+
+
+def test_integral_floats_are_integers_but_environment_values_stay_as_given():
+    """JSON has one number type: memory_mb 256.0 is the integer 256 (as JSON Schema says). The
+    environment's values are the task's strings: 1.0 stays 1.0 there, whatever else the body holds."""
+    spec = {"entitlement": "web", "name": "api", "count": 1.0,
+            "task": {"image": "twine/busybox:1", "memory_mb": 256.0, "env": {"A": 1.0}, "secret_env": {"B": 2.0}}}
+    out = schema.checked(spec, schema.JobSpec)
+    assert out["count"] == 1 and isinstance(out["count"], int) and out["task"]["memory_mb"] == 256
+    assert isinstance(out["task"]["env"]["A"], float) and isinstance(out["task"]["secret_env"]["B"], float)
+
+
+def test_a_body_nested_past_what_the_check_can_follow_is_a_400():
+    deep: object = "x"
+    for _ in range(3000):
+        deep = [deep]
+    spec = {"entitlement": "web", "name": "api", "count": 1.0, "task": {"image": "i", "command": deep}}
+    with pytest.raises(schema.ApiError) as e:
+        schema.checked(spec, schema.JobSpec)
+    assert e.value.status == 400

@@ -130,3 +130,4 @@ def test_the_daemon_reaches_an_etcd_that_serves_tls_and_wants_client_certificate
         assert "etcd unreachable" in anonymous.log.read_text()
     finally:
         etcd.stop()
+

@@ -28,7 +28,7 @@ from agent.errors import InputError
 from agent.listener import ConnLimits, Listener
 from agent.sdnotify import Notifier
 from controlplane import daemon_config
-from controlplane.broker.agents import AgentService
+from controlplane.broker.agents import MAX_LONG_POLLS, AgentService
 from controlplane.broker.relay import Relay
 from controlplane.coordination import ROLES, Coordinator, Fence, parse_roles, parse_shards
 from controlplane.api.app import make_app
@@ -52,7 +52,7 @@ class ControlDaemon:
                  roles: tuple[str, ...] = ROLES, shards: str = "all", shard_count: int = 1, lease_ttl: int = 2,
                  advertise: str = "", member_id: str | None = None, max_txn_ops: int = 128,
                  conn_limits: ConnLimits = ConnLimits(), tls: ssl.SSLContext | None = None,
-                 client_tls: ssl.SSLContext | None = None, max_long_polls: int = 20000):
+                 client_tls: ssl.SSLContext | None = None, max_long_polls: int = MAX_LONG_POLLS):
         self.store = store
         self.keys = Keys(region)
         self.api_tokens = api_tokens
@@ -321,7 +321,8 @@ def parser() -> argparse.ArgumentParser:
                    help="operations per etcd transaction, as etcd's --max-txn-ops allows (its default 128): a "
                         "job's changes larger than that are committed in batches (default %(default)s)")
     p.add_argument("--advertise", default="",
-                   help="this process's URL as other replicas and agents reach it (default: http://LISTEN)")
+                   help="this process's URL as other replicas and agents reach it (default: http://LISTEN, or "
+                        "https://LISTEN with --tls-cert)")
     p.add_argument("--tls-cert", help="serve the API over TLS with this certificate chain (PEM); needs --tls-key")
     p.add_argument("--tls-key", help="the private key of --tls-cert (PEM); keep it readable by this daemon only")
     p.add_argument("--tls-ca", help="CA bundle (PEM) this daemon verifies the other replicas' certificates "
@@ -330,7 +331,7 @@ def parser() -> argparse.ArgumentParser:
                    help="open connections one client address may hold; more are answered 503 (default %(default)s)")
     p.add_argument("--max-connections", type=int, default=ConnLimits.total,
                    help="open connections in all; more are answered 503 (default %(default)s)")
-    p.add_argument("--max-long-polls", type=int, default=20000,
+    p.add_argument("--max-long-polls", type=int, default=MAX_LONG_POLLS,
                    help="agents' desired-state long polls waiting at once in this process; more are answered 503 "
                         "and the agent tries another replica (default %(default)s)")
     p.add_argument("--header-timeout", type=float, default=ConnLimits.header_timeout,

@@ -129,10 +129,10 @@ class RegionState:
         self.taskcontrol: dict[str, dict] = {}  # job -> its TaskController operations in flight
         self.settings: dict = {}
         self.tokens: dict[str, dict] = {}  # API token id -> its record (controlplane/api/tokens.py)
-        self.skipped: dict[str, str] = {}
+        self.skipped: dict[str, str] = {}  # key -> why its record was not read (reported, skipped)
         # the records kept as etcd has them, by the kind in their key (built once: every change looks here)
         self._plain = {"members": self.members, "ratelimits": self.ratelimits, "taskcontrol": self.taskcontrol,
-                       "tokens": self.tokens}  # key -> why its record was not read (reported, skipped)
+                       "tokens": self.tokens}
         self.coordination_changed = asyncio.Event()
         self._machine_waiters: dict[str, asyncio.Event] = {}
         self._snapshot: Snapshot | None = None

@@ -63,7 +63,9 @@ NOT_AUDITED = ("/v1/agent/heartbeat", "/v1/internal/relay")  # changes of state 
 @web.middleware
 async def errors_and_auth(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]):
     response = await _answer(request, handler)
-    if request.method not in ("GET", "HEAD", "OPTIONS") and request.path not in NOT_AUDITED:
+    # a forwarded change is written to the audit log by the replica that acts on it, not twice
+    if request.method not in ("GET", "HEAD", "OPTIONS") and request.path not in NOT_AUDITED \
+            and not request.get(FORWARDED_TO):
         who = request.get(PRINCIPAL)
         tokens.audit.info("%s %s %s -> %d", who.name if who else (f"machine {request[MACHINE]}" if request.get(MACHINE)
                           else "unauthenticated"), request.method, request.path_qs, response.status)
@@ -232,6 +234,7 @@ def machine_view(d: ControlDaemon, mid: str, detail: bool = False) -> dict:
 # -- replicas: forwarding to a shard's leader ---------------------------------------------------
 
 FORWARDED = "X-Twine-Forwarded"  # the member that forwarded the request: it is not forwarded again
+FORWARDED_TO = "forwarded_to"  # request key: where this replica forwarded the request
 HOP_HEADERS = ("Authorization", "Content-Type", "Accept")
 
 
@@ -245,6 +248,7 @@ async def forward(request: web.Request, shard: int | None) -> web.StreamResponse
                        "is under way, or the leader just changed); retry in a second")
     headers = {h: request.headers[h] for h in HOP_HEADERS if h in request.headers}
     headers[FORWARDED] = coord.id
+    request[FORWARDED_TO] = url  # the replica that acts on it writes the audit line
     data = await request.read()
     try:
         async with d.http().request(request.method, url + request.path_qs, data=data or None, headers=headers,
@@ -342,11 +346,8 @@ async def move_entitlement(request: web.Request) -> web.Response:
     record, fail from this write on."""
     d: ControlDaemon = request.app[DAEMON]
     old = _entitlement(d, request.match_info["name"])
-    data = await body(request, schema=S.EntitlementMove)
-    if not isinstance(data, dict) or set(data) != {"shard"}:
-        raise ApiError("invalid", "shard", "the body must be {\"shard\": N}")
-    shard = data["shard"]
-    if isinstance(shard, bool) or not isinstance(shard, int) or not 0 <= shard < d.state.shard_count:
+    shard = (await body(request, schema=S.EntitlementMove))["shard"]  # an integer >= 0 (the schema)
+    if shard >= d.state.shard_count:
         raise ApiError("unprocessable", "shard", f"{shard!r}: the region's shards are 0-{d.state.shard_count - 1}")
     if shard != old.shard:
         key = d.keys.entitlement(old.name)
@@ -434,12 +435,7 @@ async def update_job(request: web.Request) -> web.Response:
 async def resize_job(request: web.Request) -> web.Response:
     d: ControlDaemon = request.app[DAEMON]
     old, read_revision = _read(d, request)
-    data = await body(request, schema=S.Resize)
-    if not isinstance(data, dict) or set(data) != {"count"}:
-        raise ApiError("invalid", "count", "the body must be {\"count\": N}")
-    count = data["count"]
-    if isinstance(count, bool) or not isinstance(count, int) or not 0 <= count <= 10_000:
-        raise ApiError("invalid", "count", f"{count!r} must be an integer from 0 to 10000")
+    count = (await body(request, schema=S.Resize))["count"]  # an integer from 0 to 10000 (the schema)
     if old.state != "active":
         raise ApiError("conflict", "state", f"job {old.handle} is {old.state}")
     if count > old.count:

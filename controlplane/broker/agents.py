@@ -32,6 +32,7 @@ log = logging.getLogger("twine.controld.agents")
 MACHINE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 LABELS = ("region", "dc", "msb", "rack", "machine_type")
 MAX_WAIT = 60.0
+MAX_LONG_POLLS = 20000  # desired-state long polls parked at once in one process (--max-long-polls)
 
 
 CREDENTIAL_HEADER = "X-Twine-Credential"  # a registering agent's current credential
@@ -67,7 +68,7 @@ def _need(d: dict, key: str, where: str, check: Callable[[Any], bool], why: str)
 class AgentService:
     def __init__(self, state: RegionState, store: Store, keys: Keys, bootstrap_tokens: set[str],
                  heartbeat_interval: float = 1.0, on_seen: Callable[[str], None] | None = None,
-                 reboot_grace: float = 300.0, max_long_polls: int = 20000):
+                 reboot_grace: float = 300.0, max_long_polls: int = MAX_LONG_POLLS):
         self.state = state
         self.max_long_polls = max_long_polls  # desired-state long polls parked at once in this process
         self.parked = 0

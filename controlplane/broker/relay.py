@@ -37,7 +37,6 @@ class Relay:
         self.seen: dict[str, set[str]] = {}  # member -> machines heard from since the last send
         self.reports: dict[str, dict[str, dict]] = {}  # member -> machine -> its latest report
         self._members: set[str] = set()
-        self._http: aiohttp.ClientSession | None = None
         self._failing: dict[str, str] = {}
         self.counters = {"sent": 0, "received": 0, "failures": 0, "seen_relayed": 0, "reports_relayed": 0}
 
@@ -96,16 +95,12 @@ class Relay:
     # -- sending -----------------------------------------------------------------------------
 
     async def run(self) -> None:
-        try:
-            while True:
-                await asyncio.sleep(self.interval)
-                self._greet_new_members()
-                peers = set(self.seen) | set(self.reports)
-                if peers:
-                    await asyncio.gather(*(self._send(p) for p in sorted(peers)))
-        finally:
-            if self._http is not None:
-                await self._http.close()
+        while True:
+            await asyncio.sleep(self.interval)
+            self._greet_new_members()
+            peers = set(self.seen) | set(self.reports)
+            if peers:
+                await asyncio.gather(*(self._send(p) for p in sorted(peers)))
 
     def _greet_new_members(self) -> None:
         coord = self.d.coordinator
@@ -125,10 +120,8 @@ class Relay:
             return
         body = {"from": self.d.coordinator.id, "seen": sorted(seen), "reports": reports}
         token = min(self.d.api_tokens)
-        if self._http is None:
-            self._http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=self.d.client_tls or True))
-        try:
-            async with self._http.post(url + "/v1/internal/relay", json=body, timeout=aiohttp.ClientTimeout(total=2),
+        try:  # the daemon's session to the other replicas (it verifies them with --tls-ca)
+            async with self.d.http().post(url + "/v1/internal/relay", json=body, timeout=aiohttp.ClientTimeout(total=2),
                                        headers={"Authorization": f"Bearer {token}"}) as r:
                 if r.status != 200:
                     raise ValueError(f"HTTP {r.status}: {(await r.text())[:200]}")

@@ -362,7 +362,8 @@ class Scheduler:
                           deletes: tuple[TaskRec, ...] = ()) -> tuple[list[tuple[TaskRec | None, TaskRec | None]], set[str]]:
         """The task changes a placement makes for tasks `indices` (with `deletes` removed), and
         the free machines it takes."""
-        chosen = tuple(i for i in indices if i in set(placement.new_tasks))
+        new_tasks = set(placement.new_tasks)  # once: per index it made a job's placement quadratic in its size
+        chosen = tuple(i for i in indices if i in new_tasks)
         changes: list[tuple[TaskRec | None, TaskRec | None]] = list(self.new_tasks(job, placement, chosen))
         changes += [(t, None) for t in deletes]
         taken = {placement.machine_of(i) for i in chosen} & set(placement.machines_taken)

@@ -73,7 +73,7 @@ def test_a_client_at_its_limit_is_refused_others_are_served_and_slow_heads_are_c
             time.sleep(0.2)
         took = time.monotonic() - start
         assert not open_, f"{len(open_)} slow clients still held after {took:.1f} s"
-        assert took < 1 + 1.5, took
+        assert took < 1 + 3.5, took
     finally:
         for s in slow:
             s.close()

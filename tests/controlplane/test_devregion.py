@@ -1,9 +1,8 @@
 """The local dev region: its network (bridge, namespaces, veths), etcd, process handling, teardown.
 
 Real kernel objects and real processes throughout; everything a test creates is removed by the
-`cleanup` fixture, pass or fail. Until `controlplane/daemon.py` exists, the Region is exercised
-with stand-ins for controld and the agents (`python -m http.server` serving the files they are
-asked for); the test of the real thing is skipped only while the daemon is missing.
+`cleanup` fixture, pass or fail. Most tests exercise the Region with stand-ins for controld and the
+agents (small HTTP servers serving the files they are asked for); one runs the real daemon.
 """
 
 from __future__ import annotations

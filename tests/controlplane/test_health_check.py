@@ -94,7 +94,7 @@ def test_a_machine_first_heard_during_the_grace_is_judged_a_timeout_after_its_he
                 await asyncio.sleep(0.05)
             took = time.monotonic() - beat
             assert not state.machines["m1"].healthy, f"still healthy {took:.1f}s after its only heartbeat"
-            assert took < 0.5 + 1.0, took
+            assert took < 0.5 + 3.0, took  # the grace (30 s) is what the old code waited for
         finally:
             await state.stop()
             await store.close()

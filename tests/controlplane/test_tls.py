@@ -8,6 +8,7 @@ import subprocess
 import sys
 import urllib.request
 
+import aiohttp
 import pytest
 
 from agent.config import AgentConfig, Labels
@@ -66,6 +67,18 @@ def test_twinectl_and_agents_verify_the_daemon_and_plain_http_is_not_served(cont
             await client.close()
 
     asyncio.run(agent())
+
+    async def agent_with_another_ca() -> None:  # the same client, a CA the daemon's certificate is not from
+        cfg = AgentConfig(machine_id="m2", state_dir=tmp_path / "m2", labels=Labels(region=controld.region))
+        client = ControlPlaneClient(controld.url, BOOTSTRAP_TOKEN, tmp_path / "m2", machine_info(cfg),
+                                    tls=client_context(CA(tmp_path / "other").cert))
+        try:
+            with pytest.raises(aiohttp.ClientConnectorCertificateError):
+                await client.register()
+        finally:
+            await client.close()
+
+    asyncio.run(agent_with_another_ca())
     machine = controld.call("GET", "/v1/machines/m1")[1]
     assert machine["id"] == "m1" and machine["healthy"], machine
 
@@ -126,8 +139,11 @@ def test_the_daemon_reaches_an_etcd_that_serves_tls_and_wants_client_certificate
         (tmp_path / "anon").mkdir()
         anonymous = Controld(tmp_path / "anon", etcd.port, region=good.region, extra=("--etcd-ca", str(ca.cert)))
         anonymous.launch()
-        assert anonymous.proc.wait(60) == 3
-        assert "etcd unreachable" in anonymous.log.read_text()
+        try:
+            assert anonymous.proc.wait(60) == 3
+            assert "etcd unreachable" in anonymous.log.read_text()
+        finally:
+            anonymous.close()
     finally:
         etcd.stop()
 

@@ -195,9 +195,10 @@ def test_calls_again_only_when_the_controller_could_approve_something_new():
             one_down, two_down = unhealthy({1: task(1, "failed")}, 2), unhealthy({1: task(1, "failed"), 2: task(2, "failed")}, 3)
             await sch.offer([restart(0)], one_down)
             counts.append(len(stub.bodies))
+            call = sch.s._task
             sch.s.offer([restart(0)], one_down)  # the same: no call (the interval is long)
             sch.s.offer([restart(0)], two_down)  # more down: nothing new to ask
-            await asyncio.sleep(0.05)
+            assert sch.s._task is call and not sch.s._again  # offer makes or queues a call at once: none
             counts.append(len(stub.bodies))
             await sch.offer([restart(0)], unhealthy({2: task(2, "failed")}, 3))  # task 1 is back: it may approve now
             counts.append(len(stub.bodies))
@@ -252,8 +253,9 @@ def test_an_offer_during_an_acking_call_asks_nothing_again():
             sch.s.offer([restart(0), restart(1)], [{"index": 5, "state": "lost"}])  # while the first call is out
             await until(lambda: sch.answers >= 1)
             # the next pass: restart/0 approved (still proposed until the scheduler starts it)
+            call = sch.s._task
             sch.s.offer([restart(0), restart(1)], [{"index": 5, "state": "lost"}])
-            await asyncio.sleep(0.1)
+            assert sch.s._task is call and not sch.s._again  # no call made, none queued
             return [[o["id"] for o in b["request"]] for b in stub.bodies], sorted(sch.s.approved)
 
     requests, approved = run(body())
@@ -312,10 +314,11 @@ def test_a_good_answer_after_a_bad_one_clears_the_error():
         async with Stub(lambda b: next(answers)) as stub, Scheduler(stub.url, interval=0.05) as sch:
             await sch.offer([restart(0)])
             assert sch.s.status["ok"] is False and sch.s.status["error"] == "ValueError: HTTP 503"
+            call = sch.s._task
             sch.s.offer([restart(0)], [])  # at once: not called again (no loop against a failing controller)
-            await asyncio.sleep(0.06)
-            assert len(stub.bodies) == 1
-            await sch.offer([restart(0)], [])  # the interval passed: called again
+            assert sch.s._task is call and not sch.s._again and len(stub.bodies) == 1
+            sch.s._last_call_at -= 1  # the interval has passed (no waiting on the clock)
+            await sch.offer([restart(0)], [])  # called again
             return sch.s
 
     s = run(body())
@@ -412,9 +415,9 @@ def test_with_an_sdk_controller_end_to_end():
                     wanted.remove(op)
                     tasks[op.index] = task(op.index, "starting", v=2)
                     s.observe(tasks)
+                    call = s._task
                     sch.s.offer(wanted, unhealthy(tasks, 3))  # nothing new to ask: no call
-                    await asyncio.sleep(0.02)
-                    assert s.approved == set()  # a member is down (and one in flight): nothing more
+                    assert s._task is call and not s._again and s.approved == set()  # a member is down (and one in flight): nothing more
                     tasks[op.index] = task(op.index, v=2)
                     s.observe(tasks)
                 await sch.offer([], unhealthy(tasks, 3))

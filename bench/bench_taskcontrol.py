@@ -112,6 +112,7 @@ async def scenario(args: argparse.Namespace, controlled: bool, max_unavailable: 
         watch = asyncio.create_task(state.index.watching())
         runtime = FakeRuntime(state, mids, (args.restart * 0.8, args.restart * 1.2), seed=args.seed)
         health = HealthService(state, store, keys, runtime.last_seen, timeout=args.heartbeat_timeout)
+        health.reports = runtime.reports  # a revived machine clears its tombstones (its report is empty)
         unlimited = Limits.parse("job=100000:100000,shard=100000:100000,region=100000:100000")
         scheduler = Scheduler(state, store, keys, runtime.reports, limits=unlimited, taskcontrol_interval=0.5)
         job = JobRec("cache", "shards", args.tasks, TASK, max_unavailable=max_unavailable)

@@ -76,6 +76,8 @@ class ControlDaemon:
                                    reboot_grace=reboot_grace, max_long_polls=max_long_polls)
         self.health = HealthService(self.state, store, self.keys, self.agents.last_seen, heartbeat_timeout)
         self.agents.on_seen = self.health.seen
+        self.agents.on_report = self.health.reported
+        self.health.reports = self.agents.report_of
         self.agents.daemon = self
         self.schedulers: dict[int, Scheduler] = {}  # the shards this process leads now
         self._loops: dict[int, asyncio.Task] = {}

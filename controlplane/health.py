@@ -1,7 +1,10 @@
 """The health check service: a machine whose agent misses heartbeats for `timeout` seconds becomes
 unhealthy, and a failure event is recorded (one transaction); its tasks are then lost and the
-scheduler replaces them. A machine whose agent heartbeats again is healthy again and the event
-ends; its moved tasks are no longer in its desired state, so its agent stops them.
+scheduler replaces them, and each leaves a tombstone on the machine (tombstones.py). A machine
+whose agent heartbeats again is healthy again, and the event ends, once its agent's report no
+longer lists any of those tasks: its moved tasks are no longer in its desired state, so its agent
+stops them, and until then the machine stays unhealthy ("stale tasks: ..."), in its entitlement,
+granted to nobody else.
 
 Heartbeat times are kept in memory only. A restarted daemon has none, so it gives every machine a
 full timeout from its own start before judging it.
@@ -19,7 +22,9 @@ import heapq
 import logging
 import time
 from dataclasses import replace
+from typing import Any, Callable, Mapping
 
+from controlplane import tombstones
 from controlplane.records import EventRec, MachineRec
 from controlplane.state import RegionState
 from controlplane.store import Store, Unavailable
@@ -28,6 +33,23 @@ from controlplane.store.keys import Keys
 log = logging.getLogger("twine.controld.health")
 NO_HEARTBEAT = "no heartbeat"
 IN_MAINTENANCE = " (in maintenance "  # tags, for people, the reason of a machine silent during its maintenance
+Report = Mapping[tuple[str, int], Any]
+
+
+def _recoverable(m: MachineRec) -> bool:
+    """Unhealthy for a reason its agent's return ends: silence, or tombstones still reported."""
+    return not m.healthy and m.health_reason.startswith((NO_HEARTBEAT, tombstones.STALE))
+
+
+def settled(rec: MachineRec, report: Report | None, forget: bool = False) -> MachineRec:
+    """The record of a machine just heard from (`report`: its agent's latest task report, None if
+    this process has none yet): the tombstones the report no longer lists dropped; healthy again
+    if it was unhealthy for silence or tombstones and none are left, else unhealthy for them.
+    `forget`: an admin's word that none of its tombstones runs; a silent machine stays unhealthy."""
+    new = tombstones.drop(rec, rec.tombstones if forget else tombstones.gone(rec, report))
+    if _recoverable(rec) and not (forget and rec.health_reason.startswith(NO_HEARTBEAT)):
+        new = replace(new, healthy=not new.tombstones, health_reason=tombstones.reason(new) if new.tombstones else "")
+    return new
 
 
 class HealthService:
@@ -55,6 +77,8 @@ class HealthService:
         # owned machines last looked at before their first heartbeat (due at the end of the grace):
         # their first heartbeat brings their deadline forward to a timeout after it
         self._unheard: set[str] = set()
+        # machine -> its agent's latest task report (AgentService.report_of), for its tombstones
+        self.reports: Callable[[str], Report | None] = lambda mid: None
 
     async def run(self) -> None:
         self.started = time.monotonic()  # the clock starts when the API listens, not at construction
@@ -143,57 +167,122 @@ class HealthService:
                 silent, limit = now - seen, self.timeout
                 self._unheard.discard(mid)
             if m.healthy and silent > limit:
-                await self._set(m.id, False, f"{NO_HEARTBEAT} for {silent:.1f}s")
-            elif not m.healthy and seen is not None and m.health_reason.startswith(NO_HEARTBEAT) \
-                    and now - seen <= self.timeout:
-                await self._set(m.id, True, "")
+                await self._fail(m.id, f"{NO_HEARTBEAT} for {silent:.1f}s")
+            elif _recoverable(m) and seen is not None and now - seen <= self.timeout:
+                await self._settle(m.id)
+            elif not m.healthy and m.health_reason.startswith(tombstones.STALE) and silent > limit:
+                await self._fail(m.id, f"{NO_HEARTBEAT} for {silent:.1f}s")  # back with tombstones, silent again
             # a healthy machine: due when its silence passes the limit; an unhealthy one comes back by
             # its next heartbeat (seen(), which also puts it back here): a look a timeout is a fallback
             self._push(mid, now + (limit - silent) + 0.001 if m.healthy and silent <= limit else now + self.timeout)
 
     def seen(self, mid: str) -> None:
-        """Called on every heartbeat: a machine marked unhealthy for silence is healthy again; a
-        machine heard from for the first time is judged a timeout from now, not at the grace's end."""
+        """Called on every heartbeat: a machine marked unhealthy for silence is healthy again (once
+        its tombstones are gone); a machine heard from for the first time is judged a timeout from
+        now, not at the grace's end."""
         if mid in self._unheard:
             self._unheard.discard(mid)
             if mid in self._owned:
                 self._push(mid, time.monotonic() + self.timeout + 0.001)
+        self.reported(mid)
+
+    def reported(self, mid: str) -> None:
+        """Called on a heartbeat and when the machine's task report changed (here or relayed): the
+        machine's record is settled when that would change it (settled()), which a heartbeat of a
+        healthy machine without tombstones never does (a dict lookup)."""
         m = self.state.machines.get(mid)
-        if m is not None and not m.healthy and m.health_reason.startswith(NO_HEARTBEAT) and mid not in self._returning:
-            self._returning.add(mid)
-            task = asyncio.get_running_loop().create_task(self._recover(mid))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+        if m is None or mid in self._returning or not (m.tombstones or _recoverable(m)) \
+                or settled(m, self.reports(mid)) == m:
+            return
+        self._returning.add(mid)
+        task = asyncio.get_running_loop().create_task(self._recover(mid))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def _recover(self, mid: str) -> None:
         try:
-            await self._set(mid, True, "")
-            if mid in self._owned:  # judged again from its heartbeat on, not a fallback's timeout later
+            await self._settle(mid)
+            m = self.state.machines.get(mid)
+            if mid in self._owned and m is not None and m.healthy:
+                # judged again from its heartbeat on, not a fallback's timeout later
                 self._push(mid, self.last_seen.get(mid, time.monotonic()) + self.timeout + 0.001)
         finally:
             self._returning.discard(mid)
 
-    async def _set(self, mid: str, healthy: bool, reason: str) -> None:
+    async def clean(self, mid: str) -> None:
+        """An admin's `machine clean`: the machine runs none of its tombstones (it was wiped, or is
+        gone for good): they are dropped and their resources freed."""
+        await self._settle(mid, forget=True)
+
+    async def _settle(self, mid: str, forget: bool = False) -> None:
+        """Write settled(): tombstones dropped (their resources freed; the machine back in the free
+        pool when it holds nothing more, its entitlement's record rewritten like the scheduler's),
+        health back, the failure event ended."""
+        m = self.state.machines.get(mid)
+        if m is None:
+            return
         key = self.keys.machine(mid)
+        ekey = self.keys.entitlement(m.entitlement) if m.entitlement else None
+        report = self.reports(mid)
         now = time.time()
         open_events = [e for e in self.state.events.values()
                        if e.kind == "failure" and e.end is None and mid in e.machines]
+
+        def compute(reads):
+            cur = reads[key].value
+            if cur is None:
+                return {}, []
+            rec = MachineRec.from_json(cur)
+            new = settled(rec, report, forget)
+            if new == rec:
+                return {}, []
+            puts = {key: new.to_json()}
+            if new.healthy and not rec.healthy:
+                for e in open_events:
+                    puts[self.keys.event(e.id)] = replace(e, end=now).to_json()
+            if rec.entitlement and new.entitlement is None and ekey == self.keys.entitlement(rec.entitlement) \
+                    and reads[ekey].value is not None:
+                puts[ekey] = reads[ekey].value  # a change to what it holds writes its record (service.py)
+            return puts, []
+
+        rev = await self.store.update([key] + ([ekey] if ekey else []), compute)
+        if not rev:
+            return
+        await self.state.wait_for(rev)
+        after = self.state.machines.get(mid)
+        if after is None:
+            return
+        if len(after.tombstones) < len(m.tombstones):
+            log.info("machine %s: %d tombstone(s) gone, %d left%s", mid, len(m.tombstones) - len(after.tombstones),
+                     len(after.tombstones), "; back in the free pool" if m.entitlement and not after.entitlement else "")
+        if after.healthy and not m.healthy:
+            self.counters["recoveries"] += 1
+            log.warning("machine %s is healthy again", mid)
+
+    async def _fail(self, mid: str, reason: str) -> None:
+        """The machine is unhealthy for `reason`; a failure event opens unless it is in maintenance
+        (or was unhealthy already: back with tombstones, then silent again, it only says so)."""
+        key = self.keys.machine(mid)
+        now = time.time()
         maint = self.state.maintenance_of(mid, now)
-        if not healthy and maint is not None and maint.phase(now) == "in progress":
+        if maint is not None and maint.phase(now) == "in progress":
             # expected: the machine is in maintenance; it is down, but that is no failure
             reason, maint_id = f"{reason}{IN_MAINTENANCE}{maint.id})", maint.id
         else:
             maint_id = None
+        was_healthy = True
 
         def compute(reads):
+            nonlocal was_healthy
             cur = reads[key].value
-            if cur is None or MachineRec.from_json(cur).healthy == healthy:
+            if cur is None:
                 return {}, []
-            puts = {key: replace(MachineRec.from_json(cur), healthy=healthy, health_reason=reason).to_json()}
-            if healthy:
-                for e in open_events:
-                    puts[self.keys.event(e.id)] = replace(e, end=now).to_json()
-            elif maint_id is None:
+            rec = MachineRec.from_json(cur)
+            if not rec.healthy and not rec.health_reason.startswith(tombstones.STALE):
+                return {}, []
+            was_healthy = rec.healthy
+            puts = {key: replace(rec, healthy=False, health_reason=reason).to_json()}
+            if rec.healthy and maint_id is None:
                 eid = f"failure-{mid}-{int(now * 1000)}"
                 puts[self.keys.event(eid)] = EventRec(eid, "failure", (mid,), now, reason).to_json()
             return puts, []
@@ -202,9 +291,6 @@ class HealthService:
         if not rev:
             return
         await self.state.wait_for(rev)
-        if healthy:
-            self.counters["recoveries"] += 1
-            log.warning("machine %s is healthy again", mid)
-        else:
+        if was_healthy:
             self.counters["failures"] += 1
-            log.warning("machine %s is unhealthy: %s", mid, reason)
+        log.warning("machine %s is unhealthy: %s", mid, reason)

@@ -420,6 +420,10 @@ class MachineRec:
     agent_version: str = ""
     credential_sha256: str = ""
     registered_at: float = 0.0
+    # Tasks moved off (or stopped on) this machine while it was unhealthy, whose containers may
+    # still run there: (job, index, cpus, memory_mb) each. Their resources stay allocated, and the
+    # machine stays unhealthy and in its entitlement, until its agent reports them gone (tombstones.py).
+    tombstones: tuple[tuple[str, int, float, int], ...] = ()
 
     def to_json(self) -> dict:
         return _encode(self)

@@ -222,6 +222,7 @@ def machine_view(d: ControlDaemon, mid: str, detail: bool = False) -> dict:
         "profile": {"desired": d.state.desired_profile(m), "applied": m.profile_applied, "ok": m.profile_ok,
                     "error": m.profile_error},
         "alloc": {"tasks": m.alloc_tasks, "cpus": m.alloc_cpus, "memory_mb": m.alloc_memory_mb},
+        "tombstones": [{"job": j, "index": i, "cpus": c, "memory_mb": mem} for j, i, c, mem in m.tombstones],
         "agent": {"address": m.address, "version": m.agent_version, "error": d.agents.errors.get(mid, "")},
         "last_heartbeat": d.agents.last_seen_wall.get(mid),
     }
@@ -521,6 +522,15 @@ async def release_machine(request: web.Request) -> web.Response:
     return reply(machine_view(d, mid, detail=True))
 
 
+async def clean_machine(request: web.Request) -> web.Response:
+    d: ControlDaemon = request.app[DAEMON]
+    mid = request.match_info["id"]
+    if mid not in d.state.machines:
+        raise ApiError("not_found", "machine", f"no machine {mid!r}")
+    await d.health.clean(mid)
+    return reply(machine_view(d, mid, detail=True))
+
+
 async def create_token(request: web.Request) -> web.Response:
     d: ControlDaemon = request.app[DAEMON]
     token_id, secret, record = tokens.parse_new(await body(request, schema=S.TokenSpec), time.time())
@@ -681,6 +691,7 @@ ROUTES = [
     ("GET", "/v1/machines", list_machines),
     ("GET", "/v1/machines/{id}", show_machine),
     ("POST", "/v1/machines/{id}/release", release_machine),
+    ("POST", "/v1/machines/{id}/clean", clean_machine),
     ("POST", "/v1/tokens", create_token),
     ("GET", "/v1/tokens", list_tokens),
     ("DELETE", "/v1/tokens/{id}", revoke_token),

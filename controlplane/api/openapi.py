@@ -73,6 +73,9 @@ PATHS = {
     "/v1/machines/{id}": {"get": _op("show a machine with its tasks", "the machine", "Machine")},
     "/v1/machines/{id}/release": {"post": _op("end the machine's credential: a bootstrap token may register it again",
                                               "the machine", "Machine")},
+    "/v1/machines/{id}/clean": {"post": _op("drop the machine's tombstones (admin): none of the tasks moved off it "
+                                            "runs there any more (it was wiped, or is gone for good)",
+                                            "the machine", "Machine")},
     "/v1/events": {"get": _op("unavailability events", "the events", "EventList")},
     "/v1/tokens": {
         "post": _op("make an API token (admin): its secret is in this answer only", "the token", "Token", "TokenSpec",
@@ -169,7 +172,10 @@ SCHEMAS = {
     "JobList": {**OBJ, "properties": {"jobs": {"type": "array", "items": _ref("Job")}}},
     "Machine": {**OBJ, "properties": {"id": STR, "hostname": STR, "labels": OBJ, "capacity": OBJ,
                                       "entitlement": NSTR, "healthy": {"type": "boolean"}, "profile": OBJ,
-                                      "alloc": OBJ, "agent": OBJ, "last_heartbeat": {"type": ["number", "null"]}}},
+                                      "alloc": OBJ, "agent": OBJ, "last_heartbeat": {"type": ["number", "null"]},
+                                      "tombstones": {"type": "array", "items": {
+                                          **OBJ, "properties": {"job": STR, "index": INT, "cpus": {"type": "number"},
+                                                                "memory_mb": INT}}}}},
     "MachineList": {**OBJ, "properties": {"machines": {"type": "array", "items": _ref("Machine")}}},
     "Token": {**OBJ, "properties": {"id": STR, "role": STR, "entitlements": {"type": "array", "items": STR},
                                     "created_at": {"type": "number"}, "expires": {"type": ["number", "null"]},

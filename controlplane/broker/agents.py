@@ -77,6 +77,7 @@ class AgentService:
         self.bootstrap = {sha256(t) for t in bootstrap_tokens}
         self.heartbeat_interval = heartbeat_interval
         self.on_seen = on_seen
+        self.on_report: Callable[[str], None] | None = None  # the machine's task report changed
         self.last_seen: dict[str, float] = {}  # machine id -> monotonic time of its last heartbeat
         self.last_seen_wall: dict[str, float] = {}
         self.reports: dict[str, dict[tuple[str, int], dict]] = {}
@@ -267,6 +268,8 @@ class AgentService:
             self.state.changed.set(self.state.jobs_on(mid) | {job for job, _ in report})
             if relay is not None:
                 relay.reported(mid)
+            if self.on_report is not None:
+                self.on_report(mid)
         await self._profile(mid, profile)
         return {"ok": True, "interval": self.heartbeat_interval, **hint}
 

@@ -85,6 +85,7 @@ class Relay:
                 if agents.reports.get(mid) != report:
                     agents.reports[mid] = report
                     changed |= self.d.state.jobs_on(mid) | {job for job, _ in report}
+                    self.d.health.reported(mid)
             error = str(rec.get("error") or "")
             if agents.errors.get(mid, "") != error:
                 agents.errors[mid] = error

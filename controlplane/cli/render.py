@@ -208,6 +208,14 @@ def machine_list(body: dict) -> str:
 MACHINE_TASK_HEADERS = ("JOB", "INDEX", "STATE", "SPEC", "DISCOVERY", "REASON")
 
 
+def tombstones_row(graves: Any) -> list[tuple[str, str]]:
+    """Tasks moved off the machine whose containers its agent has not reported gone (none: no row)."""
+    if not isinstance(graves, list) or not graves:
+        return []
+    names = ", ".join(f"{t.get('job')}#{t.get('index')}" if isinstance(t, dict) else cell(t) for t in graves)
+    return [("tombstones", f"{len(graves)}, moved away, their containers not yet reported gone: {names}")]
+
+
 def machine_show(m: dict) -> str:
     labels, cap, alloc, agent = (m.get(k) or {} for k in ("labels", "capacity", "alloc", "agent"))
     healthy = cell(m.get("healthy"))
@@ -231,6 +239,7 @@ def machine_show(m: dict) -> str:
         ("supports", cell(supports)),
         ("agent", f"{cell(agent.get('address'))} version {cell(agent.get('version'))}"),
         ("last heartbeat", when(m.get("last_heartbeat"))),
+        *tombstones_row(m.get("tombstones")),
     ])
     tasks = m.get("tasks")
     if isinstance(tasks, list):

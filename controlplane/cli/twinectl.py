@@ -2,7 +2,7 @@
 
   twinectl entitlement create|modify|list|show ...
   twinectl job run|update FILE [--wait [S]]   job status|resize|stop HANDLE ...   job list
-  twinectl machine list|show ID|release ID     twinectl events     twinectl discovery HANDLE
+  twinectl machine list|show ID|release ID|clean ID     twinectl events     twinectl discovery HANDLE
   twinectl maintenance schedule (--machine ID ... | --dc DC | --msb MSB | --rack RACK) --start WHEN
            --duration DUR [--deadline WHEN] [--policy move|stop] [--reason TEXT]
   twinectl maintenance list [--all] | show ID | end ID
@@ -309,12 +309,15 @@ def _parser() -> argparse.ArgumentParser:
     st.add_argument("handle", metavar="HANDLE")
     _wait(st, "the job is stopped")
 
-    mach = sub.add_parser("machine", help="list, show and release machines")
+    mach = sub.add_parser("machine", help="list, show, release and clean machines")
     mach_sub = mach.add_subparsers(dest="action", required=True, metavar="ACTION")
     leaf(mach_sub, "list", "list machines")
     leaf(mach_sub, "show", "a machine with its tasks").add_argument("id", metavar="ID")
     leaf(mach_sub, "release", "end a machine's credential, so that its agent may register it again with a "
                               "bootstrap token (a reinstalled host)").add_argument("id", metavar="ID")
+    leaf(mach_sub, "clean", "drop a machine's tombstones: none of the tasks moved off it while it was unhealthy "
+                            "runs there any more (it was wiped, or is gone for good); their resources are freed"
+         ).add_argument("id", metavar="ID")
 
     mt = sub.add_parser("maintenance", help="schedule, list, show and end maintenance (the ops planner)")
     mt_sub = mt.add_subparsers(dest="action", required=True, metavar="ACTION")
@@ -589,6 +592,11 @@ async def machine_release(api: Api, args, out: Out) -> int:
     return EXIT_OK
 
 
+async def machine_clean(api: Api, args, out: Out) -> int:
+    out(await api.call("POST", f"/v1/machines/{_q(args.id)}/clean"), render.machine_show)
+    return EXIT_OK
+
+
 async def events(api: Api, args, out: Out) -> int:
     out(await api.call("GET", "/v1/events"), render.event_list)
     return EXIT_OK
@@ -674,6 +682,7 @@ COMMANDS: dict[tuple[str, str | None], Command] = {
     ("machine", "list"): machine_list,
     ("machine", "show"): machine_show,
     ("machine", "release"): machine_release,
+    ("machine", "clean"): machine_clean,
     ("maintenance", "schedule"): maintenance_schedule,
     ("maintenance", "list"): maintenance_list,
     ("maintenance", "show"): maintenance_show,

@@ -5,7 +5,8 @@ it takes or returns machines). A lost race is a Conflict: the next pass sees the
 
 The same transaction keeps, per machine, the resources its tasks hold and its entitlement: a free
 machine joins the entitlement when a task is placed on it, and returns to the free pool when its
-last task leaves (paper Figure 7). Discovery records are written in the transaction that changes
+last task leaves (paper Figure 7); a task leaving an unhealthy machine stays there as a tombstone
+until its agent reports its container gone (controlplane/tombstones.py). Discovery records are written in the transaction that changes
 the task they describe, so a task is disabled before its agent can see it stopped or moved.
 
 One Scheduler is one shard (paper section 3.1): it schedules the jobs of the entitlements the
@@ -607,6 +608,7 @@ class Txn:
         self.deletes: list[str] = []
         self.delta: dict[str, list[float]] = {}  # machine -> [tasks, cpus, memory] it gains
         self.taken: dict[str, str] = {}  # free machine -> the entitlement it joins
+        self.tombstones: dict[str, list[list]] = {}  # unhealthy machine -> tasks that left it (tombstones.py)
         self.entitlements: set[str] = set()  # entitlements whose jobs this transaction changes
         self.jobs: list[str] = []
         self.tasks: list[tuple[str, int]] = []
@@ -651,6 +653,10 @@ class Txn:
             for t, sign in ((old, -1), (new, 1)):
                 if t is not None and t.machine:
                     cpus, mem = t.resources
+                    if sign < 0 and (new is None or new.machine != t.machine) and self._unseen(t.machine):
+                        # its container may still run there: the machine keeps it as a tombstone
+                        self.tombstones.setdefault(t.machine, []).append([job.handle, index, cpus, mem])
+                        continue
                     d = self.delta.setdefault(t.machine, [0, 0.0, 0])
                     d[0] += sign
                     d[1] += sign * cpus
@@ -666,8 +672,14 @@ class Txn:
                     self.puts[dkey] = Endpoint(job.handle, index, new.machine or "", m.address if m else "",
                                                new.discovery, new.spec_version).to_json()
 
+    def _unseen(self, mid: str) -> bool:
+        """Whether the machine is one the control plane cannot see now (unhealthy): a task leaving it
+        leaves a tombstone. Its record's guard makes the commit fail if that changed meanwhile."""
+        m = self.sched.state.machines.get(mid)
+        return m is not None and not m.healthy
+
     def machines(self) -> set[str]:
-        return set(self.delta) | set(self.taken)
+        return set(self.delta) | set(self.taken) | set(self.tombstones)
 
     def finish(self) -> tuple[list[Versioned], dict[str, dict], list[str]]:
         """The guards, puts and deletes, with each touched machine's record written once."""
@@ -684,6 +696,8 @@ class Txn:
             new_m = m.to_json()
             new_m.update(alloc_tasks=m.alloc_tasks + n, alloc_cpus=round(m.alloc_cpus + cpus, 6),
                          alloc_memory_mb=m.alloc_memory_mb + mem)
+            if mid in self.tombstones:
+                new_m["tombstones"] = [*new_m.get("tombstones", ()), *self.tombstones[mid]]
             if mid in self.taken and m.entitlement is None:
                 new_m["entitlement"] = self.taken[mid]
                 touched.add(self.taken[mid])

@@ -7,6 +7,10 @@ it was not running on this machine.
 
 `urls` are tried in order with failover, as agents do; `follow_hint` makes heartbeats go to the
 `heartbeat_to` replica the answer names (as real agents do), or ignores it.
+
+A machine in `cut` neither polls nor heartbeats (a partition: its tasks go on "running"). With
+`stop_delay`, a task that leaves a machine's desired state is still reported there (its container
+stopping) for that many seconds after its agent learned it left: `stale` holds those.
 """
 
 from __future__ import annotations
@@ -34,6 +38,9 @@ class SimAgents:
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._lock = threading.Lock()
         self.paused = threading.Event()
+        self.cut: set[str] = set()
+        self.stop_delay = 0.0
+        self.stale: dict[str, dict[tuple[str, int], tuple[int, float]]] = {m: {} for m in creds}  # -> (version, since)
 
     def __enter__(self) -> "SimAgents":
         self._thread.start()
@@ -63,6 +70,8 @@ class SimAgents:
         while not self._stop.is_set():
             if not self.paused.is_set():
                 for mid, cred in self.creds.items():
+                    if mid in self.cut:
+                        continue
                     try:
                         self._one(mid, cred)
                     except Exception as e:  # noted; the next round tries again
@@ -77,8 +86,15 @@ class SimAgents:
             for key, version in wanted.items():
                 if now.get(key) != version:
                     self.starts[(key[0], key[1], version, mid)] += 1
+            stale, t = self.stale[mid], time.monotonic()
+            for key, version in now.items():
+                if key not in wanted and self.stop_delay > 0:
+                    stale.setdefault(key, (version, t))
+            for key in [k for k, (_, since) in stale.items() if k in wanted or t - since >= self.stop_delay]:
+                del stale[key]
             self.running[mid] = dict(wanted)
-        tasks = [{"job": j, "index": i, "spec_version": v, "state": "running"} for (j, i), v in sorted(wanted.items())]
+            shown = {**{k: v for k, (v, _) in stale.items()}, **wanted}
+        tasks = [{"job": j, "index": i, "spec_version": v, "state": "running"} for (j, i), v in sorted(shown.items())]
         body = {"machine_id": mid, "digest": json.dumps(tasks, sort_keys=True), "tasks": tasks,
                 "profile": {"name": desired.get("profile"), "ok": True}}
         url, answer = self._any("POST", "/v1/agent/heartbeat", cred, body,

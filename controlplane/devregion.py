@@ -3,7 +3,17 @@ its own network namespace. Used by the README demo and by the end-to-end tests.
 
     python -m controlplane.devregion up --dir /tmp/region [--kernel-owner m1]
     python -m controlplane.devregion status --dir /tmp/region
+    python -m controlplane.devregion kill|restart|partition|heal NAME --dir /tmp/region
     python -m controlplane.devregion down --dir /tmp/region
+
+NAME is `etcd`, `controld` or an agent's name. To rehearse failures:
+- `kill` SIGKILLs it (`--signal TERM` for a clean stop); its data and state stay (etcd's too).
+- `restart` stops it (SIGTERM) if it runs and starts it again, on the same data, ports, address.
+- `partition` cuts it off while it keeps running (iptables DROP rules, so connections go silent
+  as behind a real partition, not refused): an agent from controld (a rule in its own namespace:
+  its containers keep running); etcd from controld (its client port on loopback); controld from
+  everything (its API port on the bridge, and etcd). `heal` removes the rules (no NAME: all);
+  `down` removes any left.
 
 or, in Python::
 
@@ -605,6 +615,7 @@ class Region:
         self._popen: dict[str, subprocess.Popen] = {}
         self._etcd_info: dict | None = None
         self.stopped = False
+        self.partitioned: set[str] = set()  # names cut off by partition(), until heal()
 
     # paths and names ----------------------------------------------------------------------
     @property
@@ -723,6 +734,8 @@ class Region:
             "heartbeat_timeout": self.heartbeat_timeout,
             "stopped": self.stopped,
             "launcher_pid": os.getpid(),
+            "controld_args": list(self.controld_args),
+            "partitioned": sorted(self.partitioned),
             "network": net.to_dict() if net else None,
             "url": self.url if self.controld_listen else None,
             "api_token_file": str(self.api_token_file),
@@ -756,8 +769,9 @@ class Region:
         workdir = Path(workdir).resolve()
         d = json.loads((workdir / STATE_FILE).read_text())
         r = cls(workdir, [AgentSpec(**a["spec"]) for a in d["agents"].values()], region=d["region"],
-                heartbeat_timeout=d["heartbeat_timeout"])
+                heartbeat_timeout=d["heartbeat_timeout"], controld_args=tuple(d.get("controld_args", ())))
         r.stopped = d.get("stopped", False)
+        r.partitioned = set(d.get("partitioned", ()))
         if d.get("network"):
             r.network = Network.from_dict(d["network"])
         r.controld_listen = d["controld"]["listen"]
@@ -818,8 +832,15 @@ class Region:
 
     def start_etcd(self) -> None:
         """Start the region's etcd: at region start, or again after `kill_etcd()` (same data dir,
-        same port: an outage over)."""
-        assert self.etcd is not None
+        same port: an outage over), also from another process than the one that started it."""
+        if self.etcd is None:
+            if not self._etcd_info:
+                raise RuntimeError("the region's etcd was never started")
+            info = self._etcd_info
+            self.etcd = EtcdServer(host=info["endpoint"].rsplit(":", 1)[0], data_dir=info["data_dir"],
+                                   log_file=info["log"], log_level="warn", new_session=True,
+                                   name=f"devregion-{self.prefix}", tls=(*self._pki("etcd"), self.ca_file))
+            self.etcd.port, self.etcd.peer_port = info["port"], info["peer_port"]
         try:
             self.etcd.start()
         finally:
@@ -983,6 +1004,82 @@ class Region:
         self.save()
         return code
 
+    # rehearsing failures ----------------------------------------------------------------------
+    def _key(self, name: str) -> str:
+        if name in ("etcd", "controld"):
+            return name
+        self._spec(name)
+        return f"agent:{name}"
+
+    def kill(self, name: str, sig: int = signal.SIGKILL, timeout: float = 30.0) -> int | None:
+        """Signal etcd, controld or an agent and wait until it has exited; its data stays."""
+        return self._kill(self._key(name), sig, timeout)
+
+    def restart(self, name: str) -> None:
+        """Stop it (SIGTERM, SIGKILL after 30 s) if it runs, and start it again, on the same data,
+        ports and address; returns once it answers."""
+        key = self._key(name)
+        ref = self.procs.get(key)
+        if ref is not None and ref.alive():
+            self._kill(key, signal.SIGTERM, 30.0)
+        if name == "etcd":
+            self.start_etcd()
+        elif name == "controld":
+            self.start_controld()
+        else:
+            self.start_agent(name)
+
+    def _rules(self, name: str) -> list[tuple[str | None, list[str]]]:
+        """The iptables rules that cut `name` off: (the agent's namespace, or None: the host's; rule)."""
+        self._key(name)
+        assert self._etcd_info is not None and self.controld_listen is not None and self.network is not None
+        tag = ["-m", "comment", "--comment", f"twine-devregion-{self.prefix}-{name}", "-j", "DROP"]
+        if name in ("etcd", "controld"):
+            etcd = str(self._etcd_info["port"])  # controld is etcd's only client
+            rules = [["INPUT", "-i", "lo", "-p", "tcp", "--dport", etcd, *tag],
+                     ["OUTPUT", "-o", "lo", "-p", "tcp", "--sport", etcd, *tag]]
+            if name == "controld":
+                host, port = self.controld_listen.rsplit(":", 1)
+                rules += [["INPUT", "-d", host, "-p", "tcp", "--dport", port, *tag],
+                          ["OUTPUT", "-s", host, "-p", "tcp", "--sport", port, *tag]]
+            return [(None, r) for r in rules]
+        ns, bridge = self.netns(name), self.network.bridge_ip
+        return [(ns, ["OUTPUT", "-d", bridge, *tag]), (ns, ["INPUT", "-s", bridge, *tag])]
+
+    def _iptables(self, ns: str | None, op: str, rule: list[str]) -> subprocess.CompletedProcess:
+        argv = [shutil.which("iptables") or "/usr/sbin/iptables", "-w", "5", op, *rule]
+        if ns is not None:
+            argv = [_ip_binary(), "netns", "exec", ns, *argv]
+        return subprocess.run(argv, capture_output=True, text=True, timeout=30, env=child_env())
+
+    def partition(self, name: str) -> None:
+        """Cut `name` off while it keeps running: its connections go silent (DROP, not refused)."""
+        if name in self.partitioned:
+            return
+        self.partitioned.add(name)
+        self.save()  # recorded before the rules exist: heal() and down remove them whatever happens
+        for ns, rule in self._rules(name):
+            r = self._iptables(ns, "-I", rule)
+            if r.returncode != 0:
+                self.heal(name)
+                raise RuntimeError(f"partition {name}: iptables {' '.join(rule)}: {r.stderr.strip()}")
+
+    def heal(self, name: str | None = None) -> list[str]:
+        """Remove the rules of partition(`name`) (None: of every partition); returns problems met."""
+        problems = []
+        for n in sorted(self.partitioned if name is None else {name} & self.partitioned):
+            for ns, rule in self._rules(n):
+                while True:  # every copy of the rule (a partition that failed half-way has fewer)
+                    r = self._iptables(ns, "-D", rule)
+                    if r.returncode != 0:
+                        if "does a matching rule exist" not in r.stderr and "Bad rule" not in r.stderr \
+                                and "No chain/target/match" not in r.stderr and "Cannot open network namespace" not in r.stderr:
+                            problems.append(f"heal {n}: iptables -D {' '.join(rule)}: {r.stderr.strip()}")
+                        break
+            self.partitioned.discard(n)
+        self.save()
+        return problems
+
     # tools ---------------------------------------------------------------------------------
     def twinectl(self, *args: str, input: str | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
         """Run `twinectl --url URL --ca CA --token-file F ARGS...` (output captured as text)."""
@@ -1016,6 +1113,8 @@ class Region:
             except Exception as e:  # noqa: BLE001 - keep tearing down
                 problems.append(f"{what}: {type(e).__name__}: {e}")
 
+        if self.partitioned:
+            attempt("heal", lambda: problems.extend(self.heal()))
         # agents: SIGTERM to all at once, then wait (SIGKILL after 10 s)
         agent_keys = [k for k in self.procs if k.startswith("agent:") and self.procs[k] is not None]
         for key in agent_keys:
@@ -1144,8 +1243,9 @@ def _cmd_up(args) -> int:
           f"--token-file {region.api_token_file} machine list")
     print(f"  (or: export TWINE_URL={region.url} TWINE_CA={region.ca_file} TWINE_TOKEN_FILE={region.api_token_file}; "
           ".venv/bin/twinectl machine list)")
-    print("status / stop:")
+    print("status / rehearse a failure (NAME: etcd, controld, an agent) / stop:")
     print(f"  {py} -m controlplane.devregion status --dir {region.workdir}")
+    print(f"  {py} -m controlplane.devregion kill|restart|partition|heal NAME --dir {region.workdir}")
     print(f"  {py} -m controlplane.devregion down --dir {region.workdir}")
     return 0
 
@@ -1192,6 +1292,38 @@ def _cmd_status(args) -> int:
     return 0 if ok else 3
 
 
+def _cmd_rehearse(args) -> int:
+    """kill, restart, partition, heal: one process of a running region."""
+    if not (Path(args.dir) / STATE_FILE).exists():
+        print(f"devregion: no {STATE_FILE} in {args.dir}", file=sys.stderr)
+        return 3
+    region = Region.from_dir(args.dir)
+    if region.stopped:
+        print(f"devregion: the region in {region.workdir} is stopped", file=sys.stderr)
+        return 3
+    name = getattr(args, "name", None)
+    try:
+        if args.command == "kill":
+            code = region.kill(name, getattr(signal, f"SIG{args.signal.upper().removeprefix('SIG')}"))
+            print(f"{name} stopped{f' (exit {code})' if code is not None else ''}")
+        elif args.command == "restart":
+            region.restart(name)
+            print(f"{name} running again, pid {region.procs[region._key(name)].pid}")
+        elif args.command == "partition":
+            region.partition(name)
+            print(f"{name} cut off (heal: python -m controlplane.devregion heal {name} --dir {region.workdir})")
+        else:
+            problems = region.heal(name)
+            for p in problems:
+                print(f"devregion: {p}", file=sys.stderr)
+            print(f"{name or 'every partition'} healed{' with problems' if problems else ''}")
+            return 1 if problems else 0
+    except (KeyError, RuntimeError, AttributeError) as e:
+        print(f"devregion: {args.command} {name}: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m controlplane.devregion", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -1209,12 +1341,25 @@ def main(argv: list[str] | None = None) -> int:
     st = sub.add_parser("status", help="what is running")
     st.add_argument("--dir", required=True)
     st.add_argument("--json", action="store_true")
+    what = "etcd, controld, or an agent's name"
+    k = sub.add_parser("kill", help="signal one process (SIGKILL by default) and wait for it to exit; its data stays")
+    k.add_argument("name", metavar="NAME", help=what)
+    k.add_argument("--signal", default="KILL", help="KILL (default), TERM, INT, ...")
+    r = sub.add_parser("restart", help="stop one process (SIGTERM) if it runs and start it again on the same data")
+    r.add_argument("name", metavar="NAME", help=what)
+    pa = sub.add_parser("partition", help="cut one process off while it runs (its connections go silent)")
+    pa.add_argument("name", metavar="NAME", help=what)
+    h = sub.add_parser("heal", help="end a partition (no NAME: every one)")
+    h.add_argument("name", metavar="NAME", nargs="?", help=what)
+    for cmd in (k, r, pa, h):
+        cmd.add_argument("--dir", required=True)
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="devregion: %(message)s")
     if os.geteuid() != 0:
         print("devregion: run as root (network namespaces, bridge, veths)", file=sys.stderr)
         return 1
-    return {"up": _cmd_up, "down": _cmd_down, "status": _cmd_status}[args.command](args)
+    return {"up": _cmd_up, "down": _cmd_down, "status": _cmd_status, "kill": _cmd_rehearse, "restart": _cmd_rehearse,
+            "partition": _cmd_rehearse, "heal": _cmd_rehearse}[args.command](args)
 
 
 if __name__ == "__main__":

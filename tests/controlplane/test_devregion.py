@@ -359,6 +359,81 @@ def test_region_lifecycle_and_down_from_region_json(tmp_path, cleanup):
     assert r.stop() == []
 
 
+def _devregion(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "controlplane.devregion", *args], check=False, capture_output=True,
+                          text=True, cwd=REPO, timeout=120)
+
+
+def _connects(host: str, port: int, ns: str | None = None) -> bool:
+    """True if a TCP connection opens; False if it times out (dropped: a partition)."""
+    s = ns_socket(ns) if ns else socket.socket()
+    s.settimeout(1.0)
+    try:
+        s.connect((host, port))
+        return True
+    except (TimeoutError, socket.timeout):
+        return False
+    finally:
+        s.close()
+
+
+def _our_rules(r: Region) -> list[str]:
+    rules = subprocess.run(["iptables", "-S"], capture_output=True, text=True, check=True).stdout.splitlines()
+    for name in r.specs:
+        rules += subprocess.run(["ip", "netns", "exec", r.netns(name), "iptables", "-S"], capture_output=True,
+                                text=True, check=True).stdout.splitlines()
+    return [line for line in rules if f"twine-devregion-{r.prefix}" in line]
+
+
+def test_rehearsals_kill_restart_partition_and_heal_from_another_process(tmp_path, cleanup):
+    r = StandInRegion(tmp_path / "r", TWO)
+    cleanup.append(r)
+    r.start()
+    d = str(r.workdir)
+    host, port = r.controld_listen.rsplit(":", 1)
+    etcd_port = r.etcd.port
+    wal = sorted((r.workdir / "etcd" / "member" / "wal").iterdir())
+
+    # kill and restart, knowing only region.json
+    before = {k: r.procs[k].pid for k in ("etcd", "controld", "agent:m1")}
+    killed = _devregion("kill", "m1", "--signal", "TERM", "--dir", d)
+    assert killed.returncode == 0, killed.stderr
+    assert not psutil.pid_exists(before["agent:m1"]) or psutil.Process(before["agent:m1"]).status() == psutil.STATUS_ZOMBIE
+    for name in ("m1", "etcd", "controld"):
+        again = _devregion("restart", name, "--dir", d)
+        assert again.returncode == 0, again.stdout + again.stderr
+    after = Region.from_dir(r.workdir)
+    for key, pid in before.items():
+        assert after.procs[key].pid != pid and after.procs[key].alive(), key
+    assert after.agent_status("m1")["machine"]["id"] == r.machine_id("m1")
+    assert sorted((r.workdir / "etcd" / "member" / "wal").iterdir())[:len(wal)] == wal, "etcd kept its data"
+    assert _connects("127.0.0.1", etcd_port) and _connects(host, int(port))
+    assert _devregion("kill", "m9", "--dir", d).returncode == 1
+
+    # partitions: connections time out (dropped, not refused) until the heal
+    assert _connects(host, int(port), r.netns("m1"))
+    cut = _devregion("partition", "m1", "--dir", d)
+    assert cut.returncode == 0, cut.stderr
+    assert not _connects(host, int(port), r.netns("m1")), "m1 is cut off from controld"
+    assert _connects(host, int(port), r.netns("m2")) and _connects(host, int(port)), "nobody else is"
+    for name in ("etcd", "controld"):
+        cut = _devregion("partition", name, "--dir", d)
+        assert cut.returncode == 0, cut.stderr
+    assert not _connects("127.0.0.1", etcd_port), "etcd is cut off"
+    assert not _connects(host, int(port)) and not _connects(host, int(port), r.netns("m2")), "controld is cut off"
+    assert len(_our_rules(r)) == 2 + 2 + 4
+    healed = _devregion("heal", "m1", "--dir", d)
+    assert healed.returncode == 0, healed.stderr
+    assert len(_our_rules(r)) == 2 + 4
+    assert _devregion("heal", "controld", "--dir", d).returncode == 0
+    assert _connects(host, int(port), r.netns("m1")) and _connects(host, int(port))
+    assert not _connects("127.0.0.1", etcd_port), "etcd is still cut off"
+    # `down` heals what is left
+    assert _devregion("down", "--dir", d).returncode == 0
+    rules = subprocess.run(["iptables", "-S"], capture_output=True, text=True, check=True).stdout
+    assert f"twine-devregion-{r.prefix}" not in rules
+
+
 def test_failed_start_tears_down_everything(tmp_path, cleanup):
     r = StandInRegion(tmp_path / "r", [*TWO, AgentSpec("m3", "dc1", "msb3", "rack3")])
     r.failing = ("m2",)

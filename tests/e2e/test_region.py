@@ -166,8 +166,67 @@ def test_killed_agent_tasks_run_again_elsewhere_and_its_stale_copies_stop(region
     per_task = running_indices(region, "failover/svc")
     assert sorted(per_task) == [0, 1, 2] and all(len(ms) == 1 for ms in per_task.values()), per_task
     assert victim_id not in {m for ms in per_task.values() for m in ms}
-    assert api.machine_of(victim_id)["healthy"] is True
+    deadline = time.monotonic() + 10  # healthy once its report no longer lists the stale copies
+    while not api.machine_of(victim_id)["healthy"] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    m = api.machine_of(victim_id)
+    assert m["healthy"] is True and m["tombstones"] == [], m
     api.stop("failover/svc")
+
+
+def test_a_partitioned_machine_is_granted_to_nobody_until_its_stale_containers_are_gone(region, api):
+    """Issue #12: an agent cut off from controld (it keeps running, and so do its containers) while
+    its task moves keeps the task as a tombstone; after the heal it stays in its entitlement,
+    unhealthy, granted to nobody, until its agent has stopped the stale container (which ignores
+    SIGTERM: the agent's 10 s stop grace) and reported it gone."""
+    stubborn = ["sh", "-c", "trap '' TERM; while :; do sleep 0.2; done"]
+    api.ok("POST", "/v1/entitlements", {"name": "part", "machine_type": "generic", "quota": 2})
+    api.ok("POST", "/v1/jobs", job_spec("part", "svc", 1, task={"command": stubborn}))
+    victim_id = api.wait_running("part/svc")["tasks"][0]["machine"]
+    victim = next(a.name for a in AGENTS if region.machine_id(a.name) == victim_id)
+    try:
+        region.partition(victim)
+        job = api.wait_job("part/svc", lambda j: j["tasks"][0]["machine"] not in (None, victim_id)
+                           and j["tasks"][0]["state"] == "running", 60, "the task running on another machine")
+        now_on = job["tasks"][0]["machine"]
+        m = api.machine_of(victim_id)
+        assert [(t["job"], t["index"]) for t in m["tombstones"]] == [("part/svc", 0)], m
+        assert m["entitlement"] == "part" and not m["healthy"], m
+        stale = [c for c in region.containers("part/svc") if c["machine"] == victim_id]
+        assert [c["status"] for c in stale] == ["running"], "the cut-off agent's copy runs on"
+
+        # every other machine is taken whole: the victim is the only one `other` could be granted
+        free = [a for a in AGENTS if region.machine_id(a.name) not in (victim_id, now_on)]
+        api.ok("POST", "/v1/entitlements", {"name": "filler", "machine_type": "generic", "quota": len(free)})
+        api.ok("POST", "/v1/jobs", job_spec("filler", "all", len(free), cpus=2.0))
+        api.wait_running("filler/all")
+        api.ok("POST", "/v1/entitlements", {"name": "other", "machine_type": "generic", "quota": 1})
+        other = job_spec("other", "whole", 1, cpus=2.0)
+        assert api.call("POST", "/v1/jobs", other)[1]["error"] == "no_placement"
+    finally:
+        region.heal(victim)
+    t0 = time.monotonic()
+    refused_while_stale = 0
+    while time.monotonic() - t0 < 60:
+        status, body = api.call("POST", "/v1/jobs", other)
+        # Docker's view after the answer: a stale copy still there was there while the answer was made
+        stale = [c for c in region.containers("part/svc") if c["machine"] == victim_id]
+        if status == 201:
+            assert not stale, f"{victim_id} was granted while its stale copy was there: {stale}"
+            break
+        assert body["error"] == "no_placement", body
+        refused_while_stale += bool(stale)
+        time.sleep(0.2)
+    granted = time.monotonic() - t0
+    job = api.wait_running("other/whole")
+    assert job["tasks"][0]["machine"] == victim_id
+    m = api.machine_of(victim_id)
+    assert m["healthy"] and m["tombstones"] == [] and m["entitlement"] == "other", m
+    print(f"\npartition healed: {victim_id} granted again {granted:.1f} s later, once its stale container was "
+          f"gone ({refused_while_stale} placements refused while it was there)")
+    assert refused_while_stale >= 10, "the stale container was there for a while (the 10 s stop grace)"
+    for handle in ("other/whole", "filler/all", "part/svc"):
+        api.stop(handle)
 
 
 def test_controld_sigkill_and_restart_restarts_no_task_and_loses_none(region, api):

@@ -477,7 +477,8 @@ async def ent_show(api: Api, args, out: Out) -> int:
 
 def rollout_progress(job: dict) -> tuple[bool, str]:
     """Is every task 0..count-1 running at the job's spec_version (and no task beyond count left
-    but stopped ones)? With a line saying how far it got."""
+    but stopped ones)? With a line saying how far it got: tasks at an older version, tasks down,
+    operations waiting for the job's TaskController or held by rate limits."""
     count, version = job.get("count"), job.get("spec_version")
     if job.get("state") in ("stopping", "stopped"):
         return False, f"the job is {job['state']}"
@@ -487,9 +488,18 @@ def rollout_progress(job: dict) -> tuple[bool, str]:
     ready = {t.get("index") for t in tasks if t.get("state") == "running" and t.get("spec_version") == version}
     extra = [t for t in tasks if isinstance(t.get("index"), int) and t["index"] >= count and t.get("state") != "stopped"]
     n = sum(1 for i in range(count) if i in ready)
+    wanted = [t for t in tasks if isinstance(t.get("index"), int) and t["index"] < count]
+    older = sum(1 for t in wanted if t.get("spec_version") != version)
+    down = sum(1 for t in wanted if t.get("state") != "running") + count - len(wanted)
+    tc, ops = job.get("taskcontrol") or {}, job.get("operations") or {}
+    waiting = len(tc.get("pending") or []) if isinstance(tc, dict) else 0
+    limited = ops.get("rate_limited") or 0 if isinstance(ops, dict) else 0
+    parts = [f"{older} at an older version" if older else "", f"{down} down" if down else "",
+             f"{waiting} waiting for the TaskController" if waiting else "",
+             f"{limited} held by rate limits" if limited else "", f"{len(extra)} more still to stop" if extra else ""]
     line = f"{n} of {count} tasks running at spec version {version}"
-    if extra:
-        line += f", {len(extra)} more still to stop"
+    if any(parts):
+        line += "; " + ", ".join(p for p in parts if p)
     return n == count and not extra, line
 
 
@@ -499,11 +509,14 @@ def stop_progress(job: dict) -> tuple[bool, str]:
 
 
 async def wait_job(api: Api, handle: str, seconds: float, progress: Callable[[dict], tuple[bool, str]],
-                   gone_ok: bool = False) -> tuple[bool, dict | None, str]:
+                   gone_ok: bool = False, say: Callable[[str], None] | None = None) -> tuple[bool, dict | None, str]:
     """Poll GET /v1/jobs/{handle} until `progress` says done or `seconds` pass. A job that is
-    gone (404) counts as done when `gone_ok` (a stopped job may be removed)."""
+    gone (404) counts as done when `gone_ok` (a stopped job may be removed). `say` is given each
+    progress line that differs from the one before, with the seconds waited so far."""
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + seconds
+    start = loop.time()
+    deadline = start + seconds
+    said = None
     while True:
         try:
             job = await api.call("GET", f"/v1/jobs/{split_handle(handle)}")
@@ -512,6 +525,9 @@ async def wait_job(api: Api, handle: str, seconds: float, progress: Callable[[di
                 return True, None, "the job is gone"
             raise
         done, line = progress(job)
+        if say is not None and line != said:
+            said = line
+            say(f"{handle}: {line}  ({loop.time() - start:.0f}s)")
         if done:
             return True, job, line
         if job.get("state") in ("stopping", "stopped") and progress is rollout_progress:
@@ -526,7 +542,8 @@ async def _show_or_wait(api: Api, args, out: Out, job: dict, handle: str, progre
     if args.wait is None:
         out(job, render.job_status)
         return EXIT_OK
-    done, final, line = await wait_job(api, handle, args.wait, progress, gone_ok=progress is stop_progress)
+    done, final, line = await wait_job(api, handle, args.wait, progress, gone_ok=progress is stop_progress,
+                                       say=lambda text: print(text, file=sys.stderr, flush=True))
     if final is None:  # stopped and removed
         if out.as_json:
             out(job, render.job_status)

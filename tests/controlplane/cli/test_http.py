@@ -195,8 +195,12 @@ def test_wait_polls_until_every_task_runs(server, capsys, tmp_path):
     server.sequence("GET", "/v1/jobs/web/frontend", [(200, samples.JOB_ROLLING), (200, samples.JOB_ROLLING), (200, samples.JOB_RUNNING)])
     assert ctl(server, "job", "run", str(tmp_path / "job.yaml"), "--wait", "5") == EXIT_OK
     assert len(server.seen("GET", "/v1/jobs/web/frontend")) == 3
-    out = capsys.readouterr().out
-    assert out.startswith("job web/frontend  state=active  count=3  spec_version=2  running=3 pending=0\n")
+    out = capsys.readouterr()
+    assert out.out.startswith("job web/frontend  state=active  count=3  spec_version=2  running=3 pending=0\n")
+    # the progress, on stderr, once a change
+    assert [line.rsplit("  (", 1)[0] for line in out.err.splitlines()] == [
+        "web/frontend: 1 of 3 tasks running at spec version 2; 1 at an older version, 1 down",
+        "web/frontend: 3 of 3 tasks running at spec version 2"]
 
 
 def test_wait_that_runs_out_is_exit_1_with_the_table(server, capsys):
@@ -204,7 +208,8 @@ def test_wait_that_runs_out_is_exit_1_with_the_table(server, capsys):
     server.reply("GET", "/v1/jobs/web/frontend", 200, samples.JOB_ROLLING)
     assert ctl(server, "job", "resize", "web/frontend", "3", "--wait", "0.1") == EXIT_FAILED
     out = capsys.readouterr()
-    assert out.err == "twinectl: web/frontend: not running after 0.1s: 1 of 3 tasks running at spec version 2\n"
+    assert out.err.splitlines()[-1] == \
+        "twinectl: web/frontend: not running after 0.1s: 1 of 3 tasks running at spec version 2; 1 at an older version, 1 down"
     assert "no machine with 0.5 cpus free in msb2" in out.out  # the job's table
     assert out.out.splitlines()[2].split()[0] == "INDEX"
 

@@ -58,9 +58,13 @@ def test_split_handle():
 
 def test_rollout_progress():
     assert rollout_progress(samples.JOB_RUNNING) == (True, "3 of 3 tasks running at spec version 2")
-    assert rollout_progress(samples.JOB_ROLLING) == (False, "1 of 3 tasks running at spec version 2")
+    assert rollout_progress(samples.JOB_ROLLING) == (False, "1 of 3 tasks running at spec version 2; 1 at an older "
+                                                            "version, 1 down")
+    waiting = {**samples.JOB_ROLLING, "taskcontrol": {"pending": ["update 1", "update 2"]},
+               "operations": {"rate_limited": 1}}
+    assert rollout_progress(waiting)[1].endswith("1 down, 2 waiting for the TaskController, 1 held by rate limits")
     shrinking = samples.job([samples.task(0), samples.task(1, state="stopping")], count=1)
-    assert rollout_progress(shrinking) == (False, "1 of 1 tasks running at spec version 2, 1 more still to stop")
+    assert rollout_progress(shrinking) == (False, "1 of 1 tasks running at spec version 2; 1 more still to stop")
     shrunk = samples.job([samples.task(0), samples.task(1, state="stopped")], count=1)
     assert rollout_progress(shrunk)[0]
     assert rollout_progress(samples.job([], count=0))[0]

@@ -16,6 +16,13 @@ same update and the same failure with the built-in policy instead of a controlle
 max-unavailable equal to the controller's first batch: the same speed, no shard knowledge).
 
     .venv/bin/python bench/bench_taskcontrol.py [--shards 15000] [--tasks 1000] [--replicas 3]
+
+`--sweep` runs the controller alone over every combination of the `--sweep-*` lists (sizes, when
+the failure comes, how long it lasts, restart durations, seeds; 15 shards a task, 20 MSBs, the
+middle one failing) and prints a row per case, then the worst case: the paper's claim is 0 shards
+with two live replicas down, everywhere. Exit status 1 if any case has one.
+
+    .venv/bin/python bench/bench_taskcontrol.py --sweep [--sweep-tasks 100,300,1000] ...
 """
 
 from __future__ import annotations
@@ -224,6 +231,36 @@ def report(r: Result) -> None:
     print(f"    failure detected by the health check after    {r.failure_detected_after:8.2f} s")
 
 
+def sweep(args: argparse.Namespace) -> int:
+    for name in ("twine.controld.health", "twine.controld.scheduler"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    floats = lambda text: [float(x) for x in text.split(",") if x]  # noqa: E731
+    cases = [(int(n), at, length, restart, int(seed)) for n in floats(args.sweep_tasks) for at in floats(args.sweep_fail_at)
+             for length in floats(args.sweep_fail_for) for restart in floats(args.sweep_restart)
+             for seed in floats(args.sweep_seeds)]
+    print(f"sweep: {len(cases)} cases of the replica-aware controller (FAKE runtime), {args.replicas} replicas, "
+          f"15 shards a task, 20 MSBs, the middle one failing")
+    print(f"{'tasks':>6} {'fail at':>8} {'for':>5} {'restart':>8} {'seed':>5} | {'took':>6} {'batch':>6} "
+          f"{'2+ down outside':>16} {'2+ down once known':>19} {'detected':>9}")
+    worst: list[tuple[int, int, tuple]] = []
+    for n, at, length, restart, seed in cases:
+        msb_size = max(1, n // 20)
+        case = replace_args(args, tasks=n, shards=15 * n, fail_at=at, fail_for=length, restart=restart, seed=seed,
+                            msb_size=msb_size, fail_msb=f"msb{(n // msb_size) // 2:02d}", progress=0)
+        r = asyncio.run(scenario(case, True, 1))
+        print(f"{n:6d} {at:7.1f}s {length:4.0f}s {restart:7.1f}s {seed:5d} | {r.duration:5.1f}s {r.first_batch:6d} "
+              f"{r.peak_two_down_outside:16d} {r.two_down_after_batch:19d} {r.failure_detected_after:8.2f}s", flush=True)
+        worst.append((r.peak_two_down_outside, r.two_down_after_batch, (n, at, length, restart, seed)))
+    top = max(worst)
+    print(f"worst case: {top[0]} shards with 2+ live replicas down outside the failure, {top[1]} once the failure "
+          f"was known (tasks, fail at, for, restart, seed = {top[2]}); paper: 0")
+    return 1 if top[0] or top[1] else 0
+
+
+def replace_args(args: argparse.Namespace, **changes) -> argparse.Namespace:
+    return argparse.Namespace(**{**vars(args), **changes})
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--shards", type=int, default=15_000)
@@ -239,8 +276,16 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=5)
     p.add_argument("--log-level", default="warning")
     p.add_argument("--progress", type=float, default=0, metavar="S", help="print a line every S seconds")
+    p.add_argument("--sweep", action="store_true", help="the controller alone over the --sweep-* lists")
+    p.add_argument("--sweep-tasks", default="100,300,1000")
+    p.add_argument("--sweep-fail-at", default="0.5,2,6", help="seconds into the update")
+    p.add_argument("--sweep-fail-for", default="3,15", help="seconds the MSB stays down")
+    p.add_argument("--sweep-restart", default="1,5", help="seconds a task takes to restart")
+    p.add_argument("--sweep-seeds", default="1,2")
     args = p.parse_args()
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.sweep:
+        sys.exit(sweep(args))
     print(f"paper 5.1: {args.shards} shards x {args.replicas} replicas on {args.tasks} tasks; "
           f"{args.fail_msb} ({args.msb_size} tasks) fails {args.fail_at:g} s into the update for {args.fail_for:g} s; "
           f"restart {args.restart:g} s (FAKE runtime)")

@@ -513,22 +513,22 @@ async def show_machine(request: web.Request) -> web.Response:
     return reply(machine_view(d, mid, detail=True))
 
 
-async def release_machine(request: web.Request) -> web.Response:
+async def _on_machine(request: web.Request, act: Callable[[ControlDaemon, str], Awaitable[None]]) -> web.Response:
+    """An admin's action on one machine; the answer is the machine as it is after."""
     d: ControlDaemon = request.app[DAEMON]
     mid = request.match_info["id"]
     if mid not in d.state.machines:
         raise ApiError("not_found", "machine", f"no machine {mid!r}")
-    await d.agents.release(mid)
+    await act(d, mid)
     return reply(machine_view(d, mid, detail=True))
+
+
+async def release_machine(request: web.Request) -> web.Response:
+    return await _on_machine(request, lambda d, mid: d.agents.release(mid))
 
 
 async def clean_machine(request: web.Request) -> web.Response:
-    d: ControlDaemon = request.app[DAEMON]
-    mid = request.match_info["id"]
-    if mid not in d.state.machines:
-        raise ApiError("not_found", "machine", f"no machine {mid!r}")
-    await d.health.clean(mid)
-    return reply(machine_view(d, mid, detail=True))
+    return await _on_machine(request, lambda d, mid: d.health.clean(mid))
 
 
 async def create_token(request: web.Request) -> web.Response:

@@ -57,7 +57,16 @@ class Controld:
         return self
 
     def start(self, wait_led: bool = True, timeout: float = 20) -> "Controld":
+        """Launch and wait until it answers (and leads, with `wait_led`); a start that fails stops
+        the process before it raises (a fixture whose start raised never reaches its close())."""
         self.launch()
+        try:
+            return self._await_start(wait_led, timeout)
+        except BaseException:
+            self.close()
+            raise
+
+    def _await_start(self, wait_led: bool, timeout: float) -> "Controld":
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

@@ -41,12 +41,13 @@ def _recoverable(m: MachineRec) -> bool:
     return not m.healthy and m.health_reason.startswith((NO_HEARTBEAT, tombstones.STALE))
 
 
-def settled(rec: MachineRec, report: Report | None, forget: bool = False) -> MachineRec:
+def settled(rec: MachineRec, report: Report | None, at: float | None, forget: bool = False) -> MachineRec:
     """The record of a machine just heard from (`report`: its agent's latest task report, None if
-    this process has none yet): the tombstones the report no longer lists dropped; healthy again
-    if it was unhealthy for silence or tombstones and none are left, else unhealthy for them.
-    `forget`: an admin's word that none of its tombstones runs; a silent machine stays unhealthy."""
-    new = tombstones.drop(rec, rec.tombstones if forget else tombstones.gone(rec, report))
+    this process has none yet; `at`: when it was last known current): the tombstones the report no
+    longer lists dropped (tombstones.gone); healthy again if it was unhealthy for silence or
+    tombstones and none are left, else unhealthy for them. `forget`: an admin's word that none of
+    its tombstones runs; a silent machine stays unhealthy."""
+    new = tombstones.drop(rec, rec.tombstones if forget else tombstones.gone(rec, report, at))
     if _recoverable(rec) and not (forget and rec.health_reason.startswith(NO_HEARTBEAT)):
         new = replace(new, healthy=not new.tombstones, health_reason=tombstones.reason(new) if new.tombstones else "")
     return new
@@ -77,8 +78,9 @@ class HealthService:
         # owned machines last looked at before their first heartbeat (due at the end of the grace):
         # their first heartbeat brings their deadline forward to a timeout after it
         self._unheard: set[str] = set()
-        # machine -> its agent's latest task report (AgentService.report_of), for its tombstones
-        self.reports: Callable[[str], Report | None] = lambda mid: None
+        # machine -> its agent's latest task report and when it was last known current
+        # (AgentService.report_with_time), for its tombstones
+        self.report_of: Callable[[str], tuple[Report | None, float | None]] = lambda mid: (None, None)
 
     async def run(self) -> None:
         self.started = time.monotonic()  # the clock starts when the API listens, not at construction
@@ -168,7 +170,8 @@ class HealthService:
                 self._unheard.discard(mid)
             if m.healthy and silent > limit:
                 await self._fail(m.id, f"{NO_HEARTBEAT} for {silent:.1f}s")
-            elif _recoverable(m) and seen is not None and now - seen <= self.timeout:
+            elif _recoverable(m) and seen is not None and now - seen <= self.timeout \
+                    and settled(m, *self.report_of(mid)) != m:
                 await self._settle(m.id)
             elif not m.healthy and m.health_reason.startswith(tombstones.STALE) and silent > limit:
                 await self._fail(m.id, f"{NO_HEARTBEAT} for {silent:.1f}s")  # back with tombstones, silent again
@@ -188,11 +191,11 @@ class HealthService:
 
     def reported(self, mid: str) -> None:
         """Called on a heartbeat and when the machine's task report changed (here or relayed): the
-        machine's record is settled when that would change it (settled()), which a heartbeat of a
-        healthy machine without tombstones never does (a dict lookup)."""
+        machine's owner settles its record when that would change it (settled()), which a
+        heartbeat of a healthy machine without tombstones never does (a dict lookup)."""
         m = self.state.machines.get(mid)
-        if m is None or mid in self._returning or not (m.tombstones or _recoverable(m)) \
-                or settled(m, self.reports(mid)) == m:
+        if m is None or mid not in self._owned or mid in self._returning or not _recoverable(m) \
+                or settled(m, *self.report_of(mid)) == m:
             return
         self._returning.add(mid)
         task = asyncio.get_running_loop().create_task(self._recover(mid))
@@ -223,25 +226,28 @@ class HealthService:
             return
         key = self.keys.machine(mid)
         ekey = self.keys.entitlement(m.entitlement) if m.entitlement else None
-        report = self.reports(mid)
+        report, at = self.report_of(mid)
         now = time.time()
         open_events = [e for e in self.state.events.values()
                        if e.kind == "failure" and e.end is None and mid in e.machines]
+        done: dict[str, MachineRec] = {}
 
         def compute(reads):
             cur = reads[key].value
             if cur is None:
                 return {}, []
             rec = MachineRec.from_json(cur)
-            new = settled(rec, report, forget)
+            if rec.entitlement != m.entitlement:
+                return {}, []  # this view is behind etcd: the next heartbeat settles it
+            new = settled(rec, report, at, forget)
             if new == rec:
                 return {}, []
+            done.update(old=rec, new=new)
             puts = {key: new.to_json()}
             if new.healthy and not rec.healthy:
                 for e in open_events:
                     puts[self.keys.event(e.id)] = replace(e, end=now).to_json()
-            if rec.entitlement and new.entitlement is None and ekey == self.keys.entitlement(rec.entitlement) \
-                    and reads[ekey].value is not None:
+            if ekey is not None and new.entitlement is None and reads[ekey].value is not None:
                 puts[ekey] = reads[ekey].value  # a change to what it holds writes its record (service.py)
             return puts, []
 
@@ -249,13 +255,11 @@ class HealthService:
         if not rev:
             return
         await self.state.wait_for(rev)
-        after = self.state.machines.get(mid)
-        if after is None:
-            return
-        if len(after.tombstones) < len(m.tombstones):
-            log.info("machine %s: %d tombstone(s) gone, %d left%s", mid, len(m.tombstones) - len(after.tombstones),
-                     len(after.tombstones), "; back in the free pool" if m.entitlement and not after.entitlement else "")
-        if after.healthy and not m.healthy:
+        old, new = done["old"], done["new"]
+        if len(new.tombstones) < len(old.tombstones):
+            log.info("machine %s: %d tombstone(s) gone, %d left%s", mid, len(old.tombstones) - len(new.tombstones),
+                     len(new.tombstones), "; back in the free pool" if old.entitlement and not new.entitlement else "")
+        if new.healthy and not old.healthy:
             self.counters["recoveries"] += 1
             log.warning("machine %s is healthy again", mid)
 
@@ -270,7 +274,7 @@ class HealthService:
             reason, maint_id = f"{reason}{IN_MAINTENANCE}{maint.id})", maint.id
         else:
             maint_id = None
-        was_healthy = True
+        was_healthy = False
 
         def compute(reads):
             nonlocal was_healthy

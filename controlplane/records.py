@@ -423,7 +423,8 @@ class MachineRec:
     # Tasks moved off (or stopped on) this machine while it was unhealthy, whose containers may
     # still run there: (job, index, cpus, memory_mb) each. Their resources stay allocated, and the
     # machine stays unhealthy and in its entitlement, until its agent reports them gone (tombstones.py).
-    tombstones: tuple[tuple[str, int, float, int], ...] = ()
+    # (job, index, cpus, memory_mb, when it was made: wall-clock seconds) each.
+    tombstones: tuple[tuple[str, int, float, int, float], ...] = ()
 
     def to_json(self) -> dict:
         return _encode(self)
@@ -431,6 +432,18 @@ class MachineRec:
     @classmethod
     def from_json(cls, d: dict) -> MachineRec:
         return _decode(cls, d)
+
+
+def back_to_pool(m: dict) -> str | None:
+    """A machine record (JSON) that holds nothing more, no task and no tombstone, leaves its
+    entitlement for the free pool (paper Figure 7): its allocation zeroed in place; returns the
+    entitlement it left (None: it stays). The scheduler's transactions and the health check's
+    tombstone drops both end so; each writes that entitlement's record too."""
+    if m.get("alloc_tasks", 0) > 0 or m.get("tombstones") or m.get("entitlement") is None:
+        return None
+    left = m["entitlement"]
+    m.update(entitlement=None, alloc_tasks=0, alloc_cpus=0.0, alloc_memory_mb=0)
+    return left
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,12 +18,11 @@ until its kubelet confirms the containers gone or an operator force-deletes it.
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any, Mapping
 
-from controlplane.records import MachineRec
+from controlplane.records import MachineRec, back_to_pool
 
-Tombstone = tuple[str, int, float, int]  # (job, index, cpus, memory_mb)
+Tombstone = tuple[str, int, float, int, float]  # (job, index, cpus, memory_mb, made: wall-clock seconds)
 STALE = "stale tasks"  # the health reason of a machine back with tombstones: it starts so
 SHOWN = 5  # tombstones named in a health reason
 
@@ -35,25 +34,27 @@ def reason(rec: MachineRec) -> str:
     return f"{STALE}: {n} task(s) moved away still have containers here ({names}); its agent is removing them"
 
 
-def gone(rec: MachineRec, report: Mapping[tuple[str, int], Any] | None) -> tuple[Tombstone, ...]:
-    """The machine's tombstones whose containers its agent's report no longer lists (none without a
-    report: a restarted daemon has none until the agent resends it)."""
-    if report is None:
+def gone(rec: MachineRec, report: Mapping[tuple[str, int], Any] | None, at: float | None) -> tuple[Tombstone, ...]:
+    """The machine's tombstones whose containers its agent's report no longer lists. Only a report
+    received (`at`, wall-clock) after a tombstone was made speaks for it: a report from before the
+    outage says nothing of a container started since. None without a report (a restarted daemon
+    has none until the agent resends it)."""
+    if report is None or at is None:
         return ()
-    return tuple(t for t in rec.tombstones if (t[0], t[1]) not in report)
+    return tuple(t for t in rec.tombstones if (t[0], t[1]) not in report and at > t[4])
 
 
 def drop(rec: MachineRec, dropped: tuple[Tombstone, ...]) -> MachineRec:
     """The record without `dropped`, their resources freed; a machine left holding nothing returns
-    to the free pool (the scheduler's rule, service.py Txn.finish)."""
+    to the free pool (records.back_to_pool, the scheduler's rule too)."""
     if not dropped:
         return rec
     left = list(rec.tombstones)
     for t in dropped:
         left.remove(t)
-    n = rec.alloc_tasks - len(dropped)
-    cpus = round(rec.alloc_cpus - sum(t[2] for t in dropped), 6)
-    mem = rec.alloc_memory_mb - sum(t[3] for t in dropped)
-    if n <= 0 and not left:
-        return replace(rec, tombstones=(), alloc_tasks=0, alloc_cpus=0.0, alloc_memory_mb=0, entitlement=None)
-    return replace(rec, tombstones=tuple(left), alloc_tasks=n, alloc_cpus=cpus, alloc_memory_mb=mem)
+    m = rec.to_json()
+    m.update(tombstones=left, alloc_tasks=rec.alloc_tasks - len(dropped),
+             alloc_cpus=round(rec.alloc_cpus - sum(t[2] for t in dropped), 6),
+             alloc_memory_mb=rec.alloc_memory_mb - sum(t[3] for t in dropped))
+    back_to_pool(m)
+    return MachineRec.from_json(m)

@@ -175,7 +175,7 @@ SCHEMAS = {
                                       "alloc": OBJ, "agent": OBJ, "last_heartbeat": {"type": ["number", "null"]},
                                       "tombstones": {"type": "array", "items": {
                                           **OBJ, "properties": {"job": STR, "index": INT, "cpus": {"type": "number"},
-                                                                "memory_mb": INT}}}}},
+                                                                "memory_mb": INT, "since": {"type": "number"}}}}}},
     "MachineList": {**OBJ, "properties": {"machines": {"type": "array", "items": _ref("Machine")}}},
     "Token": {**OBJ, "properties": {"id": STR, "role": STR, "entitlements": {"type": "array", "items": STR},
                                     "created_at": {"type": "number"}, "expires": {"type": ["number", "null"]},

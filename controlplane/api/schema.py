@@ -130,6 +130,7 @@ class MaintenanceSpec(Struct, forbid_unknown_fields=True):
 class RelayReport(Struct):
     tasks: Union[list[dict[str, Any]], None] = None
     error: Union[str, None] = ""
+    at: Union[float, None] = None  # when the relaying member last knew the report current (wall clock)
 
 
 class Relay(Struct, forbid_unknown_fields=True, rename={"from_": "from"}):

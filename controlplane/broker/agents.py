@@ -81,6 +81,7 @@ class AgentService:
         self.last_seen: dict[str, float] = {}  # machine id -> monotonic time of its last heartbeat
         self.last_seen_wall: dict[str, float] = {}
         self.reports: dict[str, dict[tuple[str, int], dict]] = {}
+        self.report_at: dict[str, float] = {}  # machine -> when its report was last known current (wall clock)
         self.digests: dict[str, str] = {}
         self.errors: dict[str, str] = {}  # machine id -> why its agent rejected its desired state
         self.counters = {"heartbeats": 0, "heartbeat_reports": 0, "registrations": 0, "long_polls": 0,
@@ -248,6 +249,7 @@ class AgentService:
         if tasks is None:
             if digest != self.digests.get(mid):
                 return {"ok": True, "resend": True, "interval": self.heartbeat_interval, **hint}
+            self.report_at[mid] = time.time()  # the agent's report is the one kept here, as of now
             return {"ok": True, "interval": self.heartbeat_interval, **hint}
         if not isinstance(tasks, list) or not all(isinstance(t, dict) for t in tasks):
             raise ApiError("invalid", "tasks", "must be a list of objects")
@@ -263,6 +265,7 @@ class AgentService:
             raise ApiError("invalid", "profile", f"{profile!r}: must be {{name: string|null, ok: bool, error}}")
         self.counters["heartbeat_reports"] += 1
         self.digests[mid] = digest
+        self.report_at[mid] = time.time()
         if report != self.reports.get(mid):
             self.reports[mid] = report
             self.state.changed.set(self.state.jobs_on(mid) | {job for job, _ in report})
@@ -294,3 +297,7 @@ class AgentService:
 
     def report_of(self, mid: str) -> dict[tuple[str, int], dict] | None:
         return self.reports.get(mid)
+
+    def report_with_time(self, mid: str) -> tuple[dict[tuple[str, int], dict] | None, float | None]:
+        """The machine's report and when it was last known current (wall clock), for its tombstones."""
+        return self.reports.get(mid), self.report_at.get(mid)

@@ -9,7 +9,8 @@ An agent heartbeats to one twine-controld process; the heartbeat's two uses live
   report this process holds. Reports change when containers do, not with every heartbeat.
 
 One `POST /v1/internal/relay` per peer and interval carries both:
-    {"from": member, "seen": [machine id], "reports": {machine id: {"tasks": [...], "error": ""}}}
+    {"from": member, "seen": [machine id], "reports": {machine id: {"tasks": [...], "error": "", "at": when}}}
+(`at`: when the member that had the report from the agent last knew it current, wall clock.)
 """
 
 from __future__ import annotations
@@ -60,7 +61,8 @@ class Relay:
 
     def _report(self, mid: str) -> dict:
         report = self.d.agents.reports.get(mid)
-        return {"tasks": None if report is None else list(report.values()), "error": self.d.agents.errors.get(mid, "")}
+        return {"tasks": None if report is None else list(report.values()), "error": self.d.agents.errors.get(mid, ""),
+                "at": self.d.agents.report_at.get(mid)}
 
     # -- received ----------------------------------------------------------------------------
 
@@ -82,6 +84,9 @@ class Relay:
             tasks = rec.get("tasks")
             if isinstance(tasks, list):
                 report = {(str(t["job"]), int(t["index"])): t for t in tasks if isinstance(t, dict) and "job" in t}
+                at = rec.get("at")
+                if isinstance(at, (int, float)) and at > agents.report_at.get(mid, 0.0):
+                    agents.report_at[mid] = float(at)  # when the receiving member had it from the agent
                 if agents.reports.get(mid) != report:
                     agents.reports[mid] = report
                     changed |= self.d.state.jobs_on(mid) | {job for job, _ in report}

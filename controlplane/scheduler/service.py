@@ -6,8 +6,9 @@ it takes or returns machines). A lost race is a Conflict: the next pass sees the
 The same transaction keeps, per machine, the resources its tasks hold and its entitlement: a free
 machine joins the entitlement when a task is placed on it, and returns to the free pool when its
 last task leaves (paper Figure 7); a task leaving an unhealthy machine stays there as a tombstone
-until its agent reports its container gone (controlplane/tombstones.py). Discovery records are written in the transaction that changes
-the task they describe, so a task is disabled before its agent can see it stopped or moved.
+until its agent reports its container gone (controlplane/tombstones.py). Discovery records are
+written in the transaction that changes the task they describe, so a task is disabled before its
+agent can see it stopped or moved.
 
 One Scheduler is one shard (paper section 3.1): it schedules the jobs of the entitlements the
 entitlement-to-shard map gives it, and runs only in the process that leads the shard
@@ -28,7 +29,7 @@ import time
 from typing import TYPE_CHECKING, Callable, Mapping
 
 from controlplane.allocator import AllocationCache, AllocationError, JobRequest, Placement, SoftPreference, allocate
-from controlplane.records import ApiError, Endpoint, JobRec, TaskRec
+from controlplane.records import ApiError, Endpoint, JobRec, TaskRec, back_to_pool
 from controlplane.scheduler.ratelimit import Limiter, Limits
 from controlplane.scheduler.reconcile import Gate, JobPlan, MachineView, Maintenance, Op, reconcile
 from controlplane.taskcontrol.session import TaskControlSession, unhealthy
@@ -655,7 +656,7 @@ class Txn:
                     cpus, mem = t.resources
                     if sign < 0 and (new is None or new.machine != t.machine) and self._unseen(t.machine):
                         # its container may still run there: the machine keeps it as a tombstone
-                        self.tombstones.setdefault(t.machine, []).append([job.handle, index, cpus, mem])
+                        self.tombstones.setdefault(t.machine, []).append([job.handle, index, cpus, mem, time.time()])
                         continue
                     d = self.delta.setdefault(t.machine, [0, 0.0, 0])
                     d[0] += sign
@@ -702,10 +703,9 @@ class Txn:
                 new_m["entitlement"] = self.taken[mid]
                 touched.add(self.taken[mid])
                 log.info("entitlement %s takes machine %s from the free pool", self.taken[mid], mid)
-            elif new_m["alloc_tasks"] <= 0 and m.entitlement is not None:
-                new_m.update(entitlement=None, alloc_tasks=0, alloc_cpus=0.0, alloc_memory_mb=0)
-                touched.add(m.entitlement)
-                log.info("machine %s returns from %s to the free pool", mid, m.entitlement)
+            elif (left := back_to_pool(new_m)) is not None:
+                touched.add(left)
+                log.info("machine %s returns from %s to the free pool", mid, left)
             self.puts[mkey] = new_m
         for name in touched:
             # Every change to what an entitlement holds writes its record: two such changes

@@ -381,13 +381,16 @@ class Store:
         self, keys: list[str], compute: Callable[[dict[str, Versioned]], Plan | Awaitable[Plan]], retries: int = 20
     ) -> int:
         """Optimistic concurrency: read keys, compute (puts, deletes) from them, commit guarded by
-        their revisions; on conflict re-read and recompute. compute may raise to abort."""
+        their revisions; on conflict re-read and recompute. compute may raise to abort. Returns the
+        commit's revision, or 0 when compute plans nothing (nothing is committed)."""
         for attempt in range(retries):
             reads = {k: await self.read(k) for k in keys}
             plan = compute(reads)
             if asyncio.iscoroutine(plan):
                 plan = await plan
             puts, deletes = plan
+            if not puts and not deletes:
+                return 0
             try:
                 return await self.commit(list(reads.values()), puts, deletes)
             except Conflict:

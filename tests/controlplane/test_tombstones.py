@@ -9,6 +9,9 @@ import time
 
 import pytest
 
+from controlplane.health import NO_HEARTBEAT, settled
+from controlplane.records import MachineRec, back_to_pool
+from controlplane.tombstones import STALE, gone
 from tests.controlplane.controld_proc import Controld
 from tests.controlplane.simagents import SimAgents
 from tests.controlplane.test_controld_api import register
@@ -53,7 +56,8 @@ def test_a_machine_back_with_stale_copies_is_granted_to_nobody_until_they_are_go
     agents.stop_delay = 3.0  # the stale copy takes 3 s to stop once its agent knows
     victim, now_on = cut_off_while_its_task_moves(c, agents)
     m = machine(c, victim)
-    assert m["tombstones"] == [{"job": "a/svc", "index": 0, "cpus": 1.0, "memory_mb": 64}]
+    assert [{k: v for k, v in t.items() if k != "since"} for t in m["tombstones"]] == \
+        [{"job": "a/svc", "index": 0, "cpus": 1.0, "memory_mb": 64}]
     assert m["entitlement"] == "a" and m["alloc"] == {"tasks": 1, "cpus": 1.0, "memory_mb": 64}
     assert not m["healthy"]
 
@@ -67,7 +71,7 @@ def test_a_machine_back_with_stale_copies_is_granted_to_nobody_until_they_are_go
 
     agents.cut.discard(victim)  # the partition heals: the agent reports its stale copy while it stops it
     deadline = time.monotonic() + 20
-    refused_while_stale = looked_while_stale = 0
+    refused_while_stale = looked_while_stale = said_stale = 0
     while time.monotonic() < deadline:
         # each answer is read before the agent's stale copies: a copy still reported after the
         # answer was there all the while the daemon made it
@@ -82,10 +86,12 @@ def test_a_machine_back_with_stale_copies_is_granted_to_nobody_until_they_are_go
         if agents.stale[victim]:
             looked_while_stale += 1
             assert m["entitlement"] == "a" and m["tombstones"] and not m["healthy"], m
-            if m["health_reason"]:  # "no heartbeat" until its first heartbeat is judged
-                assert m["health_reason"].startswith(("stale tasks", "no heartbeat")), m
+            # "no heartbeat" until its first heartbeat after the heal is judged, then "stale tasks"
+            assert m["health_reason"].startswith(("stale tasks", "no heartbeat")), m
+            said_stale += m["health_reason"].startswith("stale tasks")
         time.sleep(0.1)
     assert refused_while_stale >= 5 and looked_while_stale >= 5, "the stale copy was seen for a while (3 s) after the heal"
+    assert said_stale >= 3, "back and heard from, the machine said why it was still unhealthy"
     job = c.wait_for("/v1/jobs/b/big", lambda j: j["summary"] == {"running": 1}, what="b/big running")
     assert job["tasks"][0]["machine"] == victim
     m = machine(c, victim)
@@ -110,3 +116,45 @@ def test_an_admin_cleans_a_machine_gone_for_good(region):
     assert m["tombstones"] == [] and m["entitlement"] is None and m["alloc"]["tasks"] == 0, m
     assert not m["healthy"] and m["health_reason"].startswith("no heartbeat"), "still silent: still unhealthy"
     assert c.call("POST", "/v1/machines/nope/clean")[0] == 404
+
+
+# -- the rules themselves, without a daemon ----------------------------------------------------
+
+def machine_with(tombstones: list, alloc_tasks: int, reason: str = f"{NO_HEARTBEAT} for 3.0s") -> MachineRec:
+    return MachineRec("m", "m", {}, {"cpus": 4, "memory_mb": 4096}, entitlement="a", healthy=False, health_reason=reason,
+                      alloc_tasks=alloc_tasks, alloc_cpus=float(alloc_tasks), alloc_memory_mb=64 * alloc_tasks,
+                      tombstones=tuple(tuple(t) for t in tombstones))
+
+
+def test_only_a_report_newer_than_a_tombstone_speaks_for_it():
+    rec = machine_with([("a/svc", 0, 1.0, 64, 100.0), ("a/svc", 1, 1.0, 64, 200.0)], 2)
+    assert gone(rec, None, 300.0) == () and gone(rec, {}, None) == ()
+    assert gone(rec, {}, 150.0) == (("a/svc", 0, 1.0, 64, 100.0),), "a report from before the outage says nothing"
+    assert gone(rec, {("a/svc", 1): {}}, 300.0) == (("a/svc", 0, 1.0, 64, 100.0),), "a listed copy is still there"
+    assert len(gone(rec, {}, 300.0)) == 2
+
+
+def test_a_machine_heard_from_is_healthy_only_once_its_tombstones_are_gone():
+    rec = machine_with([("a/svc", 0, 1.0, 64, 100.0)], 2)  # one task still placed there, one tombstone
+    back = settled(rec, {("a/svc", 0): {}}, 300.0)
+    assert not back.healthy and back.health_reason.startswith(STALE) and back.tombstones == rec.tombstones
+    clean = settled(back, {}, 300.0)
+    assert clean.healthy and clean.health_reason == "" and clean.tombstones == ()
+    assert (clean.alloc_tasks, clean.alloc_cpus, clean.alloc_memory_mb, clean.entitlement) == (1, 1.0, 64, "a"), \
+        "the task still placed there keeps the machine in its entitlement"
+    only = machine_with([("a/svc", 0, 1.0, 64, 100.0)], 1)
+    freed = settled(only, {}, 300.0)
+    assert freed.healthy and (freed.entitlement, freed.alloc_tasks, freed.alloc_cpus) == (None, 0, 0.0), "back to the pool"
+    # an admin's clean of a silent machine frees it, but it stays unhealthy until it is heard from
+    forgotten = settled(only, None, None, forget=True)
+    assert forgotten.tombstones == () and forgotten.entitlement is None and not forgotten.healthy
+    assert settled(machine_with([], 1, reason="profile failed"), {}, 300.0).health_reason == "profile failed", \
+        "only silence and tombstones are ended by a report"
+
+
+def test_a_machine_leaves_its_entitlement_only_holding_nothing():
+    assert back_to_pool({"entitlement": "a", "alloc_tasks": 0, "tombstones": [["a/svc", 0, 1.0, 64, 1.0]]}) is None
+    assert back_to_pool({"entitlement": "a", "alloc_tasks": 1, "tombstones": []}) is None
+    assert back_to_pool({"entitlement": None, "alloc_tasks": 0}) is None
+    m = {"entitlement": "a", "alloc_tasks": 0, "alloc_cpus": 0.0000001, "alloc_memory_mb": 0, "tombstones": []}
+    assert back_to_pool(m) == "a" and m["entitlement"] is None and m["alloc_cpus"] == 0.0

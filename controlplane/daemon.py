@@ -77,7 +77,7 @@ class ControlDaemon:
         self.health = HealthService(self.state, store, self.keys, self.agents.last_seen, heartbeat_timeout)
         self.agents.on_seen = self.health.seen
         self.agents.on_report = self.health.reported
-        self.health.reports = self.agents.report_of
+        self.health.report_of = self.agents.report_with_time
         self.agents.daemon = self
         self.schedulers: dict[int, Scheduler] = {}  # the shards this process leads now
         self._loops: dict[int, asyncio.Task] = {}
@@ -154,6 +154,8 @@ class ControlDaemon:
             "twine_records_skipped": len(self.state.skipped),
             "twine_machines": len(self.state.machines),
             "twine_machines_unhealthy": sum(1 for m in self.state.machines.values() if not m.healthy),
+            # held by tasks moved off them whose containers are not reported gone (machine clean: the admin's way out)
+            "twine_machines_with_tombstones": sum(1 for m in self.state.machines.values() if m.tombstones),
             "twine_machines_in_maintenance": sum(1 for mid in self.state.machines
                                                  if (e := self.state.maintenance_of(mid, now))
                                                  and e.phase(now) == "in progress"),

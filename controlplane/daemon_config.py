@@ -89,9 +89,8 @@ def parse_args(parser: argparse.ArgumentParser, argv: list[str] | None) -> argpa
     except ConfigError as e:
         parser.exit(2, f"twine-controld: --config: {e}\n")
     args = parser.parse_args(argv)
-    for dest in ("api_token_file", "bootstrap_token_file"):
-        if not getattr(args, dest):
-            parser.exit(2, f"twine-controld: --{dest.replace('_', '-')}: required (a flag, or {dest} in {args.config})\n")
+    if not args.api_token_file:  # bootstrap tokens may all be made by an admin (twinectl token create)
+        parser.exit(2, f"twine-controld: --api-token-file: required (a flag, or api_token_file in {args.config})\n")
     return args
 
 

@@ -122,8 +122,11 @@ def _authenticate(d: ControlDaemon, request: web.Request) -> None:
         raise ApiError("unauthorized", None, "missing 'Authorization: Bearer <token>'")
     path = request.path
     if path == "/v1/agent/register":  # a file's bootstrap token, or an unexpired one made by an admin
-        ok = d.agents.is_bootstrap(token) or getattr(
-            tokens.resolve(token, set(), d.state.tokens), "role", None) == "bootstrap"
+        who = tokens.Principal("bootstrap-token-file", "bootstrap") if d.agents.is_bootstrap(token) \
+            else tokens.resolve(token, set(), d.state.tokens)
+        ok = who is not None and who.role == "bootstrap"
+        if ok:
+            request[PRINCIPAL] = who  # audited by the token that registered (an admin-made one by its name)
     elif path.startswith("/v1/agent/"):
         mid = d.agents.machine_of(token)
         ok = mid is not None
@@ -222,7 +225,7 @@ def machine_view(d: ControlDaemon, mid: str, detail: bool = False) -> dict:
         "profile": {"desired": d.state.desired_profile(m), "applied": m.profile_applied, "ok": m.profile_ok,
                     "error": m.profile_error},
         "alloc": {"tasks": m.alloc_tasks, "cpus": m.alloc_cpus, "memory_mb": m.alloc_memory_mb},
-        "tombstones": [{"job": j, "index": i, "cpus": c, "memory_mb": mem} for j, i, c, mem in m.tombstones],
+        "tombstones": [{"job": j, "index": i, "cpus": c, "memory_mb": mem, "since": at} for j, i, c, mem, at in m.tombstones],
         "agent": {"address": m.address, "version": m.agent_version, "error": d.agents.errors.get(mid, "")},
         "last_heartbeat": d.agents.last_seen_wall.get(mid),
     }

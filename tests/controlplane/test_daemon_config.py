@@ -118,3 +118,14 @@ def test_token_files_must_be_private_and_distinct(tmp_path):
         r = run_controld(*base)
         assert r.returncode == 2 and f"{path}: mode {mode:04o}" in r.stderr and "chmod 600" in r.stderr, r.stderr
         path.chmod(0o600)
+
+
+def test_without_a_bootstrap_token_file_it_serves(tmp_path, etcd_server):
+    """--bootstrap-token-file is optional: a region whose bootstrap tokens are all made by an admin
+    (they expire) runs without one; --api-token-file is required."""
+    secret(tmp_path / "api", "tok-a\n")
+    port = free_port()
+    base = ["--etcd", f"127.0.0.1:{etcd_server.port}", "--region", f"nb{port}", "--listen", f"127.0.0.1:{port}"]
+    missing = run_controld(*base)
+    assert missing.returncode == 2 and "--api-token-file: required" in missing.stderr, missing.stderr
+    assert_serves([*base, "--api-token-file", str(tmp_path / "api")], port, "tok-a")

@@ -142,6 +142,10 @@ def test_bootstrap_tokens_made_by_an_admin_register_machines_only_and_expire(con
     assert c.call("DELETE", f"/v1/tokens/{day['id']}")[0] == 200
     assert reg("m10", day["token"])[0] == 401, "a revoked bootstrap token"
     assert "m9" not in {m["id"] for m in c.call("GET", "/v1/machines")[1]["machines"]}
+    # the audit log names the token that registered a machine, and says who was refused
+    audit = [line for line in c.log.read_text().splitlines() if "twine.audit" in line]
+    assert any(f"token {day['id']} POST /v1/agent/register -> 200" in line for line in audit), audit
+    assert any("unauthenticated POST /v1/agent/register -> 401" in line for line in audit), audit
 
 
 def test_the_hosts_network_is_for_entitlements_an_admin_allowed_it(controld, etcd_server):

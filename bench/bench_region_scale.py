@@ -241,8 +241,8 @@ def main() -> int:
               f"{relays:.0f} relayed to their owner; failure verdicts on machines that heartbeat: {len(false)}")
         per_shard = {s: sum(per_ent.get(f"s{s}-e{e}", 0) for e in range(3)) / args.seconds for s in range(args.shards)}
         print(f"4. allocation: {total / args.seconds:.1f} jobs of 36 tasks/s created (201) over all shards through the "
-              f"API ({args.seconds:.0f}s, while the heartbeats go on); bounded by the bench's 8 closed-loop clients, "
-              f"not a shard's capacity; per shard: min {min(per_shard.values()):.2f}, max {max(per_shard.values()):.2f} jobs/s")
+              f"API ({args.seconds:.0f}s, while the heartbeats go on), measured with 8 closed-loop clients: not a "
+              f"capacity figure; per shard: min {min(per_shard.values()):.2f}, max {max(per_shard.values()):.2f} jobs/s")
     finally:
         for c in cs:
             c.close()

@@ -50,6 +50,7 @@ import logging
 import os
 import re
 import secrets
+import shlex
 import shutil
 import signal
 import socket
@@ -735,6 +736,7 @@ class Region:
             "stopped": self.stopped,
             "launcher_pid": os.getpid(),
             "controld_args": list(self.controld_args),
+            "start_timeout": self.start_timeout,
             "partitioned": sorted(self.partitioned),
             "network": net.to_dict() if net else None,
             "url": self.url if self.controld_listen else None,
@@ -769,7 +771,8 @@ class Region:
         workdir = Path(workdir).resolve()
         d = json.loads((workdir / STATE_FILE).read_text())
         r = cls(workdir, [AgentSpec(**a["spec"]) for a in d["agents"].values()], region=d["region"],
-                heartbeat_timeout=d["heartbeat_timeout"], controld_args=tuple(d.get("controld_args", ())))
+                heartbeat_timeout=d["heartbeat_timeout"], controld_args=tuple(d.get("controld_args", ())),
+                start_timeout=d.get("start_timeout", 60.0))
         r.stopped = d.get("stopped", False)
         r.partitioned = set(d.get("partitioned", ()))
         if d.get("network"):
@@ -920,10 +923,11 @@ class Region:
     def wait_controld(self, timeout: float | None = None) -> None:
         deadline = time.monotonic() + (timeout or self.start_timeout)
         last: object = None
+        opener = self.opener()  # the CA read once, not every try
         while time.monotonic() < deadline:
             self._check_running("controld")
             try:
-                with self.opener().open(f"{self.url}/v1/openapi.json", timeout=2) as r:
+                with opener.open(f"{self.url}/v1/openapi.json", timeout=2) as r:
                     if r.status == 200:
                         return
                     last = r.status
@@ -1017,8 +1021,12 @@ class Region:
 
     def restart(self, name: str) -> None:
         """Stop it (SIGTERM, SIGKILL after 30 s) if it runs, and start it again, on the same data,
-        ports and address; returns once it answers."""
+        ports and address; returns once it answers. Not while it is cut off: its start is judged
+        by a connection the partition drops (etcd's by its port, which controld's partition cuts too)."""
         key = self._key(name)
+        cut = {name, "controld"} & self.partitioned if name in ("etcd", "controld") else {name} & self.partitioned
+        if cut:
+            raise RuntimeError(f"{name} cannot be restarted while {' and '.join(sorted(cut))} is partitioned: heal first")
         ref = self.procs.get(key)
         if ref is not None and ref.alive():
             self._kill(key, signal.SIGTERM, 30.0)
@@ -1046,37 +1054,61 @@ class Region:
         ns, bridge = self.netns(name), self.network.bridge_ip
         return [(ns, ["OUTPUT", "-d", bridge, *tag]), (ns, ["INPUT", "-s", bridge, *tag])]
 
-    def _iptables(self, ns: str | None, op: str, rule: list[str]) -> subprocess.CompletedProcess:
-        argv = [shutil.which("iptables") or "/usr/sbin/iptables", "-w", "5", op, *rule]
+    def _iptables(self, ns: str | None, *args: str) -> subprocess.CompletedProcess:
+        argv = [shutil.which("iptables") or "/usr/sbin/iptables", "-w", "5", *args]
         if ns is not None:
             argv = [_ip_binary(), "netns", "exec", ns, *argv]
         return subprocess.run(argv, capture_output=True, text=True, timeout=30, env=child_env())
 
     def partition(self, name: str) -> None:
         """Cut `name` off while it keeps running: its connections go silent (DROP, not refused)."""
+        rules = self._rules(name)  # an unknown name is refused before anything is recorded
         if name in self.partitioned:
             return
         self.partitioned.add(name)
         self.save()  # recorded before the rules exist: heal() and down remove them whatever happens
-        for ns, rule in self._rules(name):
-            r = self._iptables(ns, "-I", rule)
-            if r.returncode != 0:
-                self.heal(name)
-                raise RuntimeError(f"partition {name}: iptables {' '.join(rule)}: {r.stderr.strip()}")
+        for ns, rule in rules:
+            try:
+                r = self._iptables(ns, "-I", *rule)
+                why = r.stderr.strip() if r.returncode != 0 else ""
+            except (OSError, subprocess.TimeoutExpired) as e:
+                why = str(e)
+            if why:  # half-way: take back what was put
+                problems = self.heal(name)
+                raise RuntimeError(f"partition {name}: iptables -I {' '.join(rule)}: {why}"
+                                   + (f"; and healing it: {'; '.join(problems)}" if problems else ""))
 
     def heal(self, name: str | None = None) -> list[str]:
-        """Remove the rules of partition(`name`) (None: of every partition); returns problems met."""
+        """Remove every rule of partition(`name`) (None: of every partition), found by its comment
+        in the chains where it was put (not rebuilt from the region's state, nor judged by
+        iptables' error words); a name stays recorded until none of its rules is left. Returns the
+        problems met."""
         problems = []
-        for n in sorted(self.partitioned if name is None else {name} & self.partitioned):
-            for ns, rule in self._rules(n):
-                while True:  # every copy of the rule (a partition that failed half-way has fewer)
-                    r = self._iptables(ns, "-D", rule)
-                    if r.returncode != 0:
-                        if "does a matching rule exist" not in r.stderr and "Bad rule" not in r.stderr \
-                                and "No chain/target/match" not in r.stderr and "Cannot open network namespace" not in r.stderr:
-                            problems.append(f"heal {n}: iptables -D {' '.join(rule)}: {r.stderr.strip()}")
-                        break
-            self.partitioned.discard(n)
+        names = sorted(self.partitioned) if name is None else [name]
+        for n in names:
+            self._key(n)
+            tag = f"twine-devregion-{self.prefix}-{n}"
+            left = 0
+            for ns in {ns for ns, _ in self._rules(n)}:
+                if ns is not None and ns not in (self.network.leftovers()["netns"] if self.network else ()):
+                    continue  # its namespace is gone, and its rules with it
+                try:
+                    listed = self._iptables(ns, "-S")
+                    if listed.returncode != 0:
+                        raise RuntimeError(listed.stderr.strip())
+                    for line in listed.stdout.splitlines():
+                        words = shlex.split(line)  # "-A CHAIN ...": deleted by the same words after -D
+                        if words[:1] != ["-A"] or tag not in words:
+                            continue
+                        r = self._iptables(ns, "-D", *words[1:])
+                        if r.returncode != 0:
+                            left += 1
+                            problems.append(f"heal {n}: iptables -D {' '.join(words[1:])}: {r.stderr.strip()}")
+                except (OSError, RuntimeError, subprocess.TimeoutExpired) as e:
+                    left += 1
+                    problems.append(f"heal {n}: listing the rules{f' in netns {ns}' if ns else ''}: {e}")
+            if not left:
+                self.partitioned.discard(n)
         self.save()
         return problems
 
@@ -1288,6 +1320,8 @@ def _cmd_status(args) -> int:
             print(f"  {key:<16} {'running, pid ' + str(pid) if pid else 'not running'}")
         for name, a in agents.items():
             print(f"  agent {name}: " + (f"answers, {a['tasks']} task(s), profile {a['profile']}" if a["answers"] else f"no answer ({a['error']})"))
+        if region.partitioned:
+            print(f"  partitioned: {', '.join(sorted(region.partitioned))} (heal: ... devregion heal NAME --dir {region.workdir})")
     ok = not region.stopped and all(procs.values()) and all(a["answers"] for a in agents.values())
     return 0 if ok else 3
 

@@ -53,6 +53,7 @@ class EtcdServer:
         self.host = host
         self.port = free_port(host)
         self.peer_port = free_port(host)
+        self._made_dir = data_dir is None  # a data dir of its own: removed when a start fails too
         if data_dir is None:
             self.data_dir = tempfile.mkdtemp(prefix="twine-etcd-")
         else:
@@ -114,7 +115,8 @@ class EtcdServer:
                         return self
             except OSError:
                 time.sleep(0.1)
-        self.stop()
+        # a start that failed keeps a data dir it was given (a region's etcd, restarted: its data)
+        self.stop() if self._made_dir else self.halt()
         raise RuntimeError(f"etcd did not become healthy in {timeout:g} s")
 
     def _stderr_tail(self) -> str:

@@ -79,7 +79,8 @@ class TaskControlSession:
         self.status: dict = {"calls": 0, "ok": None, "error": "", "last_call": None}
         self.calls: deque[dict] = deque(maxlen=HISTORY)  # what was sent and acked, for job status
         self._last_sent: tuple = ()  # (ops asked, tasks said down, notices) in the last call
-        self._told_completed: set[str] = set()  # completions sent in a call whose answer failed
+        # completions sent in a call (still out, or whose answer failed): not a reason to call again
+        self._told_completed: set[str] = set()
         self._last_call_at = 0.0
         self._task: asyncio.Task | None = None
         self._again = False

@@ -204,7 +204,8 @@ def test_a_partitioned_machine_is_granted_to_nobody_until_its_stale_containers_a
         other = job_spec("other", "whole", 1, cpus=2.0)
         assert api.call("POST", "/v1/jobs", other)[1]["error"] == "no_placement"
     finally:
-        region.heal(victim)
+        problems = region.heal(victim)
+    assert problems == [] and region.partitioned == set(), problems
     t0 = time.monotonic()
     refused_while_stale = 0
     while time.monotonic() - t0 < 60:

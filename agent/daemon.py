@@ -60,7 +60,8 @@ class Agent:
         self.last_exit: dict[str, dict] = {}
         self.adopted: list[str] = []
         self.health: HealthReport | None = None
-        self.counters = {"reconcile_passes": 0, "reconcile_errors": 0, "tasks_started": 0, "tasks_stopped": 0}
+        self.counters = {"reconcile_passes": 0, "reconcile_errors": 0, "tasks_started": 0, "tasks_stopped": 0,
+                         "container_events": 0}
         self.started_at = time.time()
         self._wake = asyncio.Event()
         self._stop = asyncio.Event()
@@ -92,6 +93,7 @@ class Agent:
     async def run(self) -> None:
         runner = await serve(self)
         self.notifier.ready(f"machine {self.config.machine_id}: {len(self.adopted)} task container(s) adopted")
+        stop_watch = self._watch_containers()
         try:
             async with asyncio.TaskGroup() as tg:
                 loops = [tg.create_task(self._reconcile_loop()), tg.create_task(self._health_loop()),
@@ -106,12 +108,31 @@ class Agent:
             if self.client is not None and await asyncio.to_thread(host_rebooting):
                 await self._announce_reboot()
         finally:
+            if stop_watch is not None:
+                stop_watch()
             await runner.cleanup()
             if self.client is not None:
                 await self.client.close()
 
     def stop(self) -> None:
         self._stop.set()
+
+    def _watch_containers(self):
+        """A container of ours that exits or is removed wakes a reconcile pass at once (issue #12:
+        an exit waited for the next periodic pass, and the control plane for the heartbeat after)."""
+        watch = getattr(self.runtime, "watch", None)
+        if watch is None:
+            return None
+        loop = asyncio.get_running_loop()
+
+        def on_event(event: dict) -> None:  # on the runtime's thread
+            self.counters["container_events"] += 1
+            try:
+                loop.call_soon_threadsafe(self._wake.set)
+            except RuntimeError:  # the loop is closed: the agent is stopping
+                pass
+
+        return watch(self.config.machine_id, on_event)
 
     async def _announce_reboot(self) -> None:
         """Tell the control plane this host is rebooting, so that its silence is no failure."""
@@ -165,14 +186,19 @@ class Agent:
 
     async def _reconcile_loop(self) -> None:
         while True:
+            # cleared before the pass: a wake that comes during it (a new desired state, an exit)
+            # brings the next pass at once instead of being lost until the interval
+            self._wake.clear()
+            wait = self.config.reconcile_interval
             try:
-                await self.reconcile_once()
+                p = await self.reconcile_once()
+                if p.due_at is not None:  # a restart's backoff ends before the interval does
+                    wait = min(wait, max(p.due_at - time.time(), 0.05))
             except Exception:  # one bad pass must not stop the agent: the next pass repairs
                 self.counters["reconcile_errors"] += 1
                 log.exception("reconcile pass failed")
-            self._wake.clear()
             try:
-                await asyncio.wait_for(self._wake.wait(), self.config.reconcile_interval)
+                await asyncio.wait_for(self._wake.wait(), wait)
             except TimeoutError:
                 pass
 
@@ -206,7 +232,10 @@ class Agent:
     async def reconcile_once(self) -> Plan:
         self.counters["reconcile_passes"] += 1
         await self._converge_profile()
+        before = {c.id: c.status for c in self.containers}
         self.containers = await self.runtime.list(self.config.machine_id)
+        if {c.id: c.status for c in self.containers} != before:
+            self._notify()  # an exit (or a removal) is news to the control plane even when nothing is started
         p = plan(self.desired.tasks, self.containers, self.profile_ready(), time.time())
         self.last_plan = p
         if p.update or p.restart or p.place:  # the applied record is read once a pass, not per start

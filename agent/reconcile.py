@@ -37,6 +37,7 @@ class Plan:
     restart: tuple[tuple[ContainerInfo, TaskSpec, int], ...] = ()  # exited: start the next one
     stop: tuple[ContainerInfo, ...] = ()  # not desired (or a duplicate): stop and remove
     waiting: tuple[tuple[TaskKey, str], ...] = ()  # desired but held back, with why
+    due_at: float | None = None  # when the first restart held back by its backoff is due
 
     def empty(self) -> bool:
         return not (self.place or self.update or self.restart or self.stop)
@@ -48,6 +49,7 @@ def plan(desired: tuple[TaskSpec, ...], actual: list[ContainerInfo], profile_rea
         by_task.setdefault(c.task, []).append(c)
     wanted = {t.key: t for t in desired}
     keep, place, update, restart, stop, waiting = [], [], [], [], [], []
+    due: list[float] = []
 
     for key, containers in by_task.items():
         if key not in wanted:
@@ -76,7 +78,8 @@ def plan(desired: tuple[TaskSpec, ...], actual: list[ContainerInfo], profile_rea
             finished = parse_time(current.finished_at) or 0.0
             wait = finished + restart_backoff(current.generation) - now
             if wait > 0:
+                due.append(now + wait)
                 waiting.append((spec.key, f"exited with {current.exit_code}; restarting in {wait:.1f}s"))
             else:
                 restart.append((current, spec, current.generation + 1))
-    return Plan(tuple(keep), tuple(place), tuple(update), tuple(restart), tuple(stop), tuple(waiting))
+    return Plan(tuple(keep), tuple(place), tuple(update), tuple(restart), tuple(stop), tuple(waiting), min(due, default=None))

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
+import threading
 from functools import partial
 from typing import Any, Callable
 
@@ -14,8 +16,12 @@ import requests.exceptions
 from agent.models import TaskSpec
 from agent.runtime.base import L_MACHINE, ContainerInfo, ImageNotFound, RuntimeUnavailable, task_env, task_labels
 
+log = logging.getLogger("twine.agent")
 _UNSAFE = re.compile(r"[^a-zA-Z0-9_.-]")
 PULL_POLICIES = ("if-not-present", "never")
+# container events that change what a reconcile pass would do: an exit (die), or a container
+# removed behind the agent's back (destroy); the agent's own starts come back as neither
+WATCHED_EVENTS = ("die", "destroy")
 
 
 def container_name(machine_id: str, spec: TaskSpec, generation: int) -> str:
@@ -179,3 +185,44 @@ class DockerRuntime:
 
     async def logs(self, container_id: str, tail: int = 20) -> list[str]:
         return await self._call(self._logs, container_id, tail)
+
+    def watch(self, machine_id: str, on_event: Callable[[dict], None], retry: float = 1.0) -> Callable[[], None]:
+        """Follow Docker's event stream for this machine's containers on a thread of its own (not
+        the default executor's, whose threads the starts share) and call on_event(event) there for
+        each exit or removal. The stream is opened again after `retry` seconds when dockerd goes
+        away. Returns the function that stops it."""
+        stopping = threading.Event()
+        current: list[Any] = []
+        filters = {"type": "container", "label": f"{L_MACHINE}={machine_id}", "event": list(WATCHED_EVENTS)}
+
+        def follow() -> None:
+            lost = False
+            while not stopping.is_set():
+                try:
+                    stream = self._docker().events(decode=True, filters=filters)
+                    current[:] = [stream]
+                    if stopping.is_set():  # stop() came before there was a stream to close
+                        break
+                    if lost:  # what happened while it was lost: the pass this wakes finds out
+                        log.info("docker event stream open again")
+                        on_event({"status": "reconnected"})
+                    lost = False
+                    for event in stream:
+                        on_event(event)
+                    why = "it ended"
+                except Exception as e:  # dockerd restarted or gone: the periodic pass still runs
+                    why = str(e)
+                if stopping.is_set():
+                    break
+                if not lost:
+                    log.warning("docker event stream lost (%s); opening it again every %.0fs", why, retry)
+                lost = True
+                stopping.wait(retry)
+
+        def stop() -> None:
+            stopping.set()
+            for stream in current:
+                stream.close()
+
+        threading.Thread(target=follow, name=f"docker-events-{machine_id}", daemon=True).start()
+        return stop

@@ -87,6 +87,28 @@ def test_a_passs_containers_start_side_by_side(tmp_path, agent, docker_client):
     assert overlapping, f"each container was created after the previous one started: {times}"
 
 
+def test_an_exit_or_a_removal_is_acted_on_at_once_not_at_the_next_periodic_pass(tmp_path, agent, docker_client):
+    """Issue #12: an agent learned of an exit at its next periodic pass. It follows Docker's event
+    stream: with a 60 s interval, a killed task is restarted after its 1 s backoff, and a container
+    removed behind its back is replaced, each well before the interval."""
+    a = agent(desired(tmp_path, {"index": 0}), "--reconcile-interval", "60").start()
+    s = a.wait_for(lambda s: len(running(s)) == 1, what="the task running")
+    first = s["tasks"][0]["container"]["id"]
+    passes = s["counters"]["reconcile_passes"]
+
+    docker_client.containers.get(first).kill()
+    s = a.wait_for(lambda s: running(s) and running(s)[0]["container"]["id"] != first, timeout=15,
+                   what="the killed task restarted")
+    assert s["tasks"][0]["restarts"] == 1 and s["tasks"][0]["last_exit"]["exit_code"] == 137
+    assert s["counters"]["container_events"] >= 1 and s["counters"]["reconcile_passes"] > passes
+
+    second = s["tasks"][0]["container"]["id"]
+    docker_client.containers.get(second).remove(force=True)
+    s = a.wait_for(lambda s: running(s) and running(s)[0]["container"]["id"] not in (first, second), timeout=15,
+                   what="the removed task's container replaced")
+    assert docker_client.containers.get(s["tasks"][0]["container"]["id"]).status == "running"
+
+
 def test_sigkill_and_restart_adopts_every_container_without_restarting_it(tmp_path, agent, docker_client):
     path = desired(tmp_path, {"index": 0}, {"index": 1})
     a = agent(path).start()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from agent.models import TaskSpec
 from agent.reconcile import parse_time, plan, restart_backoff
 from agent.runtime.base import ContainerInfo, task_labels
@@ -59,8 +61,9 @@ def test_exited_task_restarts_after_backoff_with_the_next_generation():
     exited = container(t0, status="exited", generation=3, exit_code=1, finished=iso(NOW - 1))
     p = plan((t0,), [exited], profile_ready=True, now=NOW)
     assert p.restart == () and "restarting in 3.0s" in p.waiting[0][1]
+    assert p.due_at == pytest.approx(NOW + 3.0)  # the agent's next pass comes then, not at its interval
     p = plan((t0,), [exited], profile_ready=True, now=NOW + 3.5)
-    assert p.restart == ((exited, t0, 4),)
+    assert p.restart == ((exited, t0, 4),) and p.due_at is None
 
 
 def test_only_one_container_per_task_survives():

@@ -1,0 +1,232 @@
+"""Lifecycle latency on real agents (issue #12): a job's submit to all its tasks running, and a
+machine's loss to every lost task running again elsewhere, each beside a baseline measured in the
+same run on the same Docker.
+
+Real everything: etcd, twine-controld, one twine-agent per machine in its own network namespace
+(the dev region, controlplane/devregion.py), real containers of the busybox test image. Run as
+root with dockerd up and the image built (bash scripts/setup.sh does both):
+
+    .venv/bin/python bench/bench_lifecycle.py [--rounds 5] [--trials 10] [--heartbeat-timeout 3]
+
+What is measured, each on the wall clock of this process:
+
+- baseline: `docker run -d` of the image, once alone, and ten at once (ten `docker run -d`
+  processes started together; done when the last one returns, which it does once its container
+  runs). Each of `--rounds` rounds runs both, then the submit below, with the region up: the
+  baseline meets the same load as the submit. The containers are removed after each round.
+- submit: from just before `POST /v1/jobs` (10 tasks, a fresh job each round, its entitlement's
+  machines granted from the free pool on the way) to the first `GET /v1/jobs/<job>` (polled every
+  50 ms) that shows all ten running: the daemon's view, from the agents' reports, as `twinectl
+  --wait` sees it. Goal: p50 within 1.2x the baseline's ten concurrent runs.
+- loss: a 6-task job on four machines in four MSBs. Each trial SIGKILLs the agent of the machine
+  holding the most of its tasks and, at the same moment, kills those tasks' containers (the machine
+  is gone, its tasks with it). From the SIGKILL to the first GET that shows every task running on
+  another machine. The agent is then started again and the trial waits until its machine is
+  healthy and clean (its tombstones gone). Goal: p99 at most the heartbeat timeout + 1.5 s. The
+  baseline printed beside it is the heartbeat timeout itself: no detection can come sooner.
+  After each trial it prints where the job's tasks are, per dc and MSB: the job spreads over dcs,
+  then MSBs (the entitlement's default policy), each dc has two machines, one MSB each.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+import uuid
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from controlplane.devregion import AgentSpec, Region  # noqa: E402
+
+IMAGE = "twine/busybox:1"
+COMMAND = ["sh", "-c", "trap 'exit 0' TERM; while :; do sleep 0.2; done"]
+AGENTS = [
+    AgentSpec("m1", "dc1", "msb1", "rack1", cpus=2.0, memory_mb=1024),
+    AgentSpec("m2", "dc1", "msb2", "rack2", cpus=2.0, memory_mb=1024),
+    AgentSpec("m3", "dc2", "msb3", "rack3", cpus=2.0, memory_mb=1024),
+    AgentSpec("m4", "dc2", "msb4", "rack4", cpus=2.0, memory_mb=1024),
+]
+POLL = 0.05
+
+
+def pct(values: list[float], p: float) -> float:
+    """Nearest-rank percentile (p99 of ten trials is the worst of them)."""
+    ordered = sorted(values)
+    return ordered[max(0, min(len(ordered) - 1, int(round(p / 100 * len(ordered) + 0.5)) - 1))]
+
+
+class Api:
+    def __init__(self, region: Region):
+        self.region = region
+        self.ctx = region.tls_context()
+
+    def call(self, method: str, path: str, body: object = None) -> dict:
+        req = urllib.request.Request(self.region.url + path, method=method,
+                                     data=None if body is None else json.dumps(body).encode(),
+                                     headers={"Authorization": f"Bearer {self.region.api_token}",
+                                              "Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=30, context=self.ctx) as r:
+                return json.loads(r.read())
+        except urllib.error.HTTPError as e:
+            raise SystemExit(f"{method} {path}: {e.code} {e.read().decode()[:500]}") from None
+
+    def wait(self, path: str, predicate, timeout: float, what: str) -> dict:
+        deadline = time.monotonic() + timeout
+        while True:
+            answer = self.call("GET", path)
+            if predicate(answer):
+                return answer
+            if time.monotonic() > deadline:
+                raise SystemExit(f"timed out after {timeout:g} s waiting for {what}: {json.dumps(answer)[:1500]}")
+            time.sleep(POLL)
+
+
+def all_running(job: dict, away_from: str | None = None) -> bool:
+    live = [t for t in job["tasks"] if t["index"] < job["count"]]
+    return len(live) == job["count"] and all(
+        t["state"] == "running" and t["spec_version"] == job["spec_version"] and t["machine"] != away_from for t in live)
+
+
+def docker(*argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["docker", *argv], capture_output=True, text=True, check=True)
+
+
+def docker_runs(n: int, tag: str) -> float:
+    """n `docker run -d` at once; seconds until the last returns (its container running)."""
+    names = [f"twine-bench-{tag}-{i}" for i in range(n)]
+    t0 = time.monotonic()
+    procs = [subprocess.Popen(["docker", "run", "-d", "--name", name, IMAGE, *COMMAND],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for name in names]
+    errors = [p.communicate()[1] for p in procs if p.wait() != 0]
+    elapsed = time.monotonic() - t0
+    subprocess.run(["docker", "rm", "-f", *names], capture_output=True)
+    if errors:
+        raise SystemExit(f"docker run failed: {errors[0]}")
+    return elapsed
+
+
+def submit_once(api: Api, name: str) -> float:
+    body = {"entitlement": "submit", "name": name, "count": 10,
+            "task": {"image": IMAGE, "command": COMMAND, "cpus": 0.25, "memory_mb": 32}}
+    t0 = time.monotonic()
+    api.call("POST", "/v1/jobs", body)
+    api.wait(f"/v1/jobs/submit/{name}", all_running, 60, f"submit/{name} running")
+    elapsed = time.monotonic() - t0
+    api.call("DELETE", f"/v1/jobs/submit/{name}")
+    api.wait(f"/v1/jobs/submit/{name}", lambda j: j["state"] == "stopped", 60, f"submit/{name} stopped")
+    return elapsed
+
+
+def submit_and_baseline(api: Api, rounds: int) -> tuple[list[float], list[float], list[float]]:
+    """Rounds of (one docker run, ten at once, a 10-task job's submit), interleaved so that the
+    baseline runs under the same load as the submit: the region is up for both."""
+    api.call("POST", "/v1/entitlements", {"name": "submit", "machine_type": "generic", "quota": 4})
+    one, ten, sub = [], [], []
+    for r in range(rounds):
+        one.append(docker_runs(1, f"one{r}"))
+        ten.append(docker_runs(10, f"ten{r}"))
+        sub.append(submit_once(api, f"ten{r}"))
+        print(f"  round {r + 1}: one docker run -d {one[-1]:.2f} s, ten at once {ten[-1]:.2f} s, "
+              f"10-task submit to all running {sub[-1]:.2f} s", flush=True)
+    return one, ten, sub
+
+
+def spread(region: Region, job: dict) -> tuple[int, str]:
+    """(the most tasks on one MSB, the tasks per dc and MSB in words)."""
+    where = {region.machine_id(a.name): (a.dc, a.msb) for a in AGENTS}
+    per: dict[str, dict[str, int]] = {}
+    for t in job["tasks"]:
+        if t["index"] < job["count"]:
+            dc, msb = where[t["machine"]]
+            per.setdefault(dc, {}).setdefault(msb, 0)
+            per[dc][msb] += 1
+    words = ", ".join(f"{dc} {sum(m.values())} ({' '.join(f'{k}:{v}' for k, v in sorted(m.items()))})"
+                      for dc, m in sorted(per.items()))
+    return max(v for m in per.values() for v in m.values()), words
+
+
+def loss(region: Region, api: Api, trials: int, timeout: float) -> list[tuple[float, int, int]]:
+    """(seconds from the loss to every task running elsewhere, tasks lost, largest tasks on one MSB)."""
+    name_of = {region.machine_id(a.name): a.name for a in AGENTS}
+    api.call("POST", "/v1/entitlements", {"name": "loss", "machine_type": "generic", "quota": 4})
+    api.call("POST", "/v1/jobs", {"entitlement": "loss", "name": "svc", "count": 6,
+                                  "task": {"image": IMAGE, "command": COMMAND, "cpus": 0.25, "memory_mb": 32}})
+    job = api.wait("/v1/jobs/loss/svc", all_running, 60, "loss/svc running")
+    out = []
+    for trial in range(trials):
+        held: dict[str, int] = {}
+        for t in job["tasks"]:
+            held[t["machine"]] = held.get(t["machine"], 0) + 1
+        victim_id = max(held, key=lambda m: (held[m], m))
+        victim = name_of[victim_id]
+        doomed = [c["id"] for c in region.containers("loss/svc") if c["machine"] == victim_id and c["status"] == "running"]
+        killer = threading.Thread(target=lambda: subprocess.run(["docker", "kill", *doomed], capture_output=True))
+        t0 = time.monotonic()
+        killer.start()
+        region.kill_agent(victim)
+        job = api.wait("/v1/jobs/loss/svc", lambda j: all_running(j, away_from=victim_id), 60,
+                       f"trial {trial}: replacements of {victim}'s tasks running")
+        elapsed = time.monotonic() - t0
+        killer.join()
+        most, words = spread(region, job)
+        out.append((elapsed, held[victim_id], most))
+        print(f"  trial {trial + 1}: {victim} lost with {held[victim_id]} task(s): all running elsewhere after "
+              f"{elapsed:.2f} s; tasks now {words}", flush=True)
+        region.start_agent(victim)
+        api.wait(f"/v1/machines/{victim_id}", lambda m: m["healthy"] and not m["tombstones"], 60,
+                 f"{victim} healthy and clean again")
+    api.call("DELETE", "/v1/jobs/loss/svc")
+    api.wait("/v1/jobs/loss/svc", lambda j: j["state"] == "stopped", 60, "loss/svc stopped")
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rounds", type=int, default=5, help="rounds of the baseline and of the submit (5)")
+    ap.add_argument("--trials", type=int, default=10, help="machine losses (10)")
+    ap.add_argument("--heartbeat-timeout", type=float, default=3.0, help="the daemon's heartbeat timeout, s (3)")
+    args = ap.parse_args()
+    if docker("images", "-q", IMAGE).stdout.strip() == "":
+        raise SystemExit(f"image {IMAGE} missing: run bash scripts/setup.sh")
+
+    with tempfile.TemporaryDirectory(prefix="twine-bench-lifecycle-") as tmp:
+        region = Region(Path(tmp) / f"r{uuid.uuid4().hex[:6]}", AGENTS, heartbeat_timeout=args.heartbeat_timeout)
+        try:
+            region.start()
+            api = Api(region)
+            one, ten, sub = submit_and_baseline(api, args.rounds)
+            t50, s50, s99 = statistics.median(ten), statistics.median(sub), pct(sub, 99)
+            print(f"baseline, {args.rounds} rounds: one docker run -d p50 {statistics.median(one):.2f} s; "
+                  f"ten concurrent docker run -d p50 {t50:.2f} s", flush=True)
+            print(f"submit to 10 running (POST to the GET showing all running), {args.rounds} rounds: p50 {s50:.2f} s, "
+                  f"p99 {s99:.2f} s = {s50 / t50:.2f}x ten concurrent docker run -d "
+                  f"(goal <= 1.2x, {1.2 * t50:.2f} s): {'met' if s50 <= 1.2 * t50 else 'MISSED'}", flush=True)
+
+            lost = loss(region, api, args.trials, args.heartbeat_timeout)
+            times = [e for e, _, _ in lost]
+            l50, l99 = statistics.median(times), pct(times, 99)
+            bound = args.heartbeat_timeout + 1.5
+            print(f"machine loss to every replacement running, {args.trials} trials (heartbeat timeout "
+                  f"{args.heartbeat_timeout:g} s, the floor): p50 {l50:.2f} s = {l50 / args.heartbeat_timeout:.2f}x the "
+                  f"timeout, p99 {l99:.2f} s = {l99 / args.heartbeat_timeout:.2f}x (goal <= timeout + 1.5 s = "
+                  f"{bound:.1f} s): {'met' if l99 <= bound else 'MISSED'}", flush=True)
+            print(f"spread after replacement: at most {max(s for _, _, s in lost)} of 6 tasks on one MSB", flush=True)
+        finally:
+            problems = region.stop()
+            if problems:
+                print("teardown problems:", problems, file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -83,6 +83,10 @@ class Result:
     two_down_after_batch: int = 0
     failure_detected_after: float = 0.0  # 0: never seen by the health check
     updated_at_failure: int = 0  # tasks at the new version when the MSB failed
+    # the longest a 10 ms sleep overslept during the update: how late any task of the daemon's
+    # event loop (the health check's pass among them) could run past its time
+    longest_stall: float = 0.0
+    heartbeat_timeout: float = 0.0
     samples: int = 0
     timeline: list[tuple[float, int, int, int]] = field(default_factory=list)
 
@@ -104,7 +108,7 @@ class ShardCounter:
 
 async def scenario(args: argparse.Namespace, controlled: bool, max_unavailable: int) -> Result:
     name = "replica-aware TaskController" if controlled else f"built-in policy, max_unavailable {max_unavailable}"
-    res = Result(name)
+    res = Result(name, heartbeat_timeout=args.heartbeat_timeout)
     etcd = EtcdServer().start()
     store = Store([("127.0.0.1", etcd.port)])
     keys = Keys("bench")
@@ -134,7 +138,7 @@ async def scenario(args: argparse.Namespace, controlled: bool, max_unavailable: 
         controller = ReplicaAware(shards)
         counter = ShardCounter(shards)
         with Background(controller) as url:
-            loops = [asyncio.create_task(c) for c in (runtime.run(), health.run(), scheduler.run())]
+            loops = [asyncio.create_task(c) for c in (runtime.run(), health.run(), scheduler.run(), stalls(res))]
             try:
                 await wait_for(lambda: len(runtime.up(job.handle)) == args.tasks, 120, "the job running")
                 print(f"  {name}: {args.tasks} tasks running; updating", flush=True)
@@ -152,6 +156,13 @@ async def scenario(args: argparse.Namespace, controlled: bool, max_unavailable: 
             logging.getLogger().warning("teardown timed out")
         etcd.stop()
     return res
+
+
+async def stalls(res: Result) -> None:
+    while True:
+        t = time.monotonic()
+        await asyncio.sleep(0.01)
+        res.longest_stall = max(res.longest_stall, time.monotonic() - t - 0.01)
 
 
 async def wait_for(predicate, timeout: float, what: str) -> None:
@@ -233,7 +244,9 @@ def report(r: Result) -> None:
     print(f"    peak shards with 2+ down outside the failure  {r.peak_two_down_outside:8d}   (paper: 0)")
     print(f"    peak shards with 2+ down, failure included, once what was approved before the health check "
           f"saw the failure was done: {r.two_down_after_batch}   (paper: 0)")
-    print(f"    failure detected by the health check after    {r.failure_detected_after:8.2f} s")
+    print(f"    failure detected by the health check after    {r.failure_detected_after:8.2f} s   (every failed machine "
+          f"unhealthy; heartbeat timeout {r.heartbeat_timeout:g} s)")
+    print(f"    longest event loop stall                      {r.longest_stall:8.2f} s")
 
 
 def sweep(args: argparse.Namespace) -> int:
@@ -246,7 +259,7 @@ def sweep(args: argparse.Namespace) -> int:
     print(f"sweep: {len(cases)} cases of the replica-aware controller (FAKE runtime), {args.replicas} replicas, "
           f"15 shards a task, MSBs of tasks // 20 machines, the middle one failing")
     print(f"{'tasks':>6} {'fail at':>8} {'for':>5} {'restart':>8} {'seed':>5} | {'done at':>7} {'batch':>6} "
-          f"{'updated at failure':>18} {'2+ down outside':>16} {'2+ down once known':>19} {'detected':>9}")
+          f"{'updated at failure':>18} {'2+ down outside':>16} {'2+ down once known':>19} {'detected':>9} {'stall':>6}")
     results = []
     for n, at, length, restart, seed in cases:
         msb_size = max(1, n // 20)
@@ -255,7 +268,8 @@ def sweep(args: argparse.Namespace) -> int:
         r = asyncio.run(scenario(case, True, 1))
         print(f"{n:6d} {at:7.1f}s {length:4.0f}s {restart:7.1f}s {seed:5d} | {r.duration:6.1f}s {r.first_batch:6d} "
               f"{r.updated_at_failure:18d} {r.peak_two_down_outside:16d} {r.two_down_after_batch:19d} "
-              + (f"{r.failure_detected_after:8.2f}s" if r.failure_detected_after else "    never"), flush=True)
+              + (f"{r.failure_detected_after:8.2f}s" if r.failure_detected_after else "    never")
+              + f" {r.longest_stall:5.2f}s", flush=True)
         results.append((r, (n, at, length, restart, seed)))
     untested = [c for r, c in results if r.updated_at_failure >= c[0] or not r.failure_detected_after]
     for what, value in (("outside the failure", lambda r: r.peak_two_down_outside),
@@ -263,6 +277,13 @@ def sweep(args: argparse.Namespace) -> int:
         r, c = max(results, key=lambda rc: value(rc[0]))
         print(f"worst, {what}: {value(r)} shards with 2+ live replicas down (tasks, fail at, for, restart, seed = {c}); "
               f"paper: 0")
+    seen = [(r, c) for r, c in results if r.failure_detected_after]
+    if seen:
+        r, c = max(seen, key=lambda rc: rc[0].failure_detected_after)
+        print(f"slowest detection: every failed machine unhealthy {r.failure_detected_after:.2f} s after the failure "
+              f"(heartbeat timeout {args.heartbeat_timeout:g} s; case {c})")
+    r, c = max(results, key=lambda rc: rc[0].longest_stall)
+    print(f"longest event loop stall: {r.longest_stall:.2f} s (case {c})")
     print(f"cases that tested no failure during the update (done before it, or never detected): {len(untested)}"
           + (f" {untested}" if untested else ""))
     return 1 if any(r.peak_two_down_outside or r.two_down_after_batch for r, _ in results) else 0

@@ -384,7 +384,8 @@ class Store:
         their revisions; on conflict re-read and recompute. compute may raise to abort. Returns the
         commit's revision, or 0 when compute plans nothing (nothing is committed)."""
         for attempt in range(retries):
-            reads = {k: await self.read(k) for k in keys}
+            # side by side: a machine failure pass reads an MSB's machines (issue #12)
+            reads = dict(zip(keys, await asyncio.gather(*(self.read(k) for k in keys))))
             plan = compute(reads)
             if asyncio.iscoroutine(plan):
                 plan = await plan

@@ -7,7 +7,7 @@ import asyncio
 import time
 import uuid
 
-from controlplane.health import NO_HEARTBEAT, HealthService
+from controlplane.health import FAIL_BATCH, NO_HEARTBEAT, HealthService
 from controlplane.records import MachineRec
 from controlplane.state import RegionState
 from controlplane.store import Store
@@ -95,6 +95,35 @@ def test_a_machine_first_heard_during_the_grace_is_judged_a_timeout_after_its_he
             took = time.monotonic() - beat
             assert not state.machines["m1"].healthy, f"still healthy {took:.1f}s after its only heartbeat"
             assert took < 0.5 + 3.0, took  # the grace (30 s) is what the old code waited for
+        finally:
+            await state.stop()
+            await store.close()
+
+    asyncio.run(body())
+
+
+def test_an_msb_falling_silent_fails_in_one_pass_a_few_transactions_not_one_a_machine(etcd_server):
+    """Issue #12: each silent machine was written in a transaction of its own, waited in turn: an
+    MSB of 50 machines was all unhealthy 2.6 s after the first. Now the machines a pass finds
+    silent are written together, FAIL_BATCH to a transaction, each with its failure event."""
+    async def body() -> None:
+        mids = [f"m{i:03d}" for i in range(120)]
+        silent = mids[:60]  # more than one batch
+        store, state, health, last_seen = await region(etcd_server.port, mids, timeout=0.5, grace=0.5)
+        try:
+            now = time.monotonic()
+            last_seen.update((mid, now) for mid in mids)
+            await health.check()  # every machine looked at once: due a timeout after its heartbeat
+            await asyncio.sleep(0.7)
+            last_seen.update((mid, time.monotonic()) for mid in mids[60:])
+            await health.check()  # the one pass that finds the 60 silent
+            assert [m for m in mids if not state.machines[m].healthy] == silent
+            assert all(state.machines[m].health_reason.startswith(NO_HEARTBEAT) for m in silent)
+            revisions = {state.revs[health.keys.machine(m)] for m in silent}
+            assert len(revisions) == -(-len(silent) // FAIL_BATCH), revisions
+            events = [e for e in state.events.values() if e.kind == "failure"]
+            assert sorted(m for e in events for m in e.machines) == silent and len(events) == len(silent)
+            assert health.counters["failures"] == len(silent)
         finally:
             await state.stop()
             await store.close()

@@ -30,6 +30,7 @@ from agent.sdnotify import Notifier
 from controlplane import daemon_config
 from controlplane.broker.agents import MAX_LONG_POLLS, AgentService
 from controlplane.broker.relay import Relay
+from controlplane.metrics import Metrics
 from controlplane.coordination import ROLES, Coordinator, Fence, parse_roles, parse_shards
 from controlplane.api.app import make_app
 from controlplane.health import HealthService
@@ -81,6 +82,7 @@ class ControlDaemon:
         self.agents.daemon = self
         self.schedulers: dict[int, Scheduler] = {}  # the shards this process leads now
         self._loops: dict[int, asyncio.Task] = {}
+        self.metrics = Metrics()  # latency histograms, across this daemon's shards
         self.retired = {"passes": 0, "commits": 0, "conflicts": 0, "placements": 0, "errors": 0, "rate_limited": 0}
         self.coordinator: Coordinator | None = None
         self.relay: Relay | None = None
@@ -105,7 +107,7 @@ class ControlDaemon:
         await self.state.wait_for(fence.epoch)
         sched = Scheduler(self.state, self.store, self.keys, self.agents.report_of, self.agents.errors, self.limits,
                           self.taskcontrol_interval, maintenance_policy=self.maintenance_policy, shard=fence.shard,
-                          fence=fence, max_txn_ops=self.max_txn_ops)
+                          fence=fence, max_txn_ops=self.max_txn_ops, metrics=self.metrics)
         self.state.snapshot()  # the allocator's index is built now, not by the first job's request
         self.schedulers[fence.shard] = sched
         self._loops[fence.shard] = asyncio.get_running_loop().create_task(sched.run())
@@ -165,7 +167,7 @@ class ControlDaemon:
         }
         for k, v in values.items():
             lines.append(f"{k} {v}")
-        return "\n".join(lines) + "\n"
+        return "\n".join(lines) + "\n" + self.metrics.text()
 
     async def _settle_shard_count(self) -> None:
         """The region's shard count lives in etcd: the first daemon writes its --shard-count; the

@@ -154,7 +154,7 @@ class HealthService:
         if not self._refresh_owned(now):
             return
         heap, due_of = self._heap, self._due
-        failing: list[tuple[str, str]] = []  # written together after the pass (an MSB's machines fail at once)
+        failing: list[tuple[str, str, float]] = []  # written together after the pass (an MSB's machines fail at once)
         while heap and heap[0][0] <= now:
             due, mid = heapq.heappop(heap)
             if due_of.get(mid) != due:
@@ -173,12 +173,12 @@ class HealthService:
                 silent, limit = now - seen, self.timeout
                 self._unheard.discard(mid)
             if m.healthy and silent > limit:
-                failing.append((m.id, f"{NO_HEARTBEAT} for {silent:.1f}s"))
+                failing.append((m.id, f"{NO_HEARTBEAT} for {silent:.1f}s", silent))
             elif _recoverable(m) and seen is not None and now - seen <= self.timeout \
                     and settled(m, *self.report_of(mid)) != m:
                 await self._settle(m.id)
             elif not m.healthy and m.health_reason.startswith(tombstones.STALE) and silent > limit:
-                failing.append((m.id, f"{NO_HEARTBEAT} for {silent:.1f}s"))  # back with tombstones, silent again
+                failing.append((m.id, f"{NO_HEARTBEAT} for {silent:.1f}s", silent))  # back with tombstones, silent again
             # a healthy machine: due when its silence passes the limit; an unhealthy one comes back by
             # its next heartbeat (seen(), which also puts it back here): a look a timeout is a fallback
             self._push(mid, now + (limit - silent) + 0.001 if m.healthy and silent <= limit else now + self.timeout)
@@ -269,27 +269,29 @@ class HealthService:
             self.counters["recoveries"] += 1
             log.warning("machine %s is healthy again", mid)
 
-    async def _fail(self, failing: list[tuple[str, str]]) -> None:
-        """Each machine is unhealthy for its reason, all in one transaction (issue #12: one
-        transaction a machine, waited in turn, took an MSB of 50 machines 2.6 s past the first);
-        a failure event opens for each unless it is in maintenance (or was unhealthy already:
-        back with tombstones, then silent again, it only says so)."""
+    async def _fail(self, failing: list[tuple[str, str, float]]) -> None:
+        """Each machine (id, reason, seconds silent) is unhealthy for its reason, all in one
+        transaction (issue #12: one transaction a machine, waited in turn, took an MSB of 50
+        machines 2.6 s past the first); a failure event opens for each unless it is in maintenance
+        (or was unhealthy already: back with tombstones, then silent again, it only says so). The
+        event starts when the machine was last heard from: as near as the daemon knows, when it
+        failed."""
         now = time.time()
-        reasons: dict[str, tuple[str, str | None]] = {}
-        for mid, reason in failing:
+        reasons: dict[str, tuple[str, str | None, float]] = {}
+        for mid, reason, silent in failing:
             maint = self.state.maintenance_of(mid, now)
             if maint is not None and maint.phase(now) == "in progress":
                 # expected: the machine is in maintenance; it is down, but that is no failure
-                reasons[mid] = (f"{reason}{IN_MAINTENANCE}{maint.id})", maint.id)
+                reasons[mid] = (f"{reason}{IN_MAINTENANCE}{maint.id})", maint.id, silent)
             else:
-                reasons[mid] = (reason, None)
+                reasons[mid] = (reason, None, silent)
         key_of = {mid: self.keys.machine(mid) for mid in reasons}
         written: dict[str, bool] = {}  # machine -> it was healthy
 
         def compute(reads):
             written.clear()
             puts = {}
-            for mid, (reason, maint_id) in reasons.items():
+            for mid, (reason, maint_id, silent) in reasons.items():
                 cur = reads[key_of[mid]].value
                 if cur is None:
                     continue
@@ -300,7 +302,7 @@ class HealthService:
                 puts[key_of[mid]] = replace(rec, healthy=False, health_reason=reason).to_json()
                 if rec.healthy and maint_id is None:
                     eid = f"failure-{mid}-{int(now * 1000)}"
-                    puts[self.keys.event(eid)] = EventRec(eid, "failure", (mid,), now, reason).to_json()
+                    puts[self.keys.event(eid)] = EventRec(eid, "failure", (mid,), now - silent, reason, created=now).to_json()
             return puts, []
 
         rev = await self.store.update(list(key_of.values()), compute)

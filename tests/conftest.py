@@ -144,3 +144,16 @@ def pytest_terminal_summary(terminalreporter, config):
         t = bringup.region.timings
         parts = ", ".join(f"{k} {v:.0f} s" for k, v in t.items())
         terminalreporter.write_line(f"VM region: {parts or 'used as it was'} (vagrant/.region/vm.log)")
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """Prometheus text (prometheus_client's parser) -> {sample: value}; a sample with labels is
+    keyed name{label="value",...} with its labels sorted."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            labels = ",".join(f'{k}="{v}"' for k, v in sorted(s.labels.items()))
+            out[f"{s.name}{{{labels}}}" if labels else s.name] = s.value
+    return out

@@ -29,6 +29,7 @@ import time
 from typing import TYPE_CHECKING, Callable, Mapping
 
 from controlplane.allocator import AllocationCache, AllocationError, JobRequest, Placement, SoftPreference, allocate
+from controlplane.metrics import Lifecycle, Metrics
 from controlplane.records import ApiError, Endpoint, JobRec, TaskRec, back_to_pool
 from controlplane.scheduler.ratelimit import Limiter, Limits
 from controlplane.scheduler.reconcile import Gate, JobPlan, MachineView, Maintenance, Op, reconcile
@@ -72,8 +73,10 @@ class Scheduler:
                  agent_errors: Mapping[str, str] | None = None, limits: Limits = Limits(),
                  taskcontrol_interval: float = 1.0, taskcontrol_timeout: float = 2.0,
                  maintenance_policy: str = "move", shard: int = 0, fence: "Fence | None" = None,
-                 max_txn_ops: int = 128):
+                 max_txn_ops: int = 128, metrics: Metrics | None = None):
         self.state = state
+        self.metrics = metrics or Metrics()
+        self.lifecycle = Lifecycle(self.metrics)
         self.shard = shard
         self.fence = fence  # None: a lone scheduler with no election (tests of the scheduler alone)
         self.deposed = ""  # why this shard's leadership ended (set by the daemon)
@@ -167,7 +170,9 @@ class Scheduler:
             s = self.sessions[job.handle] = TaskControlSession(
                 job.handle, job.controller, self.http, self.taskcontrol_interval, self.taskcontrol_timeout,
                 on_answer=lambda h=job.handle: self.state.changed.set({h}), epoch=lambda: self.state.revision,
-                token=job.controller_token)
+                token=job.controller_token,
+                round_trip=lambda seconds, ok: self.metrics.taskcontrol_round_trip.labels(
+                    "ok" if ok else "error").observe(seconds))
             # operations a previous leader (or this daemon before a restart) started: the controller
             # approved them and waits to hear they completed
             for d in (self.state.taskcontrol.get(job.handle) or {}).get("in_flight", []):
@@ -243,8 +248,10 @@ class Scheduler:
             job = self.state.jobs.get(handle)
             if job is not None and not self.owns(handle):
                 self.unsettled.discard(handle)
+                self.lifecycle.forget(handle)
                 return
             if job is None or job.state == "stopped":
+                self.lifecycle.forget(handle)
                 self.limiter.forget(handle)  # per-job state ends with the job
                 self.plans.pop(handle, None)
                 self._held.pop(handle, None)
@@ -252,6 +259,7 @@ class Scheduler:
                 return
             tasks = self.state.tasks.get(handle, {})
             now = time.time()
+            self.lifecycle.observe(job, tasks, self.state.machines, self.state.events, now)
             views = {mid: v for mid in {t.machine for t in tasks.values() if t.machine} if (v := self.view(mid, now))}
             session = self.session(job)
             if session is not None:

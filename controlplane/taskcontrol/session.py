@@ -55,8 +55,10 @@ def done(op: Op, tasks: Mapping[int, TaskRec]) -> bool:
 class TaskControlSession:
     def __init__(self, handle: str, url: str, http: Callable[[], aiohttp.ClientSession],
                  interval: float = 1.0, timeout: float = 2.0, on_answer: Callable[[], None] | None = None,
-                 epoch: Callable[[], int] | None = None, token: str | None = None):
+                 epoch: Callable[[], int] | None = None, token: str | None = None,
+                 round_trip: Callable[[float, bool], None] | None = None):
         self.handle = handle
+        self.round_trip = round_trip  # (seconds, answered ok): the daemon's histogram
         self.url = url
         self.token = token  # the job's controller_token: the controller checks it
         self.http = http
@@ -175,6 +177,7 @@ class TaskControlSession:
                            self._notices_key())
         self._last_call_at = time.monotonic()
         acked, error = [], ""
+        sent = time.monotonic()
         try:
             headers = {"Authorization": f"Bearer {self.token}"} if self.token else None
             async with self.http().post(self.url, json=body, headers=headers,
@@ -186,6 +189,8 @@ class TaskControlSession:
         except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, TypeError) as e:
             error = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
             acked = []
+        if self.round_trip is not None:
+            self.round_trip(time.monotonic() - sent, not error)
         if error:
             self.completed = completed + self.completed  # not heard: say it again next call
         else:

@@ -16,6 +16,7 @@ import uuid
 from pathlib import Path
 
 from controlplane.etcdproc import terminate
+from tests.conftest import parse_metrics
 from tests.agent.agentproc import REPO, free_port
 
 API_TOKEN = "test-api-token"
@@ -86,7 +87,15 @@ class Controld:
         """GET /v1/metrics, name -> value."""
         req = urllib.request.Request(self.url + "/v1/metrics", headers={"Authorization": f"Bearer {API_TOKEN}"})
         with urllib.request.urlopen(req, timeout=10, context=self.tls) as r:
-            return {k: float(v) for k, v in (line.split() for line in r.read().decode().splitlines() if line)}
+            return parse_metrics(r.read().decode())
+
+    def wait_metrics(self, predicate, timeout: float = 10, what: str = "condition") -> dict[str, float]:
+        deadline = time.monotonic() + timeout
+        while not predicate(m := self.metrics()):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out waiting for {what}: {m}")
+            time.sleep(0.05)
+        return m
 
     def metric(self, name: str) -> float:
         values = self.metrics()

@@ -18,6 +18,7 @@ from controlplane.devregion import AgentSpec, Region
 from controlplane.taskcontrol.controllers.leader_last import LeaderLast
 from controlplane.taskcontrol.controllers.replica_aware import ReplicaAware
 from controlplane.taskcontrol.sdk import Background, Request, TaskController
+from tests.conftest import parse_metrics
 from tests.agent.agentproc import free_port
 from tests.e2e.helpers import Api, job_spec, running_indices, running_region
 
@@ -261,7 +262,7 @@ def region_metrics(api: Api) -> dict[str, float]:
     req = urllib.request.Request(api.region.url + "/v1/metrics",
                                  headers={"Authorization": f"Bearer {api.region.api_token}"})
     with urllib.request.urlopen(req, timeout=10, context=api.region.tls_context()) as r:
-        return {k: float(v) for k, v in (line.split() for line in r.read().decode().splitlines() if line)}
+        return parse_metrics(r.read().decode())
 
 
 # -- maintenance ---------------------------------------------------------------------------------

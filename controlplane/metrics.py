@@ -1,0 +1,93 @@
+"""The daemon's latency histograms (prometheus_client), served at /v1/metrics after its counters.
+
+- `twine_submit_to_running_seconds`: from a job's create or update (its record's updated_at) to the
+  first pass that finds all of its tasks running at that version.
+- `twine_failure_to_replacement_seconds`: from a machine's failure (its failure event's start:
+  when it was last heard from) to a task that ran there running on another machine, one
+  observation a task; detection (the heartbeat timeout) included.
+- `twine_taskcontrol_round_trip_seconds`, by outcome (ok, error): a TaskControl call, sent to answer.
+
+Each histogram is observed by the shard leader that saw it happen, from the records it commits, so
+a rollout or a failure counts once in the region whatever the number of replicas; a leader that
+takes over a job in the middle of a rollout (or that restarts) does not count it (it did not see
+it start), rather than count it wrong.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
+
+from controlplane.records import EventRec, JobRec, MachineRec, TaskRec
+
+LIFECYCLE_BUCKETS = (0.5, 1, 2, 3, 4, 5, 7.5, 10, 15, 20, 30, 60, 120, 300)
+CALL_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)  # the daemon's own: tests run several in one process
+        self.submit_to_running = Histogram(
+            "twine_submit_to_running_seconds", "A job's create or update to all its tasks running at that version",
+            buckets=LIFECYCLE_BUCKETS, registry=self.registry)
+        self.failure_to_replacement = Histogram(
+            "twine_failure_to_replacement_seconds", "A machine's failure to a task it ran running on another machine",
+            buckets=LIFECYCLE_BUCKETS, registry=self.registry)
+        self.taskcontrol_round_trip = Histogram(
+            "twine_taskcontrol_round_trip_seconds", "A TaskControl call, sent to answered (or failed)",
+            ["outcome"], buckets=CALL_BUCKETS, registry=self.registry)
+
+    def text(self) -> str:
+        return generate_latest(self.registry).decode()
+
+
+class Lifecycle:
+    """What one scheduler watches for the two lifecycle histograms, from the records of a job's pass."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self.metrics = metrics
+        self.rollouts: dict[str, float] = {}  # job -> the updated_at of a rollout seen not yet all running
+        self.settled: dict[str, float] = {}  # job -> the updated_at of its last rollout seen all running
+        self.lost: dict[tuple[str, int], tuple[str, float]] = {}  # task -> (the failed machine, failed at)
+
+    def observe(self, job: JobRec, tasks: Mapping[int, TaskRec], machines: Mapping[str, MachineRec],
+                events: Mapping[str, EventRec], now: float) -> None:
+        handle = job.handle
+        live = [tasks.get(i) for i in range(job.count)]
+        since = job.updated_at or job.created_at
+        if all(t is not None and t.state == "running" and t.spec_version == job.spec_version for t in live):
+            if self.rollouts.pop(handle, None) == since:
+                self.metrics.submit_to_running.observe(max(now - since, 0.0))
+            self.settled[handle] = since
+        elif self.settled.get(handle) != since:
+            self.rollouts.setdefault(handle, since)
+            if self.rollouts[handle] != since:  # updated again before it was all running: the new one counts
+                self.rollouts[handle] = since
+        for i, t in enumerate(live):
+            key = (handle, i)
+            if t is None:
+                continue
+            lost = self.lost.get(key)
+            if lost is not None and t.machine != lost[0] and t.state == "running":
+                del self.lost[key]
+                self.metrics.failure_to_replacement.observe(max(now - lost[1], 0.0))
+            elif lost is None and t.machine and t.state == "running" and (m := machines.get(t.machine)) is not None \
+                    and not m.healthy and (at := _failed_at(t.machine, events)) is not None:
+                self.lost[key] = (t.machine, at)
+        for key in [k for k in self.lost if k[0] == handle and k[1] >= job.count]:
+            del self.lost[key]  # scaled down: no replacement comes
+
+    def forget(self, handle: str) -> None:
+        """The job is stopped or gone, or another shard schedules it now."""
+        self.rollouts.pop(handle, None)
+        self.settled.pop(handle, None)
+        for key in [k for k in self.lost if k[0] == handle]:
+            del self.lost[key]
+
+
+def _failed_at(mid: str, events: Mapping[str, EventRec]) -> float | None:
+    """The start of the machine's open failure event (None: unhealthy for another reason, or in
+    maintenance, which opens none)."""
+    starts = [e.start for e in events.values() if e.kind == "failure" and e.end is None and mid in e.machines]
+    return max(starts) if starts else None

@@ -1,0 +1,85 @@
+"""The daemon's latency histograms (issue #12), read from /v1/metrics: real etcd, a real
+twine-controld, simulated agents (named so: no containers), a TaskController on a thread."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from controlplane.taskcontrol.sdk import Background, TaskController
+from tests.controlplane.controld_proc import Controld
+from tests.controlplane.simagents import SimAgents
+from tests.controlplane.test_controld_api import register
+
+TASK = {"image": "twine/busybox:1", "command": ["sleep", "3600"], "cpus": 1.0, "memory_mb": 64}
+TIMEOUT = 1.0  # the daemon's heartbeat timeout
+
+
+class AckAll(TaskController):
+    def decide(self, request):
+        return request.ops
+
+
+@pytest.fixture
+def region(tmp_path, etcd_server):
+    c = Controld(tmp_path, etcd_server.port, heartbeat_timeout=TIMEOUT).start()
+    creds = {m: register(c, m, "dc1", f"msb-{m}", cpus=4, memory_mb=4096) for m in ("h1", "h2", "h3")}
+    agents = SimAgents(creds, [c.url], interval=0.2)
+    try:
+        with agents:
+            yield c, agents
+    finally:
+        c.close()
+
+
+def running(j: dict, version: int, away_from: str | None = None) -> bool:
+    return len(j["tasks"]) == j["count"] and all(
+        t["state"] == "running" and t["spec_version"] == version and t["machine"] != away_from for t in j["tasks"])
+
+
+def test_submit_update_and_failure_latencies_are_observed_once_each(region):
+    c, agents = region
+    assert c.call("POST", "/v1/entitlements", {"name": "a", "machine_type": "generic", "quota": 3})[0] == 201
+    t0 = time.monotonic()
+    assert c.call("POST", "/v1/jobs", {"entitlement": "a", "name": "svc", "count": 2, "task": TASK})[0] == 201
+    job = c.wait_for("/v1/jobs/a/svc", lambda j: running(j, 1), what="a/svc running")
+    took = time.monotonic() - t0
+    m = c.wait_metrics(lambda m: m.get("twine_submit_to_running_seconds_count") == 1, what="the submit observed")
+    assert 0 < m["twine_submit_to_running_seconds_sum"] <= took + 0.5, (m["twine_submit_to_running_seconds_sum"], took)
+
+    spec = {"entitlement": "a", "name": "svc", "count": 2, "task": {**TASK, "env": {"V": "2"}}}
+    assert c.call("PUT", "/v1/jobs/a/svc", spec)[0] == 200
+    c.wait_for("/v1/jobs/a/svc", lambda j: running(j, 2), what="a/svc updated")
+    c.wait_metrics(lambda m: m.get("twine_submit_to_running_seconds_count") == 2, what="the update observed")
+
+    victim = job["tasks"][0]["machine"]
+    lost = sum(1 for t in job["tasks"] if t["machine"] == victim)
+    agents.cut.add(victim)
+    c.wait_for("/v1/jobs/a/svc", lambda j: running(j, 2, away_from=victim), what="a/svc replaced")
+    m = c.wait_metrics(lambda m: m.get("twine_failure_to_replacement_seconds_count") == lost,
+                       what="each replacement observed")
+    # from when the machine was last heard from: the heartbeat timeout at least, detection included
+    assert m["twine_failure_to_replacement_seconds_sum"] >= lost * TIMEOUT, m
+    time.sleep(0.5)  # passes go on: each rollout and each replacement counted once, not once a pass
+    m = c.metrics()
+    assert m["twine_submit_to_running_seconds_count"] == 2 and m["twine_failure_to_replacement_seconds_count"] == lost
+
+
+def test_taskcontrol_round_trips_are_observed_by_outcome(region):
+    c, _ = region
+    assert c.call("POST", "/v1/entitlements", {"name": "t", "machine_type": "generic", "quota": 3})[0] == 201
+    with Background(AckAll()) as url:
+        spec = {"entitlement": "t", "name": "svc", "count": 2, "task": TASK, "controller": url}
+        assert c.call("POST", "/v1/jobs", spec)[0] == 201
+        c.wait_for("/v1/jobs/t/svc", lambda j: running(j, 1), what="t/svc running")
+        # an update: each task's restart is the controller's to approve
+        assert c.call("PUT", "/v1/jobs/t/svc", {**spec, "task": {**TASK, "env": {"V": "2"}}})[0] == 200
+        c.wait_for("/v1/jobs/t/svc", lambda j: running(j, 2), what="t/svc updated")
+        m = c.wait_metrics(lambda m: m.get('twine_taskcontrol_round_trip_seconds_count{outcome="ok"}', 0) >= 1,
+                           what="a call answered")
+        assert m.get('twine_taskcontrol_round_trip_seconds_count{outcome="error"}', 0) == 0
+    # the controller is gone: the next update's calls fail, and are counted so
+    assert c.call("PUT", "/v1/jobs/t/svc", {**spec, "task": {**TASK, "env": {"V": "3"}}})[0] == 200
+    c.wait_metrics(lambda m: m.get('twine_taskcontrol_round_trip_seconds_count{outcome="error"}', 0) >= 1,
+                   what="a failed call", timeout=10)

@@ -3,7 +3,7 @@ machine's loss to every lost task running again elsewhere, each beside a baselin
 same run on the same Docker.
 
 Real everything: etcd, twine-controld, one twine-agent per machine in its own network namespace
-(the dev region, controlplane/devregion.py), real containers of the busybox test image. Run as
+(the dev region, controlplane/devregion/), real containers of the busybox test image. Run as
 root with dockerd up and the image built (bash scripts/setup.sh does both):
 
     .venv/bin/python bench/bench_lifecycle.py [--rounds 5] [--trials 10] [--heartbeat-timeout 3]

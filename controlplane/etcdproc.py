@@ -1,7 +1,7 @@
 """A real etcd (Debian's `etcd`) on free loopback ports with its own data dir.
 
 Used by the tests (`tests/etcd_server.py` re-exports it) and by the local dev region
-(`controlplane/devregion.py`). The data dir belongs to the server: `stop()` removes it.
+(`controlplane/devregion/`). The data dir belongs to the server: `stop()` removes it.
 """
 
 from __future__ import annotations

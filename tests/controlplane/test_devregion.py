@@ -182,14 +182,14 @@ def test_teardown_after_a_partial_create_leaves_nothing(cleanup, monkeypatch):
     cleanup.append(net)
     net.create()
     net.add_namespace("a")
-    real = devregion.in_netns
+    real = devregion.network.in_netns
 
     def broken(ns, fn):
         if ns.endswith("-b"):
             raise OSError("injected failure")
         return real(ns, fn)
 
-    monkeypatch.setattr(devregion, "in_netns", broken)
+    monkeypatch.setattr(devregion.network, "in_netns", broken)  # as Network.add_namespace calls it
     with pytest.raises(OSError, match="injected"):
         net.add_namespace("b")  # its namespace exists, its veth does not
     assert net.netns_name("b") in net.leftovers()["netns"]

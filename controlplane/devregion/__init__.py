@@ -1,0 +1,54 @@
+"""A local test region on this one machine: etcd, one `twine-controld`, and N agents, each agent in
+its own network namespace. Used by the README demo and by the end-to-end tests.
+
+    python -m controlplane.devregion up --dir /tmp/region [--kernel-owner m1]
+    python -m controlplane.devregion status --dir /tmp/region
+    python -m controlplane.devregion kill|restart|partition|heal NAME --dir /tmp/region
+    python -m controlplane.devregion down --dir /tmp/region
+
+NAME is `etcd`, `controld` or an agent's name. To rehearse failures:
+- `kill` SIGKILLs it (`--signal TERM` for a clean stop); its data and state stay (etcd's too).
+- `restart` stops it (SIGTERM) if it runs and starts it again, on the same data, ports, address.
+- `partition` cuts it off while it keeps running (iptables DROP rules, so connections go silent
+  as behind a real partition, not refused): an agent from controld (a rule in its own namespace:
+  its containers keep running); etcd from controld (its client port on loopback); controld from
+  everything (its API port on the bridge, and etcd). `heal` removes the rules (no NAME: all);
+  `down` removes any left.
+
+or, in Python::
+
+    with Region(tmp, [AgentSpec("m1", "dc1", "msb1", "rack1")]) as r:
+        print(r.twinectl("machine", "list").stdout)
+
+Network (everything named with a short random prefix `twXXXX`, unique per region):
+
+    host ── bridge `twXXXX-br`, 10.250.K.1/24 (controld listens here; K: the first /24 of
+      │     10.250.0.0/16 not routed on this host)
+      ├── veth `twXXXX-h0` ══ `eth0` in netns `twXXXX-m1`, 10.250.K.10/24, lo up
+      └── veth `twXXXX-h1` ══ `eth0` in netns `twXXXX-m2`, 10.250.K.11/24, lo up
+
+A namespace has only its connected /24 (no default route), so it can reach the bridge address and
+nothing beyond; bridge ports are isolated (namespaces cannot reach each other); the bridge and the
+host ends do not forward (`net.ipv4.conf.<if>.forwarding=0`, whatever the host's ip_forward says)
+and have IPv6 off; no NAT is set up. etcd stays on 127.0.0.1: only controld (on the host) uses it.
+
+The package: `procs` (starting, recording and stopping processes), `network` (the bridge and the
+namespaces), `region` (the Region: etcd, controld, agents; kill, restart, partition, heal), `cli`.
+
+Processes are started in their own session (setsid), logged to `DIR/logs/`, and recorded by PID
+and start time in `DIR/region.json`, which is rewritten on every change: `down` (or
+`Region.from_dir(DIR).stop()`) tears down everything from that file, also after the launcher died.
+"""
+
+from controlplane.devregion.network import (FIRST_HOST, MAX_AGENTS, NAME_RE, SUBNET_POOL, Network, NsInfo, in_netns,
+                                            ns_http_get, ns_socket)
+from controlplane.devregion.procs import REPO, ProcRef, child_env, log_tail, spawn, stop_process
+from controlplane.devregion.region import (AGENT_LISTEN, CONTROLD_PORT, DEFAULT_AGENTS, JOB_LABEL, MACHINE_LABEL,
+                                           STATE_FILE, AgentSpec, Region, default_agents)
+from controlplane.devregion.cli import main
+
+__all__ = [
+    "AGENT_LISTEN", "CONTROLD_PORT", "DEFAULT_AGENTS", "FIRST_HOST", "JOB_LABEL", "MACHINE_LABEL", "MAX_AGENTS", "NAME_RE",
+    "REPO", "STATE_FILE", "SUBNET_POOL", "AgentSpec", "Network", "NsInfo", "ProcRef", "Region", "child_env",
+    "default_agents", "in_netns", "log_tail", "main", "ns_http_get", "ns_socket", "spawn", "stop_process",
+]

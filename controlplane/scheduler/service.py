@@ -263,7 +263,7 @@ class Scheduler:
             views = {mid: v for mid in {t.machine for t in tasks.values() if t.machine} if (v := self.view(mid, now))}
             session = self.session(job)
             if session is not None:
-                session.observe(tasks)
+                session.observe(tasks, job.count)
             gate = Gate(frozenset(session.approved) if session else None, self.limiter.available(handle))
             plan = reconcile(job, tasks, views, gate)
             self.plans[handle] = plan

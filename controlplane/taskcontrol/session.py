@@ -86,14 +86,46 @@ class TaskControlSession:
         self._last_call_at = 0.0
         self._task: asyncio.Task | None = None
         self._again = False
+        self._seen_down: dict[str, frozenset[int]] = {}  # approved op -> the tasks said down in the call that approved it
+        self.withdrawn = 0  # approvals withdrawn because a task went down after them
 
     # -- driven by the scheduler, once per pass ------------------------------------------------
 
-    def observe(self, tasks: Mapping[int, TaskRec]) -> None:
+    def observe(self, tasks: Mapping[int, TaskRec], count: int | None = None) -> None:
+        """At the start of a pass, before its approved operations may start: in-flight ones that
+        finished become completions, and an approval given before a task went down is withdrawn."""
         for op_id, op in list(self.in_flight.items()):
             if done(op, tasks):
                 del self.in_flight[op_id]
                 self.completed.append({**op_json(self.handle, op), "outcome": "done"})
+        if self.approved:
+            self._withdraw_stale(tasks, count)
+
+    def _withdraw_stale(self, tasks: Mapping[int, TaskRec], count: int | None) -> None:
+        """An approval holds for the state the controller was told of (issue #12, a cause of two
+        replicas of a shard down together: a task failed between the answer and the pass that
+        starts the operation). A task down now that was not down then, and is no operation's of
+        ours, withdraws every approval not yet started: each is reported `cancelled` and asked
+        again, with the new failure in `allUnhealthyTasks`, so the controller decides anew. So is
+        an approval of an operation on a task that was down then and is up now."""
+        down = {i for i, t in tasks.items() if t.state != "running" and (count is None or i < count)}
+        ours = {op.index for op in self.in_flight.values()}  # down by our doing (an approval alone takes none down)
+        for op_id in sorted(self.approved):
+            seen = self._seen_down.get(op_id, frozenset())
+            index = self.approved_ops[op_id]["task"]["index"] if op_id in self.approved_ops else None
+            new = down - seen - ours
+            # approved because its task was down anyway (it takes no replica down), and now it is up:
+            # starting it would take one down (found by tests/controlplane/taskcontrol/test_properties.py)
+            back = index in seen and index not in down
+            if not new and not back:
+                continue
+            self.approved.discard(op_id)
+            self._seen_down.pop(op_id, None)
+            if op_id in self.approved_ops:
+                self.completed.append({**self.approved_ops.pop(op_id), "outcome": "cancelled"})
+            self.withdrawn += 1
+            log.info("%s: approval of %s withdrawn: %s since the controller gave it", self.handle, op_id,
+                     f"task(s) {sorted(new)} went down" if new else f"its task {index} is up again")
 
     def offer(self, proposed: list[Op], unhealthy: list[dict], notices: list[dict] = ()) -> None:
         """The disruptive operations the job wants now; calls the controller if anything changed
@@ -107,6 +139,7 @@ class TaskControlSession:
             self.completed.append({**self.approved_ops[op_id], "outcome": "cancelled"})
             self.approved.discard(op_id)
         self.approved_ops = {k: v for k, v in self.approved_ops.items() if k in self.approved}
+        self._seen_down = {k: v for k, v in self._seen_down.items() if k in self.approved}
         self.unhealthy = unhealthy
         self.notices = list(notices)
         # One call per change that can let the controller approve something, plus the periodic
@@ -132,6 +165,7 @@ class TaskControlSession:
         by_id = {op.id: op for op in ops}
         for op_id in op_ids:
             self.approved.discard(op_id)
+            self._seen_down.pop(op_id, None)
             if op_id in by_id:
                 self.in_flight[op_id] = by_id[op_id]
 
@@ -197,6 +231,8 @@ class TaskControlSession:
             self._told_completed -= told
         self.approved |= set(acked)
         self.approved_ops.update({op["id"]: op for op in request if op["id"] in acked})
+        told_down = frozenset(u["index"] for u in body["allUnhealthyTasks"])
+        self._seen_down.update((op_id, told_down) for op_id in acked)
         self.status = {"calls": self.status["calls"] + 1, "ok": not error, "error": error, "last_call": time.time(),
                        "sequence": self.seq}
         self.calls.append({"sequence": self.seq, "request": [op["id"] for op in request],

@@ -56,8 +56,10 @@ class TaskControlSession:
     def __init__(self, handle: str, url: str, http: Callable[[], aiohttp.ClientSession],
                  interval: float = 1.0, timeout: float = 2.0, on_answer: Callable[[], None] | None = None,
                  epoch: Callable[[], int] | None = None, token: str | None = None,
-                 round_trip: Callable[[float, bool], None] | None = None):
+                 round_trip: Callable[[float, bool], None] | None = None,
+                 clock: Callable[[], float] = time.monotonic):
         self.handle = handle
+        self.clock = clock  # when the periodic call is due (tests advance their own)
         self.round_trip = round_trip  # (seconds, answered ok): the daemon's histogram
         self.url = url
         self.token = token  # the job's controller_token: the controller checks it
@@ -154,7 +156,7 @@ class TaskControlSession:
             or any(c["id"] not in self._told_completed for c in self.completed)
         # a failed call is not tried again at once (the answer wakes the scheduler, whose pass
         # would call again: a loop against a dead controller), but at the interval
-        due = (self.pending or self.notices or self.completed) and time.monotonic() - self._last_call_at >= self.interval
+        due = (self.pending or self.notices or self.completed) and self.clock() - self._last_call_at >= self.interval
         if changed or due:
             self._kick()
 
@@ -209,7 +211,7 @@ class TaskControlSession:
         self._told_completed |= told
         self._last_sent = (frozenset(op["id"] for op in request), frozenset(u["index"] for u in self.unhealthy),
                            self._notices_key())
-        self._last_call_at = time.monotonic()
+        self._last_call_at = self.clock()
         acked, error = [], ""
         sent = time.monotonic()
         try:

@@ -51,6 +51,14 @@ class Api:
         raise AssertionError(f"{handle}: timed out waiting for {what}: {json.dumps(job)[:3000]}\n"
                              f"controld: {self.region.logs('controld')[-3000:]}")
 
+    def wait_machines(self, predicate, timeout: float, what: str) -> list[dict]:
+        deadline = time.monotonic() + timeout
+        while not predicate(ms := self.ok("GET", "/v1/machines")["machines"]):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out waiting for {what}: {json.dumps(ms)[:3000]}")
+            time.sleep(0.1)
+        return ms
+
     def wait_running(self, handle: str, timeout: float = 60) -> dict:
         return self.wait_job(handle, lambda j: len(j["tasks"]) >= j["count"] and all(
             t["state"] == "running" and t["spec_version"] == j["spec_version"]

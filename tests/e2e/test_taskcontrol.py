@@ -156,7 +156,13 @@ def test_figure2_replica_aware_rolling_update_and_machine_failure(api, region):
                 api.wait_job("fig2/shards", lambda j: all(t["spec_version"] == 3 and t["state"] == "running"
                                                           for t in j["tasks"] if t["index"] not in (0, 3, 6)),
                              60, "the tasks that share no shard with task 4 updated")
-                time.sleep(2)  # task 1 and task 7 stay untouched while task 4 is down
+                # tasks 1 and 7 stay untouched while task 4 is down: the controller was asked about
+                # them in a call that said task 4 was down, and refused them (the sampler shows the rest)
+                deadline = time.monotonic() + 30
+                while not any({"restart/0/v3", "restart/6/v3"} <= set(c["request"]) and 3 in c["unhealthy"]
+                              and not {"restart/0/v3", "restart/6/v3"} & set(c["ack"]) for c in list(controller.calls)):
+                    assert time.monotonic() < deadline, list(controller.calls)[-5:]
+                    time.sleep(0.05)
                 region.start_agent(victim)
                 api.wait_running("fig2/shards", timeout=120)
         finally:
@@ -185,8 +191,9 @@ def test_unreachable_controller_blocks_its_job_only(api, region):
     update(api, "blocked", "x", 2, "2", controller=dead)
     update(api, "blocked", "y", 2, "2")
     api.wait_running("blocked/y")
-    time.sleep(3)
-    x = api.job("blocked/x")
+    # y is updated; x's calls have failed (twice: the first call and the one at the interval)
+    x = api.wait_job("blocked/x", lambda j: j["taskcontrol"]["ok"] is False and j["taskcontrol"]["calls"] >= 2, 30,
+                     "x's controller calls failed")
     assert x["spec_version"] == 2 and all(t["spec_version"] == 1 and t["state"] == "running" for t in x["tasks"])
     assert {c["id"] for c in region.containers("blocked/x")} == x_before, "no task of x was touched"
     assert "acks nothing" in x["message"] and x["taskcontrol"]["ok"] is False, x["message"]

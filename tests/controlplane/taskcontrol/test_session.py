@@ -73,13 +73,42 @@ class Stub:
         await self.runner.cleanup()
 
 
+class Held:
+    """A reply that holds each answer until the test lets it go: `arrived` is set when a call has
+    reached the controller; `release()` lets the answers out (no sleep decides what is "during")."""
+
+    def __init__(self, answer: Callable[[dict], web.Response]):
+        self.answer = answer
+        self.arrived = asyncio.Event()
+        self._go = asyncio.Event()
+
+    async def __call__(self, body: dict) -> web.Response:
+        self.arrived.set()
+        await self._go.wait()
+        return self.answer(body)
+
+    def release(self) -> None:
+        self._go.set()
+
+
+class Clock:
+    """The session's clock, advanced by the test."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
 class Scheduler:
     """The scheduler's use of one session: an HTTP client of its own, and a count of answers."""
 
-    def __init__(self, url: str, interval: float = 60.0, timeout: float = 1.0):
+    def __init__(self, url: str, interval: float = 60.0, timeout: float = 1.0, clock: Callable[[], float] | None = None):
         self.answers = 0
         self.http: aiohttp.ClientSession | None = None
-        self.s = TaskControlSession(H, url, self.client, interval, timeout, on_answer=self.answered)
+        self.s = TaskControlSession(H, url, self.client, interval, timeout, on_answer=self.answered,
+                                    **({"clock": clock} if clock else {}))
 
     def client(self) -> aiohttp.ClientSession:
         if self.http is None:
@@ -210,10 +239,17 @@ def test_calls_again_only_when_the_controller_could_approve_something_new():
 
 
 def test_calls_again_at_the_interval_while_something_is_pending():
+    clock = Clock()
+
     async def body():
-        async with Stub(lambda b: web.json_response({"ack": []})) as stub, Scheduler(stub.url, interval=0.05) as sch:
+        async with Stub(lambda b: web.json_response({"ack": []})) as stub, \
+                Scheduler(stub.url, interval=5.0, clock=clock) as sch:
             await sch.offer([restart(0)])
-            await asyncio.sleep(0.06)
+            clock.now += 4.9
+            call = sch.s._task
+            sch.s.offer([restart(0)], [])  # unchanged and not due: no call made, none queued
+            assert sch.s._task is call and call.done() and not sch.s._again
+            clock.now += 0.1
             await sch.offer([restart(0)])  # unchanged, but due
             return len(stub.bodies)
 
@@ -221,15 +257,13 @@ def test_calls_again_at_the_interval_while_something_is_pending():
 
 
 def test_an_offer_during_a_call_leads_to_one_more_call_with_the_latest_set():
-    async def slow(b):
-        await asyncio.sleep(0.05)
-        return web.json_response({"ack": []})
-
     async def body():
-        async with Stub(slow) as stub, Scheduler(stub.url) as sch:
+        held = Held(lambda b: web.json_response({"ack": []}))
+        async with Stub(held) as stub, Scheduler(stub.url) as sch:
             sch.s.offer([restart(0)], [])
-            await asyncio.sleep(0.01)
+            await held.arrived.wait()
             sch.s.offer([restart(1)], [])  # while the first call is out
+            held.release()
             await until(lambda: sch.answers >= 2)
             return [[o["id"] for o in b["request"]] for b in stub.bodies]
 
@@ -242,15 +276,13 @@ def test_an_offer_during_an_acking_call_asks_nothing_again():
     for restart/0, approved meanwhile, would make the controller take it for an op the scheduler
     dropped and approve a conflicting one next to it."""
 
-    async def ack_first_slowly(b):
-        await asyncio.sleep(0.05)
-        return web.json_response({"ack": [o["id"] for o in b["request"]][:1]})
-
     async def body():
-        async with Stub(ack_first_slowly) as stub, Scheduler(stub.url) as sch:
+        held = Held(lambda b: web.json_response({"ack": [o["id"] for o in b["request"]][:1]}))
+        async with Stub(held) as stub, Scheduler(stub.url) as sch:
             sch.s.offer([restart(0), restart(1)], [])
-            await asyncio.sleep(0.01)
+            await held.arrived.wait()
             sch.s.offer([restart(0), restart(1)], [{"index": 5, "state": "lost"}])  # while the first call is out
+            held.release()
             await until(lambda: sch.answers >= 1)
             # the next pass: restart/0 approved (still proposed until the scheduler starts it)
             call = sch.s._task
@@ -376,15 +408,13 @@ def test_an_approved_op_that_is_no_longer_proposed_is_reported_cancelled_once():
 
 
 def test_acks_arriving_for_ops_not_wanted_any_more_come_back_cancelled():
-    async def slow(b):
-        await asyncio.sleep(0.05)
-        return web.json_response({"ack": [o["id"] for o in b["request"]]})
-
     async def body():
-        async with Stub(slow) as stub, Scheduler(stub.url) as sch:
+        held = Held(lambda b: web.json_response({"ack": [o["id"] for o in b["request"]]}))
+        async with Stub(held) as stub, Scheduler(stub.url) as sch:
             sch.s.offer([restart(0)], [])
-            await asyncio.sleep(0.01)
+            await held.arrived.wait()
             sch.s.offer([], [])  # withdrawn while the call is out
+            held.release()
             await until(lambda: sch.answers >= 1)
             await sch.offer([], [])  # the pass after the answer: the acked op comes back cancelled
             return stub.bodies, sch.s
@@ -432,16 +462,18 @@ def test_with_an_sdk_controller_end_to_end():
 def test_a_completion_is_reported_again_after_a_failed_call():
     answers = iter([web.json_response({"ack": ["restart/0/v2"]}), web.json_response({}, status=500)])
 
+    clock = Clock()
+
     async def body():
         async with Stub(lambda b: next(answers, web.json_response({"ack": []}))) as stub, \
-                Scheduler(stub.url, interval=0.05) as sch:
+                Scheduler(stub.url, interval=5.0, clock=clock) as sch:
             s = sch.s
             await sch.offer([restart(0)])
             s.started(["restart/0/v2"], [restart(0)])
             s.observe({0: task(0, v=2)})
             await sch.offer([])  # this call fails (HTTP 500): the controller did not hear of it
             assert s.status["ok"] is False
-            await asyncio.sleep(0.06)
+            clock.now += 5.0
             await sch.offer([], unhealthy({1: task(1, "failed")}, 2))  # at the interval: told again
             return stub.bodies
 

@@ -25,7 +25,7 @@ from heapq import heapify, heappop, heappush
 
 from .index import Entry, Path, first_fit
 from .model import EPSILON, LEVELS, Machine
-from .preferences import BinCounts, bin_scores
+from .preferences import BinCounts, bin_scores, bin_ties
 from .request import Requirements
 from .snapshot import Snapshot
 from .view import View
@@ -131,7 +131,8 @@ class Candidates:
         self.quiet = quiet
 
     def pick(self, counts: BinCounts) -> str | None:
-        """The machine for the next task: best score, then own machines first, then best fit."""
+        """The machine for the next task: best score, then fewest of the job's tasks at the finest
+        spread level (preferences.bin_ties), then own machines first, then best fit."""
         paths: list[Path] = []
         keys: list[Key] = []
         for p in self.occupied:
@@ -155,7 +156,8 @@ class Candidates:
         if not paths:
             return None
         scores = bin_scores(self.req.preferences, counts, paths)
-        _, (_, entry) = min(zip(scores, keys), key=lambda sk: (-sk[0], sk[1]))
+        ties = bin_ties(self.req.preferences, counts, paths)
+        _, _, (_, entry) = min(zip(scores, ties, keys), key=lambda stk: (-stk[0], stk[1], stk[2]))
         return entry[2]
 
     def after_pick(self, path: Path) -> None:

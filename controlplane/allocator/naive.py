@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from .allocate import no_fit
 from .model import EPSILON, JobRequest, Placement
-from .preferences import BinCounts, bin_scores
+from .preferences import BinCounts, bin_scores, bin_ties
 from .request import build_placement, resolve, split_tasks
 from .snapshot import Snapshot
 from .view import View
@@ -42,7 +42,8 @@ def allocate_naive(snapshot: Snapshot, request: JobRequest) -> Placement:
             raise no_fit(snapshot, req, view, i)
         paths = sorted({s[0] for s in survivors})
         score = dict(zip(paths, bin_scores(req.preferences, counts, paths)))
-        m = min(survivors, key=lambda s: (-score[s[0]], s[1], s[2], s[3], s[4]))[5]
+        tie = dict(zip(paths, bin_ties(req.preferences, counts, paths)))
+        m = min(survivors, key=lambda s: (-score[s[0]], tie[s[0]], s[1], s[2], s[3], s[4]))[5]
         view.consume(m, r.cpus, r.memory_mb, m.path(req.level))
         counts.add(m)
         task_machines[i] = m.id

@@ -3,7 +3,12 @@ the framework normalises it to [0, 1] over the candidates and adds it up by weig
 
 A preference bins machines by a property (region, dc, msb, rack) and counts this job's tasks per
 bin: "spread" scores a bin higher the fewer tasks it has, "pack" the more. One spread preference
-thus acts as a score (Kubernetes' topology spread with ScheduleAnyway)."""
+thus acts as a score (Kubernetes' topology spread with ScheduleAnyway).
+
+Bins whose weighted scores tie are told apart by this job's tasks in them at the finest spread
+level: fewer first (issue #12: after a failure, a replacement whose dc score and msb score
+summed alike over two MSBs went to the fuller one by best fit, 3 of a job's 6 tasks on one
+machine while another held 1). Only then the entitlement's own machines, then best fit."""
 
 from __future__ import annotations
 
@@ -57,3 +62,14 @@ def bin_scores(preferences: Iterable[SoftPreference], counts: BinCounts, paths: 
         for i, s in enumerate(normalise(raw)):
             total[i] += pref.weight * s
     return total
+
+
+def bin_ties(preferences: Iterable[SoftPreference], counts: BinCounts, paths: list[Path]) -> list[int]:
+    """Per candidate bin, this job's tasks at the finest level a spread preference uses (0 when
+    none does): the tie-break after bin_scores, lower first."""
+    levels = [LEVELS.index(p.property) for p in preferences if p.strategy == "spread" and p.weight != 0]
+    if not levels:
+        return [0] * len(paths)
+    finest = max(levels)
+    at = counts.at(LEVELS[finest]).get
+    return [at(p[:finest + 1], 0) for p in paths]

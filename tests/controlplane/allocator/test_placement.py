@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from controlplane.allocator import NoPlacement, PlacedTask, SoftPreference, allocate
+from controlplane.allocator.naive import allocate_naive
 
 from .builders import grid, job, make_entitlement, make_machine, snapshot, tasks_per
 
@@ -153,3 +154,20 @@ def test_a_cordoned_machine_keeps_its_tasks_takes_no_new_ones_and_moves_one_on_r
     assert moved.task_machines == ("a", "b") and moved.new_tasks == (1,)
     with pytest.raises(NoPlacement, match="healthy left 1; not in maintenance left 0"):
         allocate(snapshot([dc_replace(machines[0], cordoned=True)]), job("ent/other", 1))
+
+
+def test_replacements_after_a_failure_keep_the_job_spread_over_msbs():
+    """Issue #12: six tasks over two dcs of two MSBs (a machine each), spread over dc and msb. The
+    machine holding two fails: its two tasks are replaced. A pick whose dc and msb scores summed
+    alike went by best fit to the fuller MSB: 3 of the 6 on one machine while another held 1. Now
+    the tie goes to the MSB with fewer of the job's tasks: none holds more than 2."""
+    machines = [make_machine(f"x{i}", dc=f"dc{i // 2}", msb=f"msb{i}", entitlement="ent") for i in range(4)]
+    where = {0: "x0", 1: "x1", 2: "x2", 3: "x3", 4: "x0", 5: "x2"}  # x2 holds 2, and fails
+    placed = [PlacedTask("ent/job", i, mid, 1.0, 512) for i, mid in where.items()]
+    machines[2] = make_machine("x2", dc="dc1", msb="msb2", entitlement="ent", healthy=False)
+    snap = snapshot(machines, tasks=placed)
+    p = allocate(snap, job(count=6))
+    assert sorted(p.new_tasks) == [2, 5]
+    per_msb = tasks_per(snap, p, "msb")
+    assert max(per_msb.values()) == 2, per_msb
+    assert allocate_naive(snap, job(count=6)).task_machines == p.task_machines

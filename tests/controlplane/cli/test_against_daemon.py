@@ -1,0 +1,137 @@
+"""twinectl against the real twine-controld (issue #12: its tests ran against a protocol stand-in
+written before the daemon, which answered what the daemon does not): real etcd, a real daemon,
+simulated agents (named so: no containers) that report their tasks running. Each test uses
+entitlements and jobs of its own. test_http.py keeps only what a daemon cannot be made to do on
+purpose (a proxy's HTML 502, an answer of an unknown shape, a daemon too slow to answer)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from controlplane.cli import twinectl
+from controlplane.cli.twinectl import EXIT_FAILED, EXIT_INPUT, EXIT_OK, EXIT_UNAUTHORIZED
+from tests.controlplane.cli.test_specfile import TOML_SPEC, YAML_SPEC
+from tests.controlplane.controld_proc import API_TOKEN, Controld
+from tests.controlplane.simagents import SimAgents
+from tests.controlplane.test_controld_api import register
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory, etcd_server):
+    c = Controld(tmp_path_factory.mktemp("cli-daemon"), etcd_server.port, heartbeat_timeout=5.0).start()
+    creds = {m: register(c, m, f"dc{i % 2}", f"msb{i}", cpus=2, memory_mb=2048) for i, m in enumerate(("c1", "c2", "c3"))}
+    try:
+        with SimAgents(creds, [c.url], interval=0.2):
+            yield c
+    finally:
+        c.close()
+
+
+@pytest.fixture
+def ctl(daemon, monkeypatch):
+    for name in ("TWINE_URL", "TWINE_TOKEN", "TWINE_TOKEN_FILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(twinectl, "POLL_INTERVAL", 0.05)
+
+    def run(*argv: str, token: str | None = API_TOKEN) -> int:
+        return twinectl.main(["--url", daemon.url, *(["--token", token] if token else []), *argv])
+
+    return run
+
+
+def spec(tmp_path, entitlement: str, text: str = YAML_SPEC, name: str = "job.yaml"):
+    path = tmp_path / name
+    path.write_text(text.replace("entitlement: web", f"entitlement: {entitlement}")
+                    .replace('entitlement = "web"', f'entitlement = "{entitlement}"'))
+    return path
+
+
+def test_no_token_or_a_wrong_one_is_exit_4(ctl, capsys):
+    assert ctl("job", "list", token=None) == EXIT_UNAUTHORIZED
+    assert capsys.readouterr().err == ("twinectl: missing 'Authorization: Bearer <token>' (no token given: use --token, "
+                                       "--token-file, TWINE_TOKEN or TWINE_TOKEN_FILE)\n")
+    assert ctl("job", "list", token="not-it") == EXIT_UNAUTHORIZED
+    err = capsys.readouterr().err
+    assert err.startswith("twinectl: ") and "no token given" not in err, err
+
+
+def test_job_run_wait_status_resize_stop(ctl, daemon, capsys, tmp_path):
+    assert ctl("entitlement", "create", "cli1", "--machine-type", "generic", "--quota", "3") == EXIT_OK
+    assert "entitlement:  cli1" in capsys.readouterr().out
+    assert ctl("job", "run", str(spec(tmp_path, "cli1")), "--wait", "20") == EXIT_OK
+    out = capsys.readouterr()
+    assert out.out.startswith("job cli1/frontend  state=active  count=3  spec_version=1  running=3")
+    assert out.err.splitlines()[-1].startswith("cli1/frontend: 3 of 3 tasks running at spec version 1")
+    # the daemon placed what the file asked: spread over MSBs, the task as written
+    job = daemon.call("GET", "/v1/jobs/cli1/frontend")[1]
+    assert len({t["where"]["msb"] for t in job["tasks"]}) == 3
+    assert job["task"]["env"] == {"GREETING": "hello"} and job["task"]["cpus"] == 0.5
+
+    assert ctl("job", "status", "cli1/frontend") == EXIT_OK
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1].split() == ["INDEX", "STATE", "MACHINE", "DC", "MSB", "SPEC", "DISCOVERY", "REASON"]
+    assert len(lines) == 5 and all(line.split()[1] == "running" for line in lines[2:])
+
+    assert ctl("job", "resize", "cli1/frontend", "2", "--wait", "20") == EXIT_OK
+    assert "count=2" in capsys.readouterr().out
+    assert len(daemon.call("GET", "/v1/jobs/cli1/frontend")[1]["tasks"]) == 2
+    assert ctl("job", "stop", "cli1/frontend", "--wait", "20") == EXIT_OK
+    assert "stopped" in capsys.readouterr().out
+
+
+def test_a_toml_spec_and_an_update(ctl, daemon, capsys, tmp_path):
+    assert ctl("entitlement", "create", "cli2", "--machine-type", "generic", "--quota", "3") == EXIT_OK
+    assert ctl("job", "run", str(spec(tmp_path, "cli2", TOML_SPEC, "job.toml")), "--wait", "20") == EXIT_OK
+    capsys.readouterr()
+    updated = spec(tmp_path, "cli2", YAML_SPEC.replace("GREETING: hello", "GREETING: bonjour"))
+    assert ctl("job", "update", str(updated), "--wait", "30") == EXIT_OK
+    assert "spec_version=2" in capsys.readouterr().out
+    job = daemon.call("GET", "/v1/jobs/cli2/frontend")[1]
+    assert job["task"]["env"] == {"GREETING": "bonjour"}
+    assert all(t["spec_version"] == 2 and t["state"] == "running" for t in job["tasks"])
+    assert ctl("job", "stop", "cli2/frontend", "--wait", "20") == EXIT_OK
+
+
+def test_the_daemons_refusals_are_exit_1_or_2_with_its_field_and_why(ctl, capsys, tmp_path):
+    assert ctl("entitlement", "create", "cli3", "--machine-type", "generic", "--quota", "1") == EXIT_OK
+    capsys.readouterr()
+    big = spec(tmp_path, "cli3", YAML_SPEC.replace("cpus: 0.5", "cpus: 1.5"))  # 3 tasks of 1.5 need 3 machines
+    assert ctl("job", "run", str(big)) == EXIT_FAILED
+    err = capsys.readouterr().err
+    assert err.startswith("twinectl: ") and "quota" in err, err
+    assert ctl("job", "status", "cli3/nothing") == EXIT_FAILED
+    assert capsys.readouterr().err == "twinectl: job: no job 'cli3/nothing'\n"
+    assert ctl("entitlement", "create", "cli3b", "--machine-type", "generic", "--quota", "-1") == EXIT_INPUT
+    assert "quota" in capsys.readouterr().err
+
+
+def test_json_is_the_daemons_answer(ctl, daemon, capsys):
+    for argv, path in [(["entitlement", "list"], "/v1/entitlements"), (["machine", "list"], "/v1/machines"),
+                       (["machine", "show", "c1"], "/v1/machines/c1"), (["job", "list"], "/v1/jobs")]:
+        assert ctl("--json", *argv) == EXIT_OK
+        shown = json.loads(capsys.readouterr().out)
+        answer = daemon.call("GET", path)[1]
+        volatile = ("last_heartbeat", "agent", "etcd_revision")  # moves between the two reads
+        strip = lambda d: {k: strip(v) for k, v in d.items() if k not in volatile} if isinstance(d, dict) else (  # noqa: E731
+            [strip(x) for x in d] if isinstance(d, list) else d)
+        assert strip(shown) == strip(answer), argv
+
+
+def test_entitlement_modify_changes_what_the_daemon_holds(ctl, daemon, capsys):
+    assert ctl("entitlement", "create", "cli4", "--machine-type", "generic", "--quota", "2", "--spread", "msb") == EXIT_OK
+    assert ctl("entitlement", "modify", "cli4", "--quota", "3", "--pin-dc", "dc1") == EXIT_OK
+    ent = daemon.call("GET", "/v1/entitlements/cli4")[1]
+    assert ent["quota"] == 3 and ent["spread"] == {"properties": ["msb"], "pinned_dc": "dc1"}
+    assert "entitlement:  cli4" in capsys.readouterr().out
+
+
+def test_token_and_url_from_the_environment(daemon, ctl, tmp_path, monkeypatch):
+    (tmp_path / "token").write_text(f"# twinectl\n{API_TOKEN}\n")
+    monkeypatch.setenv("TWINE_URL", daemon.url)
+    monkeypatch.setenv("TWINE_TOKEN_FILE", str(tmp_path / "token"))
+    assert twinectl.main(["entitlement", "list"]) == EXIT_OK
+    monkeypatch.setenv("TWINE_TOKEN", "wrong")  # TWINE_TOKEN wins over TWINE_TOKEN_FILE ...
+    assert twinectl.main(["entitlement", "list"]) == EXIT_UNAUTHORIZED
+    assert twinectl.main(["entitlement", "list", "--token", API_TOKEN]) == EXIT_OK  # ... and options over both

@@ -109,7 +109,10 @@ class Agent:
                 await self._announce_reboot()
         finally:
             if stop_watch is not None:
-                stop_watch()
+                try:
+                    stop_watch()
+                except Exception:  # closing the stream must not keep the rest from closing
+                    log.exception("stopping the docker event stream")
             await runner.cleanup()
             if self.client is not None:
                 await self.client.close()
@@ -126,7 +129,8 @@ class Agent:
         loop = asyncio.get_running_loop()
 
         def on_event(event: dict) -> None:  # on the runtime's thread
-            self.counters["container_events"] += 1
+            if event.get("status") != "reconnected":
+                self.counters["container_events"] += 1
             try:
                 loop.call_soon_threadsafe(self._wake.set)
             except RuntimeError:  # the loop is closed: the agent is stopping

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import subprocess
 import sys
@@ -61,7 +62,7 @@ POLL = 0.05
 def pct(values: list[float], p: float) -> float:
     """Nearest-rank percentile (p99 of ten trials is the worst of them)."""
     ordered = sorted(values)
-    return ordered[max(0, min(len(ordered) - 1, int(round(p / 100 * len(ordered) + 0.5)) - 1))]
+    return ordered[max(0, min(len(ordered) - 1, math.ceil(p / 100 * len(ordered)) - 1))]
 
 
 class Api:

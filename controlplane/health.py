@@ -182,8 +182,14 @@ class HealthService:
             # a healthy machine: due when its silence passes the limit; an unhealthy one comes back by
             # its next heartbeat (seen(), which also puts it back here): a look a timeout is a fallback
             self._push(mid, now + (limit - silent) + 0.001 if m.healthy and silent <= limit else now + self.timeout)
+        error: Exception | None = None
         for i in range(0, len(failing), FAIL_BATCH):
-            await self._fail(failing[i:i + FAIL_BATCH])
+            try:
+                await self._fail(failing[i:i + FAIL_BATCH])
+            except Exception as e:  # the other batches still fail now; this one is looked at again a timeout on
+                error = error or e
+        if error is not None:
+            raise error
 
     def seen(self, mid: str) -> None:
         """Called on every heartbeat: a machine marked unhealthy for silence is healthy again (once
@@ -275,7 +281,7 @@ class HealthService:
         machines 2.6 s past the first); a failure event opens for each unless it is in maintenance
         (or was unhealthy already: back with tombstones, then silent again, it only says so). The
         event starts when the machine was last heard from: as near as the daemon knows, when it
-        failed."""
+        failed (for one not heard from since this daemon started or came to judge it, then)."""
         now = time.time()
         reasons: dict[str, tuple[str, str | None, float]] = {}
         for mid, reason, silent in failing:

@@ -15,6 +15,7 @@ it start), rather than count it wrong.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
@@ -45,8 +46,11 @@ class Metrics:
 class Lifecycle:
     """What one scheduler watches for the two lifecycle histograms, from the records of a job's pass."""
 
-    def __init__(self, metrics: Metrics) -> None:
+    def __init__(self, metrics: Metrics, now: float | None = None) -> None:
         self.metrics = metrics
+        # what began before this tracker did (a restart, a shard taken over) is not counted: its
+        # start was not seen here, and a rollout or a failure of yesterday would count a day
+        self.since = time.time() if now is None else now
         self.rollouts: dict[str, float] = {}  # job -> the updated_at of a rollout seen not yet all running
         self.settled: dict[str, float] = {}  # job -> the updated_at of its last rollout seen all running
         self.lost: dict[tuple[str, int], tuple[str, float]] = {}  # task -> (the failed machine, failed at)
@@ -60,10 +64,8 @@ class Lifecycle:
             if self.rollouts.pop(handle, None) == since:
                 self.metrics.submit_to_running.observe(max(now - since, 0.0))
             self.settled[handle] = since
-        elif self.settled.get(handle) != since:
-            self.rollouts.setdefault(handle, since)
-            if self.rollouts[handle] != since:  # updated again before it was all running: the new one counts
-                self.rollouts[handle] = since
+        elif self.settled.get(handle) != since and since >= self.since:
+            self.rollouts[handle] = since  # updated again before it was all running: the new one counts
         for i, t in enumerate(live):
             key = (handle, i)
             if t is None:
@@ -72,8 +74,10 @@ class Lifecycle:
             if lost is not None and t.machine != lost[0] and t.state == "running":
                 del self.lost[key]
                 self.metrics.failure_to_replacement.observe(max(now - lost[1], 0.0))
+            elif lost is not None and t.machine == lost[0] and (m := machines.get(t.machine)) is not None and m.healthy:
+                del self.lost[key]  # its machine came back before it moved: no replacement to time
             elif lost is None and t.machine and t.state == "running" and (m := machines.get(t.machine)) is not None \
-                    and not m.healthy and (at := _failed_at(t.machine, events)) is not None:
+                    and not m.healthy and (at := _failed_at(t.machine, events)) is not None and at >= self.since:
                 self.lost[key] = (t.machine, at)
         for key in [k for k in self.lost if k[0] == handle and k[1] >= job.count]:
             del self.lost[key]  # scaled down: no replacement comes

@@ -20,7 +20,8 @@ log = logging.getLogger("twine.agent")
 _UNSAFE = re.compile(r"[^a-zA-Z0-9_.-]")
 PULL_POLICIES = ("if-not-present", "never")
 # container events that change what a reconcile pass would do: an exit (die), or a container
-# removed behind the agent's back (destroy); the agent's own starts come back as neither
+# removed behind the agent's back (destroy). The agent's own stops and removals come back as such
+# too: a pass that stopped something brings one more pass, which finds nothing to do.
 WATCHED_EVENTS = ("die", "destroy")
 
 
@@ -53,6 +54,7 @@ class DockerRuntime:
             raise ValueError(f"pull policy must be one of {PULL_POLICIES}")
         self._base_url = base_url
         self._client: docker.DockerClient | None = None
+        self._client_lock = threading.Lock()
         self.pull = pull
         self.cgroup_parent = cgroup_parent
         # False while the host profile turns the cgroup cpu controller off for the task group:
@@ -61,6 +63,10 @@ class DockerRuntime:
         self.cpu_limits = True
 
     def _docker(self) -> docker.DockerClient:
+        with self._client_lock:  # the default executor's threads and the event stream's ask at once
+            return self._make_client()
+
+    def _make_client(self) -> docker.DockerClient:
         if self._client is None:
             try:
                 if self._base_url:
@@ -202,6 +208,7 @@ class DockerRuntime:
                     stream = self._docker().events(decode=True, filters=filters)
                     current[:] = [stream]
                     if stopping.is_set():  # stop() came before there was a stream to close
+                        stream.close()
                         break
                     if lost:  # what happened while it was lost: the pass this wakes finds out
                         log.info("docker event stream open again")

@@ -114,6 +114,9 @@ class JobPlan:
     # same view its requests were made from (issue #12: records a commit behind the reports
     # showed a task both running, with a restart asked for, and down).
     view: dict[int, TaskRec] = field(default_factory=dict)
+    # the tasks as the pass found them: the records brought up to date by the agents' reports and
+    # the machines' health, before this plan's own operations (what an approval is checked against)
+    seen: dict[int, TaskRec] = field(default_factory=dict)
 
     def empty(self) -> bool:
         return not (self.changes or self.job)
@@ -147,6 +150,7 @@ def reconcile(job: JobRec, tasks: Mapping[int, TaskRec], machines: Mapping[str, 
         else:
             _live_step(t, m, change, plan)
 
+    plan.seen = dict(current)
     if not stopping_job:
         _rolling_update(job, current, machines, change, plan, gate)
         if not plan.changes:

@@ -263,9 +263,12 @@ class Scheduler:
             views = {mid: v for mid in {t.machine for t in tasks.values() if t.machine} if (v := self.view(mid, now))}
             session = self.session(job)
             if session is not None:
-                session.observe(tasks, job.count)
+                session.observe(tasks)
             gate = Gate(frozenset(session.approved) if session else None, self.limiter.available(handle))
             plan = reconcile(job, tasks, views, gate)
+            if session is not None and session.withdraw_stale(plan.seen, job.count):
+                # an approval given for a state that is gone starts nothing: plan again without it
+                plan = reconcile(job, tasks, views, Gate(frozenset(session.approved), self.limiter.available(handle)))
             self.plans[handle] = plan
             held = {op.id for op in plan.held if op.reason.endswith("rate limited")}
             # the metric counts operations held back, each once, not passes that saw them held

@@ -93,29 +93,33 @@ class TaskControlSession:
 
     # -- driven by the scheduler, once per pass ------------------------------------------------
 
-    def observe(self, tasks: Mapping[int, TaskRec], count: int | None = None) -> None:
-        """At the start of a pass, before its approved operations may start: in-flight ones that
-        finished become completions, and an approval given before a task went down is withdrawn."""
+    def observe(self, tasks: Mapping[int, TaskRec]) -> None:
+        """At the start of a pass: in-flight operations that finished become completions."""
         for op_id, op in list(self.in_flight.items()):
             if done(op, tasks):
                 del self.in_flight[op_id]
                 self.completed.append({**op_json(self.handle, op), "outcome": "done"})
-        if self.approved:
-            self._withdraw_stale(tasks, count)
 
-    def _withdraw_stale(self, tasks: Mapping[int, TaskRec], count: int | None) -> None:
+    def withdraw_stale(self, view: Mapping[int, TaskRec], count: int | None = None) -> bool:
         """An approval holds for the state the controller was told of (issue #12, a cause of two
         replicas of a shard down together: a task failed between the answer and the pass that
-        starts the operation). A task down now that was not down then, and is no operation's of
-        ours, withdraws every approval not yet started: each is reported `cancelled` and asked
-        again, with the new failure in `allUnhealthyTasks`, so the controller decides anew. So is
-        an approval of an operation on a task that was down then and is up now."""
-        down = {i for i, t in tasks.items() if t.state != "running" and (count is None or i < count)}
+        starts the operation). `view`: the job's tasks as the pass found them, live reports and
+        machine health included, before the pass's own operations (JobPlan.seen), not the stored
+        records, which lag. A task down now that was not down then, other than the
+        operation's own and those of our operations in flight, withdraws every approval not yet
+        started: each is reported `cancelled` and asked again, with the new failure in
+        `allUnhealthyTasks`, so the controller decides anew. So is an approval of an operation on
+        a task that was down then and is up now (it was approved as taking no replica down).
+        True if any was withdrawn: the pass plans again without it."""
+        if not self.approved:
+            return False
+        down = {i for i, t in view.items() if t.state != "running" and (count is None or i < count)}
         ours = {op.index for op in self.in_flight.values()}  # down by our doing (an approval alone takes none down)
+        withdrawn = False
         for op_id in sorted(self.approved):
             seen = self._seen_down.get(op_id, frozenset())
             index = self.approved_ops[op_id]["task"]["index"] if op_id in self.approved_ops else None
-            new = down - seen - ours
+            new = down - seen - ours - {index}  # its own task going down takes no further replica down
             # approved because its task was down anyway (it takes no replica down), and now it is up:
             # starting it would take one down (found by tests/controlplane/taskcontrol/test_properties.py)
             back = index in seen and index not in down
@@ -126,8 +130,10 @@ class TaskControlSession:
             if op_id in self.approved_ops:
                 self.completed.append({**self.approved_ops.pop(op_id), "outcome": "cancelled"})
             self.withdrawn += 1
+            withdrawn = True
             log.info("%s: approval of %s withdrawn: %s since the controller gave it", self.handle, op_id,
                      f"task(s) {sorted(new)} went down" if new else f"its task {index} is up again")
+        return withdrawn
 
     def offer(self, proposed: list[Op], unhealthy: list[dict], notices: list[dict] = ()) -> None:
         """The disruptive operations the job wants now; calls the controller if anything changed

@@ -33,15 +33,19 @@ def test_two_replicas_racing_never_overcommit_a_machine(tmp_path, etcd_server):
             mids = [f"r{r}m{i}" for i in range(4)]
             for i, mid in enumerate(mids):  # 4 machines x 1 cpu = 16 tasks of 0.25
                 register(a, mid, f"dc{i % 2}", f"msb{i}", cpus=1, memory_mb=1024)
-            ents = [f"r{r}a", f"r{r}b"]  # names one byte apart: one entitlement in each shard
+            ents = [f"r{r}a", f"r{r}b"]
             shards = []
             for name in ents:
                 status, ent = a.call("POST", "/v1/entitlements", {"name": name, "machine_type": "generic", "quota": 4})
                 assert status == 201, ent
                 shards.append(ent["shard"])
+            if shards[0] == shards[1]:  # a new entitlement goes to the least loaded shard: one in each
+                status, moved = a.call("POST", f"/v1/entitlements/{ents[1]}/move", {"shard": 1 - shards[0]})
+                assert status == 200, moved
+                shards[1] = moved["shard"]
             assert sorted(shards) == [0, 1]
             for c in (a, b):
-                c.wait_for(f"/v1/entitlements/{ents[1]}", lambda e: e["name"] == ents[1])
+                c.wait_for(f"/v1/entitlements/{ents[1]}", lambda e: e["shard"] == shards[1])
 
             def create(i: int) -> int:
                 ent = ents[i % 2]

@@ -160,3 +160,34 @@ def test_what_a_controller_is_told_is_down_is_the_view_its_requests_come_from():
     plan = reconcile(job(4, spec_version=2), ts, {"m1": machine(reports=reports)},
                      Gate(approved=frozenset({"restart/3/v2"})))
     assert [t["index"] for t in unhealthy(plan.view, 4)] == [3]
+
+
+def test_an_approval_is_checked_against_what_the_pass_found_not_the_records_nor_its_own_plan():
+    """Issue #12 (cause 2), as pass_job runs it: restart #0 was approved while both tasks ran;
+    #1's machine has since failed. The records still say #1 runs; the pass finds it lost
+    (plan.seen), the approval is withdrawn, and the pass planned again starts nothing. Restarts the
+    plan itself makes are not in plan.seen: they never withdraw an approval (that looped)."""
+    from controlplane.scheduler.reconcile import Gate
+    from controlplane.taskcontrol.session import TaskControlSession, unhealthy
+
+    ts = {0: task(0, machine="m0"), 1: task(1, machine="m1")}
+    views = {"m0": machine("m0", reports=running(ts[0])), "m1": machine("m1", healthy=False)}
+    s = TaskControlSession(H, "http://controller.invalid/", lambda: None)
+    s.approved, s.approved_ops = {"restart/0/v2"}, {"restart/0/v2": {"id": "restart/0/v2", "task": {"index": 0}}}
+    s._seen_down = {"restart/0/v2": frozenset()}  # nothing was down when it was approved
+    plan = reconcile(job(2, spec_version=2), ts, views, Gate(approved=frozenset(s.approved)))
+    assert 0 in [op.index for op in plan.ops if op.kind == "restart"], "the approval alone would start it"
+    assert [t["index"] for t in unhealthy(ts, 2)] == [] and [t["index"] for t in unhealthy(plan.seen, 2)] == [1]
+    assert s.withdraw_stale(plan.seen, 2) and s.approved == set()
+    plan = reconcile(job(2, spec_version=2), ts, views, Gate(approved=frozenset(s.approved)))
+    assert 0 not in [op.index for op in plan.ops if op.kind == "restart"]
+
+    # both approved while both ran, nothing failed: the plan restarts both, and that withdraws nothing
+    ts = {0: task(0, machine="m0"), 1: task(1, machine="m1")}
+    views = {"m0": machine("m0", reports=running(ts[0])), "m1": machine("m1", reports=running(ts[1]))}
+    s.approved = {"restart/0/v2", "restart/1/v2"}
+    s.approved_ops = {f"restart/{i}/v2": {"id": f"restart/{i}/v2", "task": {"index": i}} for i in (0, 1)}
+    s._seen_down = {k: frozenset() for k in s.approved}
+    plan = reconcile(job(2, spec_version=2), ts, views, Gate(approved=frozenset(s.approved)))
+    assert sorted(op.index for op in plan.ops if op.kind == "restart") == [0, 1]
+    assert not s.withdraw_stale(plan.seen, 2) and len(s.approved) == 2

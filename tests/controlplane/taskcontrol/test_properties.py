@@ -129,8 +129,9 @@ async def scenario(n: int, shards: dict[str, list[int]], data) -> None:
                 for i in range(n)}
 
     def one_pass() -> None:
-        now = tasks()
-        session.observe(now, n)
+        now = tasks()  # the pass's view: what the reconciler sees, failures included
+        session.observe(now)
+        session.withdraw_stale(now, n)
         approved = set(session.approved)
         proposed = [Op("restart", i, "update v1 -> v2", f"restart/{i}/v2", f"m{i}", "update", 2)
                     for i in range(n) if version[i] < 2]

@@ -483,7 +483,7 @@ def test_a_completion_is_reported_again_after_a_failed_call():
 
 def test_an_approval_is_withdrawn_when_a_task_went_down_after_it_and_asked_again():
     """Issue #12 (cause 2): the controller approved #0 while every task ran; #1, a shard-mate, fails
-    before the pass that would start #0. The pass's observe withdraws the approval (it was given
+    before the pass that would start #0. The pass withdraws the approval (it was given
     for a state that is gone): #0 is not started, the controller hears `cancelled`, and is asked
     again with #1 in allUnhealthyTasks. An approval given because its task was down is withdrawn
     too once that task is up again."""
@@ -494,7 +494,8 @@ def test_an_approval_is_withdrawn_when_a_task_went_down_after_it_and_asked_again
             assert sched.s.approved == {"restart/0/v2"}
 
             tasks[1] = task(1, "lost")
-            sched.s.observe(tasks, 2)
+            sched.s.observe(tasks)
+            assert sched.s.withdraw_stale(tasks, 2)
             assert sched.s.approved == set() and sched.s.withdrawn == 1
             await sched.offer([restart(0), restart(1)], unhealthy(tasks, 2))
             last = stub.bodies[-1]
@@ -505,7 +506,7 @@ def test_an_approval_is_withdrawn_when_a_task_went_down_after_it_and_asked_again
 
             # the stub acked both: #1's because it was down; #1 comes back before it started
             tasks[1] = task(1)
-            sched.s.observe(tasks, 2)
-            assert "restart/1/v2" not in sched.s.approved and sched.s.withdrawn >= 2
+            assert sched.s.withdraw_stale(tasks, 2)
+            assert "restart/1/v2" not in sched.s.approved and sched.s.withdrawn == 2
 
     run(body())

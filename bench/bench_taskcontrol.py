@@ -22,7 +22,10 @@ the failure comes, how long it lasts, restart durations, seeds; 15 shards a task
 tasks // 20 machines, the middle one failing) and prints a row per case, then the worst of each
 column: the paper's claim is 0 shards with two live replicas down, everywhere. A case whose update
 was done before the failure, or whose failure the health check never saw, tested nothing of it
-and is counted apart. Exit status 1 if any case has a shard with two live replicas down.
+and is counted apart. Each batch the controller approves is also checked against the shard map as
+it is approved (CheckedReplicaAware): an operation that would take a shard past one replica down
+counts as unsafe. Exit status 1 if any case has a shard with two live replicas down, or an unsafe
+operation.
 
     .venv/bin/python bench/bench_taskcontrol.py --sweep [--sweep-tasks 100,300,1000] ...
 """
@@ -87,8 +90,46 @@ class Result:
     # event loop (the health check's pass among them) could run past its time
     longest_stall: float = 0.0
     heartbeat_timeout: float = 0.0
+    batches: int = 0  # batches the controller approved, each checked against the shard map
+    unsafe: int = 0  # approved operations that would take a shard past one replica down
+    unsafe_example: str = ""
     samples: int = 0
     timeline: list[tuple[float, int, int, int]] = field(default_factory=list)
+
+
+class CheckedReplicaAware(ReplicaAware):
+    """The reference controller, each batch it approves checked against the shard map as it
+    decides (in its own thread, under its lock): an approved operation on a running task may have
+    no shard-mate down (told unhealthy, or approved earlier and not completed), nor share a shard
+    with another task of the same batch. Counts the batches and the operations that break it."""
+
+    def __init__(self, shards, max_down: int = 1):
+        super().__init__(shards, max_down)
+        self.batches = self.unsafe = 0
+        self.example = ""
+
+    def decide(self, request):
+        approved = super().decide(request)
+        if not approved:
+            return approved
+        self.batches += 1
+        by_id = {op.id: op.index for op in request.ops}
+        down = request.unhealthy_indices() | {op.index for op in self.in_flight.values()}
+        hit: dict[int, int] = {}  # shard -> replicas going down with this batch, or down already
+        for t in down:
+            for sh in self.by_task.get(t, ()):
+                hit[sh] = hit.get(sh, 0) + 1
+        for op_id in approved:
+            t = by_id[op_id]
+            if t in down:
+                continue  # down anyway: takes no further replica down
+            for sh in self.by_task.get(t, ()):
+                hit[sh] = hit.get(sh, 0) + 1
+                if hit[sh] > self.max_down:
+                    self.unsafe += 1
+                    self.example = self.example or f"task {t}, shard #{sh}, sequence {request.sequence}"
+                    break
+        return approved
 
 
 class ShardCounter:
@@ -135,7 +176,7 @@ async def scenario(args: argparse.Namespace, controlled: bool, max_unavailable: 
         # the shards go where the tasks landed: replicas in distinct MSBs
         shards = shard_map(args.shards, {i: msbs[t.machine] for i, t in state.tasks[job.handle].items()},
                            args.replicas, args.seed)
-        controller = ReplicaAware(shards)
+        controller = CheckedReplicaAware(shards)
         counter = ShardCounter(shards)
         with Background(controller) as url:
             loops = [asyncio.create_task(c) for c in (runtime.run(), health.run(), scheduler.run(), stalls(res))]
@@ -144,6 +185,7 @@ async def scenario(args: argparse.Namespace, controlled: bool, max_unavailable: 
                 print(f"  {name}: {args.tasks} tasks running; updating", flush=True)
                 await run_update(args, res, state, scheduler, runtime, counter, job, msbs, url if controlled else None)
             finally:
+                res.batches, res.unsafe, res.unsafe_example = controller.batches, controller.unsafe, controller.example
                 for t in (*loops, watch):
                     t.cancel()
                 await asyncio.wait([*loops, watch], timeout=10)
@@ -247,6 +289,9 @@ def report(r: Result) -> None:
     print(f"    failure detected by the health check after    {r.failure_detected_after:8.2f} s   (every failed machine "
           f"unhealthy; heartbeat timeout {r.heartbeat_timeout:g} s)")
     print(f"    longest event loop stall                      {r.longest_stall:8.2f} s")
+    if r.batches:
+        print(f"    approved batches checked against the shard map as approved: {r.batches}, unsafe operations: "
+              f"{r.unsafe}" + (f" (first: {r.unsafe_example})" if r.unsafe else ""))
 
 
 def sweep(args: argparse.Namespace) -> int:
@@ -259,7 +304,8 @@ def sweep(args: argparse.Namespace) -> int:
     print(f"sweep: {len(cases)} cases of the replica-aware controller (FAKE runtime), {args.replicas} replicas, "
           f"15 shards a task, MSBs of tasks // 20 machines, the middle one failing")
     print(f"{'tasks':>6} {'fail at':>8} {'for':>5} {'restart':>8} {'seed':>5} | {'done at':>7} {'batch':>6} "
-          f"{'updated at failure':>18} {'2+ down outside':>16} {'2+ down once known':>19} {'detected':>9} {'stall':>6}")
+          f"{'updated at failure':>18} {'2+ down outside':>16} {'2+ down once known':>19} {'detected':>9} {'stall':>6} "
+          f"{'batches':>7} {'unsafe':>6}")
     results = []
     for n, at, length, restart, seed in cases:
         msb_size = max(1, n // 20)
@@ -269,7 +315,7 @@ def sweep(args: argparse.Namespace) -> int:
         print(f"{n:6d} {at:7.1f}s {length:4.0f}s {restart:7.1f}s {seed:5d} | {r.duration:6.1f}s {r.first_batch:6d} "
               f"{r.updated_at_failure:18d} {r.peak_two_down_outside:16d} {r.two_down_after_batch:19d} "
               + (f"{r.failure_detected_after:8.2f}s" if r.failure_detected_after else "    never")
-              + f" {r.longest_stall:5.2f}s", flush=True)
+              + f" {r.longest_stall:5.2f}s {r.batches:7d} {r.unsafe:6d}", flush=True)
         results.append((r, (n, at, length, restart, seed)))
     untested = [c for r, c in results if r.updated_at_failure >= c[0] or not r.failure_detected_after]
     for what, value in (("outside the failure", lambda r: r.peak_two_down_outside),
@@ -286,7 +332,9 @@ def sweep(args: argparse.Namespace) -> int:
     print(f"longest event loop stall: {r.longest_stall:.2f} s (case {c})")
     print(f"cases that tested no failure during the update (done before it, or never detected): {len(untested)}"
           + (f" {untested}" if untested else ""))
-    return 1 if any(r.peak_two_down_outside or r.two_down_after_batch for r, _ in results) else 0
+    print(f"approved batches checked against the shard map: {sum(r.batches for r, _ in results)}, unsafe operations: "
+          f"{sum(r.unsafe for r, _ in results)}")
+    return 1 if any(r.peak_two_down_outside or r.two_down_after_batch or r.unsafe for r, _ in results) else 0
 
 
 def replace_args(args: argparse.Namespace, **changes) -> argparse.Namespace:
@@ -310,7 +358,7 @@ def main() -> None:
     p.add_argument("--progress", type=float, default=0, metavar="S", help="print a line every S seconds")
     p.add_argument("--sweep", action="store_true", help="the controller alone over the --sweep-* lists")
     p.add_argument("--sweep-tasks", default="100,300,1000")
-    p.add_argument("--sweep-fail-at", default="0.5,2,6", help="seconds into the update")
+    p.add_argument("--sweep-fail-at", default="0.5,2,4", help="seconds into the update")
     p.add_argument("--sweep-fail-for", default="3,15", help="seconds the MSB stays down")
     p.add_argument("--sweep-restart", default="1,5", help="seconds a task takes to restart")
     p.add_argument("--sweep-seeds", default="1,2")

@@ -83,11 +83,17 @@ def _cmd_down(args) -> int:
     return 1 if problems else 0
 
 
-def _cmd_status(args) -> int:
+def _recorded(args) -> Region | None:
+    """The region recorded in --dir, or None (said on stderr) when there is none."""
     if not (Path(args.dir) / STATE_FILE).exists():
         print(f"devregion: no {STATE_FILE} in {args.dir}", file=sys.stderr)
+        return None
+    return Region.from_dir(args.dir)
+
+
+def _cmd_status(args) -> int:
+    if (region := _recorded(args)) is None:
         return 3
-    region = Region.from_dir(args.dir)
     procs = {k: (ref.pid if ref and ref.alive() else None) for k, ref in region.procs.items()}
     agents = {}
     for name in region.specs:
@@ -117,10 +123,8 @@ def _cmd_status(args) -> int:
 
 def _cmd_rehearse(args) -> int:
     """kill, restart, partition, heal: one process of a running region."""
-    if not (Path(args.dir) / STATE_FILE).exists():
-        print(f"devregion: no {STATE_FILE} in {args.dir}", file=sys.stderr)
+    if (region := _recorded(args)) is None:
         return 3
-    region = Region.from_dir(args.dir)
     if region.stopped:
         print(f"devregion: the region in {region.workdir} is stopped", file=sys.stderr)
         return 3

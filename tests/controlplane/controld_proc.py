@@ -3,6 +3,7 @@ its own (so tests sharing one etcd never see each other's keys)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -150,3 +151,20 @@ class Controld:
             time.sleep(0.1)
         raise AssertionError(f"timed out waiting for {what}; last: {json.dumps(last)[:3000]}\n"
                              f"log: {self.log.read_text()[-3000:]}")
+
+
+@contextlib.contextmanager
+def daemon_with_sim_agents(tmp: Path, etcd_port: int, machines: tuple[str, ...], heartbeat_timeout: float,
+                           interval: float = 0.2):
+    """A real twine-controld with `machines` registered (dc1, an MSB each, 4 cpus) and simulated
+    agents for them (tests/controlplane/simagents.py): yields (daemon, agents); closes both."""
+    from tests.controlplane.simagents import SimAgents
+    from tests.controlplane.test_controld_api import register
+
+    c = Controld(tmp, etcd_port, heartbeat_timeout=heartbeat_timeout).start()
+    try:
+        creds = {m: register(c, m, "dc1", f"msb-{m}", cpus=4, memory_mb=4096) for m in machines}
+        with SimAgents(creds, [c.url], interval=interval) as agents:
+            yield c, agents
+    finally:
+        c.close()

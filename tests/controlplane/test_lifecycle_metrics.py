@@ -8,9 +8,7 @@ import time
 import pytest
 
 from controlplane.taskcontrol.sdk import Background, TaskController
-from tests.controlplane.controld_proc import Controld
-from tests.controlplane.simagents import SimAgents
-from tests.controlplane.test_controld_api import register
+from tests.controlplane.controld_proc import daemon_with_sim_agents
 
 TASK = {"image": "twine/busybox:1", "command": ["sleep", "3600"], "cpus": 1.0, "memory_mb": 64}
 TIMEOUT = 1.0  # the daemon's heartbeat timeout
@@ -23,14 +21,8 @@ class AckAll(TaskController):
 
 @pytest.fixture
 def region(tmp_path, etcd_server):
-    c = Controld(tmp_path, etcd_server.port, heartbeat_timeout=TIMEOUT).start()
-    creds = {m: register(c, m, "dc1", f"msb-{m}", cpus=4, memory_mb=4096) for m in ("h1", "h2", "h3")}
-    agents = SimAgents(creds, [c.url], interval=0.2)
-    try:
-        with agents:
-            yield c, agents
-    finally:
-        c.close()
+    with daemon_with_sim_agents(tmp_path, etcd_server.port, ("h1", "h2", "h3"), heartbeat_timeout=TIMEOUT) as (c, agents):
+        yield c, agents
 
 
 def running(j: dict, version: int, away_from: str | None = None) -> bool:

@@ -12,9 +12,8 @@ import pytest
 from controlplane.health import NO_HEARTBEAT, settled
 from controlplane.records import MachineRec, back_to_pool
 from controlplane.tombstones import STALE, gone
-from tests.controlplane.controld_proc import Controld
+from tests.controlplane.controld_proc import Controld, daemon_with_sim_agents
 from tests.controlplane.simagents import SimAgents
-from tests.controlplane.test_controld_api import register
 
 SMALL = {"image": "twine/busybox:1", "command": ["sleep", "3600"], "cpus": 1.0, "memory_mb": 64}
 WHOLE = {**SMALL, "cpus": 4.0}  # a whole machine: a task of it needs a machine of its own
@@ -22,14 +21,8 @@ WHOLE = {**SMALL, "cpus": 4.0}  # a whole machine: a task of it needs a machine 
 
 @pytest.fixture
 def region(tmp_path, etcd_server):
-    c = Controld(tmp_path, etcd_server.port, heartbeat_timeout=1.0).start()
-    creds = {m: register(c, m, "dc1", f"msb-{m}", cpus=4, memory_mb=4096) for m in ("x1", "x2", "x3")}
-    agents = SimAgents(creds, [c.url], interval=0.2)
-    try:
-        with agents:
-            yield c, agents
-    finally:
-        c.close()
+    with daemon_with_sim_agents(tmp_path, etcd_server.port, ("x1", "x2", "x3"), heartbeat_timeout=1.0) as (c, agents):
+        yield c, agents
 
 
 def machine(c: Controld, mid: str) -> dict:

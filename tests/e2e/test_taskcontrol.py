@@ -385,7 +385,9 @@ def test_maintenance_without_a_controller_follows_the_default_policy(api, region
     listed = json.loads(capsys.readouterr().out)["maintenance"]
     stop_event = next(e for e in listed if e["machines"] == [m1])
     assert stop_event["policy"] == "stop" and not stop_event["policy_default"]
-    time.sleep(2)
+    # the scheduler has seen the maintenance and keeps the task where it is until the deadline
+    api.wait_job("plain/svc", lambda j: any(w.startswith("#1: stays on") and "(policy stop)" in w
+                                            for w in j["operations"]["waiting"]), 8, "the stay said")
     assert machines_of(api, "plain/svc")[1] == m1, "policy stop: not moved before the deadline"
     api.wait_job("plain/svc", lambda j: j["tasks"][1]["state"] == "suspended", 8, "stopped at the deadline")
     assert twinectl([*cli, "maintenance", "end", stop_event["id"]]) == 0

@@ -53,6 +53,7 @@ class EtcdServer:
         self.host = host
         self.port = free_port(host)
         self.peer_port = free_port(host)
+        self._chosen_ports = (self.port, self.peer_port)  # ours to change if another process takes one first
         self._made_dir = data_dir is None  # a data dir of its own: removed when a start fails too
         if data_dir is None:
             self.data_dir = tempfile.mkdtemp(prefix="twine-etcd-")
@@ -97,6 +98,24 @@ class EtcdServer:
         return urllib.request.build_opener(urllib.request.ProxyHandler({}), urllib.request.HTTPSHandler(context=ctx))
 
     def start(self, timeout: float = 20.0) -> EtcdServer:
+        """Start and wait until healthy. A port chosen here (free when chosen, then taken by
+        another process's connection before etcd bound it) is chosen again, twice at most;
+        ports set by the caller (a region's etcd restarted where it was) are kept."""
+        for attempt in range(3):
+            try:
+                return self._start(timeout)
+            except RuntimeError as e:
+                ours = (self.port, self.peer_port) == self._chosen_ports
+                if attempt == 2 or not ours or "address already in use" not in str(e):
+                    raise
+                self.port, self.peer_port = free_port(self.host), free_port(self.host)
+                self._chosen_ports = (self.port, self.peer_port)
+                if self._made_dir:  # nothing in it is wanted: a member bootstrapped on the old ports
+                    shutil.rmtree(self.data_dir, ignore_errors=True)
+                    os.makedirs(self.data_dir, mode=0o700, exist_ok=True)
+        raise AssertionError("unreachable")
+
+    def _start(self, timeout: float) -> EtcdServer:
         if self.log_file is not None:
             self.log_file.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_file, "ab") if self.log_file is not None else contextlib.nullcontext(subprocess.PIPE) as out:

@@ -220,6 +220,31 @@ def test_etcd_listens_on_loopback_only_and_stop_removes_its_data(tmp_path):
     assert not (tmp_path / "etcd").exists()
 
 
+def test_a_port_taken_between_its_choice_and_etcds_bind_is_chosen_again():
+    """The sweep of bench_taskcontrol died at case 59 of 72: a port free when chosen was taken by
+    another connection before etcd bound it ("bind: address already in use"). A port the server
+    chose itself is chosen again; one the caller set is kept (and the start fails)."""
+    server = EtcdServer()
+    taken = server.port
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", taken))
+        squatter.listen()
+        try:
+            server.start()
+            assert server.port != taken
+            with NO_PROXY.open(f"{server.url}/health", timeout=5) as r:
+                assert b"true" in r.read()
+        finally:
+            server.stop()
+        fixed = EtcdServer()
+        fixed.port = taken  # the caller's: kept
+        try:
+            with pytest.raises(RuntimeError, match="address already in use"):
+                fixed.start()
+        finally:
+            fixed.stop()
+
+
 def test_tests_etcd_server_is_the_same_class():
     from tests.etcd_server import EtcdServer as Reexported
 

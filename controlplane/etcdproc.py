@@ -110,8 +110,7 @@ class EtcdServer:
                     raise
                 self.port, self.peer_port = free_port(self.host), free_port(self.host)
                 self._chosen_ports = (self.port, self.peer_port)
-                if self._made_dir:  # nothing in it is wanted: a member bootstrapped on the old ports
-                    shutil.rmtree(self.data_dir, ignore_errors=True)
+                if self._made_dir:  # removed when etcd exited: made again, empty
                     os.makedirs(self.data_dir, mode=0o700, exist_ok=True)
         raise AssertionError("unreachable")
 
@@ -127,7 +126,10 @@ class EtcdServer:
         opener = self._opener()
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"etcd exited with {self.proc.returncode}: {self._stderr_tail()}")
+                why = f"etcd exited with {self.proc.returncode}: {self._stderr_tail()}"
+                if self._made_dir:  # a data dir of its own is not left behind (start() may make it again)
+                    shutil.rmtree(self.data_dir, ignore_errors=True)
+                raise RuntimeError(why)
             try:
                 with opener.open(f"{self.url}/health", timeout=1) as r:
                     if b'"true"' in r.read():

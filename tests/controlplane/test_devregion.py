@@ -241,6 +241,7 @@ def test_a_port_taken_between_its_choice_and_etcds_bind_is_chosen_again():
         try:
             with pytest.raises(RuntimeError, match="address already in use"):
                 fixed.start()
+            assert not os.path.exists(fixed.data_dir), "a failed start leaves no data dir of its own"
         finally:
             fixed.stop()
 

@@ -64,6 +64,7 @@ class Agent:
                          "container_events": 0}
         self.started_at = time.time()
         self._wake = asyncio.Event()
+        self._removing: set[str] = set()  # containers this agent is stopping and removing
         self._stop = asyncio.Event()
         self.notifier = Notifier()
 
@@ -129,6 +130,11 @@ class Agent:
         loop = asyncio.get_running_loop()
 
         def on_event(event: dict) -> None:  # on the runtime's thread
+            cid = event.get("id")
+            if cid in self._removing:  # our own stop and removal: nothing a pass has to learn of
+                if event.get("status") == "destroy":
+                    self._removing.discard(cid)
+                return
             if event.get("status") != "reconnected":
                 self.counters["container_events"] += 1
             try:
@@ -278,6 +284,7 @@ class Agent:
         return p
 
     async def _stop_container(self, c: ContainerInfo, grace: float) -> None:
+        self._removing.add(c.id)  # its die and destroy events are ours (_watch_containers)
         if c.running:
             await self.runtime.stop(c.id, grace)
             self.counters["tasks_stopped"] += 1

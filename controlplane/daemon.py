@@ -75,7 +75,8 @@ class ControlDaemon:
         self.state = RegionState(store, self.keys, ProfileDocuments(profile_search))
         self.agents = AgentService(self.state, store, self.keys, bootstrap_tokens, heartbeat_interval,
                                    reboot_grace=reboot_grace, max_long_polls=max_long_polls)
-        self.health = HealthService(self.state, store, self.keys, self.agents.last_seen, heartbeat_timeout)
+        self.health = HealthService(self.state, store, self.keys, self.agents.last_seen, heartbeat_timeout,
+                                    max_txn_ops=max_txn_ops)
         self.agents.on_seen = self.health.seen
         self.agents.on_report = self.health.reported
         self.health.report_of = self.agents.report_with_time

@@ -53,7 +53,8 @@ class EtcdServer:
         self.host = host
         self.port = free_port(host)
         self.peer_port = free_port(host)
-        self._chosen_ports = (self.port, self.peer_port)  # ours to change if another process takes one first
+        # ours to change if another process takes one before etcd first binds it (None once started)
+        self._chosen_ports: tuple[int, int] | None = (self.port, self.peer_port)
         self._made_dir = data_dir is None  # a data dir of its own: removed when a start fails too
         if data_dir is None:
             self.data_dir = tempfile.mkdtemp(prefix="twine-etcd-")
@@ -103,7 +104,9 @@ class EtcdServer:
         ports set by the caller (a region's etcd restarted where it was) are kept."""
         for attempt in range(3):
             try:
-                return self._start(timeout)
+                started = self._start(timeout)
+                self._chosen_ports = None  # started: a later start (after halt) is the same etcd, where it was
+                return started
             except RuntimeError as e:
                 ours = (self.port, self.peer_port) == self._chosen_ports
                 if attempt == 2 or not ours or "address already in use" not in str(e):
@@ -127,7 +130,8 @@ class EtcdServer:
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 why = f"etcd exited with {self.proc.returncode}: {self._stderr_tail()}"
-                if self._made_dir:  # a data dir of its own is not left behind (start() may make it again)
+                if self._made_dir and self._chosen_ports is not None:
+                    # never started: a data dir of its own holds nothing (start() may make it again)
                     shutil.rmtree(self.data_dir, ignore_errors=True)
                 raise RuntimeError(why)
             try:

@@ -34,9 +34,6 @@ log = logging.getLogger("twine.controld.health")
 NO_HEARTBEAT = "no heartbeat"
 IN_MAINTENANCE = " (in maintenance "  # tags, for people, the reason of a machine silent during its maintenance
 Report = Mapping[tuple[str, int], Any]
-# machines failed in one transaction: a record and an event each, within etcd's default
-# --max-txn-ops of 128 (and as many compares)
-FAIL_BATCH = 50
 
 
 def _recoverable(m: MachineRec) -> bool:
@@ -57,8 +54,10 @@ def settled(rec: MachineRec, report: Report | None, at: float | None, forget: bo
 
 
 class HealthService:
-    def __init__(self, state: RegionState, store: Store, keys: Keys, last_seen: dict[str, float], timeout: float = 5.0):
+    def __init__(self, state: RegionState, store: Store, keys: Keys, last_seen: dict[str, float], timeout: float = 5.0,
+                 max_txn_ops: int = 128):
         self.state = state
+        self.max_txn_ops = max_txn_ops  # etcd's --max-txn-ops: the machines failed in one transaction
         self.store = store
         self.keys = keys
         self.last_seen = last_seen
@@ -155,6 +154,7 @@ class HealthService:
             return
         heap, due_of = self._heap, self._due
         failing: list[tuple[str, str, float]] = []  # written together after the pass (an MSB's machines fail at once)
+        error: Exception | None = None
         while heap and heap[0][0] <= now:
             due, mid = heapq.heappop(heap)
             if due_of.get(mid) != due:
@@ -176,16 +176,19 @@ class HealthService:
                 failing.append((m.id, f"{NO_HEARTBEAT} for {silent:.1f}s", silent))
             elif _recoverable(m) and seen is not None and now - seen <= self.timeout \
                     and settled(m, *self.report_of(mid)) != m:
-                await self._settle(m.id)
+                try:
+                    await self._settle(m.id)
+                except Exception as e:  # the machines found silent in this pass still fail now
+                    error = error or e
             elif not m.healthy and m.health_reason.startswith(tombstones.STALE) and silent > limit:
                 failing.append((m.id, f"{NO_HEARTBEAT} for {silent:.1f}s", silent))  # back with tombstones, silent again
             # a healthy machine: due when its silence passes the limit; an unhealthy one comes back by
             # its next heartbeat (seen(), which also puts it back here): a look a timeout is a fallback
             self._push(mid, now + (limit - silent) + 0.001 if m.healthy and silent <= limit else now + self.timeout)
-        error: Exception | None = None
-        for i in range(0, len(failing), FAIL_BATCH):
+        batch = max(1, self.max_txn_ops // 2)  # a record and an event a machine; as many compares
+        for i in range(0, len(failing), batch):
             try:
-                await self._fail(failing[i:i + FAIL_BATCH])
+                await self._fail(failing[i:i + batch])
             except Exception as e:  # the other batches still fail now; this one is looked at again a timeout on
                 error = error or e
         if error is not None:
@@ -240,8 +243,7 @@ class HealthService:
         ekey = self.keys.entitlement(m.entitlement) if m.entitlement else None
         report, at = self.report_of(mid)
         now = time.time()
-        open_events = [e for e in self.state.events.values()
-                       if e.kind == "failure" and e.end is None and mid in e.machines]
+        open_events = self.state.open_failures(mid)
         done: dict[str, MachineRec] = {}
 
         def compute(reads):
@@ -278,7 +280,7 @@ class HealthService:
     async def _fail(self, failing: list[tuple[str, str, float]]) -> None:
         """Each machine (id, reason, seconds silent) is unhealthy for its reason, all in one
         transaction (issue #12: one transaction a machine, waited in turn, took an MSB of 50
-        machines 2.6 s past the first); a failure event opens for each unless it is in maintenance
+        machines 2.6 s past the first); check() sizes the batches by max_txn_ops; a failure event opens for each unless it is in maintenance
         (or was unhealthy already: back with tombstones, then silent again, it only says so). The
         event starts when the machine was last heard from: as near as the daemon knows, when it
         failed (for one not heard from since this daemon started or came to judge it, then)."""

@@ -16,7 +16,7 @@ it start), rather than count it wrong.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
@@ -56,7 +56,8 @@ class Lifecycle:
         self.lost: dict[tuple[str, int], tuple[str, float]] = {}  # task -> (the failed machine, failed at)
 
     def observe(self, job: JobRec, tasks: Mapping[int, TaskRec], machines: Mapping[str, MachineRec],
-                events: Mapping[str, EventRec], now: float) -> None:
+                open_failures: Callable[[str], list[EventRec]], now: float) -> None:
+        """`open_failures(machine)`: its failure events not ended (RegionState.open_failures)."""
         handle = job.handle
         live = [tasks.get(i) for i in range(job.count)]
         since = job.updated_at or job.created_at
@@ -77,7 +78,7 @@ class Lifecycle:
             elif lost is not None and t.machine == lost[0] and (m := machines.get(t.machine)) is not None and m.healthy:
                 del self.lost[key]  # its machine came back before it moved: no replacement to time
             elif lost is None and t.machine and t.state == "running" and (m := machines.get(t.machine)) is not None \
-                    and not m.healthy and (at := _failed_at(t.machine, events)) is not None and at >= self.since:
+                    and not m.healthy and (starts := [e.start for e in open_failures(t.machine)]) and (at := max(starts)) >= self.since:
                 self.lost[key] = (t.machine, at)
         for key in [k for k in self.lost if k[0] == handle and k[1] >= job.count]:
             del self.lost[key]  # scaled down: no replacement comes
@@ -89,9 +90,3 @@ class Lifecycle:
         for key in [k for k in self.lost if k[0] == handle]:
             del self.lost[key]
 
-
-def _failed_at(mid: str, events: Mapping[str, EventRec]) -> float | None:
-    """The start of the machine's open failure event (None: unhealthy for another reason, or in
-    maintenance, which opens none)."""
-    starts = [e.start for e in events.values() if e.kind == "failure" and e.end is None and mid in e.machines]
-    return max(starts) if starts else None

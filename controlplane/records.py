@@ -421,9 +421,9 @@ class MachineRec:
     credential_sha256: str = ""
     registered_at: float = 0.0
     # Tasks moved off (or stopped on) this machine while it was unhealthy, whose containers may
-    # still run there: (job, index, cpus, memory_mb) each. Their resources stay allocated, and the
-    # machine stays unhealthy and in its entitlement, until its agent reports them gone (tombstones.py).
-    # (job, index, cpus, memory_mb, when it was made: wall-clock seconds) each.
+    # still run there: (job, index, cpus, memory_mb, when it was made: wall-clock seconds) each.
+    # Their resources stay allocated, and the machine stays unhealthy and in its entitlement, until
+    # its agent reports them gone (tombstones.py).
     tombstones: tuple[tuple[str, int, float, int, float], ...] = ()
 
     def to_json(self) -> dict:
@@ -431,6 +431,11 @@ class MachineRec:
 
     @classmethod
     def from_json(cls, d: dict) -> MachineRec:
+        stones = d.get("tombstones")
+        if stones and any(len(t) == 4 for t in stones):
+            # written before tombstones carried when they were made: made at 0, so that any report
+            # the daemon holds speaks for them (as it did then)
+            d = {**d, "tombstones": [[*t, 0.0] if len(t) == 4 else t for t in stones]}
         return _decode(cls, d)
 
 

@@ -140,6 +140,7 @@ class RegionState:
         self._dirty_tasks: set[tuple[str, int]] = set()
         self._dirty_ents: set[str] = set()
         self._maintenance: dict[str, list[EventRec]] = {}  # machine -> its maintenance events
+        self._open_failures: dict[str, dict[str, EventRec]] = {}  # machine -> its failure events not ended, by id
         self._cordoned: set[str] = set()  # machines the snapshot has as unavailable for maintenance
 
     async def start(self) -> None:
@@ -245,6 +246,16 @@ class RegionState:
             old = self.events.pop(rest, None)
             if value is not None:
                 self.events[rest] = EventRec.from_json(value)
+            for e, is_new in ((old, False), (self.events.get(rest), True)):
+                if e is not None and e.kind == "failure":
+                    for mid in e.machines:
+                        open_ = self._open_failures.setdefault(mid, {})
+                        if is_new and e.end is None:
+                            open_[e.id] = e
+                        else:
+                            open_.pop(e.id, None)
+                        if not open_:
+                            del self._open_failures[mid]
             if any(e is not None and e.kind == "maintenance" for e in (old, self.events.get(rest))):
                 self._index_maintenance()
                 return None  # a maintenance scheduled, changed or ended: its notices go to any job
@@ -322,6 +333,10 @@ class RegionState:
                 for mid in e.machines:
                     by_machine.setdefault(mid, []).append(e)
         self._maintenance = by_machine
+
+    def open_failures(self, mid: str) -> list[EventRec]:
+        """The machine's failure events not ended (an index: no pass over every event)."""
+        return list(self._open_failures.get(mid, {}).values())
 
     def maintenance_of(self, mid: str, now: float) -> EventRec | None:
         """The maintenance that governs a machine now: one in progress, else the next deadline."""

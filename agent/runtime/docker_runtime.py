@@ -21,7 +21,7 @@ _UNSAFE = re.compile(r"[^a-zA-Z0-9_.-]")
 PULL_POLICIES = ("if-not-present", "never")
 # container events that change what a reconcile pass would do: an exit (die), or a container
 # removed behind the agent's back (destroy). The agent's own stops and removals come back as such
-# too: a pass that stopped something brings one more pass, which finds nothing to do.
+# too: the agent knows them and lets them pass (agent/daemon.py _watch_containers).
 WATCHED_EVENTS = ("die", "destroy")
 
 

@@ -231,8 +231,15 @@ class AgentService:
         self.counters["heartbeats"] += 1
         self.last_seen[mid] = time.monotonic()
         self.last_seen_wall[mid] = time.time()
-        if self.on_seen is not None:
-            self.on_seen(mid)
+        try:
+            return await self._heard(mid, body)
+        finally:
+            # after the report and its time are taken: the health check judges by this heartbeat's
+            # report (a tombstone it no longer lists goes now, not a heartbeat later)
+            if self.on_seen is not None:
+                self.on_seen(mid)
+
+    async def _heard(self, mid: str, body: dict) -> dict:
         relay = self._relay()
         if relay is not None:
             relay.heard(mid)

@@ -259,7 +259,7 @@ class Scheduler:
                 return
             tasks = self.state.tasks.get(handle, {})
             now = time.time()
-            self.lifecycle.observe(job, tasks, self.state.machines, self.state.events, now)
+            self.lifecycle.observe(job, tasks, self.state.machines, self.state.open_failures, now)
             views = {mid: v for mid in {t.machine for t in tasks.values() if t.machine} if (v := self.view(mid, now))}
             session = self.session(job)
             if session is not None:

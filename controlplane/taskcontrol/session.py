@@ -179,7 +179,8 @@ class TaskControlSession:
 
     def view(self) -> dict:
         return {"url": self.url, **self.status, "pending": sorted(self.pending), "approved": sorted(self.approved),
-                "in_flight": sorted(self.in_flight), "recent_calls": list(self.calls)[-10:]}
+                "in_flight": sorted(self.in_flight), "withdrawn": self.withdrawn,
+                "recent_calls": list(self.calls)[-10:]}
 
     def close_now(self) -> None:
         if self._task is not None:
@@ -239,8 +240,7 @@ class TaskControlSession:
             self._told_completed -= told
         self.approved |= set(acked)
         self.approved_ops.update({op["id"]: op for op in request if op["id"] in acked})
-        told_down = frozenset(u["index"] for u in body["allUnhealthyTasks"])
-        self._seen_down.update((op_id, told_down) for op_id in acked)
+        self._seen_down.update((op_id, self._last_sent[1]) for op_id in acked)  # the tasks this call said were down
         self.status = {"calls": self.status["calls"] + 1, "ok": not error, "error": error, "last_call": time.time(),
                        "sequence": self.seq}
         self.calls.append({"sequence": self.seq, "request": [op["id"] for op in request],

@@ -234,6 +234,16 @@ def test_a_port_taken_between_its_choice_and_etcds_bind_is_chosen_again():
             assert server.port != taken
             with NO_PROXY.open(f"{server.url}/health", timeout=5) as r:
                 assert b"true" in r.read()
+            # once started it is the same etcd, where it was: halted, its port taken, it does not move
+            server.halt()
+            with socket.socket() as again:
+                again.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # past the halted etcd's TIME_WAIT
+                again.bind(("127.0.0.1", server.port))
+                again.listen()
+                port = server.port
+                with pytest.raises(RuntimeError, match="address already in use"):
+                    server.start()
+                assert server.port == port and os.path.isdir(server.data_dir), "its data kept"
         finally:
             server.stop()
         fixed = EtcdServer()

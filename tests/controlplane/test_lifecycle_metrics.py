@@ -92,13 +92,15 @@ def test_what_began_before_the_tracker_or_never_moved_is_not_counted():
     job = JobRec("e", "j", 2, TASK, spec_version=2, created_at=now - 86400, updated_at=now - 86400)
     machines = {m: MachineRec(m, m, {"region": "r"}, {"cpus": 4, "memory_mb": 4096}) for m in ("a", "b")}
     running = lambda i, m="a", v=2: TaskRec("e/j", i, v, TASK, m, "running")  # noqa: E731
-    life.observe(job, {0: running(0), 1: TaskRec("e/j", 1, 2, TASK, "a", "starting")}, machines, {}, now + 1)
-    life.observe(job, {0: running(0), 1: running(1)}, machines, {}, now + 2)
+    none = lambda mid: []  # noqa: E731
+    life.observe(job, {0: running(0), 1: TaskRec("e/j", 1, 2, TASK, "a", "starting")}, machines, none, now + 1)
+    life.observe(job, {0: running(0), 1: running(1)}, machines, none, now + 2)
     assert metrics.submit_to_running._sum.get() == 0 and life.rollouts == {}
 
     # machine a fails (after the tracker began), then comes back before its tasks moved
     machines["a"] = MachineRec("a", "a", {"region": "r"}, {"cpus": 4, "memory_mb": 4096}, healthy=False)
-    events = {"f": EventRec("f", "failure", ("a",), now + 3)}
+    failure = EventRec("f", "failure", ("a",), now + 3)
+    events = lambda mid: [failure] if mid == "a" else []  # noqa: E731
     life.observe(job, {0: running(0), 1: running(1)}, machines, events, now + 5)
     assert set(life.lost) == {("e/j", 0), ("e/j", 1)}
     machines["a"] = MachineRec("a", "a", {"region": "r"}, {"cpus": 4, "memory_mb": 4096})

@@ -63,3 +63,17 @@ def test_a_value_of_another_type_is_read_as_before():
     e = {**wire(ENTITLEMENT.to_json()), "quota": 10.5}
     got = EntitlementRec.from_json(e)
     assert got.quota == 10.5 and got.spread == Spread(("dc",), "dc1")
+
+
+def test_a_tombstone_written_before_it_carried_its_time_is_read_as_made_at_0():
+    """Records written before tombstones carried when they were made have 4 fields; a machine
+    holding one must not fail every heartbeat and health pass (IndexError on its time)."""
+    from controlplane.records import MachineRec
+    from controlplane.tombstones import gone
+
+    old = MachineRec("m", "m", {"region": "r"}, {"cpus": 4, "memory_mb": 4096}, healthy=False,
+                     tombstones=(("e/j", 0, 1.0, 64, 5.0),)).to_json()
+    old["tombstones"] = [["e/j", 0, 1.0, 64]]
+    rec = MachineRec.from_json(old)
+    assert rec.tombstones == (("e/j", 0, 1.0, 64, 0.0),)
+    assert gone(rec, {}, at=1.0) == rec.tombstones  # any report the daemon holds speaks for it

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 import time
+from dataclasses import replace
 
 from controlplane.allocator import allocate
 from controlplane.allocator.errors import AllocationError
@@ -107,3 +108,20 @@ def test_snapshot_follows_the_watch_in_place_and_matches_a_fresh_build():
                 except AllocationError as e:
                     got[i] = str(e)
             assert got[0] == got[1], step
+
+
+def test_open_failures_follow_the_events_as_they_open_end_and_go():
+    """The index behind the health check's and the histograms' "open failure events of this
+    machine" (no pass over every event, which are kept): kept by the watch's own path."""
+    state = RegionState(None, KEYS)
+    f1 = EventRec("f1", "failure", ("a",), 10.0, "no heartbeat")
+    f2 = EventRec("f2", "failure", ("a", "b"), 11.0, "no heartbeat")
+    maint = EventRec("mt", "maintenance", ("a",), 12.0, duration=60.0)
+    for rev, e in enumerate((f1, f2, maint), start=1):
+        state._apply(KEYS.event(e.id), e.to_json(), rev)  # noqa: SLF001 - the watch's own path
+    assert sorted(e.id for e in state.open_failures("a")) == ["f1", "f2"]
+    assert [e.id for e in state.open_failures("b")] == ["f2"]
+    state._apply(KEYS.event("f2"), replace(f2, end=20.0).to_json(), 4)  # noqa: SLF001
+    assert [e.id for e in state.open_failures("a")] == ["f1"] and state.open_failures("b") == []
+    state._apply(KEYS.event("f1"), None, 5)  # noqa: SLF001 - deleted
+    assert state.open_failures("a") == [] and state.open_failures("c") == []

@@ -1,6 +1,6 @@
-"""Lifecycle latency on real agents (issue #12): a job's submit to all its tasks running, and a
-machine's loss to every lost task running again elsewhere, each beside a baseline measured in the
-same run on the same Docker.
+"""Lifecycle latency on real agents (issue #12): a job's submit to all its tasks running, beside
+ten concurrent `docker run`s measured in the same run on the same Docker, and a machine's loss to
+every lost task running again elsewhere, timed from the loss and from the machine's last heartbeat.
 
 Real everything: etcd, twine-controld, one twine-agent per machine in its own network namespace
 (the dev region, controlplane/devregion/), real containers of the busybox test image. Run as
@@ -22,8 +22,14 @@ What is measured, each on the wall clock of this process:
   holding the most of its tasks and, at the same moment, kills those tasks' containers (the machine
   is gone, its tasks with it). From the SIGKILL to the first GET that shows every task running on
   another machine. The agent is then started again and the trial waits until its machine is
-  healthy and clean (its tombstones gone). Goal: p99 at most the heartbeat timeout + 1.5 s. The
-  baseline printed beside it is the heartbeat timeout itself: no detection can come sooner.
+  healthy and clean (its tombstones gone). Goal: p99 at most the heartbeat timeout + 1.5 s. Beside
+  it, the same end timed from the victim's last heartbeat (its `last_heartbeat` in the API): the
+  daemon's verdict comes a heartbeat timeout after that heartbeat, which came up to one heartbeat
+  interval (1 s) before the SIGKILL, so from the SIGKILL the verdict alone can take
+  timeout - interval .. timeout. The heartbeat timeout is the daemon's setting, not a measurement.
+
+Figures: p50 is nearest-rank; with fewer than 100 samples the "p99" printed is the largest sample,
+and says so.
   After each trial it prints where the job's tasks are, per dc and MSB: the job spreads over dcs,
   then MSBs (the entitlement's default policy), each dc has two machines, one MSB each.
 """
@@ -33,7 +39,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -63,6 +68,10 @@ def pct(values: list[float], p: float) -> float:
     """Nearest-rank percentile (p99 of ten trials is the worst of them)."""
     ordered = sorted(values)
     return ordered[max(0, min(len(ordered) - 1, math.ceil(p / 100 * len(ordered)) - 1))]
+
+
+def p99_words(values: list[float]) -> str:
+    return "p99" if len(values) >= 100 else f"p99 (the largest of {len(values)})"
 
 
 class Api:
@@ -157,7 +166,8 @@ def spread(region: Region, job: dict) -> tuple[int, str]:
 
 
 def loss(region: Region, api: Api, trials: int, timeout: float) -> list[tuple[float, int, int]]:
-    """(seconds from the loss to every task running elsewhere, tasks lost, largest tasks on one MSB)."""
+    """(seconds from the SIGKILL to every task running elsewhere, the same from the victim's last
+    heartbeat, largest number of the job's tasks on one MSB) a trial."""
     name_of = {region.machine_id(a.name): a.name for a in AGENTS}
     api.call("POST", "/v1/entitlements", {"name": "loss", "machine_type": "generic", "quota": 4})
     api.call("POST", "/v1/jobs", {"entitlement": "loss", "name": "svc", "count": 6,
@@ -177,12 +187,14 @@ def loss(region: Region, api: Api, trials: int, timeout: float) -> list[tuple[fl
         region.kill_agent(victim)
         job = api.wait("/v1/jobs/loss/svc", lambda j: all_running(j, away_from=victim_id), 60,
                        f"trial {trial}: replacements of {victim}'s tasks running")
-        elapsed = time.monotonic() - t0
+        elapsed, done_wall = time.monotonic() - t0, time.time()
         killer.join()
+        since_beat = done_wall - api.call("GET", f"/v1/machines/{victim_id}")["last_heartbeat"]
         most, words = spread(region, job)
-        out.append((elapsed, held[victim_id], most))
-        print(f"  trial {trial + 1}: {victim} lost with {held[victim_id]} task(s): all running elsewhere after "
-              f"{elapsed:.2f} s; tasks now {words}", flush=True)
+        out.append((elapsed, since_beat, most))
+        print(f"  trial {trial + 1}: {victim} lost with {held[victim_id]} task(s): all running elsewhere "
+              f"{elapsed:.2f} s after the SIGKILL, {since_beat:.2f} s after its last heartbeat; tasks now {words}",
+              flush=True)
         region.start_agent(victim)
         api.wait(f"/v1/machines/{victim_id}", lambda m: m["healthy"] and not m["tombstones"], 60,
                  f"{victim} healthy and clean again")
@@ -206,21 +218,24 @@ def main() -> int:
             region.start()
             api = Api(region)
             one, ten, sub = submit_and_baseline(api, args.rounds)
-            t50, s50, s99 = statistics.median(ten), statistics.median(sub), pct(sub, 99)
-            print(f"baseline, {args.rounds} rounds: one docker run -d p50 {statistics.median(one):.2f} s; "
+            t50, s50, s99 = pct(ten, 50), pct(sub, 50), pct(sub, 99)
+            print(f"baseline, {args.rounds} rounds: one docker run -d p50 {pct(one, 50):.2f} s; "
                   f"ten concurrent docker run -d p50 {t50:.2f} s", flush=True)
-            print(f"submit to 10 running (POST to the GET showing all running), {args.rounds} rounds: p50 {s50:.2f} s, "
-                  f"p99 {s99:.2f} s = {s50 / t50:.2f}x ten concurrent docker run -d "
-                  f"(goal <= 1.2x, {1.2 * t50:.2f} s): {'met' if s50 <= 1.2 * t50 else 'MISSED'}", flush=True)
+            print(f"submit to 10 running (POST to the GET showing all running), {args.rounds} rounds: p50 {s50:.2f} s "
+                  f"= {s50 / t50:.2f}x ten concurrent docker run -d (goal <= 1.2x, {1.2 * t50:.2f} s): "
+                  f"{'met' if s50 <= 1.2 * t50 else 'MISSED'}; {p99_words(sub)} {s99:.2f} s", flush=True)
 
             lost = loss(region, api, args.trials, args.heartbeat_timeout)
-            times = [e for e, _, _ in lost]
-            l50, l99 = statistics.median(times), pct(times, 99)
+            times, beats = [e for e, _, _ in lost], [b for _, b, _ in lost]
+            l50, l99 = pct(times, 50), pct(times, 99)
             bound = args.heartbeat_timeout + 1.5
-            print(f"machine loss to every replacement running, {args.trials} trials (heartbeat timeout "
-                  f"{args.heartbeat_timeout:g} s, the floor): p50 {l50:.2f} s = {l50 / args.heartbeat_timeout:.2f}x the "
-                  f"timeout, p99 {l99:.2f} s = {l99 / args.heartbeat_timeout:.2f}x (goal <= timeout + 1.5 s = "
+            print(f"machine loss to every replacement running, {args.trials} trials, from the SIGKILL: p50 {l50:.2f} s, "
+                  f"{p99_words(times)} {l99:.2f} s (goal <= heartbeat timeout {args.heartbeat_timeout:g} s + 1.5 s = "
                   f"{bound:.1f} s): {'met' if l99 <= bound else 'MISSED'}", flush=True)
+            print(f"  the same from the victim's last heartbeat (the verdict alone takes the timeout from there): "
+                  f"p50 {pct(beats, 50):.2f} s = timeout + {pct(beats, 50) - args.heartbeat_timeout:.2f} s, "
+                  f"{p99_words(beats)} {pct(beats, 99):.2f} s = timeout + {pct(beats, 99) - args.heartbeat_timeout:.2f} s",
+                  flush=True)
             print(f"spread after replacement: at most {max(s for _, _, s in lost)} of 6 tasks on one MSB", flush=True)
         finally:
             problems = region.stop()

@@ -10,16 +10,7 @@ import signal
 import sys
 from pathlib import Path
 
-
-from controlplane.devregion.region import AgentSpec, Region, default_agents
-from controlplane.devregion.region import STATE_FILE
-
-
-
-
-
-# --------------------------------------------------------------------------------------------
-# command line
+from controlplane.devregion.region import STATE_FILE, AgentSpec, Region, default_agents
 
 
 def _load_agents(arg: str, kernel_owner: str | None) -> list[AgentSpec]:
@@ -128,7 +119,7 @@ def _cmd_rehearse(args) -> int:
     if region.stopped:
         print(f"devregion: the region in {region.workdir} is stopped", file=sys.stderr)
         return 3
-    name = getattr(args, "name", None)
+    name = args.name
     try:
         if args.command == "kill":
             code = region.kill(name, getattr(signal, f"SIG{args.signal.upper().removeprefix('SIG')}"))

@@ -22,7 +22,6 @@ from dataclasses import asdict, dataclass
 from typing import Self, TypeVar
 
 
-
 log = logging.getLogger("twine.devregion")
 
 SUBNET_POOL = ipaddress.ip_network("10.250.0.0/16")
@@ -127,7 +126,7 @@ class NsInfo:
 
 class Network:
     """One Linux bridge with an address on the host, and per member one network namespace joined
-    to the bridge by a veth pair. See the module docstring for the scheme.
+    to the bridge by a veth pair. See the package's docstring for the scheme.
 
     `Network().create()`, `.add_namespace("m1")`, ..., `.destroy()`. `destroy()` removes every link
     and namespace whose name starts with `<prefix>-`, so it also cleans up after a partial create

@@ -27,10 +27,8 @@ import psutil
 
 from controlplane.etcdproc import EtcdServer
 from controlplane.pki import CA
-from controlplane.devregion.network import Network, ip_binary, ns_http_get
-from controlplane.devregion.procs import ProcRef, child_env, log_tail, spawn, stop_process
-from controlplane.devregion.network import MAX_AGENTS, NAME_RE
-from controlplane.devregion.procs import REPO
+from controlplane.devregion.network import MAX_AGENTS, NAME_RE, Network, ip_binary, ns_http_get
+from controlplane.devregion.procs import REPO, ProcRef, child_env, log_tail, spawn, stop_process
 
 log = logging.getLogger("twine.devregion")
 
@@ -78,8 +76,6 @@ def _write_secret(path: Path, text: str) -> None:
     with os.fdopen(fd, "w") as f:
         f.write(text + "\n")
     os.chmod(path, 0o600)
-
-
 
 
 class Region:
@@ -522,10 +518,12 @@ class Region:
 
     def restart(self, name: str) -> None:
         """Stop it (SIGTERM, SIGKILL after 30 s) if it runs, and start it again, on the same data,
-        ports and address; returns once it answers. Not while it is cut off: its start is judged
-        by a connection the partition drops (etcd's by its port, which controld's partition cuts too)."""
+        ports and address; returns once it answers. etcd and controld not while either is cut off:
+        etcd's start is judged through its port (which controld's partition cuts too), controld's
+        through its API and it reads etcd before it serves. An agent's start is judged on its own
+        namespace's loopback, which its partition leaves alone."""
         key = self._key(name)
-        cut = {name, "controld"} & self.partitioned if name in ("etcd", "controld") else {name} & self.partitioned
+        cut = {"etcd", "controld"} & self.partitioned if name in ("etcd", "controld") else set()
         if cut:
             raise RuntimeError(f"{name} cannot be restarted while {' and '.join(sorted(cut))} is partitioned: heal first")
         ref = self.procs.get(key)
@@ -542,7 +540,7 @@ class Region:
         """The iptables rules that cut `name` off: (the agent's namespace, or None: the host's; rule)."""
         self._key(name)
         assert self._etcd_info is not None and self.controld_listen is not None and self.network is not None
-        tag = ["-m", "comment", "--comment", f"twine-devregion-{self.prefix}-{name}", "-j", "DROP"]
+        tag = ["-m", "comment", "--comment", self._tag(name), "-j", "DROP"]
         if name in ("etcd", "controld"):
             etcd = str(self._etcd_info["port"])  # controld is etcd's only client
             rules = [["INPUT", "-i", "lo", "-p", "tcp", "--dport", etcd, *tag],
@@ -554,6 +552,10 @@ class Region:
             return [(None, r) for r in rules]
         ns, bridge = self.netns(name), self.network.bridge_ip
         return [(ns, ["OUTPUT", "-d", bridge, *tag]), (ns, ["INPUT", "-s", bridge, *tag])]
+
+    def _tag(self, name: str) -> str:
+        """The comment every rule of partition(name) carries: how heal() finds them."""
+        return f"twine-devregion-{self.prefix}-{name}"
 
     def _iptables(self, ns: str | None, *args: str) -> subprocess.CompletedProcess:
         argv = [shutil.which("iptables") or "/usr/sbin/iptables", "-w", "5", *args]
@@ -587,11 +589,10 @@ class Region:
         problems = []
         names = sorted(self.partitioned) if name is None else [name]
         for n in names:
-            self._key(n)
-            tag = f"twine-devregion-{self.prefix}-{n}"
+            tag = self._tag(n)
             left = 0
-            for ns in {ns for ns, _ in self._rules(n)}:
-                if ns is not None and ns not in (self.network.leftovers()["netns"] if self.network else ()):
+            for ns in {ns for ns, _ in self._rules(n)}:  # _rules refuses an unknown name
+                if ns is not None and ns not in self.network.leftovers()["netns"]:
                     continue  # its namespace is gone, and its rules with it
                 try:
                     listed = self._iptables(ns, "-S")

@@ -440,6 +440,15 @@ def test_rehearsals_kill_restart_partition_and_heal_from_another_process(tmp_pat
     cleanup.append(r)
     r.start()
     d = str(r.workdir)
+    try:
+        _rehearse(r, d)
+    finally:  # what the other processes started, partitioned and restarted: region.json knows it
+        _devregion("down", "--dir", d)
+        rules = subprocess.run(["iptables", "-S"], capture_output=True, text=True, check=True).stdout
+        assert f"twine-devregion-{r.prefix}" not in rules
+
+
+def _rehearse(r: Region, d: str) -> None:
     host, port = r.controld_listen.rsplit(":", 1)
     etcd_port = r.etcd.port
     _etcd_kv(r.etcd, "put", {"key": _b64("rehearsal"), "value": _b64("kept")})
@@ -489,6 +498,8 @@ def test_rehearsals_kill_restart_partition_and_heal_from_another_process(tmp_pat
     assert _devregion("heal", "controld", "--dir", d).returncode == 0
     assert _connects(host, int(port), r.netns("m1")) and _connects(host, int(port))
     assert not _connects("127.0.0.1", etcd_port), "etcd is still cut off"
+    refused = _devregion("restart", "controld", "--dir", d)  # it reads etcd before it serves
+    assert refused.returncode == 1 and "etcd is partitioned" in refused.stderr, refused.stderr
     # `down` heals what is left
     assert _devregion("down", "--dir", d).returncode == 0
     rules = subprocess.run(["iptables", "-S"], capture_output=True, text=True, check=True).stdout

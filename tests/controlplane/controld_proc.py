@@ -155,16 +155,33 @@ class Controld:
 
 @contextlib.contextmanager
 def daemon_with_sim_agents(tmp: Path, etcd_port: int, machines: tuple[str, ...], heartbeat_timeout: float,
-                           interval: float = 0.2):
-    """A real twine-controld with `machines` registered (dc1, an MSB each, 4 cpus) and simulated
-    agents for them (tests/controlplane/simagents.py): yields (daemon, agents); closes both."""
+                           interval: float = 0.2, dcs: int = 1, cpus: float = 4):
+    """A real twine-controld with `machines` registered (spread over `dcs` dcs, an MSB each) and
+    simulated agents for them (tests/controlplane/simagents.py): yields (daemon, agents); closes both."""
     from tests.controlplane.simagents import SimAgents
     from tests.controlplane.test_controld_api import register
 
     c = Controld(tmp, etcd_port, heartbeat_timeout=heartbeat_timeout).start()
     try:
-        creds = {m: register(c, m, "dc1", f"msb-{m}", cpus=4, memory_mb=4096) for m in machines}
+        creds = {m: register(c, m, f"dc{i % dcs + 1}", f"msb-{m}", cpus=cpus, memory_mb=4096)
+                 for i, m in enumerate(machines)}
         with SimAgents(creds, [c.url], interval=interval) as agents:
             yield c, agents
     finally:
         c.close()
+
+
+def wait(pred, timeout: float, what: str, interval: float = 0.05):
+    """pred() once it is true (returned), polled until `timeout` seconds have passed."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = pred()
+        if got:
+            return got
+        time.sleep(interval)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def member(c: Controld) -> str:
+    """The member id a replica answers as (GET /v1/cluster)."""
+    return c.cluster()["self"]["member"]

@@ -6,8 +6,7 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 
-from tests.controlplane.controld_proc import Controld
-from tests.controlplane.test_replicas_chaos import member, wait
+from tests.controlplane.controld_proc import Controld, member, wait
 from tests.controlplane.test_controld_api import register
 
 TASK = {"image": "twine/busybox:1", "command": ["sleep", "3600"], "cpus": 0.25, "memory_mb": 16}

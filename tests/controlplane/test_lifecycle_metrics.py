@@ -53,8 +53,9 @@ def test_submit_update_and_failure_latencies_are_observed_once_each(region):
                        what="each replacement observed")
     # from when the machine was last heard from: the heartbeat timeout at least, detection included
     assert m["twine_failure_to_replacement_seconds_sum"] >= lost * TIMEOUT, m
-    time.sleep(0.5)  # passes go on: each rollout and each replacement counted once, not once a pass
-    m = c.metrics()
+    # passes go on (a few more of them): each rollout and each replacement counted once, not once a pass
+    passes = m["twine_scheduler_job_passes_total"]
+    m = c.wait_metrics(lambda m: m["twine_scheduler_job_passes_total"] >= passes + 3, what="three more job passes")
     assert m["twine_submit_to_running_seconds_count"] == 2 and m["twine_failure_to_replacement_seconds_count"] == lost
 
 

@@ -19,7 +19,7 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from tests.controlplane.controld_proc import Controld
+from tests.controlplane.controld_proc import Controld, member, wait
 from tests.controlplane.simagents import SimAgents
 from tests.controlplane.test_controld_api import register
 from tests.tcpproxy import TcpProxy
@@ -40,20 +40,6 @@ def replicas(tmp_path, etcd_port: int, n: int, *extra: tuple[str, ...], timeout:
 
 def leader_of(c: Controld, shard: int = 0) -> str | None:
     return c.cluster()["shards"][shard]["leader"]
-
-
-def member(c: Controld) -> str:
-    return c.cluster()["self"]["member"]
-
-
-def wait(pred, timeout: float, what: str, interval: float = 0.05):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = pred()
-        if got:
-            return got
-        time.sleep(interval)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def tasks_at(c: Controld, handle: str) -> list[dict]:

@@ -13,20 +13,25 @@ import pytest
 from controlplane.cli import twinectl
 from controlplane.cli.twinectl import EXIT_FAILED, EXIT_INPUT, EXIT_OK, EXIT_UNAUTHORIZED
 from tests.controlplane.cli.test_specfile import TOML_SPEC, YAML_SPEC
-from tests.controlplane.controld_proc import API_TOKEN, Controld
-from tests.controlplane.simagents import SimAgents
-from tests.controlplane.test_controld_api import register
+from tests.controlplane.controld_proc import API_TOKEN, daemon_with_sim_agents
 
 
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory, etcd_server):
-    c = Controld(tmp_path_factory.mktemp("cli-daemon"), etcd_server.port, heartbeat_timeout=5.0).start()
-    creds = {m: register(c, m, f"dc{i % 2}", f"msb{i}", cpus=2, memory_mb=2048) for i, m in enumerate(("c1", "c2", "c3"))}
-    try:
-        with SimAgents(creds, [c.url], interval=0.2):
-            yield c
-    finally:
-        c.close()
+    with daemon_with_sim_agents(tmp_path_factory.mktemp("cli-daemon"), etcd_server.port, ("c1", "c2", "c3"),
+                                heartbeat_timeout=5.0, dcs=2, cpus=2) as (c, _):
+        yield c
+
+
+@pytest.fixture(autouse=True)
+def each_test_stops_its_jobs(daemon):
+    """The tests share the daemon's three machines: a test's jobs are stopped after it, pass or fail."""
+    yield
+    for j in daemon.call("GET", "/v1/jobs")[1]["jobs"]:
+        if j["state"] != "stopped":
+            daemon.call("DELETE", f"/v1/jobs/{j['handle']}")
+    for j in daemon.call("GET", "/v1/jobs")[1]["jobs"]:
+        daemon.wait_for(f"/v1/jobs/{j['handle']}", lambda job: job["state"] == "stopped", what=f"{j['handle']} stopped")
 
 
 @pytest.fixture
@@ -100,7 +105,7 @@ def test_the_daemons_refusals_are_exit_1_or_2_with_its_field_and_why(ctl, capsys
     big = spec(tmp_path, "cli3", YAML_SPEC.replace("cpus: 0.5", "cpus: 1.5"))  # 3 tasks of 1.5 need 3 machines
     assert ctl("job", "run", str(big)) == EXIT_FAILED
     err = capsys.readouterr().err
-    assert err.startswith("twinectl: ") and "quota" in err, err
+    assert err.startswith("twinectl: count: quota exceeded for cli3/frontend"), err  # the daemon's field and why
     assert ctl("job", "status", "cli3/nothing") == EXIT_FAILED
     assert capsys.readouterr().err == "twinectl: job: no job 'cli3/nothing'\n"
     assert ctl("entitlement", "create", "cli3b", "--machine-type", "generic", "--quota", "-1") == EXIT_INPUT
@@ -135,3 +140,30 @@ def test_token_and_url_from_the_environment(daemon, ctl, tmp_path, monkeypatch):
     monkeypatch.setenv("TWINE_TOKEN", "wrong")  # TWINE_TOKEN wins over TWINE_TOKEN_FILE ...
     assert twinectl.main(["entitlement", "list"]) == EXIT_UNAUTHORIZED
     assert twinectl.main(["entitlement", "list", "--token", API_TOKEN]) == EXIT_OK  # ... and options over both
+
+
+def test_events_discovery_listing_by_entitlement_and_owner_and_profile(ctl, daemon, capsys, tmp_path):
+    """What the stand-in's tests covered and the ones above do not: events and discovery as the
+    daemon has them, --json after the command, a job list narrowed to an entitlement, and an
+    entitlement's owner and profile (none: null)."""
+    assert ctl("entitlement", "create", "cli5", "--machine-type", "generic", "--quota", "3", "--owner", "team-x") == EXIT_OK
+    assert ctl("entitlement", "create", "cli6", "--machine-type", "generic", "--quota", "1") == EXIT_OK
+    assert daemon.call("GET", "/v1/entitlements/cli5")[1]["owner"] == "team-x"
+    assert ctl("entitlement", "modify", "cli5", "--profile", "none") == EXIT_OK
+    assert daemon.call("GET", "/v1/entitlements/cli5")[1]["profile"] is None
+    assert ctl("job", "run", str(spec(tmp_path, "cli5")), "--wait", "20") == EXIT_OK
+    capsys.readouterr()
+
+    assert ctl("job", "list", "--entitlement", "cli6") == EXIT_OK
+    assert "cli5/frontend" not in capsys.readouterr().out
+    assert ctl("job", "list", "--entitlement", "cli5") == EXIT_OK
+    assert "cli5/frontend" in capsys.readouterr().out
+    assert ctl("discovery", "cli5/frontend", "--json") == EXIT_OK  # the global option after the command
+    assert json.loads(capsys.readouterr().out) == daemon.call("GET", "/v1/discovery/cli5/frontend")[1]
+    endpoints = daemon.call("GET", "/v1/discovery/cli5/frontend")[1]["endpoints"]
+    assert ctl("discovery", "cli5/frontend") == EXIT_OK
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "job cli5/frontend" and len(lines) == 2 + len(endpoints) == 5
+    assert sorted(line.split()[1] for line in lines[2:]) == sorted(e["machine"] for e in endpoints)
+    assert ctl("--json", "events") == EXIT_OK
+    assert json.loads(capsys.readouterr().out) == daemon.call("GET", "/v1/events")[1]

@@ -287,7 +287,7 @@ def test_an_offer_during_an_acking_call_asks_nothing_again():
             # the next pass: restart/0 approved (still proposed until the scheduler starts it)
             call = sch.s._task
             sch.s.offer([restart(0), restart(1)], [{"index": 5, "state": "lost"}])
-            assert sch.s._task is call and not sch.s._again  # no call made, none queued
+            assert sch.s._task is call and call.done() and not sch.s._again  # no call made, none queued
             return [[o["id"] for o in b["request"]] for b in stub.bodies], sorted(sch.s.approved)
 
     requests, approved = run(body())

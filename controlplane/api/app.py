@@ -42,6 +42,10 @@ PRINCIPAL = "principal"  # who an API request comes from (controlplane/api/token
 _dumps = partial(json.dumps, default=str)
 PUBLIC = ("/v1/openapi.json", "/healthz")
 SERVED_BY_EVERY_ROLE = (*PUBLIC, "/v1/metrics", "/v1/cluster", "/v1/internal/relay")
+# a member with the health role takes the heartbeats of the machines it judges: their agents send
+# them there (the answer's heartbeat_to), so a health check in a process of its own hears them
+# whatever the frontend and the schedulers are doing
+SERVED_BY_HEALTH = ("/v1/agent/heartbeat",)
 STALE = "X-Twine-Stale"  # on an answer from the cache while etcd is unreachable: why it may be behind
 
 
@@ -77,7 +81,8 @@ async def _answer(request: web.Request, handler: Callable[[web.Request], Awaitab
     try:
         if request.path not in PUBLIC:
             _authenticate(d, request)
-        if "frontend" not in d.roles and request.path not in SERVED_BY_EVERY_ROLE and FORWARDED not in request.headers:
+        if "frontend" not in d.roles and request.path not in SERVED_BY_EVERY_ROLE and FORWARDED not in request.headers \
+                and not ("health" in d.roles and request.path in SERVED_BY_HEALTH):
             raise ApiError("unavailable", None, f"this process serves no API (roles: {','.join(d.roles)}); "
                            "ask a replica with the frontend role (GET /v1/cluster lists them)")
         response = await handler(request)

@@ -8,7 +8,9 @@ it was not running on this machine.
 `urls` are tried in order with failover, as agents do; `follow_hint` makes heartbeats go to the
 `heartbeat_to` replica the answer names (as real agents do), or ignores it.
 
-A machine in `cut` neither polls nor heartbeats (a partition: its tasks go on "running"). With
+With `poll` cleared, the agents heartbeat what they run without reading their desired state (as
+an agent whose long poll hangs on a replica that does not answer, while its heartbeats go to
+another). A machine in `cut` neither polls nor heartbeats (a partition: its tasks go on "running"). With
 `stop_delay`, a task that leaves a machine's desired state is still reported there (its container
 stopping) for that many seconds after its agent learned it left: `stale` holds those.
 """
@@ -39,6 +41,8 @@ class SimAgents:
         self._lock = threading.Lock()
         self.paused = threading.Event()
         self.cut: set[str] = set()
+        self.poll = True
+        self.desired_profile: dict[str, str | None] = {}
         self.stop_delay = 0.0
         self.stale: dict[str, dict[tuple[str, int], tuple[int, float]]] = {m: {} for m in creds}  # -> (version, since)
 
@@ -79,7 +83,13 @@ class SimAgents:
             self._stop.wait(self.interval)
 
     def _one(self, mid: str, cred: str) -> None:
+        if not self.poll:
+            with self._lock:
+                running = dict(self.running[mid])
+            self._heartbeat(mid, cred, running, self.desired_profile.get(mid))
+            return
         _, desired = self._any("GET", "/v1/agent/desired?wait=0", cred)
+        self.desired_profile[mid] = desired.get("profile")
         wanted = {(t["job"], t["index"]): t["spec_version"] for t in desired.get("tasks", [])}
         with self._lock:
             now = self.running[mid]
@@ -94,16 +104,20 @@ class SimAgents:
                 del stale[key]
             self.running[mid] = dict(wanted)
             shown = {**{k: v for k, (v, _) in stale.items()}, **wanted}
+        self._heartbeat(mid, cred, shown, desired.get("profile"))
+
+    def _heartbeat(self, mid: str, cred: str, shown: dict, profile: str | None) -> None:
         tasks = [{"job": j, "index": i, "spec_version": v, "state": "running"} for (j, i), v in sorted(shown.items())]
         body = {"machine_id": mid, "digest": json.dumps(tasks, sort_keys=True), "tasks": tasks,
-                "profile": {"name": desired.get("profile"), "ok": True}}
-        url, answer = self._any("POST", "/v1/agent/heartbeat", cred, body,
-                                first=self.hints.get(mid) if self.follow_hint else None)
+                "profile": {"name": profile, "ok": True}}
+        hinted = self.hints.get(mid) if self.follow_hint else None
+        url, answer = self._any("POST", "/v1/agent/heartbeat", cred, body, first=hinted)
         self.sent[url] += 1
+        # as the agent does: the hint holds until a hinted heartbeat fails or an answer names another
+        if hinted is not None and url != hinted:
+            self.hints.pop(mid, None)
         if answer.get("heartbeat_to"):
             self.hints[mid] = answer["heartbeat_to"]
-        else:
-            self.hints.pop(mid, None)
 
     def restarts(self) -> dict:
         """Starts beyond the first of each (job, index, version), and tasks started on a second machine."""

@@ -234,3 +234,51 @@ def test_rate_limit_buckets_survive_a_change_of_leader(tmp_path, etcd_server):
     finally:
         for c in cs:
             c.close()
+
+
+def test_a_health_replica_of_its_own_judges_machines_while_the_scheduler_replica_is_frozen(tmp_path, etcd_server):
+    """The health check in a process of its own (`--roles health`): the agents' heartbeats go to it
+    (the answer's heartbeat_to), so a scheduler process that does not run at all (SIGSTOP: the
+    busiest a scheduler can be) neither delays a machine's failure nor fails the machines that
+    still heartbeat; once it runs again it replaces the lost task."""
+    timeout = 2.0
+    cs = replicas(tmp_path, etcd_server.port, 2, ("--roles", "frontend,scheduler"), ("--roles", "health"), timeout=timeout)
+    a, h = cs
+    frozen = False
+    try:
+        a.start()
+        h.start(wait_led=False)
+        creds = {f"m{i}": register(a, f"m{i}", "dc1", f"msb{i}") for i in range(6)}
+        with SimAgents(creds, [a.url], interval=0.3) as agents:
+            assert a.call("POST", "/v1/entitlements", {"name": "web", "machine_type": "generic", "quota": 6})[0] == 201
+            spec = {"entitlement": "web", "name": "api", "count": 5, "task": TASK}
+            assert a.call("POST", "/v1/jobs", spec)[0] == 201
+            wait(lambda: updated(a, "web/api", 1, 5), 20, "5 tasks running")
+            # every agent heartbeats to the health replica (the hint), none to the scheduler's
+            wait(lambda: set(agents.hints.values()) == {h.url} and len(agents.hints) == 6, 10, "heartbeats to h")
+            lost = next(t["machine"] for t in tasks_at(a, "web/api"))
+            agents.poll = False  # their desired-state polls would hang on the frozen replica
+            a.proc.send_signal(signal.SIGSTOP)
+            frozen = True
+            sent_to_h = agents.sent[h.url]
+            agents.cut.add(lost)
+            t_cut = time.monotonic()
+            wait(lambda: h.metric("twine_health_failures_total") >= 1, timeout + 5, "the lost machine's failure")
+            detected = time.monotonic() - t_cut
+            time.sleep(2 * timeout)  # the others heartbeat on, to h only: none of them fails
+            assert h.metric("twine_health_failures_total") == 1
+            assert h.metric("twine_machines_unhealthy") == 1
+            assert agents.sent[h.url] > sent_to_h + 5 * 6
+            print(f"\nscheduler replica frozen (SIGSTOP); machine {lost} cut off: the health replica failed it "
+                  f"{detected:.2f} s after the cut (heartbeat timeout {timeout} s); 0 other failures in {2 * timeout:.0f} s")
+            assert detected <= timeout + 1.5
+            a.proc.send_signal(signal.SIGCONT)
+            frozen = False
+            agents.poll = True
+            wait(lambda: updated(a, "web/api", 1, 5) and lost not in {t["machine"] for t in tasks_at(a, "web/api")},
+                 20, "the lost task replaced once the scheduler runs again")
+    finally:
+        if frozen:
+            a.proc.send_signal(signal.SIGCONT)
+        for c in cs:
+            c.close()

@@ -117,7 +117,13 @@ class Scheduler:
         last_retry = time.monotonic()
         cursor = 0
         try:
-            while True:
+            while not self.deposed:
+                # A cancel that reached an etcd call can come back as that call's error (grpc's
+                # CANCELLED), which a pass takes for a failed commit and retries: the loop would go
+                # on, and the depose awaiting it would never return (issue #12: a scheduler frozen
+                # past its lease went on failing its fenced commits and never led again).
+                if (me := asyncio.current_task()) is not None and me.cancelling():
+                    raise asyncio.CancelledError()
                 jobs, everything = queue.take()
                 now = time.monotonic()
                 if self.state.stale:  # plans from a view behind etcd would only fail or conflict
@@ -189,6 +195,8 @@ class Scheduler:
     async def pass_jobs(self, handles) -> None:
         slice_began = time.monotonic()
         for handle in sorted(handles):
+            if self.deposed:
+                return  # its commits are fenced off now: each would only conflict
             if time.monotonic() - slice_began > PASS_SLICE:
                 await asyncio.sleep(0)  # a long pass lets the API and the watch in between jobs
                 slice_began = time.monotonic()

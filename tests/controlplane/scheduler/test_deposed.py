@@ -1,0 +1,53 @@
+"""A deposed shard leader's scheduler loop ends, even when the cancel that should end it is lost.
+
+A cancel that reaches an etcd call can come back as that call's error (grpc's CANCELLED), which
+the pass takes for a failed commit and retries: issue #12's frozen-scheduler test saw a leader
+frozen past its lease go on failing its fenced commits, thousands of passes a second, and never
+lead again, because the depose awaiting its loop never returned."""
+
+from __future__ import annotations
+
+import asyncio
+import types
+import uuid
+
+from controlplane.scheduler.service import Scheduler
+from controlplane.state import RegionState
+from controlplane.store.keys import Keys
+
+
+def test_a_deposed_scheduler_stops_even_if_its_pass_swallows_the_cancel():
+    keys = Keys("dp" + uuid.uuid4().hex[:8])
+    state = RegionState(types.SimpleNamespace(unavailable=""), keys)  # no etcd call is made: pass_jobs is replaced
+    sched = Scheduler(state, None, keys, reports=lambda mid: {})
+    passes = 0
+
+    async def pass_jobs(handles) -> None:
+        nonlocal passes
+        passes += 1
+        try:
+            await asyncio.sleep(0.001)  # the commit, in flight
+        except asyncio.CancelledError:
+            pass  # ... comes back as the call's own error, which the pass handles
+        state.changed.set({"web/api"})  # its conflict: the job again, at once
+
+    sched.pass_jobs = pass_jobs
+
+    async def body() -> None:
+        loop = asyncio.create_task(sched.run())
+        state.changed.set({"web/api"})
+        for _ in range(500):
+            if passes >= 5 or loop.done():
+                break
+            await asyncio.sleep(0.01)
+        assert passes >= 5, loop
+        # what ControlDaemon.depose does: say why, cancel, await the loop
+        sched.deposed = "its leader key is gone"
+        loop.cancel()
+        done, _ = await asyncio.wait([loop], timeout=2)
+        assert done, f"the deposed scheduler's loop still runs after {passes} passes"
+        at_depose = passes
+        await asyncio.sleep(0.1)
+        assert passes == at_depose
+
+    asyncio.run(body())

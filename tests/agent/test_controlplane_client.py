@@ -1,8 +1,11 @@
-"""The agent against the control-plane contract of docs/api.md ("Agents").
+"""The agent against the control-plane contract of docs/api.md ("Agents"), with a real
+twine-controld process (tests/controlplane/controld_proc.py: on the session's etcd, in a region of
+its own): registration and the stored credential, the long poll, heartbeats with their digests
+and resends, and a real agent process running the daemon's task across the daemon's absence.
 
-twine-controld is written in parallel, so these tests run the agent against `ContractServer`: a
-protocol stand-in, in this file, for the three agent endpoints, with just enough state to hold
-the agent to the contract (tokens, credentials, long poll, digests and resend).
+`FaultServer`, below, stands in for the daemon only where the real one cannot be made to
+misbehave: a desired state the agent must refuse, and a credential refused right after it was
+issued.
 """
 
 from __future__ import annotations
@@ -24,20 +27,48 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from agent.config import AgentConfig
-from agent.controlplane_client import ControlPlaneClient, ControlPlaneSource, Unauthorized
+from agent.config import AgentConfig, Labels
+from agent.controlplane_client import ControlPlaneClient, ControlPlaneError, ControlPlaneSource, Unauthorized
 from agent.models import DesiredState, TaskSpec
 from agent.report import machine_info, report_digest, task_reports
 from agent.runtime.base import ContainerInfo, task_labels
 from tests.agent.agentproc import REPO, free_port
 from tests.conftest import TEST_IMAGE
+from tests.controlplane.controld_proc import BOOTSTRAP_TOKEN, Controld
 
-BOOTSTRAP = "boot-" + "x" * 20
+BOOTSTRAP = BOOTSTRAP_TOKEN
 TASK = {"job": "web/front", "index": 0, "spec_version": 1, "image": TEST_IMAGE, "command": ["sleep", "300"], "cpus": 0.25, "memory_mb": 32}
+JOB_TASK = {"image": TEST_IMAGE, "command": ["sleep", "300"], "cpus": 0.25, "memory_mb": 32}
 
 
-class ContractServer:
-    """Protocol stand-in for twine-controld's agent endpoints (register, desired, heartbeat)."""
+@pytest.fixture
+def controld(tmp_path, etcd_server):
+    """A real twine-controld (heartbeat interval 0.5 s, answered to the agents)."""
+    (tmp_path / "controld").mkdir()
+    c = Controld(tmp_path / "controld", etcd_server.port, extra=("--heartbeat-interval", "0.5")).start()
+    try:
+        yield c
+    finally:
+        c.close()
+
+
+def restart(c: Controld) -> Controld:
+    """The same daemon stopped and started again on its port (its memory gone: digests, reports)."""
+    c.close()
+    return c.start()
+
+
+def submit(c: Controld, count: int = 1, name: str = "api") -> None:
+    if c.call("GET", "/v1/entitlements/web")[0] == 404:
+        assert c.call("POST", "/v1/entitlements", {"name": "web", "machine_type": "generic", "quota": 4})[0] == 201
+    status, body = c.call("POST", "/v1/jobs", {"entitlement": "web", "name": name, "count": count, "task": JOB_TASK})
+    assert status == 201, body
+
+
+class FaultServer:
+    """A stand-in for twine-controld's agent endpoints (register, desired, heartbeat), for the faults
+    the real daemon does not commit: any desired state (an invalid one too), credentials refused at
+    will."""
 
     def __init__(self) -> None:
         self.url = ""
@@ -127,7 +158,7 @@ class ContractServer:
 
 
 @asynccontextmanager
-async def serving(server: ContractServer, port: int = 0) -> AsyncIterator[ContractServer]:
+async def serving(server: FaultServer, port: int = 0) -> AsyncIterator[FaultServer]:
     runner = web.AppRunner(server.app(), shutdown_timeout=0.1)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", port)
@@ -139,7 +170,8 @@ async def serving(server: ContractServer, port: int = 0) -> AsyncIterator[Contra
         await runner.cleanup()
 
 
-def client_for(url: str, state_dir: Path, machine: str = "m1", **config) -> ControlPlaneClient:
+def client_for(url, state_dir: Path, machine: str = "m1", region: str = "region1", **config) -> ControlPlaneClient:
+    config.setdefault("labels", Labels(region=region))
     cfg = AgentConfig(machine_id=machine, state_dir=state_dir, **config)
     return ControlPlaneClient(url, BOOTSTRAP, state_dir, machine_info(cfg))
 
@@ -163,45 +195,63 @@ REPORT = {
 # -- registration ----------------------------------------------------------------------------
 
 
-def test_registration_stores_a_private_credential_and_reuses_it_after_restart(tmp_path):
+def test_registration_stores_a_private_credential_and_reuses_it_after_restart(tmp_path, controld):
     async def scenario():
-        async with serving(ContractServer()) as server:
-            client = client_for(server.url, tmp_path, cpus=1.5, memory_mb=256)
-            await client.desired("")
-            await client.close()
-            assert len(server.registrations) == 1
-            reg = server.registrations[0]
-            assert reg["machine_id"] == "m1" and reg["labels"]["dc"] == "dc1"
-            cap = reg["capacity"]
-            assert cap["cpus"] == 1.5 and cap["memory_mb"] == 256 and cap["disk_gb"] > 0
-            assert cap["cgroup_version"] in (1, 2) and "sysctl" in cap["supports"]
-            assert all(isinstance(kb, int) for kb in cap["hugepage_sizes_kb"])
-            path = tmp_path / "credential"
-            assert stat.S_IMODE(path.stat().st_mode) == 0o600
-            assert json.loads(path.read_text())["credential"] == client.credential
+        client = client_for(controld.url, tmp_path, region=controld.region, cpus=1.5, memory_mb=256)
+        await client.desired("")
+        await client.close()
+        assert controld.metric("twine_agents_registrations_total") == 1
+        status, m = controld.call("GET", "/v1/machines/m1")
+        assert status == 200 and m["labels"]["dc"] == "dc1" and m["labels"]["region"] == controld.region
+        cap = m["capacity"]
+        assert cap["cpus"] == 1.5 and cap["memory_mb"] == 256 and cap["disk_gb"] > 0
+        assert cap["cgroup_version"] in (1, 2) and "sysctl" in cap["supports"]
+        assert all(isinstance(kb, int) for kb in cap["hugepage_sizes_kb"])
+        path = tmp_path / "credential"
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600
+        assert json.loads(path.read_text())["credential"] == client.credential
 
-            restarted = client_for(server.url, tmp_path)
-            assert restarted.credential == client.credential
-            await restarted.desired("")
-            await restarted.close()
-            assert len(server.registrations) == 1 and restarted.status()["registered"]
+        restarted = client_for(controld.url, tmp_path, region=controld.region)
+        assert restarted.credential == client.credential
+        await restarted.desired("")
+        await restarted.close()
+        assert controld.metric("twine_agents_registrations_total") == 1 and restarted.status()["registered"]
 
     asyncio.run(scenario())
 
 
-def test_a_refused_credential_registers_again_once_with_the_bootstrap_token(tmp_path):
+def test_a_released_credential_registers_again_once_with_the_bootstrap_token(tmp_path, controld):
     async def scenario():
-        async with serving(ContractServer()) as server:
+        client = client_for(controld.url, tmp_path, region=controld.region)
+        await client.desired("")
+        first = client.credential
+        assert controld.call("POST", "/v1/machines/m1/release")[0] == 200  # an admin's release: the credential is void
+        await client.desired("")  # refused, registered again (the machine was released), asked again
+        assert controld.metric("twine_agents_registrations_total") == 2 and client.credential != first
+        assert json.loads((tmp_path / "credential").read_text())["credential"] == client.credential
+        # a bootstrap token alone does not take a registered machine over: the new credential is needed
+        other = client_for(controld.url, tmp_path / "other", region=controld.region)
+        with pytest.raises(ControlPlaneError, match="409 exists .*is registered"):
+            await other.desired("")
+        await other.close()
+        await client.desired("")
+        assert controld.metric("twine_agents_registrations_total") == 2
+        await client.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_credential_refused_again_after_registering_is_given_up_for_this_call(tmp_path):
+    """The real daemon never refuses a credential it has just issued: a stand-in does."""
+    async def scenario():
+        async with serving(FaultServer()) as server:
             client = client_for(server.url, tmp_path)
             await client.desired("")
             first = client.credential
             server.revoke()
             await client.desired("")
-            assert len(server.registrations) == 2 and client.credential != first
             # the first registration had no credential to show; the second showed the one it held
-            assert server.presented == [None, first]
-            assert json.loads((tmp_path / "credential").read_text())["credential"] == client.credential
-
+            assert server.presented == [None, first] and client.credential != first
             server.refuse_credentials = True  # a new credential is refused too: give up this call
             with pytest.raises(Unauthorized):
                 await client.desired("")
@@ -212,18 +262,19 @@ def test_a_refused_credential_registers_again_once_with_the_bootstrap_token(tmp_
     asyncio.run(scenario())
 
 
-def test_a_wrong_bootstrap_token_is_reported_not_raised_from_the_loops(tmp_path):
+def test_a_wrong_bootstrap_token_is_reported_not_raised_from_the_loops(tmp_path, controld):
     async def scenario():
-        async with serving(ContractServer()) as server:
-            client = ControlPlaneClient(server.url, "wrong", tmp_path, machine_info(AgentConfig(machine_id="m1", state_dir=tmp_path)))
-            errors: list[str] = []
-            watch = asyncio.create_task(ControlPlaneSource(client, "", wait=1).watch(_never, errors.append))
-            beat = asyncio.create_task(client.heartbeat_loop(lambda: REPORT))
-            await until(lambda: errors, what="an error")
-            assert "registration refused" in errors[0] and not (tmp_path / "credential").exists()
-            assert not watch.done() and not beat.done()
-            watch.cancel(), beat.cancel()
-            await client.close()
+        info = machine_info(AgentConfig(machine_id="m1", state_dir=tmp_path, labels=Labels(region=controld.region)))
+        client = ControlPlaneClient(controld.url, "wrong", tmp_path, info)
+        errors: list[str] = []
+        watch = asyncio.create_task(ControlPlaneSource(client, "", wait=1).watch(_never, errors.append))
+        beat = asyncio.create_task(client.heartbeat_loop(lambda: REPORT))
+        await until(lambda: errors, timeout=5, what="an error")
+        assert "registration refused" in errors[0] and not (tmp_path / "credential").exists()
+        assert not watch.done() and not beat.done()
+        assert controld.call("GET", "/v1/machines/m1")[0] == 404
+        watch.cancel(), beat.cancel()
+        await client.close()
 
     asyncio.run(scenario())
 
@@ -235,43 +286,64 @@ async def _never(desired: DesiredState) -> None:
 # -- desired state ---------------------------------------------------------------------------
 
 
-def test_long_poll_delivers_new_desired_state_and_a_bad_one_goes_to_on_error(tmp_path):
+def test_long_poll_delivers_the_daemons_changes_of_desired_state(tmp_path, controld):
     async def scenario():
-        async with serving(ContractServer()) as server:
+        client = client_for(controld.url, tmp_path, region=controld.region, cpus=2, memory_mb=1024)
+        current = (await client.desired(""))["version"]
+        source = ControlPlaneSource(client, current, wait=2)  # the agent's cached version
+        changes: list[DesiredState] = []
+        errors: list[str] = []
+
+        async def on_change(d: DesiredState) -> None:
+            changes.append(d)
+
+        watch = asyncio.create_task(source.watch(on_change, errors.append))
+        t0 = time.monotonic()
+        await until(lambda: controld.metric("twine_agents_long_polls_total") >= 2, timeout=5, what="the poll parked")
+        assert changes == [] and errors == []  # the version it already has: nothing changes
+
+        submit(controld, count=1)
+        await until(lambda: changes, timeout=10, what="the job's task")
+        assert time.monotonic() - t0 < 10 and changes[0].source == controld.url
+        (task,) = changes[0].tasks
+        assert task.job == "web/api" and task.index == 0 and task.image == TEST_IMAGE and task.command == ("sleep", "300")
+
+        assert controld.call("DELETE", "/v1/jobs/web/api")[0] == 202
+        await until(lambda: len(changes) == 2, timeout=10, what="the stop")
+        assert changes[1].tasks == () and changes[1].version != changes[0].version and errors == []
+        watch.cancel()
+        await client.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_desired_state_the_agent_cannot_run_goes_to_on_error_and_changes_nothing(tmp_path):
+    """The real daemon sends only specs it validated; the agent checks them again: a stand-in sends a bad one."""
+    async def scenario():
+        async with serving(FaultServer()) as server:
             client = client_for(server.url, tmp_path)
-            source = ControlPlaneSource(client, "v1", wait=2)  # the agent's cached version
             changes: list[DesiredState] = []
             errors: list[str] = []
 
             async def on_change(d: DesiredState) -> None:
                 changes.append(d)
 
-            watch = asyncio.create_task(source.watch(on_change, errors.append))
-            await asyncio.sleep(0.1)
-            assert changes == []  # the version it already has: nothing changes
-
-            server.set_desired("v2", [TASK])
-            await until(lambda: changes, what="v2")
-            assert changes[0].version == "v2" and changes[0].source == server.url
-            assert changes[0].tasks == (TaskSpec.from_json(TASK, "", "t"),)
-
+            watch = asyncio.create_task(ControlPlaneSource(client, "v1", wait=2).watch(on_change, errors.append))
             server.set_desired("v3", [{**TASK, "memory_mb": 1}])
             await until(lambda: errors, what="the rejection")
-            assert "tasks[0].memory_mb" in errors[0] and len(changes) == 1
-
-            server.set_desired("v4", [])
-            await until(lambda: len(changes) == 2, what="v4")
-            assert changes[1].version == "v4" and changes[1].tasks == ()
+            assert "tasks[0].memory_mb" in errors[0] and changes == []
+            server.set_desired("v4", [TASK])
+            await until(lambda: changes, what="v4")
+            assert changes[0].version == "v4" and changes[0].tasks == (TaskSpec.from_json(TASK, "", "t"),)
             watch.cancel()
             await client.close()
 
     asyncio.run(scenario())
 
 
-def test_an_unreachable_daemon_reports_an_error_changes_nothing_and_recovers(tmp_path):
-    async def scenario():
-        port = free_port()
-        client = client_for(f"http://127.0.0.1:{port}", tmp_path)
+def test_an_unreachable_daemon_reports_an_error_changes_nothing_and_recovers(tmp_path, etcd_server):
+    async def scenario(c: Controld):
+        client = client_for(c.url, tmp_path, region=c.region)
         changes: list[DesiredState] = []
         errors: list[str] = []
 
@@ -287,65 +359,74 @@ def test_an_unreachable_daemon_reports_an_error_changes_nothing_and_recovers(tmp
         assert client.status() == {"url": client.url, "urls": [client.url], "heartbeat_to": None, "registered": False,
                                    "last_heartbeat_ok": False, "error": errors[-1]}
 
-        async with serving(ContractServer(), port) as server:
-            server.set_desired("v2", [TASK])
-            await until(lambda: changes, timeout=2.5, what="the daemon to be back")
-            await until(lambda: server.heartbeats, what="a heartbeat")
-            assert errors[-1] == "" and changes[0].version == "v2"  # the error is cleared
-            await until(lambda: client.status()["last_heartbeat_ok"], what="last_heartbeat_ok")
-            assert client.status()["error"] == "" and client.status()["registered"]
-            watch.cancel(), beat.cancel()
-            await client.close()
+        await asyncio.to_thread(c.start)  # the daemon comes up on the address the agent has
+        await until(lambda: changes, timeout=10, what="the daemon to be back")
+        await until(lambda: client.status()["last_heartbeat_ok"], timeout=10, what="last_heartbeat_ok")
+        assert errors[-1] == "" and changes[0].tasks == ()  # the error is cleared; the machine has nothing yet
+        assert client.status()["error"] == "" and client.status()["registered"]
+        assert c.call("GET", "/v1/machines/m1")[1]["healthy"]
+        watch.cancel(), beat.cancel()
+        await client.close()
 
-    asyncio.run(scenario())
+    (tmp_path / "controld").mkdir()
+    c = Controld(tmp_path / "controld", etcd_server.port)
+    try:
+        asyncio.run(scenario(c))
+    finally:
+        c.close()
 
 
 # -- heartbeats ------------------------------------------------------------------------------
 
 
-def test_heartbeat_sends_tasks_once_then_only_the_digest_and_resends_when_asked(tmp_path):
+def test_heartbeat_sends_tasks_once_then_only_the_digest_and_resends_when_asked(tmp_path, controld):
     async def scenario():
-        async with serving(ContractServer()) as server:
-            server.interval = 0.5
-            client = client_for(server.url, tmp_path)
-            for _ in range(2):
-                await client.heartbeat(REPORT)
-            first, second = server.heartbeats
-            assert first["tasks"] == REPORT["tasks"] and "tasks" not in second
-            assert first["digest"] == second["digest"] == report_digest(REPORT["profile"], REPORT["tasks"])
-            assert second["seq"] > first["seq"] and first["desired_version"] == "v1"
-            assert client.interval == 0.5
-
-            server.resend_next = True
-            await client.heartbeat(REPORT)  # answered with resend: true
+        client = client_for(controld.url, tmp_path, region=controld.region)
+        for _ in range(2):
             await client.heartbeat(REPORT)
-            assert "tasks" not in server.heartbeats[2] and server.heartbeats[3]["tasks"] == REPORT["tasks"]
+        # the first carried the tasks, the second only their digest, accepted
+        assert (controld.metric("twine_agents_heartbeats_total"), controld.metric("twine_agents_heartbeat_reports_total")) == (2, 1)
+        assert client.interval == 0.5  # the daemon's --heartbeat-interval
 
-            changed = {**REPORT, "tasks": [{**REPORT["tasks"][0], "state": "exited", "exit_code": 3}]}
-            await client.heartbeat(changed)
-            assert server.heartbeats[4]["tasks"] == changed["tasks"]
-            await client.close()
+        await asyncio.to_thread(restart, controld)  # a restarted daemon has no report: it asks for one
+        await client.heartbeat(REPORT)  # the digest only: answered with resend
+        assert controld.metric("twine_agents_heartbeat_reports_total") == 0
+        await client.heartbeat(REPORT)
+        assert (controld.metric("twine_agents_heartbeats_total"), controld.metric("twine_agents_heartbeat_reports_total")) == (2, 1)
+
+        changed = {**REPORT, "tasks": [{**REPORT["tasks"][0], "state": "exited", "exit_code": 3}]}
+        await client.heartbeat(changed)  # a new digest: the tasks go with it
+        assert controld.metric("twine_agents_heartbeat_reports_total") == 2
+        await client.close()
 
     asyncio.run(scenario())
 
 
-def test_heartbeat_loop_sends_at_once_when_notified_and_after_a_resend(tmp_path):
+def test_heartbeat_loop_sends_at_once_when_notified_and_after_a_resend(tmp_path, etcd_server):
+    (tmp_path / "controld").mkdir()
+    c = Controld(tmp_path / "controld", etcd_server.port, heartbeat_timeout=120, extra=("--heartbeat-interval", "30"))
+
     async def scenario():
-        async with serving(ContractServer()) as server:
-            client = client_for(server.url, tmp_path)
-            client.interval = 30.0
-            beat = asyncio.create_task(client.heartbeat_loop(lambda: REPORT))
-            await until(lambda: len(server.heartbeats) == 1, what="the first heartbeat")
-            client.notify()
-            await until(lambda: len(server.heartbeats) == 2, timeout=0.5, what="the notified heartbeat")
-            server.resend_next = True
-            client.notify()
-            await until(lambda: len(server.heartbeats) == 4, timeout=0.5, what="the full report after resend")
-            assert server.heartbeats[3]["tasks"] == REPORT["tasks"]
-            beat.cancel()
-            await client.close()
+        client = client_for(c.url, tmp_path, region=c.region)
+        beat = asyncio.create_task(client.heartbeat_loop(lambda: REPORT))
+        beats = lambda: c.metric("twine_agents_heartbeats_total")  # noqa: E731
+        await until(lambda: beats() == 1, timeout=5, what="the first heartbeat")
+        assert client.interval == 30
+        client.notify()
+        await until(lambda: beats() == 2, timeout=1, what="the notified heartbeat")
+        await asyncio.to_thread(restart, c)
+        client.notify()  # the digest only, answered with resend: the full report follows at once
+        await until(lambda: c.metric("twine_agents_heartbeat_reports_total") == 1, timeout=1,
+                    what="the full report after resend")
+        assert beats() == 2
+        beat.cancel()
+        await client.close()
 
-    asyncio.run(scenario())
+    c.start()
+    try:
+        asyncio.run(scenario())
+    finally:
+        c.close()
 
 
 def _container(task: TaskSpec, generation: int, status: str, exit_code: int | None = None) -> ContainerInfo:
@@ -395,74 +476,90 @@ def test_config_errors_exit_2_naming_the_problem(tmp_path):
     assert not (tmp_path / "state").exists()  # nothing was started
 
 
-async def _status(port: int) -> dict:
-    async with aiohttp.ClientSession() as session, session.get(f"http://127.0.0.1:{port}/status") as r:
-        return await r.json()
+async def _status(port: int, up: bool = True) -> dict:
+    """The agent's /status; with up=False, an agent not listening yet gives {"control_plane": {}}."""
+    try:
+        async with aiohttp.ClientSession() as session, session.get(f"http://127.0.0.1:{port}/status") as r:
+            return await r.json()
+    except aiohttp.ClientConnectorError:
+        if up:
+            raise
+        return {"control_plane": {}}
 
 
-async def _start_agent(tmp_path: Path, url: str, machine_id: str, port: int) -> asyncio.subprocess.Process:
+async def _start_agent(tmp_path: Path, url: str, machine_id: str, port: int, region: str) -> asyncio.subprocess.Process:
     token = tmp_path / "token"
     token.write_text(BOOTSTRAP + "\n")
     with open(tmp_path / "agent.log", "ab") as log:
         return await asyncio.create_subprocess_exec(
             sys.executable, "-m", "agent", "--state-dir", str(tmp_path / "state"), "run",
             "--control-plane", url, "--bootstrap-token-file", str(token), "--machine-id", machine_id,
-            "--listen", f"127.0.0.1:{port}", "--image-pull", "never", "--reconcile-interval", "0.5",
+            "--listen", f"127.0.0.1:{port}", "--region", region, "--image-pull", "never", "--reconcile-interval", "0.5",
             "--heartbeat-interval", "0.2", "--cpus", "1.5", "--memory-mb", "256",
             env={**os.environ, "PYTHONPATH": str(REPO)}, cwd=REPO, stderr=log,
         )
 
 
-def _running_beat(server: ContractServer) -> dict | None:
-    full = [h for h in server.heartbeats if h.get("tasks")]
-    return full[-1] if full and full[-1]["tasks"][0]["state"] == "running" else None
+def _running(s: dict) -> dict | None:
+    return next((t for t in s.get("tasks", []) if t["state"] == "running"), None)
 
 
 @pytest.mark.docker
-def test_agent_process_runs_the_daemons_tasks_keeps_them_while_it_is_away_and_after_a_restart(tmp_path, docker_client, machine_id):
-    async def scenario(server: ContractServer, procs: list) -> None:
-        port, api = free_port(), free_port()
-        server.set_desired("v7", [TASK])
-        async with serving(server, api):
-            procs.append(await _start_agent(tmp_path, server.url, machine_id, port))
-            await until(lambda: _running_beat(server), timeout=10, what="a heartbeat with the task running")
-            beat = _running_beat(server)
-            assert beat["desired_version"] == "v7" and beat["machine_id"] == machine_id
-            assert beat["tasks"][0]["job"] == "web/front" and beat["profile"] == {"name": None, "ok": True, "error": ""}
-            assert server.registrations[0]["capacity"]["cpus"] == 1.5
-            s = await _status(port)
-            assert s["control_plane"] == {"url": server.url, "urls": [server.url], "heartbeat_to": None, "registered": True,
-                                          "last_heartbeat_ok": True, "error": ""}
-            assert s["desired"]["version"] == "v7" and s["tasks"][0]["state"] == "running"
-            container = s["tasks"][0]["container"]["id"]
+def test_agent_process_runs_the_daemons_tasks_keeps_them_while_it_is_away_and_after_a_restart(
+        tmp_path, controld, docker_client, machine_id):
+    async def scenario(procs: list) -> None:
+        port = free_port()
+        procs.append(await _start_agent(tmp_path, controld.url, machine_id, port, controld.region))
+        await asyncio.to_thread(controld.wait_for, f"/v1/machines/{machine_id}", lambda m: m["healthy"],
+                                what="the machine registered and healthy")
+        submit(controld)
+        job = await asyncio.to_thread(controld.wait_for, "/v1/jobs/web/api",
+                                      lambda j: [t for t in j["tasks"] if t["state"] == "running"],
+                                      what="the task running, as the daemon has it from the heartbeats")
+        assert job["tasks"][0]["machine"] == machine_id
+        m = controld.call("GET", f"/v1/machines/{machine_id}")[1]
+        assert m["capacity"]["cpus"] == 1.5 and m["capacity"]["memory_mb"] == 256
+        s = await _status(port)
+        assert s["control_plane"] == {"url": controld.url, "urls": [controld.url], "heartbeat_to": None,
+                                      "registered": True, "last_heartbeat_ok": True, "error": ""}
+        version = s["desired"]["version"]
+        task = _running(s)
+        assert task["job"] == "web/api" and task["index"] == 0
+        container = task["container"]["id"]
 
         # The daemon is gone: the task keeps running, /status says why nothing new arrives. The desired-state
         # poll and the heartbeat each find it out on their own next try, in either order.
+        await asyncio.to_thread(controld.close)
         deadline = time.monotonic() + 5
         while not ((s := await _status(port))["control_plane"]["error"] and not s["control_plane"]["last_heartbeat_ok"]):
             assert time.monotonic() < deadline, s
             await asyncio.sleep(0.05)
         assert s["desired"]["error"].startswith("control plane unreachable") and not s["control_plane"]["last_heartbeat_ok"]
-        assert s["tasks"][0]["state"] == "running" and s["tasks"][0]["container"]["id"] == container
+        assert _running(s)["container"]["id"] == container
         procs[0].send_signal(signal.SIGTERM)
         assert await procs[0].wait() == 0
 
-        # Restarted onto the same version: the stored credential is reused and nothing changes.
-        server.heartbeats.clear()
-        async with serving(server, api):
-            procs.append(await _start_agent(tmp_path, server.url, machine_id, port))
-            await until(lambda: _running_beat(server), timeout=10, what="a heartbeat after the restart")
-            assert len(server.registrations) == 1
-            s = await _status(port)
-            assert s["tasks"][0]["container"]["id"] == container and s["adopted"] == [container]
+        # Both restarted: the stored credential is reused, the desired state's version is the same
+        # (a hash of its content), and nothing restarts.
+        await asyncio.to_thread(controld.start)
+        procs.append(await _start_agent(tmp_path, controld.url, machine_id, port, controld.region))
+        await asyncio.to_thread(controld.wait_for, f"/v1/machines/{machine_id}", lambda m: m["healthy"],
+                                what="the machine healthy after the restarts")
+        deadline = time.monotonic() + 10
+        while not ((s := await _status(port, up=False))["control_plane"].get("last_heartbeat_ok") and _running(s)):
+            assert time.monotonic() < deadline, s
+            await asyncio.sleep(0.05)
+        assert controld.metric("twine_agents_registrations_total") == 0
+        assert s["desired"]["version"] == version and s["adopted"] == [container]
+        assert _running(s)["container"]["id"] == container
         procs[1].send_signal(signal.SIGTERM)
         assert await procs[1].wait() == 0
-        assert (tmp_path / "agent.log").read_text().count("new desired state") == 1
+        assert (tmp_path / "agent.log").read_text().count("new desired state") == 2  # the empty one, then the task's
         assert docker_client.containers.get(container).status == "running"
 
     procs: list[asyncio.subprocess.Process] = []
     try:
-        asyncio.run(scenario(ContractServer(), procs))
+        asyncio.run(scenario(procs))
     finally:
         for p in procs:
             if p.returncode is None:

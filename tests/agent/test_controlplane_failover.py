@@ -1,10 +1,11 @@
 """An agent with several twine-controld replicas of one region (issue #10): which URL it calls, when
 it moves on, where its heartbeats go, and that its credential holds on every replica.
 
-The first tests run the client against `ContractServer` stand-ins (two of them sharing one
-credential table, as replicas share etcd), which can answer with `heartbeat_to` as the real
-daemon does when another replica checks the machine's health. The last one runs a real agent process, with a real task,
-against two real `twine-controld` replicas on one etcd, and kills the first.
+The tests of which URL is called and when the client moves on run it against `FaultServer`
+stand-ins (two of them sharing one credential table, as replicas share etcd) and servers that
+answer every call with one status: faults on demand. Where heartbeats go runs against real
+replicas, one of them a health check of its own; the last test runs a real agent process, with a
+real task, against two real `twine-controld` replicas on one etcd, and kills the first.
 """
 
 from __future__ import annotations
@@ -27,14 +28,14 @@ from agent.config import Labels, load_config
 from agent.controlplane_client import ControlPlaneError, Unavailable
 from agent.errors import InputError
 from tests.agent.agentproc import AgentProc, free_port
-from tests.agent.test_controlplane_client import REPORT, ContractServer, _agent, client_for, serving
+from tests.agent.test_controlplane_client import REPORT, FaultServer, _agent, client_for, serving
 from tests.conftest import TEST_IMAGE
-from tests.controlplane.controld_proc import BOOTSTRAP_TOKEN, Controld
+from tests.controlplane.controld_proc import BOOTSTRAP_TOKEN, Controld, wait
 
 
-def replicas(n: int = 2) -> list[ContractServer]:
+def replicas(n: int = 2) -> list[FaultServer]:
     """Stand-ins of one region: a credential issued by one is known to all."""
-    servers = [ContractServer() for _ in range(n)]
+    servers = [FaultServer() for _ in range(n)]
     for s in servers[1:]:
         s.credentials = servers[0].credentials
     return servers
@@ -187,43 +188,60 @@ def test_the_credential_is_the_regions_and_a_file_keyed_by_a_listed_url_is_still
 # -- heartbeat_to ------------------------------------------------------------------------------
 
 
-def test_heartbeats_follow_heartbeat_to_and_go_back_to_the_list_at_once_when_it_fails(tmp_path):
+def test_heartbeats_follow_heartbeat_to_and_go_back_to_the_list_at_once_when_it_fails(tmp_path, etcd_server):
+    """Real replicas: `a` serves the API and schedules, `h` is the health check of its own (`--roles
+    health`). The agent knows only `a`; a's answer names h, and heartbeats, and only they, go there."""
+    for d in ("a", "h", "agent"):
+        (tmp_path / d).mkdir()
+    a = Controld(tmp_path / "a", etcd_server.port, extra=("--roles", "frontend,scheduler")).start()
+    h = Controld(tmp_path / "h", etcd_server.port, region=a.region, extra=("--roles", "health"))
+
     async def scenario():
-        a, b = replicas()
-        async with serving(a):
-            async with serving(b):
-                a.heartbeat_to = b.url + "/"  # b is not in the agent's list: the hint may name any replica
-                client = client_for([a.url], tmp_path)
-                await client.heartbeat(REPORT)
-                assert len(a.heartbeats) == 1 and client.status()["heartbeat_to"] == b.url
-                await client.heartbeat(REPORT)  # b has no report yet: it asks for the full one
-                await client.heartbeat(REPORT)
-                assert len(a.heartbeats) == 1 and len(b.heartbeats) == 2 and b.heartbeats[1]["tasks"]
-                await client.desired("")  # only heartbeats move
-                assert client.desired_from == a.url and client.url == a.url
-                b.heartbeat_to = b.url  # the owner names itself: nothing changes
-                await client.heartbeat(REPORT)
-                assert len(b.heartbeats) == 3 and client.heartbeat_to == b.url
+        await asyncio.to_thread(h.start, False)
+        await asyncio.to_thread(wait, lambda: len(a.cluster()["members"]) == 2, 10, "h a member in a's view")
+        client = client_for([a.url], tmp_path / "agent", region=a.region)
+        await client.heartbeat(REPORT)  # registers through a, which answers with h
+        assert client.status()["heartbeat_to"] == h.url and a.metric("twine_agents_heartbeats_total") == 1
+        await client.heartbeat(REPORT)  # h has no report yet: it asks for the full one
+        await client.heartbeat(REPORT)
+        assert a.metric("twine_agents_heartbeats_total") == 1
+        assert h.metric("twine_agents_heartbeats_total") == 2 and h.metric("twine_agents_heartbeat_reports_total") == 1
+        await client.desired("")  # only heartbeats move
+        assert client.desired_from == a.url and client.url == a.url
 
-            a.heartbeat_to = None  # b is gone and a checks the machine now
-            await client.heartbeat(REPORT)  # refused by b: the same heartbeat goes to a, without an error
-            s = client.status()
-            assert len(a.heartbeats) == 2 and s["heartbeat_to"] is None and s["last_heartbeat_ok"] and s["error"] == ""
+        await asyncio.to_thread(h.kill, signal.SIGKILL)  # h gone: a checks the machine again
+        await client.heartbeat(REPORT)  # refused by h: the same heartbeat goes to a, without an error
+        s = client.status()
+        assert a.metric("twine_agents_heartbeats_total") == 2 and s["last_heartbeat_ok"] and s["error"] == ""
+        # (until h's lease ends, a's answer still names it: each heartbeat then costs a refused connect)
+        await asyncio.to_thread(wait, lambda: len(a.cluster()["members"]) == 1, 10, "h's membership over")
+        await client.heartbeat(REPORT)
+        s = client.status()
+        assert a.metric("twine_agents_heartbeats_total") == 3
+        assert s["heartbeat_to"] is None and s["last_heartbeat_ok"] and s["error"] == ""
+        await client.close()
 
-            for hint in ("ftp://x", 42, ["x"], {"url": b.url}, "http://", a.url + "/"):
-                a.heartbeat_to = hint  # not a URL, or the URL in use: heartbeats stay
-                await client.heartbeat(REPORT)
-                assert client.heartbeat_to is None, hint
-            assert len(a.heartbeats) == 8
-            await client.close()
+    try:
+        asyncio.run(scenario())
+    finally:
+        a.close()
+        h.close()
 
-        https = client_for(["https://a:1"], tmp_path / "tls")
-        https._follow("http://b:2")  # never from TLS to plain HTTP with the machine's credential
-        assert https.heartbeat_to is None
-        https._follow("https://b:2")
-        assert https.heartbeat_to == "https://b:2"
 
-    asyncio.run(scenario())
+def test_a_hint_that_is_no_url_or_the_url_in_use_or_a_downgrade_is_not_followed(tmp_path):
+    client = client_for(["http://a:1"], tmp_path)
+    for hint in ("ftp://x", 42, ["x"], {"url": "http://b:2"}, "http://", "http://a:1/"):
+        client._follow(hint)  # not a URL, or the URL in use: heartbeats stay
+        assert client.heartbeat_to is None, hint
+    client._follow("http://b:2/")
+    assert client.heartbeat_to == "http://b:2"
+    client._follow(None)  # an answer without a hint keeps the one followed
+    assert client.heartbeat_to == "http://b:2"
+    https = client_for(["https://a:1"], tmp_path / "tls")
+    https._follow("http://b:2")  # never from TLS to plain HTTP with the machine's credential
+    assert https.heartbeat_to is None
+    https._follow("https://b:2")
+    assert https.heartbeat_to == "https://b:2"
 
 
 # -- the real thing: two twine-controld replicas, one agent process, a real task ---------------

@@ -153,7 +153,9 @@ class HealthService:
         if not self._refresh_owned(now):
             return
         heap, due_of = self._heap, self._due
-        failing: list[tuple[str, str, float]] = []  # written together after the pass (an MSB's machines fail at once)
+        # (machine, reason, seconds silent, its last heartbeat then): written together after the
+        # pass (an MSB's machines fail at once)
+        failing: list[tuple[str, str, float, float | None]] = []
         error: Exception | None = None
         while heap and heap[0][0] <= now:
             due, mid = heapq.heappop(heap)
@@ -173,7 +175,7 @@ class HealthService:
                 silent, limit = now - seen, self.timeout
                 self._unheard.discard(mid)
             if m.healthy and silent > limit:
-                failing.append((m.id, f"{NO_HEARTBEAT} for {silent:.1f}s", silent))
+                failing.append((m.id, f"{NO_HEARTBEAT} for {silent:.1f}s", silent, seen))
             elif _recoverable(m) and seen is not None and now - seen <= self.timeout \
                     and settled(m, *self.report_of(mid)) != m:
                 try:
@@ -181,7 +183,7 @@ class HealthService:
                 except Exception as e:  # the machines found silent in this pass still fail now
                     error = error or e
             elif not m.healthy and m.health_reason.startswith(tombstones.STALE) and silent > limit:
-                failing.append((m.id, f"{NO_HEARTBEAT} for {silent:.1f}s", silent))  # back with tombstones, silent again
+                failing.append((m.id, f"{NO_HEARTBEAT} for {silent:.1f}s", silent, seen))  # back with tombstones, silent again
             # a healthy machine: due when its silence passes the limit; an unhealthy one comes back by
             # its next heartbeat (seen(), which also puts it back here): a look a timeout is a fallback
             self._push(mid, now + (limit - silent) + 0.001 if m.healthy and silent <= limit else now + self.timeout)
@@ -189,8 +191,10 @@ class HealthService:
         for i in range(0, len(failing), batch):
             try:
                 await self._fail(failing[i:i + batch])
-            except Exception as e:  # the other batches still fail now; this one is looked at again a timeout on
+            except Exception as e:  # the other batches still fail now; this one is looked at again next pass
                 error = error or e
+                for mid, *_ in failing[i:i + batch]:
+                    self._push(mid, now)
         if error is not None:
             raise error
 
@@ -277,8 +281,10 @@ class HealthService:
             self.counters["recoveries"] += 1
             log.warning("machine %s is healthy again", mid)
 
-    async def _fail(self, failing: list[tuple[str, str, float]]) -> None:
-        """Each machine (id, reason, seconds silent) is unhealthy for its reason, all in one
+    async def _fail(self, failing: list[tuple[str, str, float, float | None]]) -> None:
+        """Each machine (id, reason, seconds silent, its last heartbeat when it was found silent)
+        that has not heartbeated since (the pass's other writes came between) is unhealthy for
+        its reason, all in one
         transaction (issue #12: one transaction a machine, waited in turn, took an MSB of 50
         machines 2.6 s past the first); check() sizes the batches by max_txn_ops; a failure event opens for each unless it is in maintenance
         (or was unhealthy already: back with tombstones, then silent again, it only says so). The
@@ -286,13 +292,17 @@ class HealthService:
         failed (for one not heard from since this daemon started or came to judge it, then)."""
         now = time.time()
         reasons: dict[str, tuple[str, str | None, float]] = {}
-        for mid, reason, silent in failing:
+        for mid, reason, silent, seen in failing:
+            if self.last_seen.get(mid) != seen:
+                continue  # it heartbeated after it was found silent: the next look judges it
             maint = self.state.maintenance_of(mid, now)
             if maint is not None and maint.phase(now) == "in progress":
                 # expected: the machine is in maintenance; it is down, but that is no failure
                 reasons[mid] = (f"{reason}{IN_MAINTENANCE}{maint.id})", maint.id, silent)
             else:
                 reasons[mid] = (reason, None, silent)
+        if not reasons:
+            return
         key_of = {mid: self.keys.machine(mid) for mid in reasons}
         written: dict[str, bool] = {}  # machine -> it was healthy
 

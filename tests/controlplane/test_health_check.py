@@ -131,3 +131,33 @@ def test_an_msb_falling_silent_fails_in_one_pass_a_few_transactions_not_one_a_ma
             await store.close()
 
     asyncio.run(body())
+
+
+def test_a_machine_heard_from_between_its_verdict_and_the_write_is_not_failed(etcd_server):
+    """A pass finds the silent machines first and writes their failure at its end, after its other
+    etcd writes: a heartbeat that arrives in between keeps the machine healthy."""
+    async def body() -> None:
+        store, state, health, last_seen = await region(etcd_server.port, ["late", "gone"], timeout=0.5, grace=0.5)
+        fail = health._fail
+
+        async def heartbeat_then_fail(failing):  # the late machine's heartbeat lands during the pass's awaits
+            assert sorted(mid for mid, *_ in failing) == ["gone", "late"]
+            last_seen["late"] = time.monotonic()
+            await fail(failing)
+
+        health._fail = heartbeat_then_fail
+        try:
+            now = time.monotonic()
+            last_seen.update(late=now, gone=now)
+            await asyncio.sleep(0.7)
+            await health.check()  # looks at both (pushed at start), finds both silent past 0.5 s
+            if state.machines["gone"].healthy:  # the first look only computes their deadlines
+                await asyncio.sleep(0.1)
+                await health.check()
+            assert not state.machines["gone"].healthy and state.machines["gone"].health_reason.startswith(NO_HEARTBEAT)
+            assert state.machines["late"].healthy and health.counters["failures"] == 1
+        finally:
+            await state.stop()
+            await store.close()
+
+    asyncio.run(body())

@@ -118,10 +118,10 @@ class Scheduler:
         cursor = 0
         try:
             while not self.deposed:
-                # A cancel that reached an etcd call can come back as that call's error (grpc's
-                # CANCELLED), which a pass takes for a failed commit and retries: the loop would go
-                # on, and the depose awaiting it would never return (issue #12: a scheduler frozen
-                # past its lease went on failing its fenced commits and never led again).
+                # A cancel a pass swallowed (the store turns an etcd call's error under a cancel
+                # back into the cancel; another call might not) must still end the loop: else the
+                # depose awaiting it never returns (issue #12: a scheduler frozen past its lease
+                # went on failing its fenced commits and never led again).
                 if (me := asyncio.current_task()) is not None and me.cancelling():
                     raise asyncio.CancelledError()
                 jobs, everything = queue.take()

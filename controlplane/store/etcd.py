@@ -316,13 +316,20 @@ class Store:
             client, at = self.client, self.endpoint
             try:
                 result = await op(client)
-            except UNREACHABLE as e:
-                failures.append(self._failed(client, at, e))
-                if isinstance(e, ConnectionTimeoutError) and not retry_timeouts:
-                    break  # it may have been applied: the caller decides
-                continue
-            except aetcd.exceptions.ClientError:
-                if client is not self.client:
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:
+                # A cancel that reaches the call can come back as the call's own error (grpc's
+                # CANCELLED), which a caller would take for etcd's answer and retry: a loop
+                # cancelled then never ends (issue #12, a deposed scheduler). It is a cancel.
+                if (me := asyncio.current_task()) is not None and me.cancelling():
+                    raise asyncio.CancelledError(f"cancelled during an etcd call ({type(e).__name__}: {e})") from e
+                if isinstance(e, UNREACHABLE):
+                    failures.append(self._failed(client, at, e))
+                    if isinstance(e, ConnectionTimeoutError) and not retry_timeouts:
+                        break  # it may have been applied: the caller decides
+                    continue
+                if isinstance(e, aetcd.exceptions.ClientError) and client is not self.client:
                     failures.append(f"{at}: closed under the call")  # another call moved on: try again
                     continue
                 raise

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import uuid
 
+import aetcd.exceptions
+
 import pytest
 
 from controlplane.store import Conflict, Index, Store
@@ -144,3 +146,36 @@ def test_a_range_larger_than_one_grpc_answer_is_read_in_pages_at_one_revision(et
     assert [v.value["i"] for v in items] == list(range(12_000))
     assert all(v.mod_revision <= revision for v in items)
     assert len(now) == 12_001 and now[11_000].value["i"] == -1  # the write landed, after the read's revision
+
+
+def test_a_cancel_that_comes_back_as_the_calls_error_is_a_cancel(etcd_server):
+    """grpc can answer a cancelled call with its own error (CANCELLED) instead of raising the
+    cancel: the store raises CancelledError then, so that no caller retries a cancelled call (issue
+    #12: a deposed scheduler's loop, cancelled, went on and on). An error of a call nobody
+    cancelled is still the error."""
+    async def body() -> None:
+        store = Store([("127.0.0.1", etcd_server.port)])
+        started = asyncio.Event()
+
+        async def call(client):  # a call whose cancel comes back as the client library's error
+            started.set()
+            try:
+                await asyncio.sleep(30)
+            except asyncio.CancelledError:
+                raise aetcd.exceptions.ClientError("StatusCode.CANCELLED: Locally cancelled by application!")
+
+        async def failing(client):
+            raise aetcd.exceptions.ClientError("etcdserver: some answer")
+
+        try:
+            task = asyncio.create_task(store._call(call))
+            await started.wait()
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            with pytest.raises(aetcd.exceptions.ClientError, match="some answer"):
+                await store._call(failing)
+        finally:
+            await store.close()
+
+    asyncio.run(body())

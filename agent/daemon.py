@@ -64,7 +64,9 @@ class Agent:
                          "container_events": 0}
         self.started_at = time.time()
         self._wake = asyncio.Event()
-        self._removing: set[str] = set()  # containers this agent is stopping and removing
+        # containers this agent is stopping and removing (their events are its own); only the
+        # event loop touches it, and each pass keeps only the ids Docker still lists
+        self._removing: set[str] = set()
         self._stop = asyncio.Event()
         self.notifier = Notifier()
 
@@ -129,20 +131,23 @@ class Agent:
             return None
         loop = asyncio.get_running_loop()
 
-        def on_event(event: dict) -> None:  # on the runtime's thread
-            cid = event.get("id")
-            if cid in self._removing:  # our own stop and removal: nothing a pass has to learn of
-                if event.get("status") == "destroy":
-                    self._removing.discard(cid)
-                return
-            if event.get("status") != "reconnected":
-                self.counters["container_events"] += 1
+        def on_event(event: dict) -> None:  # on the runtime's thread: handed to the loop
             try:
-                loop.call_soon_threadsafe(self._wake.set)
+                loop.call_soon_threadsafe(self._container_event, event)
             except RuntimeError:  # the loop is closed: the agent is stopping
                 pass
 
         return watch(self.config.machine_id, on_event)
+
+    def _container_event(self, event: dict) -> None:
+        cid = event.get("id")
+        if cid in self._removing:  # our own stop and removal: nothing a pass has to learn of
+            if event.get("status") == "destroy":
+                self._removing.discard(cid)
+            return
+        if event.get("status") != "reconnected":
+            self.counters["container_events"] += 1
+        self._wake.set()
 
     async def _announce_reboot(self) -> None:
         """Tell the control plane this host is rebooting, so that its silence is no failure."""
@@ -244,6 +249,9 @@ class Agent:
         await self._converge_profile()
         before = {c.id: c.status for c in self.containers}
         self.containers = await self.runtime.list(self.config.machine_id)
+        # a removal whose destroy event never came (the stream was down, the removal failed, or the
+        # event came first): gone from the list, it is forgotten; a late event costs one pass
+        self._removing.intersection_update(c.id for c in self.containers)
         if {c.id: c.status for c in self.containers} != before:
             self._notify()  # an exit (or a removal) is news to the control plane even when nothing is started
         p = plan(self.desired.tasks, self.containers, self.profile_ready(), time.time())

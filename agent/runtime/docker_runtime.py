@@ -204,11 +204,11 @@ class DockerRuntime:
         def follow() -> None:
             lost = False
             while not stopping.is_set():
+                stream = None
                 try:
                     stream = self._docker().events(decode=True, filters=filters)
                     current[:] = [stream]
                     if stopping.is_set():  # stop() came before there was a stream to close
-                        stream.close()
                         break
                     if lost:  # what happened while it was lost: the pass this wakes finds out
                         log.info("docker event stream open again")
@@ -219,6 +219,9 @@ class DockerRuntime:
                     why = "it ended"
                 except Exception as e:  # dockerd restarted or gone: the periodic pass still runs
                     why = str(e)
+                finally:
+                    if stream is not None:
+                        stream.close()  # its connection, before another is opened
                 if stopping.is_set():
                     break
                 if not lost:

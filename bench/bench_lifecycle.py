@@ -77,7 +77,7 @@ def p99_words(values: list[float]) -> str:
 class Api:
     def __init__(self, region: Region):
         self.region = region
-        self.ctx = region.tls_context()
+        self.opener = region.opener()  # verified against the region's CA; no proxy from the environment
 
     def call(self, method: str, path: str, body: object = None) -> dict:
         req = urllib.request.Request(self.region.url + path, method=method,
@@ -85,7 +85,7 @@ class Api:
                                      headers={"Authorization": f"Bearer {self.region.api_token}",
                                               "Content-Type": "application/json"})
         try:
-            with urllib.request.urlopen(req, timeout=30, context=self.ctx) as r:
+            with self.opener.open(req, timeout=30) as r:
                 return json.loads(r.read())
         except urllib.error.HTTPError as e:
             raise SystemExit(f"{method} {path}: {e.code} {e.read().decode()[:500]}") from None

@@ -53,7 +53,8 @@ class Lifecycle:
         self.since = time.time() if now is None else now
         self.rollouts: dict[str, float] = {}  # job -> the updated_at of a rollout seen not yet all running
         self.settled: dict[str, float] = {}  # job -> the updated_at of its last rollout seen all running
-        self.lost: dict[tuple[str, int], tuple[str, float]] = {}  # task -> (the failed machine, failed at)
+        # job -> task index -> (the failed machine, failed at): a job's pass looks at its own only
+        self.lost: dict[str, dict[int, tuple[str, float]]] = {}
 
     def observe(self, job: JobRec, tasks: Mapping[int, TaskRec], machines: Mapping[str, MachineRec],
                 open_failures: Callable[[str], list[EventRec]], now: float) -> None:
@@ -67,26 +68,27 @@ class Lifecycle:
             self.settled[handle] = since
         elif self.settled.get(handle) != since and since >= self.since:
             self.rollouts[handle] = since  # updated again before it was all running: the new one counts
+        lost_of = self.lost.setdefault(handle, {})
         for i, t in enumerate(live):
-            key = (handle, i)
             if t is None:
                 continue
-            lost = self.lost.get(key)
+            lost = lost_of.get(i)
             if lost is not None and t.machine != lost[0] and t.state == "running":
-                del self.lost[key]
+                del lost_of[i]
                 self.metrics.failure_to_replacement.observe(max(now - lost[1], 0.0))
             elif lost is not None and t.machine == lost[0] and (m := machines.get(t.machine)) is not None and m.healthy:
-                del self.lost[key]  # its machine came back before it moved: no replacement to time
+                del lost_of[i]  # its machine came back before it moved: no replacement to time
             elif lost is None and t.machine and t.state == "running" and (m := machines.get(t.machine)) is not None \
                     and not m.healthy and (starts := [e.start for e in open_failures(t.machine)]) and (at := max(starts)) >= self.since:
-                self.lost[key] = (t.machine, at)
-        for key in [k for k in self.lost if k[0] == handle and k[1] >= job.count]:
-            del self.lost[key]  # scaled down: no replacement comes
+                lost_of[i] = (t.machine, at)
+        for i in [i for i in lost_of if i >= job.count]:
+            del lost_of[i]  # scaled down: no replacement comes
+        if not lost_of:
+            del self.lost[handle]
 
     def forget(self, handle: str) -> None:
         """The job is stopped or gone, or another shard schedules it now."""
         self.rollouts.pop(handle, None)
         self.settled.pop(handle, None)
-        for key in [k for k in self.lost if k[0] == handle]:
-            del self.lost[key]
+        self.lost.pop(handle, None)
 

@@ -588,11 +588,12 @@ class Region:
         problems met."""
         problems = []
         names = sorted(self.partitioned) if name is None else [name]
+        namespaces = self.network.leftovers()["netns"]  # once: it lists every link and namespace
         for n in names:
             tag = self._tag(n)
             left = 0
             for ns in {ns for ns, _ in self._rules(n)}:  # _rules refuses an unknown name
-                if ns is not None and ns not in self.network.leftovers()["netns"]:
+                if ns is not None and ns not in namespaces:
                     continue  # its namespace is gone, and its rules with it
                 try:
                     listed = self._iptables(ns, "-S")

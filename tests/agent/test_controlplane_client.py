@@ -176,12 +176,14 @@ def client_for(url, state_dir: Path, machine: str = "m1", region: str = "region1
     return ControlPlaneClient(url, BOOTSTRAP, state_dir, machine_info(cfg))
 
 
-async def until(predicate: Callable[[], object], timeout: float = 2.0, what: str = "condition") -> None:
+async def until(predicate: Callable[[], object], timeout: float = 2.0, what: str = "condition",
+                blocking: bool = False) -> None:
+    """Poll predicate(); `blocking`: it makes a call (to the daemon), run off the event loop."""
     deadline = time.monotonic() + timeout
-    while not predicate():
+    while not (await asyncio.to_thread(predicate) if blocking else predicate()):
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.01)
+        await asyncio.sleep(0.05 if blocking else 0.01)
 
 
 REPORT = {
@@ -290,7 +292,7 @@ def test_long_poll_delivers_the_daemons_changes_of_desired_state(tmp_path, contr
     async def scenario():
         client = client_for(controld.url, tmp_path, region=controld.region, cpus=2, memory_mb=1024)
         current = (await client.desired(""))["version"]
-        source = ControlPlaneSource(client, current, wait=2)  # the agent's cached version
+        source = ControlPlaneSource(client, current, wait=30)  # the agent's cached version; a long wait
         changes: list[DesiredState] = []
         errors: list[str] = []
 
@@ -298,17 +300,19 @@ def test_long_poll_delivers_the_daemons_changes_of_desired_state(tmp_path, contr
             changes.append(d)
 
         watch = asyncio.create_task(source.watch(on_change, errors.append))
-        t0 = time.monotonic()
-        await until(lambda: controld.metric("twine_agents_long_polls_total") >= 2, timeout=5, what="the poll parked")
+        await until(lambda: controld.metric("twine_agents_long_polls_total") >= 2, timeout=5, what="the poll parked",
+                    blocking=True)
         assert changes == [] and errors == []  # the version it already has: nothing changes
 
-        submit(controld, count=1)
+        await asyncio.to_thread(submit, controld)
+        t0 = time.monotonic()
         await until(lambda: changes, timeout=10, what="the job's task")
+        # the parked poll was answered by the change, not by its 30 s wait running out
         assert time.monotonic() - t0 < 10 and changes[0].source == controld.url
         (task,) = changes[0].tasks
         assert task.job == "web/api" and task.index == 0 and task.image == TEST_IMAGE and task.command == ("sleep", "300")
 
-        assert controld.call("DELETE", "/v1/jobs/web/api")[0] == 202
+        assert (await asyncio.to_thread(controld.call, "DELETE", "/v1/jobs/web/api"))[0] == 202
         await until(lambda: len(changes) == 2, timeout=10, what="the stop")
         assert changes[1].tasks == () and changes[1].version != changes[0].version and errors == []
         watch.cancel()
@@ -410,14 +414,14 @@ def test_heartbeat_loop_sends_at_once_when_notified_and_after_a_resend(tmp_path,
         client = client_for(c.url, tmp_path, region=c.region)
         beat = asyncio.create_task(client.heartbeat_loop(lambda: REPORT))
         beats = lambda: c.metric("twine_agents_heartbeats_total")  # noqa: E731
-        await until(lambda: beats() == 1, timeout=5, what="the first heartbeat")
+        await until(lambda: beats() == 1, timeout=5, what="the first heartbeat", blocking=True)
         assert client.interval == 30
-        client.notify()
-        await until(lambda: beats() == 2, timeout=1, what="the notified heartbeat")
+        client.notify()  # (each bound below is a third of the 30 s interval: "at once", not the next beat)
+        await until(lambda: beats() == 2, timeout=10, what="the notified heartbeat", blocking=True)
         await asyncio.to_thread(restart, c)
         client.notify()  # the digest only, answered with resend: the full report follows at once
-        await until(lambda: c.metric("twine_agents_heartbeat_reports_total") == 1, timeout=1,
-                    what="the full report after resend")
+        await until(lambda: c.metric("twine_agents_heartbeat_reports_total") == 1, timeout=10,
+                    what="the full report after resend", blocking=True)
         assert beats() == 2
         beat.cancel()
         await client.close()

@@ -229,14 +229,22 @@ def test_heartbeats_follow_heartbeat_to_and_go_back_to_the_list_at_once_when_it_
 
 
 def test_a_hint_that_is_no_url_or_the_url_in_use_or_a_downgrade_is_not_followed(tmp_path):
-    client = client_for(["http://a:1"], tmp_path)
-    for hint in ("ftp://x", 42, ["x"], {"url": "http://b:2"}, "http://", "http://a:1/"):
-        client._follow(hint)  # not a URL, or the URL in use: heartbeats stay
-        assert client.heartbeat_to is None, hint
-    client._follow("http://b:2/")
-    assert client.heartbeat_to == "http://b:2"
-    client._follow(None)  # an answer without a hint keeps the one followed
-    assert client.heartbeat_to == "http://b:2"
+    """Hints the daemon never sends, from a stand-in's heartbeat answers."""
+    async def scenario():
+        async with serving(FaultServer()) as a:
+            client = client_for([a.url], tmp_path)
+            for hint in ("ftp://x", 42, ["x"], {"url": "http://b:2"}, "http://", a.url + "/"):
+                a.heartbeat_to = hint  # not a URL, or the URL in use: heartbeats stay
+                await client.heartbeat(REPORT)
+                assert client.heartbeat_to is None, hint
+            assert len(a.heartbeats) == 6
+            a.heartbeat_to = None
+            client.heartbeat_to = "http://127.0.0.1:1"  # followed earlier; that replica is gone
+            await client.heartbeat(REPORT)  # refused there: the list at once, and an answer without a hint
+            assert len(a.heartbeats) == 7 and client.heartbeat_to is None
+            await client.close()
+
+    asyncio.run(scenario())
     https = client_for(["https://a:1"], tmp_path / "tls")
     https._follow("http://b:2")  # never from TLS to plain HTTP with the machine's credential
     assert https.heartbeat_to is None

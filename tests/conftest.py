@@ -74,7 +74,7 @@ def machine_id(docker_client):
 
     mid = "test" + uuid.uuid4().hex[:20]
     yield mid
-    for c in docker_client.containers.list(all=True, filters={"label": f"twine.machine={mid}"}):
+    for c in docker_client.containers.list(all=True, filters={"label": f"twine.machine={mid}"}, ignore_removed=True):
         c.remove(force=True)
 
 

@@ -176,7 +176,8 @@ class DockerRuntime:
         return await self._call(self._inspect, container_id)
 
     def _list(self, machine_id: str) -> list[ContainerInfo]:
-        found = self._docker().containers.list(all=True, filters={"label": f"{L_MACHINE}={machine_id}"})
+        found = self._docker().containers.list(all=True, filters={"label": f"{L_MACHINE}={machine_id}"},
+                                                  ignore_removed=True)  # removed between list and inspect
         return [_info(c) for c in found]
 
     async def list(self, machine_id: str) -> list[ContainerInfo]:

@@ -632,7 +632,7 @@ class Region:
             filters = [f"{MACHINE_LABEL}={self.machine_id(name)}"]
             if job is not None:
                 filters.append(f"{JOB_LABEL}={job}")
-            for c in client.containers.list(all=True, filters={"label": filters}):
+            for c in client.containers.list(all=True, filters={"label": filters}, ignore_removed=True):
                 out.append({"id": c.id, "name": c.name, "status": c.status, "agent": name,
                             "machine": self.machine_id(name), "job": c.labels.get(JOB_LABEL), "labels": dict(c.labels)})
         return out
@@ -700,7 +700,8 @@ class Region:
                 raise RuntimeError(f"docker is not reachable, containers of this region may be left: {e}") from e
             return
         for name in self.specs:
-            for c in client.containers.list(all=True, filters={"label": f"{MACHINE_LABEL}={self.machine_id(name)}"}):
+            for c in client.containers.list(all=True, filters={"label": f"{MACHINE_LABEL}={self.machine_id(name)}"},
+                                                ignore_removed=True):
                 c.remove(force=True)
 
     def __enter__(self) -> Self:

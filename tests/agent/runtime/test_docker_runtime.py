@@ -57,6 +57,33 @@ def test_list_sees_only_this_machines_containers(docker_client, machine_id):
         docker_client.containers.get(other.id).remove(force=True)
 
 
+def test_a_container_removed_while_the_list_is_taken_is_left_out_not_an_error(docker_client, machine_id):
+    """Docker lists a machine's containers, then the SDK inspects each: one removed in between (an
+    agent removing a stale copy, an operator's `docker rm`) is not in the answer, and the list does not
+    fail (CI: the dev region's listing raised NotFound while an agent removed stale copies)."""
+    import threading
+
+    rt = DockerRuntime(pull="never")
+    mine = run(rt.start(machine_id, spec(), 1))
+    labels = docker_client.containers.get(mine.id).labels
+    doomed = [docker_client.containers.create(TEST_IMAGE, ["sleep", "300"], labels=labels).id for _ in range(30)]
+    errors: list[BaseException] = []
+    removing = threading.Thread(target=lambda: [docker_client.api.remove_container(i, force=True) for i in doomed])
+    removing.start()
+    try:
+        while removing.is_alive():
+            try:
+                listed = {c.id for c in run(rt.list(machine_id))}
+            except Exception as e:  # noqa: BLE001 - the assertion below names it
+                errors.append(e)
+                continue
+            assert mine.id in listed and listed <= {mine.id, *doomed}
+    finally:
+        removing.join()
+    assert errors == []
+    assert [c.id for c in run(rt.list(machine_id))] == [mine.id]
+
+
 def test_stop_sends_term_then_kills_after_the_grace_period(docker_client, machine_id):
     rt = DockerRuntime(pull="never")
     stubborn = run(rt.start(machine_id, spec(command=("sh", "-c", "trap '' TERM; while true; do sleep 1; done")), 1))

@@ -16,7 +16,7 @@ import pytest
 
 from controlplane.devregion import AgentSpec, Region
 from tests.conftest import TEST_IMAGE
-from tests.e2e.helpers import COMMAND, job_spec, running_indices, running_region
+from tests.e2e.helpers import COMMAND, job_spec, running_indices, running_region, tidy_after
 
 pytestmark = pytest.mark.docker
 
@@ -29,6 +29,11 @@ AGENTS = [
 @pytest.fixture(scope="module")
 def region(tmp_path_factory, docker_client):
     yield from running_region(Region(tmp_path_factory.mktemp("region"), AGENTS, heartbeat_timeout=2.0))
+
+
+@pytest.fixture(autouse=True)
+def tidy(region):
+    yield from tidy_after(region)
 
 
 def test_figure7_entitlement_grows_from_and_shrinks_to_the_free_pool(region, api):

@@ -420,7 +420,11 @@ async def _main(args: argparse.Namespace) -> int:
     finally:
         await store.close()
     for e in failed:
-        log.error("stopping: %s: %s", type(e).__name__, e)
+        why = str(e)
+        if "permission denied" in why or "user name not found" in why:  # etcd's auth refused our user
+            why += (" (etcd's auth is on and refuses the user named by --etcd-cert's common name: "
+                    "grant it the region's keys with python -m controlplane.etcdauth)")
+        log.error("stopping: %s: %s", type(e).__name__, why)
     if failed:
         return EXIT_UNAVAILABLE
     return EXIT_OK

@@ -38,6 +38,7 @@ STATE_FILE = "region.json"
 PROFILE_APPLIED = "profile-applied.json"  # agent/profiles/engine.py APPLIED
 MACHINE_LABEL = "twine.machine"  # agent/runtime/base.py L_MACHINE
 JOB_LABEL = "twine.job"
+ETCD_USER = "controld-etcd-client"  # controld's etcd client certificate's common name: its etcd user
 
 
 # --------------------------------------------------------------------------------------------
@@ -166,14 +167,16 @@ class Region:
 
     def _make_pki(self) -> None:
         """A new CA for this region; controld's certificate for the bridge address the agents use
-        and for loopback; etcd's; controld's client certificate for etcd."""
+        and for loopback; etcd's; controld's client certificate for etcd (its common name is
+        controld's etcd user) and etcd's admin's (root: it sets up etcd's auth)."""
         assert self.network is not None
         if self.pki_dir.exists():
             shutil.rmtree(self.pki_dir)
         ca = CA(self.pki_dir, name=f"devregion {self.region} CA", days=30)
         ca.issue("controld", client=True, ips=(self.network.bridge_ip, "127.0.0.1"))
         ca.issue("etcd", ips=("127.0.0.1",))
-        ca.issue("controld-etcd-client", server=False)
+        ca.issue(ETCD_USER, server=False)
+        ca.issue("root", server=False)
 
     @property
     def prefix(self) -> str:
@@ -329,6 +332,19 @@ class Region:
                            "data_dir": self.etcd.data_dir, "log": str(self.log_path("etcd"))}
         self.save()
         self.start_etcd()
+        self._etcd_auth()
+
+    def _etcd_auth(self) -> None:
+        """etcd's auth on, as an operator would (`python -m controlplane.etcdauth`): controld's
+        certificate may read and write the region's keys, any other the CA signed nothing."""
+        assert self.etcd is not None
+        root_cert, root_key = self._pki("root")
+        done = subprocess.run(
+            [sys.executable, "-m", "controlplane.etcdauth", "--endpoint", self.etcd.endpoint, "--ca", str(self.ca_file),
+             "--cert", root_cert, "--key", root_key, "--user", ETCD_USER],
+            capture_output=True, text=True, timeout=60, env=child_env(), cwd=REPO)
+        if done.returncode != 0:
+            raise RuntimeError(f"etcd's auth could not be set up: {done.stderr.strip()[-500:]}")
 
     def start_etcd(self) -> None:
         """Start the region's etcd: at region start, or again after `kill_etcd()` (same data dir,
@@ -363,8 +379,8 @@ class Region:
             "--api-token-file", str(self.api_token_file), "--bootstrap-token-file", str(self.bootstrap_token_file),
             "--heartbeat-timeout", f"{self.heartbeat_timeout:g}", "--log-level", "info",
             "--tls-cert", self._pki("controld")[0], "--tls-key", self._pki("controld")[1], "--tls-ca", str(self.ca_file),
-            "--etcd-ca", str(self.ca_file), "--etcd-cert", self._pki("controld-etcd-client")[0],
-            "--etcd-key", self._pki("controld-etcd-client")[1], *self.controld_args,
+            "--etcd-ca", str(self.ca_file), "--etcd-cert", self._pki(ETCD_USER)[0],
+            "--etcd-key", self._pki(ETCD_USER)[1], *self.controld_args,
         ]
 
     def agent_command(self, name: str) -> list[str]:

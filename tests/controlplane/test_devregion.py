@@ -28,6 +28,8 @@ import pytest
 from controlplane import devregion
 from controlplane.devregion import AgentSpec, Network, Region, ns_socket
 from controlplane.etcdproc import EtcdServer
+from controlplane.pki import Pair
+from tests.etcd_server import kv_as
 
 REPO = Path(__file__).parents[2]
 NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
@@ -420,11 +422,9 @@ def _b64(text: str) -> str:
     return base64.b64encode(text.encode()).decode()
 
 
-def _etcd_kv(etcd: EtcdServer, op: str, body: dict) -> dict:
-    """etcd's v3 JSON gateway, with etcd's own certificate as the client's (its CA signed it)."""
-    req = urllib.request.Request(f"{etcd.url}/v3/kv/{op}", data=json.dumps(body).encode(), method="POST")
-    with etcd._opener().open(req, timeout=10) as resp:
-        return json.loads(resp.read())
+def _root(r: Region) -> Pair:
+    """etcd's admin's certificate in the region (etcd's auth is on)."""
+    return Pair(r.pki_dir / "root.pem", r.pki_dir / "root-key.pem")
 
 
 def _our_rules(r: Region) -> list[str]:
@@ -451,7 +451,7 @@ def test_rehearsals_kill_restart_partition_and_heal_from_another_process(tmp_pat
 def _rehearse(r: Region, d: str) -> None:
     host, port = r.controld_listen.rsplit(":", 1)
     etcd_port = r.etcd.port
-    _etcd_kv(r.etcd, "put", {"key": _b64("rehearsal"), "value": _b64("kept")})
+    assert kv_as(r.etcd.endpoint, r.ca_file, _root(r), b"rehearsal", b"kept") == []
 
     # kill and restart, knowing only region.json
     before = {k: r.procs[k].pid for k in ("etcd", "controld", "agent:m1")}
@@ -465,8 +465,7 @@ def _rehearse(r: Region, d: str) -> None:
     for key, pid in before.items():
         assert after.procs[key].pid != pid and after.procs[key].alive(), key
     assert after.agent_status("m1")["machine"]["id"] == r.machine_id("m1")
-    kvs = _etcd_kv(r.etcd, "range", {"key": _b64("rehearsal")}).get("kvs", [])
-    assert [base64.b64decode(kv["value"]) for kv in kvs] == [b"kept"], "etcd restarted on its data"
+    assert kv_as(r.etcd.endpoint, r.ca_file, _root(r), b"rehearsal") == [b"kept"], "etcd restarted on its data"
     assert _connects("127.0.0.1", etcd_port) and _connects(host, int(port))
     for verb in ("kill", "restart", "partition", "heal"):
         bad = _devregion(verb, "m9", "--dir", d)

@@ -18,6 +18,7 @@ from agent.tls import client_context
 from controlplane.cli import twinectl
 from controlplane.etcdproc import EtcdServer
 from controlplane.pki import CA
+from tests.etcd_server import read_as
 from tests.agent.agentproc import REPO, free_port
 from tests.controlplane.controld_proc import API_TOKEN, BOOTSTRAP_TOKEN, Controld
 from tests.controlplane.test_controld_api import TASK, register
@@ -147,3 +148,55 @@ def test_the_daemon_reaches_an_etcd_that_serves_tls_and_wants_client_certificate
     finally:
         etcd.stop()
 
+
+
+def _etcdauth(etcd: EtcdServer, ca: CA, admin, user: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "controlplane.etcdauth", "--endpoint", etcd.endpoint, "--ca", str(ca.cert),
+                           "--cert", str(admin.cert), "--key", str(admin.key), "--user", user],
+                          cwd=REPO, capture_output=True, text=True, timeout=60)
+
+
+def test_with_etcds_auth_on_only_the_daemons_certificate_reaches_the_regions_keys(tmp_path, ca):
+    """`python -m controlplane.etcdauth` turns etcd's auth on: the daemon's certificate (its common
+    name the user) runs a region; any other certificate the same CA signed reads no key, and a
+    daemon started with one exits 3 saying etcd refused it. Run again it changes nothing, and
+    nobody but root may run it once auth is on."""
+    etcd_pair = ca.issue("etcd")
+    etcd = EtcdServer(tls=(etcd_pair.cert, etcd_pair.key, ca.cert)).start()
+    try:
+        root, daemon, intruder = (ca.issue(n, server=False) for n in ("root", "twine-controld", "intruder"))
+        first = _etcdauth(etcd, ca, root, "twine-controld")
+        assert first.returncode == 0, first.stderr
+        assert "user twine-controld added" in first.stdout and "auth enabled" in first.stdout, first.stdout
+        again = _etcdauth(etcd, ca, root, "twine-controld")
+        assert again.returncode == 0 and again.stdout.splitlines() == ["etcdauth: auth enabled (a no-op when it was)"]
+        taken = _etcdauth(etcd, ca, daemon, "intruder")  # the daemon's own user is no admin
+        assert taken.returncode == 3 and "PERMISSION_DENIED" in taken.stderr, taken.stderr
+        unknown = _etcdauth(etcd, ca, intruder, "intruder")
+        assert unknown.returncode == 3 and "user name not found" in unknown.stderr, unknown.stderr
+
+        good = Controld(tmp_path, etcd.port, extra=("--etcd-ca", str(ca.cert), "--etcd-cert", str(daemon.cert),
+                                                    "--etcd-key", str(daemon.key))).start()
+        try:
+            assert good.call("POST", "/v1/entitlements", {"name": "web", "machine_type": "generic", "quota": 1})[0] == 201
+            assert [e["name"] for e in good.call("GET", "/v1/entitlements")[1]["entitlements"]] == ["web"]
+        finally:
+            good.close()
+        region_key = f"/twine/{good.region}/".encode()
+        assert read_as(etcd.endpoint, ca.cert, daemon, region_key) == "ok"
+        assert read_as(etcd.endpoint, ca.cert, daemon, b"/elsewhere") == "PERMISSION_DENIED"
+        assert read_as(etcd.endpoint, ca.cert, intruder, region_key) == "PERMISSION_DENIED"
+        assert read_as(etcd.endpoint, ca.cert, root, region_key) == "ok"
+
+        (tmp_path / "intruder").mkdir()
+        other = Controld(tmp_path / "intruder", etcd.port, region=good.region,
+                         extra=("--etcd-ca", str(ca.cert), "--etcd-cert", str(intruder.cert), "--etcd-key", str(intruder.key)))
+        other.launch()
+        try:
+            assert other.proc.wait(60) == 3
+            log = other.log.read_text()
+            assert "permission denied" in log and "controlplane.etcdauth" in log and "Traceback" not in log, log[-2000:]
+        finally:
+            other.close()
+    finally:
+        etcd.stop()

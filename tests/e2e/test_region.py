@@ -15,7 +15,10 @@ from pathlib import Path
 import pytest
 
 from controlplane.devregion import AgentSpec, Region
+from controlplane.devregion.region import ETCD_USER
+from controlplane.pki import CA, Pair
 from tests.conftest import TEST_IMAGE
+from tests.etcd_server import read_as
 from tests.e2e.helpers import COMMAND, job_spec, running_indices, running_region, tidy_after
 
 pytestmark = pytest.mark.docker
@@ -142,6 +145,19 @@ def test_rolling_update_with_max_unavailable_1_never_has_two_tasks_down(region, 
     assert max(d for d, _ in samples) <= 1 and max(d for _, d in samples) <= 1, samples
     assert any(d == 1 for _, d in samples), "the sampler saw the restarts"
     api.stop("roll/svc")
+
+
+def test_the_regions_etcd_serves_controlds_certificate_alone(region):
+    """The dev region's etcd has its auth on: controld's certificate reads the region's keys; another
+    certificate from the region's own CA reads nothing, and neither does controld's outside them."""
+    pairs = CA.existing(region.pki_dir)
+    assert pairs is not None
+    intruder = pairs.issue("intruder", server=False)
+    controld = Pair(region.pki_dir / f"{ETCD_USER}.pem", region.pki_dir / f"{ETCD_USER}-key.pem")
+    keys = f"/twine/{region.region}/".encode()
+    assert read_as(region.etcd.endpoint, region.ca_file, controld, keys) == "ok"
+    assert read_as(region.etcd.endpoint, region.ca_file, controld, b"/other") == "PERMISSION_DENIED"
+    assert read_as(region.etcd.endpoint, region.ca_file, intruder, keys) == "PERMISSION_DENIED"
 
 
 def test_killed_agent_tasks_run_again_elsewhere_and_its_stale_copies_stop(region, api):

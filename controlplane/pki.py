@@ -67,14 +67,18 @@ class CA:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m controlplane.pki DIR --server NAME --ip IP ...`: a CA in DIR unless one is there,
-    and a server certificate NAME for the addresses given (test regions: the Vagrantfile)."""
+    """`python -m controlplane.pki DIR --server NAME --ip IP ... --client NAME ...`: a CA in DIR
+    unless one is there, a server certificate NAME for the addresses given, a client certificate
+    NAME (test regions: the Vagrantfile; etcd's certificates: install-controld.sh). A certificate
+    already in DIR is kept."""
     import argparse
     import sys
 
     p = argparse.ArgumentParser(prog="python -m controlplane.pki", description=main.__doc__)
     p.add_argument("dir", type=Path)
     p.add_argument("--server", action="append", default=[], metavar="NAME", help="a server certificate to issue")
+    p.add_argument("--client", action="append", default=[], metavar="NAME",
+                   help="a client certificate to issue, NAME its common name (etcd's user)")
     p.add_argument("--ip", action="append", default=[], help="an address the servers answer on (repeat)")
     p.add_argument("--days", type=int, default=365)
     args = p.parse_args(argv)
@@ -83,6 +87,9 @@ def main(argv: list[str] | None = None) -> int:
         for name in args.server:
             if not (args.dir / f"{name}.pem").exists():
                 ca.issue(name, ips=tuple(args.ip) or ("127.0.0.1",))
+        for name in args.client:
+            if not (args.dir / f"{name}.pem").exists():
+                ca.issue(name, server=False, ips=(), dns=())
     except RuntimeError as e:
         print(f"pki: {e}", file=sys.stderr)
         return 1

@@ -7,7 +7,9 @@
 #   install-controld.sh --uninstall [--purge]
 #
 # etcd (Debian's etcd-server) listens on 127.0.0.1:2379 only, configured in /etc/default/etcd
-# with room for one job's transaction. twine-controld runs as the system user `twine` from
+# with room for one job's transaction, over TLS with client certificates and its auth on: only
+# controld's certificate reaches the region's keys (its CA and the admin's certificate, root, in
+# /etc/twine/etcd-pki; certificates last a year: remove one there and re-run to renew it). twine-controld runs as the system user `twine` from
 # /etc/twine/controld.toml (see systemd/controld.toml.example). Tokens: the files given, or new
 # random ones the first time; /etc/twine/api-tokens and /etc/twine/bootstrap-tokens, mode 0600.
 # --tls-cert/--tls-key: the API is served over https with this certificate (installed in
@@ -60,13 +62,34 @@ command -v etcd >/dev/null || die "etcd is missing: apt-get install etcd-server"
 install_code "$src" "$wheelhouse"
 getent passwd twine >/dev/null || useradd --system --home-dir /nonexistent --shell /usr/sbin/nologin twine
 
-# etcd: loopback only; controld is its only client. Debian's unit reads /etc/default/etcd.
+# etcd: loopback only, TLS, and only clients with a certificate of its own CA; with its auth on,
+# controld's (common name twine-controld) is the one that reaches the region's keys. The CA and
+# etcd's admin's certificate (root) stay in /etc/twine/etcd-pki, root's alone; a re-run keeps them.
+py=/opt/twine/venv/bin/python
+etcd_pki=/etc/twine/etcd-pki etcd_tls=/etc/twine/etcd-tls
+etcd_group=$(id -gn etcd 2>/dev/null || echo root)
+install -d -m 0700 "$etcd_pki"
+"$py" -m controlplane.pki "$etcd_pki" --server etcd --ip 127.0.0.1 --client twine-controld --client root \
+  || die "could not make etcd's certificates in $etcd_pki"
+install -d -m 0750 -o root -g "$etcd_group" "$etcd_tls"
+install -m 0644 "$etcd_pki/ca.pem" "$etcd_tls/ca.pem"
+install -m 0644 "$etcd_pki/etcd.pem" "$etcd_tls/etcd.pem"
+install -m 0640 -o root -g "$etcd_group" "$etcd_pki/etcd-key.pem" "$etcd_tls/etcd-key.pem"
+install -d -m 0750 -o root -g twine /etc/twine/tls
+install -m 0644 "$etcd_pki/ca.pem" /etc/twine/tls/etcd-ca.pem
+install -m 0644 "$etcd_pki/twine-controld.pem" /etc/twine/tls/etcd-client.pem
+install -m 0600 -o twine -g twine "$etcd_pki/twine-controld-key.pem" /etc/twine/tls/etcd-client-key.pem
+# Debian's unit reads /etc/default/etcd.
 cat > /etc/default/etcd.new <<ETCD
 # Written by install-controld.sh.
 ETCD_NAME=$(hostname -s)
 ETCD_DATA_DIR=$etcd_data
-ETCD_LISTEN_CLIENT_URLS=http://127.0.0.1:2379
-ETCD_ADVERTISE_CLIENT_URLS=http://127.0.0.1:2379
+ETCD_LISTEN_CLIENT_URLS=https://127.0.0.1:2379
+ETCD_ADVERTISE_CLIENT_URLS=https://127.0.0.1:2379
+ETCD_CERT_FILE=$etcd_tls/etcd.pem
+ETCD_KEY_FILE=$etcd_tls/etcd-key.pem
+ETCD_TRUSTED_CA_FILE=$etcd_tls/ca.pem
+ETCD_CLIENT_CERT_AUTH=true
 ETCD_LISTEN_PEER_URLS=http://127.0.0.1:2380
 ETCD_INITIAL_ADVERTISE_PEER_URLS=http://127.0.0.1:2380
 ETCD_INITIAL_CLUSTER=$(hostname -s)=http://127.0.0.1:2380
@@ -107,6 +130,9 @@ fi
 cat > /etc/twine/controld.toml.new <<CONF
 # Written by install-controld.sh; see /opt/twine/README.md and twine-controld --help.
 etcd = "127.0.0.1:2379"
+etcd_ca = "/etc/twine/tls/etcd-ca.pem"
+etcd_cert = "/etc/twine/tls/etcd-client.pem"
+etcd_key = "/etc/twine/tls/etcd-client-key.pem"
 region = "$region"
 listen = "$listen"
 api_token_file = "/etc/twine/api-tokens"
@@ -122,5 +148,17 @@ rm -f /etc/twine/controld.toml.new
 if have_systemd; then
   systemctl enable etcd.service >/dev/null 2>&1
   systemctl restart etcd.service || { journalctl -u etcd -n 30 --no-pager >&2; die "etcd did not start"; }
+fi
+etcd_auth=("$py" -m controlplane.etcdauth --endpoint 127.0.0.1:2379 --ca "$etcd_pki/ca.pem"
+           --cert "$etcd_pki/root.pem" --key "$etcd_pki/root-key.pem" --user twine-controld)
+if have_systemd; then
+  for try in 1 2 3 4 5 6 7 8 9 10; do  # etcd may take a moment to take clients after its restart
+    if out=$("${etcd_auth[@]}" 2>&1); then break; fi
+    [ $try = 10 ] && { echo "$out" >&2; die "could not turn etcd's auth on"; }
+    sleep 2
+  done
+  echo "$out" | sed 's/^etcdauth: /install-controld: etcd: /'
+else
+  echo "install-controld: etcd not started here; once it runs, turn its auth on: ${etcd_auth[*]}"
 fi
 install_unit twine-controld "$src"

@@ -19,6 +19,44 @@ JOB = {
 }
 
 
+# Run by the control VM's twine venv as root: etcd as a client without TLS, with TLS but no
+# certificate, with a certificate of etcd's CA whose user has no role, and as controld.
+ETCD_PROBE = r"""
+import asyncio, shutil, tempfile, urllib.request
+from pathlib import Path
+import grpc
+from aetcd.rpc import rpc_pb2, rpc_pb2_grpc
+from controlplane.pki import CA, Pair
+
+pki, tls = Path("/etc/twine/etcd-pki"), Path("/etc/twine/tls")
+d = Path(tempfile.mkdtemp())
+for n in ("ca.pem", "ca-key.pem"):
+    shutil.copy(pki / n, d / n)
+intruder = CA.existing(d).issue("intruder", server=False)
+
+async def read(pair):
+    key = None if pair is None else pair.key.read_bytes()
+    cert = None if pair is None else pair.cert.read_bytes()
+    creds = grpc.ssl_channel_credentials((pki / "ca.pem").read_bytes(), key, cert)
+    async with grpc.aio.secure_channel("127.0.0.1:2379", creds) as ch:
+        try:
+            await rpc_pb2_grpc.KVStub(ch).Range(rpc_pb2.RangeRequest(key=b"/twine/"), timeout=20)
+            return "ok"
+        except grpc.aio.AioRpcError as e:
+            return e.code().name
+
+try:
+    urllib.request.urlopen("http://127.0.0.1:2379/version", timeout=10)
+    print("plain ok")
+except Exception as e:
+    print("plain refused")
+for who, pair in (("anonymous", None), ("intruder", intruder),
+                  ("controld", Pair(tls / "etcd-client.pem", tls / "etcd-client-key.pem"))):
+    print(who, asyncio.run(read(pair)))
+shutil.rmtree(d)
+"""
+
+
 def test_every_unit_is_active_under_systemd_and_every_machine_joined(region):
     for unit in ("etcd", "twine-controld"):
         u = region.unit("control", unit)
@@ -27,6 +65,11 @@ def test_every_unit_is_active_under_systemd_and_every_machine_joined(region):
     assert controld["Type"] == "notify" and controld["WatchdogUSec"] != "0"
     assert region.ssh("control", "stat -c '%a %U' /etc/twine/api-tokens /etc/twine/bootstrap-tokens").split("\n")[:2] \
         == ["600 twine", "600 twine"]
+    # etcd: TLS, client certificates, its auth on; its CA key and admin certificate root's alone
+    assert region.ssh("control", "stat -c '%a %U' /etc/twine/tls/etcd-client-key.pem /etc/twine/etcd-pki/ca-key.pem "
+                      "/etc/twine/etcd-pki/root-key.pem").split("\n")[:3] == ["600 twine", "600 root", "600 root"]
+    probe = region.ssh("control", f"/opt/twine/venv/bin/python - <<'EOF'\n{ETCD_PROBE}\nEOF").split("\n")
+    assert probe[:4] == ["plain refused", "anonymous UNAVAILABLE", "intruder PERMISSION_DENIED", "controld ok"], probe
     for vm in MACHINES:
         agent = region.unit(vm, "twine-agent")
         assert agent["ActiveState"] == "active" and agent["Type"] == "notify" and agent["KillMode"] == "process", agent

@@ -232,19 +232,27 @@ def _tokens(path: str | None, flag: str, required: bool = True) -> set[str]:
         if required:
             raise SystemExit(_input_error(flag, "required"))
         return set()
+    _owner_only(path, flag, "tokens")
     try:
-        mode = os.stat(path).st_mode & 0o777
         tokens = {line.strip() for line in Path(path).read_text().splitlines() if line.strip()}
     except OSError as e:
         raise SystemExit(_input_error(flag, f"{path}: {e.strerror}"))
     except UnicodeDecodeError:
         raise SystemExit(_input_error(flag, f"{path}: not UTF-8 text"))
-    if mode & 0o077:
-        raise SystemExit(_input_error(flag, f"{path}: mode {mode:04o} lets others than its owner read or write "
-                                            f"it; tokens must be secret: chmod 600 {path}"))
     if not tokens:
         raise SystemExit(_input_error(flag, f"{path}: no token in the file"))
     return tokens
+
+
+def _owner_only(path: str, flag: str, what: str) -> None:
+    """Exit 2 unless `path` is readable and writable by its owner alone (as ssh's keys)."""
+    try:
+        mode = os.stat(path).st_mode & 0o777
+    except OSError as e:
+        raise SystemExit(_input_error(flag, f"{path}: {e.strerror}"))
+    if mode & 0o077:
+        raise SystemExit(_input_error(flag, f"{path}: mode {mode:04o} lets others than its owner read or write "
+                                            f"it; {what} must be secret: chmod 600 {path}"))
 
 
 def _input_error(flag: str, why: str) -> int:
@@ -383,6 +391,9 @@ async def _main(args: argparse.Namespace) -> int:
                              args.body_timeout)
     if bool(args.tls_cert) != bool(args.tls_key):
         raise SystemExit(_input_error("--tls-cert/--tls-key", "give both or neither"))
+    for flag, key in (("--tls-key", args.tls_key), ("--etcd-key", args.etcd_key)):
+        if key:
+            _owner_only(key, flag, "private keys")
     try:
         tls = tls_files.server_context(args.tls_cert, args.tls_key) if args.tls_cert else None
         client_tls = tls_files.client_context(args.tls_ca) if args.tls_ca else None

@@ -104,10 +104,13 @@ def test_a_second_replica_forwards_to_the_leader_over_verified_tls(controld, ca,
         follower.close()
 
 
-def test_unusable_tls_files_are_exit_2_naming_the_file(tmp_path, etcd_server, ca):
+def test_unusable_tls_files_and_keys_others_may_read_are_exit_2_naming_the_file(tmp_path, etcd_server, ca):
     pair = ca.issue("controld")
     garbage = tmp_path / "garbage.pem"
     garbage.write_text("not a certificate\n")
+    open_key = tmp_path / "group-readable-key.pem"  # a private key its group may read (chmod 640)
+    open_key.write_bytes(pair.key.read_bytes())
+    open_key.chmod(0o640)
     for name in ("t", "b"):
         (tmp_path / name).write_text(name + "\n")
         (tmp_path / name).chmod(0o600)
@@ -117,7 +120,13 @@ def test_unusable_tls_files_are_exit_2_naming_the_file(tmp_path, etcd_server, ca
     for flags, said in ((["--tls-cert", str(pair.cert)], "give both or neither"),
                         (["--tls-cert", str(garbage), "--tls-key", str(pair.key)], "garbage.pem"),
                         (["--tls-cert", str(pair.cert), "--tls-key", str(tmp_path / "missing")], "missing"),
-                        (["--tls-ca", str(garbage)], "garbage.pem: not a usable PEM file")):
+                        (["--tls-ca", str(garbage)], "garbage.pem: not a usable PEM file"),
+                        (["--tls-cert", str(pair.cert), "--tls-key", str(open_key)],
+                         f"--tls-key: {open_key}: mode 0640 lets others than its owner read or write it"),
+                        (["--etcd-ca", str(ca.cert), "--etcd-cert", str(pair.cert), "--etcd-key", str(open_key)],
+                         f"--etcd-key: {open_key}: mode 0640 lets others"),
+                        (["--etcd-ca", str(ca.cert), "--etcd-cert", str(pair.cert), "--etcd-key", str(tmp_path / "gone")],
+                         "--etcd-key: " + str(tmp_path / "gone") + ": No such file or directory")):
         p = subprocess.run([*base, *flags], cwd=REPO, capture_output=True, text=True, timeout=30)
         assert p.returncode == 2 and said in p.stderr, (flags, p.returncode, p.stderr)
         assert "Traceback" not in p.stderr

@@ -29,10 +29,14 @@ class CA:
     """Files under `d`: ca.pem, and NAME.pem / NAME-key.pem for each certificate issued."""
 
     def __init__(self, d: Path, name: str = "twine region CA", days: int = 30):
+        """A new CA in `d`. A CA already there is kept, not made anew (that would void every
+        certificate it signed): RuntimeError names `CA.existing`."""
         self.d = d
         self.days = days
-        d.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.cert, self.key = d / "ca.pem", d / "ca-key.pem"
+        if self.cert.exists() or self.key.exists():
+            raise RuntimeError(f"{d} holds a CA already: use it (CA.existing) or remove it first")
+        d.mkdir(parents=True, exist_ok=True, mode=0o700)
         _openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
                  "-keyout", str(self.key), "-out", str(self.cert), "-days", str(days), "-subj", f"/CN={name}",
                  "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign",

@@ -4,9 +4,13 @@ status port both serve through it.
 - **Connections per client and in all**: a connection beyond `per_client` from one address, or
   beyond `total`, is answered 503 at once and closed, before any of its bytes are read (as nginx's
   limit_conn). A client that opens hundreds of connections does not take the others' places.
+- **TLS**: a connection is counted from its TCP accept, before its handshake (asyncio's TLS server
+  would hand it over only once the handshake is done: a client could hold any number of unfinished
+  handshakes). Over the limits it is closed at once (no 503: that needs a handshake); the handshake
+  must end within `header_timeout`.
 - **Header timeout**: a connection must send a whole request head within `header_timeout` seconds
   of opening, and within that long of its last response (aiohttp's keep-alive timer, which the
-  trickle of a slow client's bytes does not reset). The TLS handshake has the same bound.
+  trickle of a slow client's bytes does not reset).
 - **Body timeout**: the API reads a body within `body_timeout` seconds (controlplane/api/app.py);
   what is left of a body the server did not read is drained for at most 2 s before it closes.
 
@@ -46,35 +50,77 @@ def _refusal(why: str) -> bytes:
 
 
 class _Guard(asyncio.Protocol):
-    """One connection: admitted (then aiohttp's handler does the work) or refused with a 503."""
+    """One connection: admitted (then aiohttp's handler does the work) or refused with a 503. With
+    TLS it is counted before its handshake, which it then upgrades to (loop.start_tls)."""
 
-    __slots__ = ("_listener", "_inner", "_client")
+    __slots__ = ("_listener", "_inner", "_client", "_counted", "_early", "_upgrade")
 
     def __init__(self, listener: "Listener"):
         self._listener = listener
         self._inner: asyncio.Protocol | None = None
         self._client = ""
+        self._counted = False
+        self._early: list[bytes] | None = None  # decrypted bytes that came before the handler was set up
+        self._upgrade: asyncio.Task | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         peer = transport.get_extra_info("peername")
         client = peer[0] if isinstance(peer, tuple) and peer else ""
         why = self._listener.admit(client)
         if why:
-            transport.write(_refusal(why))  # type: ignore[attr-defined]
+            if self._listener.ssl is None:
+                transport.write(_refusal(why))  # type: ignore[attr-defined]
             transport.close()
             return
-        self._client = client
+        self._client, self._counted = client, True
+        if self._listener.ssl is not None:
+            # no byte is read before start_tls takes the transport over (the ClientHello waits in the socket)
+            transport.pause_reading()  # type: ignore[attr-defined]
+            self._early = []
+            self._upgrade = asyncio.get_running_loop().create_task(self._handshake(transport))
+            self._listener.handshakes.add(self._upgrade)
+            self._upgrade.add_done_callback(self._listener.handshakes.discard)
+            return
+        self._serve(transport)
+
+    async def _handshake(self, raw: asyncio.BaseTransport) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            tls = await loop.start_tls(raw, self, self._listener.ssl, server_side=True,  # type: ignore[arg-type]
+                                       ssl_handshake_timeout=self._listener.limits.header_timeout)
+        except BaseException as e:  # a failed or timed-out handshake, a client gone, the server stopping
+            self._release()
+            raw.close()
+            if isinstance(e, asyncio.CancelledError):
+                raise
+            return
+        if tls is None or tls.is_closing():
+            self._release()
+            return
+        early, self._early = self._early or [], None
+        self._serve(tls)
+        for data in early:  # what the handshake's last flight carried, before the handler was there
+            self.data_received(data)
+
+    def _serve(self, transport: asyncio.BaseTransport) -> None:
         try:
             self._inner = self._listener.runner.server()
             self._inner.connection_made(transport)
         except Exception:  # noqa: BLE001 - the server is shutting down (no handler any more)
             self._inner = None
-            self._listener.release(client)
+            self._release()
             transport.close()
+
+    def _release(self) -> None:
+        if self._counted:
+            self._counted = False
+            self._listener.release(self._client)
 
     def data_received(self, data: bytes) -> None:
         if self._inner is not None:
             self._inner.data_received(data)
+        elif self._early is not None:
+            self._early.append(data)
 
     def eof_received(self) -> bool | None:
         return self._inner.eof_received() if self._inner is not None else None
@@ -88,8 +134,8 @@ class _Guard(asyncio.Protocol):
             self._inner.resume_writing()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self._release()
         if self._inner is not None:
-            self._listener.release(self._client)
             inner, self._inner = self._inner, None
             inner.connection_lost(exc)
 
@@ -103,6 +149,8 @@ class Listener:
         self.open: Counter[str] = Counter()
         self.total = 0
         self.refused = 0
+        self.ssl: ssl_module.SSLContext | None = None
+        self.handshakes: set[asyncio.Task] = set()  # TLS handshakes under way
         self._server: asyncio.base_events.Server | None = None
 
     def admit(self, client: str) -> str:
@@ -125,10 +173,10 @@ class Listener:
             del self.open[client]
 
     async def start(self, host: str, port: int, ssl: ssl_module.SSLContext | None = None) -> "Listener":
+        """Plain TCP either way: with `ssl`, each connection is counted and then upgraded (_Guard)."""
         loop = asyncio.get_running_loop()
-        extra = {"ssl": ssl, "ssl_handshake_timeout": self.limits.header_timeout} if ssl is not None else {}
-        self._server = await loop.create_server(lambda: _Guard(self), host, port, reuse_address=True,
-                                                backlog=1024, **extra)
+        self.ssl = ssl
+        self._server = await loop.create_server(lambda: _Guard(self), host, port, reuse_address=True, backlog=1024)
         return self
 
     @property
@@ -141,3 +189,5 @@ class Listener:
         if self._server is not None:
             self._server.close()
             self._server = None
+        for task in list(self.handshakes):
+            task.cancel()

@@ -4,14 +4,17 @@ slow clients (slowloris: a request head sent a byte at a time; a body that never
 from __future__ import annotations
 
 import socket
+import ssl
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from controlplane.pki import CA
 from tests.controlplane.controld_proc import API_TOKEN, Controld
 from tests.controlplane.test_controld_api import register
+from tests.controlplane.test_tls import tls_flags
 
 PER_CLIENT = 6
 
@@ -116,5 +119,78 @@ def test_long_polls_parked_at_once_are_bounded(tmp_path, etcd_server):
             assert [f.result()[0] for f in parked] == [200, 200]
         assert poll("m3", 0.2)[0] == 200, "a place is free again"
         assert c.metric("twine_agents_long_polls_refused_total") == 1
+    finally:
+        c.close()
+
+
+def _https_healthz(c: Controld, source: str = "127.0.0.1") -> int | str:
+    """GET /healthz over a new TLS connection from `source`: the status, or the error that ended it."""
+    try:
+        raw = socket.create_connection(("127.0.0.1", c.port), timeout=5, source_address=(source, 0))
+    except OSError as e:
+        return type(e).__name__
+    try:
+        with c.tls.wrap_socket(raw, server_hostname="127.0.0.1") as s:
+            s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            data, _ = read_all(s, 5)
+    except (OSError, ssl.SSLError) as e:
+        return type(e).__name__
+    return int(data.split(b" ", 2)[1]) if data.startswith(b"HTTP/1.1 ") else repr(data[:80])
+
+
+def test_unfinished_tls_handshakes_count_against_the_clients_limit_and_are_cut_at_the_header_timeout(tmp_path, etcd_server):
+    """Over TLS a connection is counted from its accept: PER_CLIENT connections that never finish
+    their handshake hold the client's places (a next one is closed at once), not another client's;
+    the header timeout ends them, and their places are free again. Every new connection's first
+    request is answered (none is lost between the accept and the handshake)."""
+    ca = CA(tmp_path / "pki")
+    c = Controld(tmp_path, etcd_server.port, ca=ca.cert, extra=(
+        *tls_flags(ca.issue("controld"), ca), "--max-connections-per-client", str(PER_CLIENT),
+        "--header-timeout", "1", "--body-timeout", "1")).start()
+    try:
+        assert [_https_healthz(c) for _ in range(40)] == [200] * 40
+        stalled = [connect(c) for _ in range(PER_CLIENT)]  # TCP open, no ClientHello
+        try:
+            refused = _https_healthz(c)
+            assert refused in ("SSLEOFError", "ConnectionResetError", "SSLZeroReturnError", "BrokenPipeError"), refused
+            assert _https_healthz(c, "127.0.0.2") == 200, "another client is served meanwhile"
+            start = time.monotonic()
+            for s in stalled:
+                data, _ = read_all(s, 4)  # closed by the server at the handshake timeout
+                assert data == b"", data
+            assert time.monotonic() - start < 1 + 2.5
+        finally:
+            for s in stalled:
+                s.close()
+        assert _https_healthz(c) == 200, "their places are free again"
+        m = c.metrics()
+        assert m["twine_connections_refused_total"] >= 1 and m["twine_connections_open"] <= 1, m
+    finally:
+        c.close()
+
+
+def test_the_servers_total_limit_refuses_any_client_beyond_it(tmp_path, etcd_server):
+    c = Controld(tmp_path, etcd_server.port, extra=("--max-connections", "4", "--header-timeout", "5")).start()
+    try:
+        held = [connect(c, f"127.0.0.{i}") for i in (1, 2, 3, 4)]
+        try:
+            for s in held:
+                s.sendall(b"GET /healthz HTTP/1.1\r\n")  # a head begun, not finished: the place is held
+            time.sleep(0.2)
+            extra = connect(c, "127.0.0.5")  # a client with no connection of its own is refused too
+            data, _ = read_all(extra, 3)
+            extra.close()
+            assert data.startswith(b"HTTP/1.1 503") and b"holds its limit of 4 connections" in data, data
+        finally:
+            for s in held:
+                s.close()
+        deadline = time.monotonic() + 5
+        while True:  # the closed ones are released as the server sees them go
+            try:
+                assert urllib.request.urlopen(c.url + "/healthz", timeout=5).status == 200
+                break
+            except OSError:  # a 503 (HTTPError is an OSError) until then
+                assert time.monotonic() < deadline, "no place free after the held connections closed"
+                time.sleep(0.1)
     finally:
         c.close()

@@ -2,7 +2,8 @@
 # Wheels of twine and of every dependency, for hosts that reach no package index:
 #   scripts/build-wheelhouse.sh DIR     then on each host: install-*.sh --wheelhouse DIR
 # The wheels are for this machine's Python (major.minor) and platform: build on the same
-# Debian release as the hosts. Cached: skipped when DIR already holds this tree's wheel set.
+# Debian release as the hosts. Cached: skipped when DIR already holds this tree's wheel set; after
+# a code change only twine's wheel is built again, without the package index when it can be.
 set -euo pipefail
 src=$(cd "$(dirname "$0")/.." && pwd)
 out=${1:?usage: build-wheelhouse.sh DIR}
@@ -17,7 +18,12 @@ if [ -e "$out/.built-$key" ]; then
 fi
 rm -f "$out"/twine-*.whl "$out"/.built-*
 log=$(mktemp)
-"$python" -m pip wheel -q --wheel-dir "$out" "$src" >"$log" 2>&1 || { cat "$log" >&2; rm -f "$log"; exit 1; }
+# Offline first, from the wheels already here: after a code change only twine's own wheel is new
+# (setuptools, kept here, builds it). Else (a first build, a new dependency) from the package index.
+if ! "$python" -m pip wheel -q --no-index --find-links "$out" --wheel-dir "$out" "$src" >"$log" 2>&1; then
+  "$python" -m pip wheel -q --wheel-dir "$out" "$src" "setuptools>=68" >"$log" 2>&1 \
+    || { cat "$log" >&2; rm -f "$log"; exit 1; }
+fi
 rm -f "$log"
 rm -rf "$src/build"
 touch "$out/.built-$key"

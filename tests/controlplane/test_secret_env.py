@@ -64,8 +64,10 @@ def test_bad_secret_env_is_a_4xx_naming_the_variable_and_writes_nothing(controld
     assert status == 422 and answer["field"] == "task.secret_env.NEW" and "has none" in answer["why"], answer
 
 
-def test_the_agents_files_are_readable_by_their_owner_only(tmp_path):
-    """The agent's cached desired state holds its tasks' secret environment."""
+def test_a_file_the_agent_writes_is_made_owner_only_even_over_an_older_open_one(tmp_path):
+    """agent.atomic.write_json, which writes the cached desired state (it holds the tasks' secret
+    environment): an older file of a wider mode is replaced by one of mode 600. The agent's own
+    files in a running region: tests/e2e/test_region.py."""
     path = tmp_path / "desired.json"
     path.write_text("{}")
     path.chmod(0o644)  # an older file: replaced by one of the right mode

@@ -100,6 +100,11 @@ def test_a_second_replica_forwards_to_the_leader_over_verified_tls(controld, ca,
         status, job = follower.call("POST", "/v1/jobs", {"entitlement": "web", "name": "api", "count": 1, "task": TASK})
         assert status == 201, job
         assert job["tasks"][0]["machine"] == "m1"
+        # the leader acted on it (its audit line), the follower only passed it on (none)
+        def posts(c: Controld) -> list[str]:
+            return [line for line in c.log.read_text().splitlines() if "twine.audit" in line and "POST /v1/jobs" in line]
+        assert len(posts(controld)) == 1 and posts(controld)[0].endswith("-> 201"), posts(controld)
+        assert posts(follower) == []
     finally:
         follower.close()
 

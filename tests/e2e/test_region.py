@@ -160,6 +160,27 @@ def test_the_regions_etcd_serves_controlds_certificate_alone(region):
     assert read_as(region.etcd.endpoint, region.ca_file, intruder, keys) == "PERMISSION_DENIED"
 
 
+def test_a_secret_reaches_its_container_and_no_agent_file_others_may_read(region, api):
+    """Issue #11: a secret environment value is in its task's container, in no API answer, and in
+    the agent's state only in files readable by their owner alone (its cached desired state)."""
+    secret = "s3cr3t-" + region.prefix
+    api.ok("POST", "/v1/entitlements", {"name": "sec", "machine_type": "generic", "quota": 1})
+    api.ok("POST", "/v1/jobs", job_spec("sec", "db", 1, task={"secret_env": {"DB_PASSWORD": secret}}))
+    job = api.wait_running("sec/db")
+    assert secret not in json.dumps(job) and job["task"]["secret_env"] == {"DB_PASSWORD": None}
+    [c] = region.containers("sec/db")
+    env = subprocess.run(["docker", "inspect", "-f", "{{json .Config.Env}}", c["id"]], capture_output=True, text=True,
+                         check=True).stdout
+    assert f"DB_PASSWORD={secret}" in json.loads(env)
+    state = region.state_dir(c["agent"])
+    holding = [p for p in state.rglob("*") if p.is_file() and secret.encode() in p.read_bytes()]
+    assert [p.name for p in holding] == ["desired.json"], holding
+    loose = [(str(p), oct(p.stat().st_mode & 0o777)) for p in holding + [state / "credential"]
+             if p.stat().st_mode & 0o077]
+    assert loose == [], loose
+    api.stop("sec/db")
+
+
 def test_killed_agent_tasks_run_again_elsewhere_and_its_stale_copies_stop(region, api):
     api.ok("POST", "/v1/entitlements", {"name": "failover", "machine_type": "generic", "quota": 4})
     api.ok("POST", "/v1/jobs", job_spec("failover", "svc", 3))

@@ -4,10 +4,11 @@ and never taking a task down with them."""
 from __future__ import annotations
 
 import json
+import shlex
 
 import pytest
 
-from tests.vm.region import MACHINES
+from tests.vm.region import MACHINES, REGION
 
 pytestmark = [pytest.mark.vm, pytest.mark.timeout(2700)]  # the first one brings the region up
 
@@ -70,6 +71,14 @@ def test_every_unit_is_active_under_systemd_and_every_machine_joined(region):
                       "/etc/twine/etcd-pki/root-key.pem").split("\n")[:3] == ["600 twine", "600 root", "600 root"]
     probe = region.ssh("control", f"/opt/twine/venv/bin/python - <<'EOF'\n{ETCD_PROBE}\nEOF").split("\n")
     assert probe[:4] == ["plain refused", "anonymous UNAVAILABLE", "intruder PERMISSION_DENIED", "controld ok"], probe
+    # the admin token and controld's key reach the control VM alone (staged apart from the rest)
+    token = (REGION / "api-token").read_text().strip()
+    for vm in MACHINES:
+        holding = region.ssh(vm, f"grep -rlF -- {shlex.quote(token)} /tmp /etc /opt/twine /root /home 2>/dev/null",
+                             check=False).split()
+        staged = region.ssh(vm, "ls -A /tmp/twine; ls -d /tmp/twine-control 2>/dev/null", check=False).split()
+        assert holding == [] and "src" in staged, (vm, holding, staged)
+        assert not {"api-token", "controld-key.pem", "/tmp/twine-control"} & set(staged), (vm, staged)
     for vm in MACHINES:
         agent = region.unit(vm, "twine-agent")
         assert agent["ActiveState"] == "active" and agent["Type"] == "notify" and agent["KillMode"] == "process", agent

@@ -24,6 +24,11 @@ _ENV = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,255}$")
 MAX_ARGS, MAX_COMMAND = 1024, 65536
 MAX_ENV, MAX_ENV_SIZE = 1024, 65536
 NETWORK_MODES = ("bridge", "none", "host")
+# A task's other bounds, here once: the API's schema (controlplane/api/schema.py) is made from them.
+IMAGE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/:@+-]{0,511}$")  # [registry/]name[:tag][@digest]
+MAX_CPUS = 1024
+MEMORY_MB = (4, 4_194_304)  # MiB, from and to
+PIDS = (1, 4_194_304)
 
 
 @dataclass(frozen=True)
@@ -102,13 +107,14 @@ class TaskSpec:
             job=need("job", str, _HANDLE.match, "must be a job handle <entitlement>/<name> (lower case, digits, _.-)"),
             index=need("index", int, lambda v: 0 <= v < 1_000_000, "must be an integer >= 0"),
             spec_version=opt("spec_version", 1, int, lambda v: v >= 0, "must be an integer >= 0"),
-            image=need("image", str, lambda v: bool(v.strip()) and " " not in v and len(v) <= 512,
-                       "must be an image reference (at most 512 characters)"),
+            image=need("image", str, IMAGE.match, "must be an image reference [registry/]name[:tag][@digest] "
+                       "(letters, digits, '._/:@+-'; at most 512 characters)"),
             command=tuple(command),
             env=tuple(sorted((k, str(v)) for k, v in env.items())),
-            cpus=float(opt("cpus", 0.5, (int, float), lambda v: 0 < v <= 1024, "must be > 0 and <= 1024")),
-            memory_mb=opt("memory_mb", 128, int, lambda v: 4 <= v <= 4_194_304, "must be an integer from 4 to 4194304 (MiB)"),
-            pids=opt("pids", 256, int, lambda v: 1 <= v <= 4_194_304, "must be an integer >= 1"),
+            cpus=float(opt("cpus", 0.5, (int, float), lambda v: 0 < v <= MAX_CPUS, f"must be > 0 and <= {MAX_CPUS}")),
+            memory_mb=opt("memory_mb", 128, int, lambda v: MEMORY_MB[0] <= v <= MEMORY_MB[1],
+                          f"must be an integer from {MEMORY_MB[0]} to {MEMORY_MB[1]} (MiB)"),
+            pids=opt("pids", 256, int, lambda v: PIDS[0] <= v <= PIDS[1], f"must be an integer from {PIDS[0]} to {PIDS[1]}"),
             network_mode=opt("network_mode", "bridge", str, lambda v: v in NETWORK_MODES, f"must be one of {', '.join(NETWORK_MODES)}"),
         )
 

@@ -17,7 +17,8 @@ from typing import Annotated, Any, Literal, Union
 import msgspec
 from msgspec import Meta, Struct
 
-from agent.models import _ENV, MAX_ARGS, MAX_COMMAND, MAX_ENV, MAX_ENV_SIZE
+from agent.models import (_ENV, IMAGE, MAX_ARGS, MAX_COMMAND, MAX_CPUS, MAX_ENV, MAX_ENV_SIZE, MEMORY_MB, NETWORK_MODES,
+                          PIDS)
 from controlplane.records import LEVELS, MAINTENANCE_POLICIES, MAX_MAINTENANCE, MAX_OWNER, NAME, STRATEGIES, ApiError
 
 Name = Annotated[str, Meta(pattern=NAME.pattern, description="lower case letters, digits, '_.-' (1-63)")]
@@ -62,18 +63,17 @@ class EntitlementMove(Struct, forbid_unknown_fields=True):
 
 
 class TaskTemplate(Struct, forbid_unknown_fields=True):
-    image: Annotated[str, Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9._/:@+-]{0,511}$",
-                               description="an image reference: [registry/]name[:tag][@digest]")]
+    image: Annotated[str, Meta(pattern=IMAGE.pattern, description="an image reference: [registry/]name[:tag][@digest]")]
     command: Union[Annotated[list[Annotated[str, Meta(max_length=MAX_COMMAND)]], Meta(max_length=MAX_ARGS)],
                    Annotated[str, Meta(max_length=MAX_COMMAND)]] = []
     env: Env = {}
     secret_env: Annotated[dict[EnvName, Union[Annotated[str, Meta(max_length=MAX_ENV_SIZE)], int, float, None]],
                           Meta(max_length=MAX_ENV, description="never shown by the API (null in its answers); "
                                "null in an update keeps the current value")] = {}
-    cpus: Annotated[float, Meta(gt=0, le=1024)] = 0.5
-    memory_mb: Annotated[int, Meta(ge=4, le=4_194_304)] = 128
-    pids: Annotated[int, Meta(ge=1, le=4_194_304)] = 256
-    network_mode: Annotated[Literal["bridge", "none", "host"],
+    cpus: Annotated[float, Meta(gt=0, le=MAX_CPUS)] = 0.5
+    memory_mb: Annotated[int, Meta(ge=MEMORY_MB[0], le=MEMORY_MB[1])] = 128
+    pids: Annotated[int, Meta(ge=PIDS[0], le=PIDS[1])] = 256
+    network_mode: Annotated[Literal[NETWORK_MODES],  # type: ignore[valid-type]
                             Meta(description="host: only in an entitlement with allow_host_network")] = "bridge"
 
 

@@ -72,12 +72,14 @@ def test_every_unit_is_active_under_systemd_and_every_machine_joined(region):
     probe = region.ssh("control", f"/opt/twine/venv/bin/python - <<'EOF'\n{ETCD_PROBE}\nEOF").split("\n")
     assert probe[:4] == ["plain refused", "anonymous UNAVAILABLE", "intruder PERMISSION_DENIED", "controld ok"], probe
     # the admin token and controld's key reach the control VM alone (staged apart from the rest)
+    # (the same search finds the token where it is: controld's token file)
     token = (REGION / "api-token").read_text().strip()
+    search = f"grep -rlF -- {shlex.quote(token)} /tmp /etc /opt/twine /root /home 2>/dev/null"
+    assert "/etc/twine/api-tokens" in region.ssh("control", search, check=False).split()
     for vm in MACHINES:
-        holding = region.ssh(vm, f"grep -rlF -- {shlex.quote(token)} /tmp /etc /opt/twine /root /home 2>/dev/null",
-                             check=False).split()
-        staged = region.ssh(vm, "ls -A /tmp/twine; ls -d /tmp/twine-control 2>/dev/null", check=False).split()
-        assert holding == [] and "src" in staged, (vm, holding, staged)
+        holding = region.ssh(vm, search, check=False).split()
+        staged = region.ssh(vm, "ls -A /tmp/twine 2>/dev/null; ls -d /tmp/twine-control 2>/dev/null", check=False).split()
+        assert holding == [], (vm, holding)
         assert not {"api-token", "controld-key.pem", "/tmp/twine-control"} & set(staged), (vm, staged)
     for vm in MACHINES:
         agent = region.unit(vm, "twine-agent")

@@ -101,13 +101,13 @@ class TaskSpec:
             raise DesiredStateError(where, f"{field_}.env", f"{len(env)} variables", f"at most {MAX_ENV} variables "
                                     f"of {MAX_ENV_SIZE} characters in all")
         for k, v in env.items():
-            if not _ENV.match(k) or not isinstance(v, (str, int, float)) or isinstance(v, bool):
+            if not _ENV.fullmatch(k) or not isinstance(v, (str, int, float)) or isinstance(v, bool):
                 raise DesiredStateError(where, f"{field_}.env.{k}", v, "names are [A-Za-z_][A-Za-z0-9_]*, values strings")
         return cls(
-            job=need("job", str, _HANDLE.match, "must be a job handle <entitlement>/<name> (lower case, digits, _.-)"),
+            job=need("job", str, _HANDLE.fullmatch, "must be a job handle <entitlement>/<name> (lower case, digits, _.-)"),
             index=need("index", int, lambda v: 0 <= v < 1_000_000, "must be an integer >= 0"),
             spec_version=opt("spec_version", 1, int, lambda v: v >= 0, "must be an integer >= 0"),
-            image=need("image", str, IMAGE.match, "must be an image reference [registry/]name[:tag][@digest] "
+            image=need("image", str, IMAGE.fullmatch, "must be an image reference [registry/]name[:tag][@digest] "
                        "(letters, digits, '._/:@+-'; at most 512 characters)"),
             command=tuple(command),
             env=tuple(sorted((k, str(v)) for k, v in env.items())),

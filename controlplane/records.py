@@ -80,7 +80,7 @@ def _check_keys(data: Any, known: set[str], where: str) -> dict:
 
 
 def _name(value: Any, field_: str) -> str:
-    if not isinstance(value, str) or not NAME.match(value):
+    if not isinstance(value, str) or not NAME.fullmatch(value):
         raise ApiError("invalid", field_, f"{value!r} must be lower case letters, digits, '_.-' (1-63)")
     return value
 

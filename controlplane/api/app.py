@@ -485,7 +485,7 @@ async def stop_job(request: web.Request) -> web.Response:
 async def list_jobs(request: web.Request) -> web.Response:
     d: ControlDaemon = request.app[DAEMON]
     ent = request.query.get("entitlement")
-    if ent is not None and not NAME.match(ent):
+    if ent is not None and not NAME.fullmatch(ent):
         raise ApiError("invalid", "entitlement", f"{ent[:80]!r} is not an entitlement name")
     jobs = [job_view(d, j) for h, j in sorted(d.state.jobs.items()) if ent is None or j.entitlement == ent]
     for j in jobs:

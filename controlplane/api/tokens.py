@@ -58,7 +58,7 @@ def resolve(token: str, file_tokens: set[str], records: dict[str, dict], now: fl
     if any(hmac.compare_digest(raw, t.encode()) for t in file_tokens):
         return Principal("api-token-file", "admin")
     token_id, _, secret = token.partition(".")
-    rec = records.get(token_id) if TOKEN_ID.match(token_id) else None
+    rec = records.get(token_id) if TOKEN_ID.fullmatch(token_id) else None
     if rec is None or not secret or not hmac.compare_digest(sha256(secret), str(rec.get("sha256", ""))):
         return None
     expires = rec.get("expires")
@@ -78,7 +78,7 @@ def parse_new(data: Any, now: float) -> tuple[str, str, dict]:
     if role not in ROLES:
         raise ApiError("invalid", "role", f"{role!r} must be one of {', '.join(ROLES)}")
     ents = data.get("entitlements") or []
-    if not isinstance(ents, list) or len(ents) > 1000 or not all(isinstance(e, str) and NAME.match(e) for e in ents):
+    if not isinstance(ents, list) or len(ents) > 1000 or not all(isinstance(e, str) and NAME.fullmatch(e) for e in ents):
         raise ApiError("invalid", "entitlements", "must be a list of entitlement names")
     if role == "owner" and not ents:
         raise ApiError("unprocessable", "entitlements", "an owner token names the entitlements it owns")

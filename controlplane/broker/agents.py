@@ -123,7 +123,7 @@ class AgentService:
         not change under placed tasks: drain the machine, or release it."""
         if not isinstance(body, dict):
             raise ApiError("invalid", None, "body must be a JSON object")
-        mid = _need(body, "machine_id", "", lambda v: isinstance(v, str) and MACHINE_ID.match(v), "not a machine id")
+        mid = _need(body, "machine_id", "", lambda v: isinstance(v, str) and MACHINE_ID.fullmatch(v), "not a machine id")
         labels = _need(body, "labels", "", lambda v: isinstance(v, dict), "must be an object")
         for k in LABELS:
             _need(labels, k, "labels.", lambda v: isinstance(v, str) and 0 < len(v) <= MAX_LABEL,

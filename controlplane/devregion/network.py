@@ -209,7 +209,7 @@ class Network:
 
         if not self.created:
             raise RuntimeError("create() the network first")
-        if not NAME_RE.match(name):
+        if not NAME_RE.fullmatch(name):
             raise ValueError(f"namespace member name {name!r}: 1-20 of a-z, 0-9, '-'")
         if name in self.namespaces:
             raise ValueError(f"{name!r} is already in the network")

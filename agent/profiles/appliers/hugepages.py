@@ -25,7 +25,7 @@ _KEEP_FREE = 0.10  # share of MemTotal that huge pages must never take: the kern
 
 def _split(key: str) -> tuple[int, int | None]:
     """Page size in kB and NUMA node of a key parse() normalised, e.g. "2M@node1" -> (2048, 1)."""
-    m = _KEY.match(key)
+    m = _KEY.fullmatch(key)
     assert m, key
     return int(m[1]) * _UNITS[m[2]], None if m[3] is None else int(m[3])
 
@@ -46,7 +46,7 @@ class HugePages(Applier):
         settings = []
         for key, value in section.items():
             field = f"[hugepages] {key}"
-            m = _KEY.match(str(key))
+            m = _KEY.fullmatch(str(key))
             kb = int(m[1]) * _UNITS[m[2]] if m else None
             if kb not in _SIZES:
                 known = ", ".join(f"{n} ({k}kB)" for k, n in _SIZES.items())

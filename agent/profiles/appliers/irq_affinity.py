@@ -105,7 +105,7 @@ class IrqAffinity(Applier):
         settings = []
         for rule, value in section.items():
             field = f"[irq_affinity] {rule}"
-            if not _RULE.match(str(rule)):
+            if not _RULE.fullmatch(str(rule)):
                 raise ProfileError(origin, field, value, "a rule name has letters, digits, '_', '.', '-' only")
             if not isinstance(value, dict) or set(value) != {"match", "cpus"}:
                 raise ProfileError(origin, field, value, 'must be a table { match = "<regex>", cpus = "0-3" }')

@@ -85,7 +85,7 @@ class Sysctl(Applier):
         settings = []
         for key, value in section.items():
             field = f"[sysctl] {key}"
-            if not isinstance(key, str) or not _NAME.match(key):
+            if not isinstance(key, str) or not _NAME.fullmatch(key):
                 raise ProfileError(origin, field, value, "not a sysctl name (like net.core.somaxconn)")
             if key in _OWNED_ELSEWHERE:
                 raise ProfileError(

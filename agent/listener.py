@@ -9,8 +9,9 @@ status port both serve through it.
   handshakes). Over the limits it is closed at once (no 503: that needs a handshake); the handshake
   must end within `header_timeout`.
 - **Header timeout**: a connection must send a whole request head within `header_timeout` seconds
-  of opening, and within that long of its last response (aiohttp's keep-alive timer, which the
-  trickle of a slow client's bytes does not reset).
+  of opening (over TLS: of its handshake's end, so at most twice that from its accept), and within
+  that long of its last response (aiohttp's keep-alive timer, which the trickle of a slow client's
+  bytes does not reset).
 - **Body timeout**: the API reads a body within `body_timeout` seconds (controlplane/api/app.py);
   what is left of a body the server did not read is drained for at most 2 s before it closes.
 
@@ -79,7 +80,7 @@ class _Guard(asyncio.Protocol):
             self._early = []
             self._upgrade = asyncio.get_running_loop().create_task(self._handshake(transport))
             self._listener.handshakes.add(self._upgrade)
-            self._upgrade.add_done_callback(self._listener.handshakes.discard)
+            self._upgrade.add_done_callback(lambda task: self._handshake_done(task, transport))
             return
         self._serve(transport)
 
@@ -101,6 +102,12 @@ class _Guard(asyncio.Protocol):
         self._serve(tls)
         for data in early:  # what the handshake's last flight carried, before the handler was there
             self.data_received(data)
+
+    def _handshake_done(self, task: asyncio.Task, raw: asyncio.BaseTransport) -> None:
+        self._listener.handshakes.discard(task)
+        if task.cancelled():  # perhaps before its first step (the server stopping): its except never ran
+            self._release()
+            raw.close()
 
     def _serve(self, transport: asyncio.BaseTransport) -> None:
         try:

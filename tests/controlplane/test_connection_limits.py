@@ -149,7 +149,8 @@ def test_unfinished_tls_handshakes_count_against_the_clients_limit_and_are_cut_a
         "--header-timeout", "1", "--body-timeout", "1")).start()
     try:
         assert [_https_healthz(c) for _ in range(40)] == [200] * 40
-        stalled = [connect(c) for _ in range(PER_CLIENT)]  # TCP open, no ClientHello
+        c.wait_metrics(lambda m: m["twine_connections_open"] == 1, what="the 40 connections released")  # 1: its own
+        stalled = [connect(c) for _ in range(PER_CLIENT)]  # TCP open, no ClientHello (accepted before the next)
         try:
             refused = _https_healthz(c)
             assert refused in ("SSLEOFError", "ConnectionResetError", "SSLZeroReturnError", "BrokenPipeError"), refused

@@ -28,9 +28,10 @@ class Pair:
 class CA:
     """Files under `d`: ca.pem, and NAME.pem / NAME-key.pem for each certificate issued."""
 
-    def __init__(self, d: Path, name: str = "twine region CA", days: int = 30):
-        """A new CA in `d`. A CA already there is kept, not made anew (that would void every
-        certificate it signed): RuntimeError names `CA.existing`."""
+    def __init__(self, d: Path, name: str = "twine region CA", days: int = 30, ca_days: int | None = None):
+        """A new CA in `d`, valid `ca_days` (default `days`); the certificates it issues last `days`.
+        A CA already there is kept, not made anew (that would void every certificate it signed):
+        RuntimeError names `CA.existing`."""
         self.d = d
         self.days = days
         self.cert, self.key = d / "ca.pem", d / "ca-key.pem"
@@ -38,7 +39,7 @@ class CA:
             raise RuntimeError(f"{d} holds a CA already: use it (CA.existing) or remove it first")
         d.mkdir(parents=True, exist_ok=True, mode=0o700)
         _openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-                 "-keyout", str(self.key), "-out", str(self.cert), "-days", str(days), "-subj", f"/CN={name}",
+                 "-keyout", str(self.key), "-out", str(self.cert), "-days", str(ca_days or days), "-subj", f"/CN={name}",
                  "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign",
                  cwd=d)
         self.key.chmod(0o600)
@@ -69,12 +70,27 @@ class CA:
         ext.unlink()
         return Pair(cert, key)
 
+    def current(self, name: str, margin_days: int = 30) -> bool:
+        """Whether NAME.pem is there, signed by this CA, and valid `margin_days` more days."""
+        cert = self.d / f"{name}.pem"
+        if not cert.exists() or not (self.d / f"{name}-key.pem").exists():
+            return False
+        for args in (["verify", "-CAfile", str(self.cert), str(cert)],
+                     ["x509", "-checkend", str(margin_days * 86400), "-noout", "-in", str(cert)]):
+            try:
+                if subprocess.run(["openssl", *args], capture_output=True, timeout=30).returncode != 0:
+                    return False
+            except FileNotFoundError:
+                raise RuntimeError("the openssl command is missing (Debian: apt-get install openssl)") from None
+        return True
+
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m controlplane.pki DIR --server NAME --ip IP ... --client NAME ...`: a CA in DIR
     unless one is there, a server certificate NAME for the addresses given, a client certificate
     NAME (test regions: the Vagrantfile; etcd's certificates: install-controld.sh). A certificate
-    already in DIR is kept."""
+    already in DIR is kept while it is signed by DIR's CA and valid 30 more days; else it is issued
+    again (run it again to renew). The CA lasts --ca-days, its certificates --days."""
     import argparse
     import sys
 
@@ -84,16 +100,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--client", action="append", default=[], metavar="NAME",
                    help="a client certificate to issue, NAME its common name (etcd's user)")
     p.add_argument("--ip", action="append", default=[], help="an address the servers answer on (repeat)")
-    p.add_argument("--days", type=int, default=365)
+    p.add_argument("--days", type=int, default=365, help="how long the certificates it issues last")
+    p.add_argument("--ca-days", type=int, default=3650, help="how long a new CA lasts")
     args = p.parse_args(argv)
     try:
-        ca = CA.existing(args.dir) or CA(args.dir, days=args.days)
-        for name in args.server:
-            if not (args.dir / f"{name}.pem").exists():
+        ca = CA.existing(args.dir, days=args.days) or CA(args.dir, days=args.days, ca_days=args.ca_days)
+        for name, server in [*((n, True) for n in args.server), *((n, False) for n in args.client)]:
+            if ca.current(name):
+                continue
+            if server:
                 ca.issue(name, ips=tuple(args.ip) or ("127.0.0.1",))
-        for name in args.client:
-            if not (args.dir / f"{name}.pem").exists():
+            else:
                 ca.issue(name, server=False, ips=(), dns=())
+            print(f"pki: issued {name} ({args.dir / name}.pem, {args.days} days)")
     except RuntimeError as e:
         print(f"pki: {e}", file=sys.stderr)
         return 1

@@ -9,7 +9,8 @@
 # etcd (Debian's etcd-server) listens on 127.0.0.1:2379 only, configured in /etc/default/etcd
 # with room for one job's transaction, over TLS with client certificates and its auth on: only
 # controld's certificate reaches the region's keys (its CA and the admin's certificate, root, in
-# /etc/twine/etcd-pki; certificates last a year: remove one there and re-run to renew it). twine-controld runs as the system user `twine` from
+# /etc/twine/etcd-pki; the CA lasts ten years, its certificates one: a re-run in their last 30
+# days issues them again). twine-controld runs as the system user `twine` from
 # /etc/twine/controld.toml (see systemd/controld.toml.example). Tokens: the files given, or new
 # random ones the first time; /etc/twine/api-tokens and /etc/twine/bootstrap-tokens, mode 0600.
 # --tls-cert/--tls-key: the API is served over https with this certificate (installed in
@@ -153,8 +154,9 @@ etcd_auth=("$py" -m controlplane.etcdauth --endpoint 127.0.0.1:2379 --ca "$etcd_
            --cert "$etcd_pki/root.pem" --key "$etcd_pki/root-key.pem" --user twine-controld)
 if have_systemd; then
   for try in 1 2 3 4 5 6 7 8 9 10; do  # etcd may take a moment to take clients after its restart
-    if out=$("${etcd_auth[@]}" 2>&1); then break; fi
-    [ $try = 10 ] && { echo "$out" >&2; die "could not turn etcd's auth on"; }
+    rc=0; out=$("${etcd_auth[@]}" 2>&1) || rc=$?
+    [ $rc = 0 ] && break
+    { [ $rc = 2 ] || [ $try = 10 ]; } && { echo "$out" >&2; die "could not turn etcd's auth on"; }  # 2: bad input
     sleep 2
   done
   echo "$out" | sed 's/^etcdauth: /install-controld: etcd: /'

@@ -46,3 +46,24 @@ def test_the_command_keeps_what_is_there_and_issues_client_certificates_for_clie
     again = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
     assert again.returncode == 0, again.stderr
     assert {n: (d / n).read_bytes() for n in files} == before, "a second run changes no file"
+
+
+def test_the_command_renews_a_certificate_near_its_end_or_of_another_ca_and_the_ca_outlives_them(tmp_path):
+    d = tmp_path / "etcd-pki"
+    ca = CA(d, days=1, ca_days=3650)  # issues certificates that end tomorrow
+    ca.issue("etcd")
+    other = CA(tmp_path / "other").issue("twine-controld", server=False)  # the wrong CA's
+    (d / "twine-controld.pem").write_bytes(other.cert.read_bytes())
+    (d / "twine-controld-key.pem").write_bytes(other.key.read_bytes())
+    before = {n: (d / n).read_bytes() for n in ("ca.pem", "etcd.pem", "twine-controld.pem")}
+    assert not ca.current("etcd") and not ca.current("twine-controld")
+    run = subprocess.run([sys.executable, "-m", "controlplane.pki", str(d), "--server", "etcd", "--ip", "127.0.0.1",
+                          "--client", "twine-controld"], cwd=REPO, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.splitlines() == [f"pki: issued etcd ({d}/etcd.pem, 365 days)",
+                                       f"pki: issued twine-controld ({d}/twine-controld.pem, 365 days)"]
+    assert (d / "ca.pem").read_bytes() == before["ca.pem"], "the CA is kept"
+    assert all((d / n).read_bytes() != before[n] for n in ("etcd.pem", "twine-controld.pem"))
+    assert ca.current("etcd") and ca.current("twine-controld")
+    ca_end = subprocess.run(["openssl", "x509", "-checkend", str(9 * 365 * 86400), "-noout", "-in", str(ca.cert)])
+    assert ca_end.returncode == 0, "the CA lasts years beyond its certificates"

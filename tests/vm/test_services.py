@@ -75,7 +75,7 @@ def test_every_unit_is_active_under_systemd_and_every_machine_joined(region):
     # (the same search finds the token where it is: controld's token file)
     token = (REGION / "api-token").read_text().strip()
     search = f"grep -rlF -- {shlex.quote(token)} /tmp /etc /opt/twine /root /home 2>/dev/null"
-    assert "/etc/twine/api-tokens" in region.ssh("control", search, check=False).split()
+    assert region.ssh("control", search, check=False).split() == ["/etc/twine/api-tokens"], "installed, and no copy left"
     for vm in MACHINES:
         holding = region.ssh(vm, search, check=False).split()
         staged = region.ssh(vm, "ls -A /tmp/twine 2>/dev/null; ls -d /tmp/twine-control 2>/dev/null", check=False).split()

@@ -104,13 +104,15 @@ def running_region(region: Region) -> Iterator[Region]:
 
 def tidy_after(region: Region) -> Iterator[None]:
     """An autouse fixture's body for tests sharing one region: after each test (pass or fail) its
-    partitions are healed, its killed agents started again and its jobs stopped, so their machines
-    return to the free pool. Without it one failure fails the tests after it for want of machines."""
+    partitions are healed, whatever it killed (etcd, controld, agents) started again and its jobs
+    stopped, so their machines return to the free pool. Without it one failure fails the tests after
+    it for want of machines."""
     yield
     problems = region.heal() if region.partitioned else []
-    for name in region.specs:
-        if region.procs.get(f"agent:{name}") is None:
-            region.start_agent(name)
+    for name, key in (("etcd", "etcd"), ("controld", "controld"), *((n, f"agent:{n}") for n in region.specs)):
+        ref = region.procs.get(key)
+        if ref is None or not ref.alive():  # killed by the test, or died
+            region.restart(name)
     api = Api(region)
     for job in api.ok("GET", "/v1/jobs")["jobs"]:
         if job["state"] != "stopped":

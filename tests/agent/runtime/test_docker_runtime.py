@@ -69,9 +69,11 @@ def test_a_container_removed_while_the_list_is_taken_is_left_out_not_an_error(do
     doomed = [docker_client.containers.create(TEST_IMAGE, ["sleep", "300"], labels=labels).id for _ in range(30)]
     errors: list[BaseException] = []
     removing = threading.Thread(target=lambda: [docker_client.api.remove_container(i, force=True) for i in doomed])
+    rounds = 0
     removing.start()
     try:
         while removing.is_alive():
+            rounds += 1
             try:
                 listed = {c.id for c in run(rt.list(machine_id))}
             except Exception as e:  # noqa: BLE001 - the assertion below names it
@@ -80,7 +82,7 @@ def test_a_container_removed_while_the_list_is_taken_is_left_out_not_an_error(do
             assert mine.id in listed and listed <= {mine.id, *doomed}
     finally:
         removing.join()
-    assert errors == []
+    assert errors == [] and rounds >= 2, (rounds, errors)
     assert [c.id for c in run(rt.list(machine_id))] == [mine.id]
 
 

@@ -94,7 +94,7 @@ class Region:
         self.controld_args = tuple(controld_args)  # extra twine-controld flags (e.g. --rate-limits)
         self.specs: dict[str, AgentSpec] = {}
         for a in agents:
-            if not NAME_RE.match(a.name):
+            if not NAME_RE.fullmatch(a.name):
                 raise ValueError(f"agent name {a.name!r}: 1-20 of a-z, 0-9, '-'")
             if a.name in self.specs or a.name in ("etcd", "controld"):
                 raise ValueError(f"agent name {a.name!r} is used twice or reserved")
@@ -307,8 +307,8 @@ class Region:
                 self.network.add_namespace(name)
             self._make_pki()
             self._start_etcd()
-            _write_secret(self.api_token_file, secrets.token_urlsafe(32))
-            _write_secret(self.bootstrap_token_file, secrets.token_urlsafe(32))
+            _write_secret(self.api_token_file, secrets.token_hex(32))  # hex: never a leading "-" (a flag to a CLI)
+            _write_secret(self.bootstrap_token_file, secrets.token_hex(32))
             self.controld_listen = f"{self.network.bridge_ip}:{_port_on(self.network.bridge_ip, CONTROLD_PORT)}"
             self.save()
             self.start_controld()

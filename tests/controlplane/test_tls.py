@@ -137,20 +137,25 @@ def test_unusable_tls_files_and_keys_others_may_read_are_exit_2_naming_the_file(
         assert "Traceback" not in p.stderr
 
 
+def _runs_a_region(tmp_path, etcd: EtcdServer, ca: CA, client) -> Controld:
+    """A daemon with `client` as its etcd certificate writes and reads an entitlement; then stopped."""
+    good = Controld(tmp_path, etcd.port, extra=("--etcd-ca", str(ca.cert), "--etcd-cert", str(client.cert),
+                                                "--etcd-key", str(client.key))).start()
+    try:
+        assert good.call("POST", "/v1/entitlements", {"name": "web", "machine_type": "generic", "quota": 1})[0] == 201
+        assert [e["name"] for e in good.call("GET", "/v1/entitlements")[1]["entitlements"]] == ["web"]
+    finally:
+        good.close()
+    return good
+
+
 def test_the_daemon_reaches_an_etcd_that_serves_tls_and_wants_client_certificates(tmp_path, ca):
     """etcd with TLS and --client-cert-auth: the daemon with the CA and its own certificate works;
     a daemon without a certificate is refused by etcd, and says so (exit 3, etcd unreachable)."""
     etcd_pair = ca.issue("etcd")
     etcd = EtcdServer(tls=(etcd_pair.cert, etcd_pair.key, ca.cert)).start()
     try:
-        client = ca.issue("twine-controld", server=False)
-        good = Controld(tmp_path, etcd.port, extra=("--etcd-ca", str(ca.cert), "--etcd-cert", str(client.cert),
-                                                    "--etcd-key", str(client.key))).start()
-        try:
-            assert good.call("POST", "/v1/entitlements", {"name": "web", "machine_type": "generic", "quota": 1})[0] == 201
-            assert [e["name"] for e in good.call("GET", "/v1/entitlements")[1]["entitlements"]] == ["web"]
-        finally:
-            good.close()
+        good = _runs_a_region(tmp_path, etcd, ca, ca.issue("twine-controld", server=False))
         (tmp_path / "anon").mkdir()
         anonymous = Controld(tmp_path / "anon", etcd.port, region=good.region, extra=("--etcd-ca", str(ca.cert)))
         anonymous.launch()
@@ -189,13 +194,7 @@ def test_with_etcds_auth_on_only_the_daemons_certificate_reaches_the_regions_key
         unknown = _etcdauth(etcd, ca, intruder, "intruder")
         assert unknown.returncode == 3 and "user name not found" in unknown.stderr, unknown.stderr
 
-        good = Controld(tmp_path, etcd.port, extra=("--etcd-ca", str(ca.cert), "--etcd-cert", str(daemon.cert),
-                                                    "--etcd-key", str(daemon.key))).start()
-        try:
-            assert good.call("POST", "/v1/entitlements", {"name": "web", "machine_type": "generic", "quota": 1})[0] == 201
-            assert [e["name"] for e in good.call("GET", "/v1/entitlements")[1]["entitlements"]] == ["web"]
-        finally:
-            good.close()
+        good = _runs_a_region(tmp_path, etcd, ca, daemon)
         region_key = f"/twine/{good.region}/".encode()
         assert read_as(etcd.endpoint, ca.cert, daemon, region_key) == "ok"
         assert read_as(etcd.endpoint, ca.cert, daemon, b"/elsewhere") == "PERMISSION_DENIED"

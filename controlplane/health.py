@@ -86,18 +86,20 @@ class HealthService:
 
     async def run(self) -> None:
         self.started = time.monotonic()  # the clock starts when the API listens, not at construction
-        unavailable = ""
+        last_error = ""
         while True:
             await asyncio.sleep(min(self.timeout / 4, 0.5))
             try:
                 await self.check()
-                unavailable = ""
-            except Unavailable as e:  # the next pass tries again; said once an outage
-                if str(e) != unavailable:
-                    log.warning("health check pass: %s", e)
-                unavailable = str(e)
-            except Exception:
-                log.exception("health check pass failed")
+                last_error = ""
+            except Exception as e:  # the next pass tries again (a failed batch too): said once while it repeats
+                said = f"{type(e).__name__}: {e}"
+                if said != last_error:
+                    if isinstance(e, Unavailable):
+                        log.warning("health check pass: %s", e)
+                    else:
+                        log.exception("health check pass failed")
+                last_error = said
 
     def _refresh_owned(self, now: float) -> bool:
         """The machines this process judges, recomputed only when the members with the health

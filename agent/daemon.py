@@ -293,12 +293,16 @@ class Agent:
 
     async def _stop_container(self, c: ContainerInfo, grace: float) -> None:
         self._removing.add(c.id)  # its die and destroy events are ours (_watch_containers)
-        if c.running:
-            await self.runtime.stop(c.id, grace)
-            self.counters["tasks_stopped"] += 1
-        else:
-            self._remember_exit(c, await self.runtime.logs(c.id, tail=20))
-        await self.runtime.remove(c.id)
+        try:
+            if c.running:
+                await self.runtime.stop(c.id, grace)
+                self.counters["tasks_stopped"] += 1
+            else:
+                self._remember_exit(c, await self.runtime.logs(c.id, tail=20))
+            await self.runtime.remove(c.id)
+        except BaseException:  # it stays: its own events are news again
+            self._removing.discard(c.id)
+            raise
 
     def _remember_exit(self, c: ContainerInfo, logs: list[str]) -> None:
         self.last_exit[str(c.task)] = {

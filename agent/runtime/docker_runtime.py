@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import re
 import threading
@@ -221,8 +222,9 @@ class DockerRuntime:
                 except Exception as e:  # dockerd restarted or gone: the periodic pass still runs
                     why = str(e)
                 finally:
-                    if stream is not None:
-                        stream.close()  # its connection, before another is opened
+                    if stream is not None:  # its connection, before another is opened; closing a socket
+                        with contextlib.suppress(Exception):  # stop() closed, or a reset one, raises
+                            stream.close()
                 if stopping.is_set():
                     break
                 if not lost:
@@ -233,7 +235,8 @@ class DockerRuntime:
         def stop() -> None:
             stopping.set()
             for stream in current:
-                stream.close()
+                with contextlib.suppress(Exception):
+                    stream.close()
 
         threading.Thread(target=follow, name=f"docker-events-{machine_id}", daemon=True).start()
         return stop

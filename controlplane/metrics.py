@@ -68,7 +68,7 @@ class Lifecycle:
             self.settled[handle] = since
         elif self.settled.get(handle) != since and since >= self.since:
             self.rollouts[handle] = since  # updated again before it was all running: the new one counts
-        lost_of = self.lost.setdefault(handle, {})
+        lost_of = self.lost.get(handle, {})  # kept below only when it holds a task
         for i, t in enumerate(live):
             if t is None:
                 continue
@@ -83,8 +83,10 @@ class Lifecycle:
                 lost_of[i] = (t.machine, at)
         for i in [i for i in lost_of if i >= job.count]:
             del lost_of[i]  # scaled down: no replacement comes
-        if not lost_of:
-            del self.lost[handle]
+        if lost_of:
+            self.lost[handle] = lost_of
+        else:
+            self.lost.pop(handle, None)
 
     def forget(self, handle: str) -> None:
         """The job is stopped or gone, or another shard schedules it now."""

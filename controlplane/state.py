@@ -243,9 +243,10 @@ class RegionState:
             self._set_task(handle, int(idx), None if value is None else TaskRec.from_json(value))
             return {handle}
         if kind == "events":
+            new = None if value is None else EventRec.from_json(value)  # first: one it cannot read changes nothing
             old = self.events.pop(rest, None)
-            if value is not None:
-                self.events[rest] = EventRec.from_json(value)
+            if new is not None:
+                self.events[rest] = new
             for e, is_new in ((old, False), (self.events.get(rest), True)):
                 if e is not None and e.kind == "failure":
                     for mid in e.machines:

@@ -604,7 +604,8 @@ class Region:
         problems met."""
         problems = []
         names = sorted(self.partitioned) if name is None else [name]
-        namespaces = self.network.leftovers()["netns"]  # once: it lists every link and namespace
+        # once, and only with something to heal: it lists every link and namespace
+        namespaces = self.network.leftovers()["netns"] if names and self.network is not None else []
         for n in names:
             tag = self._tag(n)
             left = 0

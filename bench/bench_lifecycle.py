@@ -24,14 +24,15 @@ What is measured, each on the wall clock of this process:
   another machine. The agent is then started again and the trial waits until its machine is
   healthy and clean (its tombstones gone). Goal: p99 at most the heartbeat timeout + 1.5 s. Beside
   it, the same end timed from the victim's last heartbeat (its `last_heartbeat` in the API): the
-  daemon's verdict comes a heartbeat timeout after that heartbeat, which came up to one heartbeat
-  interval (1 s) before the SIGKILL, so from the SIGKILL the verdict alone can take
-  timeout - interval .. timeout. The heartbeat timeout is the daemon's setting, not a measurement.
+  daemon's verdict comes a heartbeat timeout after that heartbeat, plus up to one pass of its
+  health check (every min(timeout/4, 0.5) s); that heartbeat came up to one heartbeat interval (1 s)
+  before the SIGKILL, so from the SIGKILL the verdict alone can take timeout - interval ..
+  timeout + 0.5 s. The heartbeat timeout is the daemon's setting, not a measurement.
+  After each trial it prints where the job's tasks are, per dc and MSB: the job spreads over dcs,
+  then MSBs (the entitlement's default policy), each dc has two machines, one MSB each.
 
 Figures: p50 is nearest-rank; with fewer than 100 samples the "p99" printed is the largest sample,
 and says so.
-  After each trial it prints where the job's tasks are, per dc and MSB: the job spreads over dcs,
-  then MSBs (the entitlement's default policy), each dc has two machines, one MSB each.
 """
 
 from __future__ import annotations
@@ -165,7 +166,7 @@ def spread(region: Region, job: dict) -> tuple[int, str]:
     return max(v for m in per.values() for v in m.values()), words
 
 
-def loss(region: Region, api: Api, trials: int, timeout: float) -> list[tuple[float, int, int]]:
+def loss(region: Region, api: Api, trials: int, timeout: float) -> list[tuple[float, float, int]]:
     """(seconds from the SIGKILL to every task running elsewhere, the same from the victim's last
     heartbeat, largest number of the job's tasks on one MSB) a trial."""
     name_of = {region.machine_id(a.name): a.name for a in AGENTS}

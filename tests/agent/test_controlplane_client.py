@@ -78,8 +78,6 @@ class FaultServer:
         self.desired = {"version": "v1", "profile": None, "tasks": []}
         self.heartbeats: list[dict] = []
         self.accepted: dict[str, str] = {}  # machine id -> digest of the last full report
-        self.resend_next = False
-        self.interval: float | None = None
         self.refuse_credentials = False
         self.heartbeat_to: object = None  # sent in heartbeat answers when set (the health-checking replica)
         self._changed = asyncio.Event()
@@ -148,13 +146,12 @@ class FaultServer:
         if body["machine_id"] != machine:
             return self._error(400, "invalid", "machine_id", "not the credential's machine")
         self.heartbeats.append(body)
-        if self.resend_next or ("tasks" not in body and self.accepted.get(machine) != body["digest"]):
-            self.resend_next = False
+        if "tasks" not in body and self.accepted.get(machine) != body["digest"]:
             self.accepted.pop(machine, None)
             return web.json_response({"ok": True, "resend": True})
         self.accepted[machine] = body["digest"]
         hint = {"heartbeat_to": self.heartbeat_to} if self.heartbeat_to is not None else {}
-        return web.json_response({"ok": True, **({"interval": self.interval} if self.interval else {}), **hint})
+        return web.json_response({"ok": True, **hint})
 
 
 @asynccontextmanager
@@ -554,6 +551,11 @@ def test_agent_process_runs_the_daemons_tasks_keeps_them_while_it_is_away_and_af
             assert time.monotonic() < deadline, s
             await asyncio.sleep(0.05)
         assert controld.metric("twine_agents_registrations_total") == 0
+        # the restarted daemon's own version of the machine's desired state is the one the agent holds,
+        # and the agent has polled it (a poll with a different version would log a new desired state)
+        await asyncio.to_thread(controld.wait_metrics, lambda m: m["twine_agents_long_polls_total"] >= 1,
+                                what="the agent's first poll of the restarted daemon")
+        assert controld.call("GET", f"/v1/machines/{machine_id}")[1]["desired_version"] == version
         assert s["desired"]["version"] == version and s["adopted"] == [container]
         assert _running(s)["container"]["id"] == container
         procs[1].send_signal(signal.SIGTERM)

@@ -177,7 +177,7 @@ def test_the_servers_total_limit_refuses_any_client_beyond_it(tmp_path, etcd_ser
         try:
             for s in held:
                 s.sendall(b"GET /healthz HTTP/1.1\r\n")  # a head begun, not finished: the place is held
-            time.sleep(0.2)
+            time.sleep(0.2)  # accepted and counted; no condition to wait on (a metrics request would be refused)
             extra = connect(c, "127.0.0.5")  # a client with no connection of its own is refused too
             data, _ = read_all(extra, 3)
             extra.close()

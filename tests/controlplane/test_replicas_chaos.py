@@ -258,6 +258,8 @@ def test_a_health_replica_of_its_own_judges_machines_while_the_scheduler_replica
             wait(lambda: set(agents.hints.values()) == {h.url} and len(agents.hints) == 6, 10, "heartbeats to h")
             lost = next(t["machine"] for t in tasks_at(a, "web/api"))
             agents.poll = False  # their desired-state polls would hang on the frozen replica
+            n = agents.sent[h.url]  # a poll in flight ends first: a whole round of heartbeats without one
+            wait(lambda: agents.sent[h.url] >= n + 12, 10, "two rounds of heartbeats without polls")
             a.proc.send_signal(signal.SIGSTOP)
             frozen = True
             sent_to_h = agents.sent[h.url]

@@ -39,16 +39,19 @@ def test_a_deposed_or_cancelled_scheduler_stops_even_if_its_pass_swallows_the_ca
 
     async def body() -> None:
         loop = asyncio.create_task(sched.run())
-        state.changed.set({"web/api"})
-        for _ in range(500):
-            if passes >= 5 or loop.done():
-                break
-            await asyncio.sleep(0.01)
-        assert passes >= 5, loop
-        sched.deposed = deposed
-        loop.cancel()
-        done, _ = await asyncio.wait([loop], timeout=2)
-        assert done, f"the scheduler's loop still runs after {passes} passes"
-        assert loop.cancelled() or loop.exception() is None
+        try:
+            state.changed.set({"web/api"})
+            for _ in range(500):
+                if passes >= 5 or loop.done():
+                    break
+                await asyncio.sleep(0.01)
+            assert passes >= 5, loop
+            sched.deposed = deposed
+            loop.cancel()
+            done, _ = await asyncio.wait([loop], timeout=2)
+            assert done, f"the scheduler's loop still runs after {passes} passes"
+            assert loop.cancelled() or loop.exception() is None
+        finally:  # a failed check ends the loop too (else asyncio.run's cancel would be swallowed again)
+            sched.deposed = sched.deposed or "test over"
 
     asyncio.run(body())

@@ -14,8 +14,9 @@ What is measured, per size, in one Python process on one core (no etcd anywhere)
     (2)       allocate + the daemon's whole commit path, etcd left out: allocate() on RegionState's
               snapshot with the scheduler's allocation cache (as Scheduler.create), then
               Scheduler.commit_placement builds the transaction (task, machine, discovery, job and
-              entitlement records), an in-memory store checks its guards, encodes and decodes every
-              value as etcd.py does and hands each change to RegionState as its watch would, and
+              entitlement records), an in-memory store checks its guards, encodes every value as
+              etcd.py does and hands each change to RegionState as its watch would (which decodes
+              it), and
               state.snapshot() applies them to the allocator's snapshot. "commit" is everything
               after allocate() returns; "apply" its last part, state.snapshot(). A real commit adds
               etcd's round trip, raft and fsync, which the scheduler awaits under its shard lock:
@@ -65,7 +66,7 @@ from controlplane.records import EntitlementRec, JobRec, MachineRec, Preference,
 from controlplane.scheduler.service import Scheduler, job_request  # noqa: E402
 from controlplane.state import RegionState  # noqa: E402
 from controlplane.store import Conflict, Revision, Versioned  # noqa: E402
-from controlplane.store.etcd import Change, decode, encode  # noqa: E402
+from controlplane.store.etcd import Change, encode  # noqa: E402
 from controlplane.store.keys import Keys  # noqa: E402
 
 TYPES = {"skylake": (36, 65536), "cooperlake": (48, 131072), "milan": (96, 393216)}
@@ -76,8 +77,9 @@ KEYS = Keys("bench")
 
 
 class MemoryStore:
-    """etcd's part of a commit, in memory: guards checked against mod revisions, values encoded and
-    decoded as etcd.py does, each change handed to RegionState as its watch would."""
+    """etcd's part of a commit, in memory: guards checked against mod revisions, values encoded as
+    etcd.py does, each change handed to RegionState as its watch would (the bytes, which
+    RegionState decodes)."""
 
     def __init__(self, state: RegionState) -> None:
         self.state = state
@@ -90,7 +92,7 @@ class MemoryStore:
                 raise Conflict(r.key)
         self.revision += 1
         rev, index, events = self.revision, self.state.index, 0
-        changes = [(k, decode(encode(v))) for k, v in puts.items()]
+        changes = [(k, encode(v)) for k, v in puts.items()]  # the bytes etcd's watch hands RegionState
         changes += [(k, None) for k in deletes if self.revs.pop(k, None) is not None]
         for key, value in changes:
             events += 1

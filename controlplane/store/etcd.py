@@ -88,9 +88,16 @@ class Skipped:
         return f"Skipped({self.why})"
 
 
-def decode_value(raw: bytes) -> Any:
+def sized(raw: bytes) -> bytes | Skipped:
+    """The value as etcd has it, undecoded, unless it is too large for any record."""
     if len(raw) > MAX_VALUE:
         return Skipped(f"{len(raw)} bytes, more than the {MAX_VALUE} a record may have")
+    return raw
+
+
+def decode_value(raw: bytes) -> Any:
+    if isinstance(value := sized(raw), Skipped):
+        return value
     try:
         return decode(raw)
     except (ValueError, RecursionError) as e:
@@ -343,10 +350,13 @@ class Store:
             return Versioned(key, None, 0)
         return Versioned(key, decode_value(got.value), got.mod_revision)
 
-    async def range(self, prefix: str, page: int = RANGE_PAGE) -> tuple[list[Versioned], int]:
+    async def range(self, prefix: str, page: int = RANGE_PAGE, raw: bool = False) -> tuple[list[Versioned], int]:
         """Every key under prefix, and the store revision the read saw (for a watch to follow).
         Read in pages of `page` keys, all at the first page's revision: one answer for a large
-        region would pass gRPC's message limit (10,000 machine records are about 6 MB)."""
+        region would pass gRPC's message limit (10,000 machine records are about 6 MB). `raw`:
+        values as etcd has them (bytes, or Skipped when too large), for an owner that decodes
+        each kind of record straight into its type (RegionState)."""
+        value_of = sized if raw else decode_value
         start, end = prefix.encode(), aetcd.utils.prefix_range_end(prefix.encode())
         items: list[Versioned] = []
         revision = 0
@@ -360,7 +370,7 @@ class Store:
                 log.warning("reading %s: %s; %d keys a page from here", prefix, e, page)
                 continue
             revision = revision or got.header.revision
-            items += [Versioned(kv.key.decode(), decode_value(kv.value), kv.mod_revision) for kv in got.kvs]
+            items += [Versioned(kv.key.decode(), value_of(kv.value), kv.mod_revision) for kv in got.kvs]
             if not got.more or not got.kvs:
                 return items, revision
             start = got.kvs[-1].key + b"\0"
@@ -405,10 +415,12 @@ class Store:
                 await asyncio.sleep(min(0.001 * 2**attempt, 0.1))
         raise Conflict(f"gave up after {retries} conflicts on {', '.join(keys)}")
 
-    async def watch(self, prefix: str, start_revision: int) -> AsyncIterator[Change]:
+    async def watch(self, prefix: str, start_revision: int, raw: bool = False) -> AsyncIterator[Change]:
         """Changes under prefix from start_revision on, in order. Ends when the store moves to
         another endpoint; raises Unavailable when etcd goes away, RevisionCompactedError when
-        start_revision is compacted: either way the watcher reads afresh (Index)."""
+        start_revision is compacted: either way the watcher reads afresh (Index). `raw`: values
+        undecoded, as range()'s."""
+        value_of = sized if raw else decode_value
         client, at = self.client, self.endpoint
         try:
             watch = await self._call(lambda c: c.watch_prefix(prefix.encode(), start_revision=start_revision))
@@ -418,7 +430,7 @@ class Store:
         try:
             async for event in watch:
                 kv = event.kv
-                value = None if event.kind == "DELETE" else decode_value(kv.value)
+                value = None if event.kind == "DELETE" else value_of(kv.value)
                 yield Change(kv.key.decode(), value, kv.mod_revision)
         except (*UNREACHABLE, aetcd.exceptions.InternalError) as e:
             # a stream cut by a dying peer may end as gRPC INTERNAL ("Internal error from Core")

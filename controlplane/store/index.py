@@ -28,8 +28,9 @@ class Index:
     of what the garbage collector's full passes scanned."""
 
     def __init__(self, store: Store, prefix: str, on_change: Callable[[Change], None] | None = None,
-                 keep_values: bool = True):
+                 keep_values: bool = True, raw: bool = False):
         self.store = store
+        self.raw = raw  # values as etcd has them (Store.range's raw), for an owner that decodes them
         self.prefix = prefix
         self.keep_values = keep_values
         self.items: dict[str, Versioned] = {}
@@ -46,7 +47,7 @@ class Index:
     async def start(self) -> list[Versioned]:
         """The first range read (raises if etcd does not answer), then the watch. Returns what
         the read found."""
-        items, revision = await self.store.range(self.prefix)
+        items, revision = await self.store.range(self.prefix, raw=self.raw)
         self.revisions = {v.key: v.mod_revision for v in items}
         if self.keep_values:
             self.items = {v.key: v for v in items}
@@ -75,7 +76,7 @@ class Index:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, RESYNC_MAX)
                 try:
-                    items, revision = await self.store.range(self.prefix)
+                    items, revision = await self.store.range(self.prefix, raw=self.raw)
                     break
                 except Exception as e:  # noqa: BLE001 - retried until etcd answers
                     self.stale = self.store.unavailable or f"reading {self.prefix} failed: {e}"
@@ -85,7 +86,7 @@ class Index:
     async def _watch(self, start: int) -> str:
         """Apply the watch's changes until it ends; returns why it ended. An exception from
         on_change is a bug, and propagates."""
-        watch = self.store.watch(self.prefix, start)
+        watch = self.store.watch(self.prefix, start, raw=self.raw)
         try:
             while True:
                 try:

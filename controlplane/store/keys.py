@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
 class Keys:
     region: str
+    # made once: every key of every commit and watch event starts with it
+    root: str = field(init=False, repr=False, compare=False)
 
-    @property
-    def root(self) -> str:
-        return f"/twine/{self.region}/"
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "root", f"/twine/{self.region}/")
 
     def machines(self) -> str:
         return self.root + "machines/"

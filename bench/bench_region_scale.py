@@ -48,6 +48,7 @@ from controlplane.store.keys import Keys  # noqa: E402
 from tests.controlplane.controld_proc import API_TOKEN, Controld  # noqa: E402
 
 REGION = "scale"
+PER_RACK, RACKS_PER_MSB = 40, 50  # racks of 40 machines, MSBs of 2,000, the MSBs dealt over 3 DCs
 TASK = {"image": "twine/busybox:1", "command": ["sleep", "3600"], "cpus": 0.5, "memory_mb": 512}
 
 
@@ -60,9 +61,10 @@ def machine(i: int, agents: int) -> MachineRec:
     heartbeat and are loaded as already failed, as the health check would leave them: their
     verdicts are the starting state, not a storm of failure writes during the measurement."""
     mid = f"m{i:07d}"
-    dc, msb, rack = i % 3, (i // 3) % 60, (i // 180) % 1000
-    return MachineRec(id=mid, hostname=mid, labels={"region": REGION, "dc": f"dc{dc}", "msb": f"dc{dc}-msb{msb}",
-                                                     "rack": f"dc{dc}-r{rack}", "machine_type": ("t1", "t2", "t3")[i % 3]},
+    rack = i // PER_RACK
+    msb = rack // RACKS_PER_MSB
+    return MachineRec(id=mid, hostname=mid, labels={"region": REGION, "dc": f"dc{msb % 3}", "msb": f"msb{msb:04d}",
+                                                     "rack": f"rack{rack:06d}", "machine_type": ("t1", "t2", "t3")[rack % 3]},
                       capacity={"cpus": 32, "memory_mb": 131072},
                       credential_sha256=hashlib.sha256(cred(mid).encode()).hexdigest(), registered_at=time.time(),
                       healthy=i < agents, health_reason="" if i < agents else "no heartbeat (never: no simulated agent)")
@@ -200,7 +202,9 @@ def main() -> int:
     cs: list[Controld] = []
     try:
         load = asyncio.run(bulk_load(etcd.port, args.machines, args.shards, 3, args.agents))
-        print(f"bulk-loaded {args.machines:,} machine records (3 DCs, 180 MSBs, 3,000 racks, 3 types) and "
+        racks = -(-args.machines // PER_RACK)
+        print(f"bulk-loaded {args.machines:,} machine records (3 DCs, {-(-racks // RACKS_PER_MSB):,} MSBs, {racks:,} racks "
+              f"of {PER_RACK}, 3 machine types by rack) and "
               f"{args.shards * 3} entitlements into etcd in {load:.1f}s")
         base_read, n = asyncio.run(range_baseline(etcd.port))
         per = -(-args.shards // args.processes)

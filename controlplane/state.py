@@ -175,10 +175,10 @@ class RegionState:
         self._maintenance: dict[str, list[EventRec]] = {}  # machine -> its maintenance events
         self._open_failures: dict[str, dict[str, EventRec]] = {}  # machine -> its failure events not ended, by id
         self._cordoned: set[str] = set()  # machines the snapshot has as unavailable for maintenance
+        self._parts: dict[tuple, dict] = {}  # machine labels and capacities, one of each (_share_parts)
 
     async def start(self) -> None:
-        for v in await self.index.start():
-            self._take(v.key, v.value, v.mod_revision)
+        await self.index.start(each=lambda v: self._take(v.key, v.value, v.mod_revision))
         self._snapshot = None
         log.info("region %s: %d machines, %d entitlements, %d jobs, %d tasks at revision %d",
                  self.keys.region, len(self.machines), len(self.entitlements), len(self.jobs),
@@ -317,6 +317,8 @@ class RegionState:
         """Returns whether what the scheduler sees of the machine changed (MachineView: not its
         allocation counters, which every placement writes)."""
         old = self.machines.get(mid)
+        if m is not None:
+            self._share_parts(m)
         if old is not None and old.credential_sha256:
             self.credentials.pop(old.credential_sha256, None)
         if m is None:
@@ -330,6 +332,20 @@ class RegionState:
         self._dirty_machines.add(mid)
         self.wake_machine(mid)
         return old is None or m is None or _viewed(old) != _viewed(m)
+
+    def _share_parts(self, m: MachineRec) -> None:
+        """The machine's labels and capacity as one dict per distinct value (a rack's machines
+        share their labels; a machine type's its capacity): at a million machines, one dict each
+        was about half of what a machine's record held in memory. They are never changed in
+        place (records are replaced, not edited)."""
+        for name in ("labels", "capacity"):
+            d = getattr(m, name)
+            try:
+                shared = self._parts.setdefault((name, *d.items()), d)
+            except (TypeError, AttributeError):  # not a dict of plain values: kept as it is
+                continue
+            if shared is not d:
+                object.__setattr__(m, name, shared)
 
     def _set_task(self, handle: str, index: int, t: TaskRec | None) -> None:
         old = self.tasks.get(handle, {}).get(index)

@@ -350,12 +350,15 @@ class Store:
             return Versioned(key, None, 0)
         return Versioned(key, decode_value(got.value), got.mod_revision)
 
-    async def range(self, prefix: str, page: int = RANGE_PAGE, raw: bool = False) -> tuple[list[Versioned], int]:
+    async def range(self, prefix: str, page: int = RANGE_PAGE, raw: bool = False,
+                    each: Callable[[list[Versioned]], None] | None = None) -> tuple[list[Versioned], int]:
         """Every key under prefix, and the store revision the read saw (for a watch to follow).
         Read in pages of `page` keys, all at the first page's revision: one answer for a large
         region would pass gRPC's message limit (10,000 machine records are about 6 MB). `raw`:
         values as etcd has them (bytes, or Skipped when too large), for an owner that decodes
-        each kind of record straight into its type (RegionState)."""
+        each kind of record straight into its type (RegionState). `each`: handed every page as it
+        is read, and the list returned is empty (a million records' values are never all held
+        at once)."""
         value_of = sized if raw else decode_value
         start, end = prefix.encode(), aetcd.utils.prefix_range_end(prefix.encode())
         items: list[Versioned] = []
@@ -370,7 +373,11 @@ class Store:
                 log.warning("reading %s: %s; %d keys a page from here", prefix, e, page)
                 continue
             revision = revision or got.header.revision
-            items += [Versioned(kv.key.decode(), value_of(kv.value), kv.mod_revision) for kv in got.kvs]
+            got_page = [Versioned(kv.key.decode(), value_of(kv.value), kv.mod_revision) for kv in got.kvs]
+            if each is None:
+                items += got_page
+            else:
+                each(got_page)
             if not got.more or not got.kvs:
                 return items, revision
             start = got.kvs[-1].key + b"\0"

@@ -44,16 +44,28 @@ class Index:
         self._advanced = asyncio.Condition()
         self._task: asyncio.Task | None = None
 
-    async def start(self) -> list[Versioned]:
+    async def start(self, each: Callable[[Versioned], None] | None = None) -> list[Versioned]:
         """The first range read (raises if etcd does not answer), then the watch. Returns what
-        the read found."""
-        items, revision = await self.store.range(self.prefix, raw=self.raw)
-        self.revisions = {v.key: v.mod_revision for v in items}
-        if self.keep_values:
-            self.items = {v.key: v for v in items}
+        the read found; with `each`, hands it each key as its page is read instead, and returns
+        nothing (an owner that keeps its own decoded records need not hold all of etcd's values
+        at once)."""
+        found: list[Versioned] = []
+
+        def page(items: list[Versioned]) -> None:
+            for v in items:
+                self.revisions[v.key] = v.mod_revision
+                if self.keep_values:
+                    self.items[v.key] = v
+                if each is None:
+                    found.append(v)
+                else:
+                    each(v)
+
+        self.revisions, self.items = {}, {}
+        _, revision = await self.store.range(self.prefix, raw=self.raw, each=page)
         self.revision = self._start_revision = revision
         self._task = asyncio.create_task(self._follow())
-        return items
+        return found
 
     async def stop(self) -> None:
         if self._task:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import shutil
 import sys
 import tempfile
 import time
@@ -143,6 +144,7 @@ def main() -> int:
     finally:
         c.close()
         etcd.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
     n = len(lat)
     rate = n / args.seconds
     brate = len(base) / (args.seconds / 2)

@@ -31,6 +31,7 @@ import argparse
 import asyncio
 import hashlib
 import random
+import shutil
 import sys
 import tempfile
 import time
@@ -251,6 +252,7 @@ def main() -> int:
         for c in cs:
             c.close()
         etcd.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
     return 0
 
 

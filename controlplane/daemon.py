@@ -187,6 +187,11 @@ class ControlDaemon:
     async def run(self, host: str, port: int, stop: asyncio.Event, notifier: Notifier | None = None) -> None:
         notifier = notifier or Notifier()
         await self.state.start()
+        if "scheduler" in self.roles:
+            # the allocator's first snapshot, built from every record (about 15 s at a million
+            # machines), before this process holds a lease: built at its first leadership, it kept
+            # the event loop from the lease's keep-alive for longer than the lease lasts
+            self.state.snapshot()
         await self._settle_shard_count()
         shards = parse_shards(self.shards_spec, self.state.shard_count)
         runner = web.AppRunner(make_app(self), access_log=None, shutdown_timeout=2.0,

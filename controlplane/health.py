@@ -32,6 +32,7 @@ from controlplane.store.keys import Keys
 
 log = logging.getLogger("twine.controld.health")
 NO_HEARTBEAT = "no heartbeat"
+OWNERS_SLICE = 20_000  # machines whose health owner is computed between two turns of the event loop
 IN_MAINTENANCE = " (in maintenance "  # tags, for people, the reason of a machine silent during its maintenance
 Report = Mapping[tuple[str, int], Any]
 
@@ -101,7 +102,7 @@ class HealthService:
                         log.exception("health check pass failed")
                 last_error = said
 
-    def _refresh_owned(self, now: float) -> bool:
+    async def _refresh_owned(self, now: float) -> bool:
         """The machines this process judges, recomputed only when the members with the health
         role or the set of machines changed; False while it may not judge anyone (cut off from
         etcd: its view of the region, and of who owns what, may be stale)."""
@@ -118,8 +119,22 @@ class HealthService:
         key = (members, self.state.machines_version)
         if key == self._owned_key:  # nothing changed who owns what: no pass over the region
             return True
+        known = set(self.state.machines)  # the machines whose owner this pass settles
+        if self._owned_key and self._owned_key[0] == members:
+            # machines came or went, the owners did not change: only those are looked at
+            owned = (self._owned & known) | {mid for mid in known - self._known if coord.owns(mid)}
+        else:
+            # every machine's owner, in slices that let the loop run in between (a million
+            # machines take seconds: the lease's keep-alive must not wait for them)
+            ids, owned = list(known), set()
+            for i in range(0, len(ids), OWNERS_SLICE):
+                owned.update(mid for mid in ids[i:i + OWNERS_SLICE] if coord.owns(mid))
+                await asyncio.sleep(0)
+            if coord.health_members() != members:
+                return True  # they changed again meanwhile: the next pass starts over
+            # machines that came meanwhile are not in `known`: the next pass takes them (the
+            # version below is the one `known` was read at)
         self._owned_key = key
-        owned = {mid for mid in self.state.machines if coord.owns(mid)}
         if members != self._members:
             # the owners changed: what comes to us now heartbeated to another member until now
             # (a machine new to the region is not adopted: it heartbeats to whoever it registered with)
@@ -127,7 +142,7 @@ class HealthService:
                 if mid in self._known:
                     self._adopted[mid] = now
             self._members = members
-        self._known = set(self.state.machines)
+        self._known = known
         for mid in self._owned - owned:
             self._adopted.pop(mid, None)
             self._unheard.discard(mid)
@@ -152,7 +167,7 @@ class HealthService:
         region. An unhealthy machine comes back by its next heartbeat (seen()); it is looked at
         again once a timeout, a fallback."""
         now = time.monotonic()
-        if not self._refresh_owned(now):
+        if not await self._refresh_owned(now):
             return
         heap, due_of = self._heap, self._due
         # (machine, reason, seconds silent, its last heartbeat then): written together after the

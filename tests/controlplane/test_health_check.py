@@ -7,10 +7,12 @@ import asyncio
 import time
 import uuid
 
-from controlplane.health import NO_HEARTBEAT, HealthService
+from controlplane.coordination import rendezvous
+from controlplane.health import NO_HEARTBEAT, OWNERS_SLICE, HealthService
 from controlplane.records import MachineRec
 from controlplane.state import RegionState
 from controlplane.store import Store
+from controlplane.store.etcd import encode
 from controlplane.store.keys import Keys
 
 N = 2000
@@ -161,3 +163,69 @@ def test_a_machine_heard_from_between_its_verdict_and_the_write_is_not_failed(et
             await store.close()
 
     asyncio.run(body())
+
+
+class Owners:
+    """The coordinator's part that the health check asks (valid, members, owns), over the real
+    rendezvous hashing; counts the machines it is asked about."""
+
+    def __init__(self, me: str, members: tuple[str, ...]):
+        self.me, self.members, self.asked = me, members, 0
+
+    def valid(self) -> bool:
+        return True
+
+    def health_members(self) -> tuple[str, ...]:
+        return self.members
+
+    def owns(self, mid: str) -> bool:
+        self.asked += 1
+        return rendezvous(self.members, mid) == self.me
+
+
+def test_owners_are_computed_in_slices_that_let_the_loop_run_and_a_new_machine_costs_only_itself():
+    """At a million machines every owner took seconds in one go: the lease's keep-alive waited,
+    the lease ended, leaderships flapped (bench_region_scale). Now the pass yields between
+    slices, and machines that come or go while the members stay are the only ones looked at."""
+    keys = Keys("own")
+    state = RegionState(None, keys)
+    n = 3 * OWNERS_SLICE + 17
+
+    def put(mid: str, rev: int, gone: bool = False) -> None:
+        rec = MachineRec(mid, mid, {"region": "own"}, {"cpus": 4, "memory_mb": 4096})
+        state._take(keys.machine(mid), None if gone else encode(rec.to_json()), rev)  # noqa: SLF001 - the watch's path
+
+    for i in range(n):
+        put(f"m{i:06d}", i + 1)
+    health = HealthService(state, None, keys, {}, timeout=5.0)
+    health.coordinator = owners = Owners("a", ("a", "b", "c"))
+
+    async def body() -> int:
+        turns = 0
+        done = asyncio.Event()
+
+        async def count() -> None:
+            nonlocal turns
+            while not done.is_set():
+                turns += 1
+                await asyncio.sleep(0)
+
+        counting = asyncio.create_task(count())
+        await asyncio.sleep(0)
+        assert await health._refresh_owned(time.monotonic())  # noqa: SLF001
+        done.set()
+        await counting
+        return turns
+
+    turns = asyncio.run(body())
+    assert turns >= 3, f"the loop ran {turns} times while {n} owners were computed"
+    want = {mid for mid in state.machines if rendezvous(("a", "b", "c"), mid) == "a"}
+    assert health._owned == want and 0 < len(want) < n  # noqa: SLF001
+
+    owners.asked = 0
+    put("new-one", n + 1)
+    put("m000003", n + 2, gone=True)
+    assert asyncio.run(health._refresh_owned(time.monotonic()))  # noqa: SLF001
+    assert owners.asked == 1, "only the machine that came is asked about"
+    want = (want - {"m000003"}) | ({"new-one"} if rendezvous(("a", "b", "c"), "new-one") == "a" else set())
+    assert health._owned == want  # noqa: SLF001

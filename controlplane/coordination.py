@@ -83,14 +83,30 @@ def parse_shards(text: str, count: int) -> tuple[int, ...]:
     return tuple(sorted(out))
 
 
+_PREFIXES: dict[str, "hashlib._Hash"] = {}  # member -> its hash state after "member\0" (members are few)
+
+
+def _prefix(member: str) -> "hashlib._Hash":
+    h = _PREFIXES.get(member)
+    if h is None:
+        if len(_PREFIXES) > 4096:
+            _PREFIXES.clear()
+        h = _PREFIXES[member] = hashlib.blake2b(f"{member}\0".encode(), digest_size=8)
+    return h
+
+
 def rendezvous(member_ids: Sequence[str], key: str) -> str | None:
-    """The member that owns `key`: highest hash of (member, key). A member leaving moves only its
-    own keys."""
+    """The member that owns `key`: highest hash of (member, key), blake2b of "member\0key". A
+    member leaving moves only its own keys. (The hash of "member\0" is taken once and copied:
+    the same digest at less than half the cost, which a million machines' owners need.)"""
+    k = key.encode()
     best, best_h = None, b""
     for m in member_ids:
-        h = hashlib.blake2b(f"{m}\0{key}".encode(), digest_size=8).digest()
-        if best is None or h > best_h:
-            best, best_h = m, h
+        h = _prefix(m).copy()
+        h.update(k)
+        d = h.digest()
+        if best is None or d > best_h:
+            best, best_h = m, d
     return best
 
 
@@ -145,6 +161,13 @@ class Coordinator:
 
     def owns(self, machine_id: str) -> bool:
         return "health" in self.roles and self.owner_of(machine_id) == self.id
+
+    def owned_among(self, machine_ids: Sequence[str]) -> list[str]:
+        """Those of the machines this process judges (owns(), for many at once)."""
+        if "health" not in self.roles:
+            return []
+        members = self.health_members()
+        return [mid for mid in machine_ids if rendezvous(members, mid) == self.id]
 
     def member_url(self, member_id: str) -> str | None:
         m = self.state.members.get(member_id)

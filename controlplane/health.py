@@ -122,13 +122,13 @@ class HealthService:
         known = set(self.state.machines)  # the machines whose owner this pass settles
         if self._owned_key and self._owned_key[0] == members:
             # machines came or went, the owners did not change: only those are looked at
-            owned = (self._owned & known) | {mid for mid in known - self._known if coord.owns(mid)}
+            owned = (self._owned & known) | set(coord.owned_among(list(known - self._known)))
         else:
             # every machine's owner, in slices that let the loop run in between (a million
             # machines take seconds: the lease's keep-alive must not wait for them)
             ids, owned = list(known), set()
             for i in range(0, len(ids), OWNERS_SLICE):
-                owned.update(mid for mid in ids[i:i + OWNERS_SLICE] if coord.owns(mid))
+                owned.update(coord.owned_among(ids[i:i + OWNERS_SLICE]))
                 await asyncio.sleep(0)
             if coord.health_members() != members:
                 return True  # they changed again meanwhile: the next pass starts over

@@ -141,7 +141,6 @@ class RegionState:
         self.profiles = profiles  # the sidekick's merged profile documents; None: send names only
         self.store = store
         self.keys = keys
-        self.index = Index(store, keys.root, on_change=self._on_change, keep_values=False, raw=True)
         self.machines: dict[str, MachineRec] = {}
         self.entitlements: dict[str, EntitlementRec] = {}
         self.jobs: dict[str, JobRec] = {}
@@ -153,6 +152,9 @@ class RegionState:
         self.endpoints: dict[tuple[str, int], dict] = {}  # discovery records by (job, index)
         self.by_machine: dict[str, set[tuple[str, int]]] = defaultdict(set)
         self.revs: dict[str, int] = {}  # key -> mod revision, for transaction guards
+        # the index reads etcd's bytes (decoded here, by kind) and keeps no copy of revs
+        self.index = Index(store, keys.root, on_change=self._on_change, keep_values=False, raw=True,
+                           revisions=self.revs)
         self.credentials: dict[str, str] = {}  # sha256 of a machine credential -> machine id
         self.changed = Wakeups()  # set on every change; each scheduler has its own event
         # coordination (controlplane/coordination.py): members and shard leaders, by their leases
@@ -225,6 +227,10 @@ class RegionState:
             log.error("skipping the record %s, which this daemon cannot read (%s); it keeps what it had. "
                       "Rewrite or delete the record to end this", key, why)
         self.skipped[key] = why
+        # the revision its guards compare stays the last readable record's (0: none, as absent);
+        # kept as a key all the same, so that the index's fresh read after an outage hands on
+        # its deletion (the index keeps no revisions of its own: Index(revisions=))
+        self.revs.setdefault(key, 0)
         return set()
 
     def jobs_on(self, mid: str) -> set[str]:

@@ -28,13 +28,17 @@ class Index:
     of what the garbage collector's full passes scanned."""
 
     def __init__(self, store: Store, prefix: str, on_change: Callable[[Change], None] | None = None,
-                 keep_values: bool = True, raw: bool = False):
+                 keep_values: bool = True, raw: bool = False, revisions: dict[str, int] | None = None):
         self.store = store
+        # `revisions` given: the owner's own dict of each key's mod revision, which its on_change
+        # keeps (RegionState.revs); the index reads it to find what a fresh read changed and keeps
+        # no second copy (one entry per key of the region in each)
+        self._own_revisions = revisions is None
         self.raw = raw  # values as etcd has them (Store.range's raw), for an owner that decodes them
         self.prefix = prefix
         self.keep_values = keep_values
         self.items: dict[str, Versioned] = {}
-        self.revisions: dict[str, int] = {}
+        self.revisions: dict[str, int] = {} if revisions is None else revisions
         self.revision = 0
         self.stale = ""  # "" while the watch follows etcd; else why the cache may be behind
         self.resyncs = 0
@@ -53,7 +57,8 @@ class Index:
 
         def page(items: list[Versioned]) -> None:
             for v in items:
-                self.revisions[v.key] = v.mod_revision
+                if self._own_revisions:
+                    self.revisions[v.key] = v.mod_revision
                 if self.keep_values:
                     self.items[v.key] = v
                 if each is None:
@@ -61,7 +66,9 @@ class Index:
                 else:
                     each(v)
 
-        self.revisions, self.items = {}, {}
+        if self._own_revisions:
+            self.revisions = {}
+        self.items = {}
         _, revision = await self.store.range(self.prefix, raw=self.raw, each=page)
         self.revision = self._start_revision = revision
         self._task = asyncio.create_task(self._follow())
@@ -115,10 +122,12 @@ class Index:
 
     def _apply(self, change: Change) -> None:
         if change.value is None:
-            self.revisions.pop(change.key, None)
+            if self._own_revisions:
+                self.revisions.pop(change.key, None)
             self.items.pop(change.key, None)
         else:
-            self.revisions[change.key] = change.mod_revision
+            if self._own_revisions:
+                self.revisions[change.key] = change.mod_revision
             if self.keep_values:
                 self.items[change.key] = Versioned(change.key, change.value, change.mod_revision)
         self.revision = max(self.revision, change.mod_revision)
@@ -137,7 +146,8 @@ class Index:
         changes = [Change(k, None, revision) for k in self.revisions if k not in fresh]
         changes += [Change(k, v.value, v.mod_revision) for k, v in fresh.items()
                     if self.revisions.get(k) != v.mod_revision]
-        self.revisions = {k: v.mod_revision for k, v in fresh.items()}
+        if self._own_revisions:  # else the owner's on_change brings its own up to date, below
+            self.revisions = {k: v.mod_revision for k, v in fresh.items()}
         if self.keep_values:
             self.items = fresh
         self.revision = self._start_revision = revision  # every change up to it is in the cache

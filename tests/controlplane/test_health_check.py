@@ -166,7 +166,7 @@ def test_a_machine_heard_from_between_its_verdict_and_the_write_is_not_failed(et
 
 
 class Owners:
-    """The coordinator's part that the health check asks (valid, members, owns), over the real
+    """The coordinator's part that the health check asks (valid, members, owned_among), over the real
     rendezvous hashing; counts the machines it is asked about."""
 
     def __init__(self, me: str, members: tuple[str, ...]):
@@ -178,9 +178,9 @@ class Owners:
     def health_members(self) -> tuple[str, ...]:
         return self.members
 
-    def owns(self, mid: str) -> bool:
-        self.asked += 1
-        return rendezvous(self.members, mid) == self.me
+    def owned_among(self, mids: list[str]) -> list[str]:
+        self.asked += len(mids)
+        return [mid for mid in mids if rendezvous(self.members, mid) == self.me]
 
 
 def test_owners_are_computed_in_slices_that_let_the_loop_run_and_a_new_machine_costs_only_itself():

@@ -17,7 +17,9 @@ calling TaskControllers and scheduling before anyone else can be elected).
 
 Shards are spread: a process campaigns for a shard that has no leader when it leads fewer than its
 fair share (shards / scheduler members), or when the shard has been leaderless for `fair_wait`
-seconds (so no shard stays without a leader).
+seconds (so no shard stays without a leader). A process that leads at least two more shards than
+another member that may lead them hands one over every `handover_wait` seconds (its leadership
+ends, then its key is deleted), so a member that joins later takes its part.
 
 **Health ownership.** Machines are spread over the members with the health role by rendezvous
 hashing: one owner judges a machine's heartbeats. Heartbeats that reach another member are relayed
@@ -116,7 +118,7 @@ class Coordinator:
 
     def __init__(self, store: Store, keys: Keys, state, url: str, roles: tuple[str, ...], shards: tuple[int, ...],
                  lead: Callable[[Fence], Awaitable[None]], depose: Callable[[int, str], Awaitable[None]],
-                 ttl: int = 2, member_id: str | None = None, fair_wait: float = 1.0):
+                 ttl: int = 2, member_id: str | None = None, fair_wait: float = 1.0, handover_wait: float = 5.0):
         self.store = store
         self.keys = keys
         self.state = state  # RegionState: members and leaders as the watch has them
@@ -127,12 +129,16 @@ class Coordinator:
         self.ttl = ttl
         self.margin = ttl / 4
         self.fair_wait = fair_wait
+        self.handover_wait = handover_wait  # seconds between two shards this process hands over
+        self._last_handover = time.monotonic()  # none in a process's first handover_wait either
+        self._handed: dict[int, float] = {}  # shard -> when this process handed it over
         self._lead, self._depose = lead, depose
         self.lease: int | None = None
         self.valid_until = 0.0  # monotonic: the lease is surely alive until then
         self.leading: dict[int, Fence] = {}
         self._leaderless_since: dict[int, float] = {}
-        self.counters = {"elections_won": 0, "depositions": 0, "lease_renewals": 0, "lease_failures": 0}
+        self.counters = {"elections_won": 0, "depositions": 0, "lease_renewals": 0, "lease_failures": 0,
+                         "handovers": 0}
         self._health_members: tuple[int, tuple[str, ...]] = (-1, ())
         self.closing = False
 
@@ -288,6 +294,8 @@ class Coordinator:
                     await self._begin(Fence(shard, cur.mod_revision, self.keys.leader(shard)))
                 continue
             since = self._leaderless_since.setdefault(shard, now)
+            if now - self._handed.get(shard, -math.inf) < self.handover_wait and now - since < 2 * self.fair_wait:
+                continue  # handed over just now: the member it went to takes it
             if len(self.leading) >= self._fair_share() and now - since < self.fair_wait:
                 continue
             got = await asyncio.wait_for(self.store.create(
@@ -296,6 +304,46 @@ class Coordinator:
             if got.value is not None and got.value.get("member") == self.id and got.value.get("lease") == self.lease:
                 self._leaderless_since.pop(shard, None)
                 await self._begin(Fence(shard, got.mod_revision, self.keys.leader(shard)))
+        await self._hand_over()
+
+    def _leads_by_member(self) -> dict[str, int]:
+        """Shards led, by member with the scheduler role (each such member listed)."""
+        loads = {mid: 0 for mid, m in self.state.members.items() if "scheduler" in m.get("roles", ())}
+        for cur in self.state.leaders.values():
+            mid = cur.value.get("member") if isinstance(cur.value, dict) else None
+            if mid in loads:
+                loads[mid] += 1
+        return loads
+
+    async def _hand_over(self) -> None:
+        """Give one shard back for a member that leads at least two fewer and may lead it, so that
+        a member that joins later takes its part (shards spread only when leaderless before). One
+        shard a `handover_wait`: the leadership ends here (scheduler and TaskControl sessions
+        stopped), then its key is deleted and the other member, below its fair share, campaigns at
+        once. Nothing else stops: the new leader's scheduler takes the jobs as they are, and the
+        old one's fence makes any write still in flight fail."""
+        now = time.monotonic()
+        if len(self.leading) < 2 or now - self._last_handover < self.handover_wait or not self.valid():
+            return
+        loads = self._leads_by_member()
+        mine = len(self.leading)
+        takers = sorted((n, mid) for mid, n in loads.items()
+                        if mid != self.id and n + 2 <= mine)
+        for n, mid in takers:
+            may = set(self.state.members.get(mid, {}).get("shards", ()))
+            shard = max((s for s in self.leading if s in may), default=None)
+            if shard is None:
+                continue
+            fence = self.leading[shard]
+            self._last_handover = now
+            self._handed[shard] = now
+            self.counters["handovers"] += 1
+            await self._end(shard, f"handed over for member {mid}, which leads {n} shard(s) to this one's {mine}")
+            try:
+                await asyncio.wait_for(self.store.delete_if(fence.key, fence.epoch), self.ttl)
+            except Exception as e:  # the key stays ours until the lease ends; we lead it again meanwhile
+                log.warning("shard %d: handing it over failed: %s: %s", shard, type(e).__name__, e)
+            return
 
     async def _begin(self, fence: Fence) -> None:
         self.leading[fence.shard] = fence

@@ -288,3 +288,46 @@ def test_a_health_replica_of_its_own_judges_machines_while_the_scheduler_replica
             a.proc.send_signal(signal.SIGCONT)
         for c in cs:
             c.close()
+
+
+def test_a_replica_that_joins_later_takes_its_share_of_shards_and_no_task_restarts(tmp_path, etcd_server):
+    """One replica leads all 4 shards; a second one joins; shards are handed over, one every few
+    seconds, until each leads 2. The jobs' tasks keep running (no start beyond the first), and an
+    update afterwards is carried out by the shards' new leaders."""
+    cs = replicas(tmp_path, etcd_server.port, 2, ("--shard-count", "4"))
+    try:
+        a = cs[0].start()
+        wait(lambda: [s["leader"] for s in a.cluster()["shards"]] == [member(a)] * 4, 10, "a leads every shard")
+        # each entitlement takes 2 machines from the free pool
+        creds = {f"m{i}": register(a, f"m{i}", f"dc{i % 2}", f"msb{i}", cpus=2, memory_mb=2048) for i in range(8)}
+        with SimAgents(creds, [a.url], interval=0.2) as agents:
+            handles = []
+            for e in range(4):
+                status, ent = a.call("POST", "/v1/entitlements", {"name": f"e{e}", "machine_type": "generic", "quota": 2})
+                assert status == 201
+                spec = {"entitlement": f"e{e}", "name": "api", "count": 2, "task": TASK}
+                status, body = a.call("POST", "/v1/jobs", spec)
+                assert status == 201, body
+                handles.append((f"e{e}/api", spec))
+            assert {a.call("GET", f"/v1/entitlements/e{e}")[1]["shard"] for e in range(4)} == {0, 1, 2, 3}
+            for h, _ in handles:
+                wait(lambda: updated(a, h, 1, 2), 20, f"{h} running")
+
+            b = cs[1].start(wait_led=False)
+            t0 = time.monotonic()
+            wait(lambda: sorted(s["leader"] for s in a.cluster()["shards"]) == sorted([member(a)] * 2 + [member(b)] * 2),
+                 30, "two shards each")
+            print(f"\nshards spread over the two replicas {time.monotonic() - t0:.1f}s after the second started")
+            assert a.metric("twine_coordination_handovers_total") == 2
+            time.sleep(1.0)
+            assert agents.restarts() == {"started_again": {}, "on_two_machines": {}}
+            for h, spec in handles:
+                assert agents.versions_started(h) == {0: [1], 1: [1]}, h
+                assert b.call("PUT", f"/v1/jobs/{h}", {**spec, "task": {**TASK, "env": {"V": "2"}}})[0] == 200
+            for h, _ in handles:
+                wait(lambda: updated(a, h, 2, 2), 30, f"{h} updated by its shard's leader")
+            assert b.metric("twine_scheduler_commits_total") > 0, "b's shards commit"
+            assert agents.restarts() == {"started_again": {}, "on_two_machines": {}}
+    finally:
+        for c in cs:
+            c.close()

@@ -28,7 +28,7 @@ from agent.errors import InputError
 from agent.listener import ConnLimits, Listener
 from agent.sdnotify import Notifier
 from controlplane import daemon_config
-from controlplane.broker.agents import MAX_LONG_POLLS, AgentService
+from controlplane.broker.agents import MAX_LONG_POLLS, AgentService, BootstrapFile
 from controlplane.broker.relay import Relay
 from controlplane.metrics import Metrics
 from controlplane.coordination import ROLES, Coordinator, Fence, parse_roles, parse_shards
@@ -46,7 +46,7 @@ EXIT_OK, EXIT_INPUT, EXIT_UNAVAILABLE = 0, 2, 3
 
 
 class ControlDaemon:
-    def __init__(self, store: Store, region: str, api_tokens: set[str], bootstrap_tokens: set[str],
+    def __init__(self, store: Store, region: str, api_tokens: set[str], bootstrap_tokens: "set[str] | BootstrapFile",
                  heartbeat_timeout: float = 5.0, heartbeat_interval: float = 1.0,
                  profile_search: tuple[Path, ...] | None = None, limits: Limits = Limits(),
                  taskcontrol_interval: float = 1.0, maintenance_policy: str = "move", reboot_grace: float = 300.0,
@@ -282,6 +282,16 @@ def _hostport(value: str, flag: str, default_port: int) -> tuple[str, int]:
         raise SystemExit(_input_error(flag, str(e)))
 
 
+def _ttl(value: str) -> float:
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a number of seconds") from None
+    if not 0 <= seconds < float("inf"):
+        raise argparse.ArgumentTypeError(f"{value!r}: seconds, 0 or more (0: never expire)")
+    return seconds
+
+
 def etcd_endpoints(value: str) -> list[tuple[str, int]]:
     """--etcd: HOST:PORT[,HOST:PORT...] (the port defaults to 2379)."""
     out = []
@@ -312,8 +322,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--listen", default="127.0.0.1:8080", help="API address HOST:PORT (default %(default)s)")
     p.add_argument("--api-token-file", help="operator/job owner tokens, one per line (required)")
     p.add_argument("--bootstrap-token-file",
-                   help="agent bootstrap tokens, one per line, that do not expire (or make expiring ones with "
+                   help="agent bootstrap tokens, one per line; they expire --bootstrap-token-ttl after the file is "
+                        "written, and the file is read again when it changes (or make tokens with "
                         "`twinectl token create --role bootstrap`)")
+    p.add_argument("--bootstrap-token-ttl", type=_ttl, default=86400.0,
+                   help="seconds the tokens of --bootstrap-token-file register machines after the file was last "
+                        "written (default %(default)g: a day); 0: they never expire")
     p.add_argument("--heartbeat-timeout", type=float, default=5.0, help="seconds without a heartbeat before a machine is unhealthy")
     p.add_argument("--heartbeat-interval", type=float, default=1.0, help="seconds between agent heartbeats (told to agents)")
     p.add_argument("--rate-limits", default="job=1:10,shard=10:100,region=20:200",
@@ -417,7 +431,14 @@ async def _main(args: argparse.Namespace) -> int:
         raise SystemExit(_input_error("--bootstrap-token-file", f"{args.bootstrap_token_file}: a token in it is in "
                                       "--api-token-file too: an agent's host would hold an admin token; give "
                                       "agents tokens of their own"))
-    daemon = ControlDaemon(store, args.region, api_tokens, bootstrap_tokens,
+    boot = BootstrapFile(args.bootstrap_token_file, args.bootstrap_token_ttl, bootstrap_tokens, api_tokens) \
+        if args.bootstrap_token_file else BootstrapFile(None, 0, set())
+    at = boot.expires_at()
+    if args.bootstrap_token_file and at is not None and at <= time.time():
+        log.warning("the tokens of --bootstrap-token-file %s expired at %s (--bootstrap-token-ttl %gs after it was "
+                    "written): they register no machine until the file is written anew", args.bootstrap_token_file,
+                    boot.expiry_text(), args.bootstrap_token_ttl)
+    daemon = ControlDaemon(store, args.region, api_tokens, boot,
                            args.heartbeat_timeout, args.heartbeat_interval,
                            (*map(Path, args.profiles), *default_search_path()), limits, args.taskcontrol_interval,
                            args.maintenance_policy, args.reboot_grace, roles=roles, shards=args.shards,

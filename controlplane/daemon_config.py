@@ -25,6 +25,7 @@ import tomllib
 
 DEFAULT = "/etc/twine/controld.toml"
 COMMA_LISTS = {"etcd"}  # a comma-separated flag: the file may give a TOML list instead
+NUMBERS = {"bootstrap_token_ttl"}  # flags of a type of their own that a number in the file may set
 
 
 class ConfigError(Exception):
@@ -69,6 +70,11 @@ def _typed(path: str, key: str, value: object, action: argparse.Action) -> objec
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
             raise ConfigError(f"{path}: {key}: must be a positive number, not {value!r}")
         return float(value)
+    if action.dest in NUMBERS and isinstance(value, (int, float)) and not isinstance(value, bool):
+        try:  # a number with a check of its own: checked as the flag's value is
+            return action.type(str(value))
+        except (argparse.ArgumentTypeError, ValueError) as e:
+            raise ConfigError(f"{path}: {key}: {e}") from None
     if action.dest in COMMA_LISTS and isinstance(value, list) and value and all(isinstance(v, str) for v in value):
         return ",".join(value)
     if not isinstance(value, str):

@@ -103,12 +103,13 @@ mkdir -p "$etcd_data"
 chown etcd:etcd "$etcd_data" 2>/dev/null || true
 chmod 0700 "$etcd_data"
 
-# Tokens: the files given, else keep what is there, else new random ones.
+# Tokens: the files given, else keep what is there, else new random ones. Bootstrap tokens expire
+# a day after their file is written (controld's --bootstrap-token-ttl): an older file is renewed.
 for pair in "api-tokens:$api_file" "bootstrap-tokens:$boot_file"; do
   name=${pair%%:*} given=${pair#*:}
   if [ -n "$given" ]; then
     put_secret "$given" "/etc/twine/$name" twine
-  elif [ ! -s "/etc/twine/$name" ]; then
+  elif [ ! -s "/etc/twine/$name" ] || { [ "$name" = bootstrap-tokens ] && [ -n "$(find "/etc/twine/$name" -mmin +1440)" ]; }; then
     (umask 077; head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' > "/etc/twine/$name"; echo >> "/etc/twine/$name")
     chown twine:twine "/etc/twine/$name"
     echo "install-controld: made a new token in /etc/twine/$name"

@@ -7,7 +7,8 @@ Roles:
   reader  reads everything, changes nothing;
   bootstrap  registers new machines (POST /v1/agent/register) and nothing else; it always expires
           (24 h unless `expires_in` says otherwise), as Kubernetes' bootstrap tokens. The tokens
-          of --bootstrap-token-file are bootstrap tokens that do not expire.
+          of --bootstrap-token-file are bootstrap tokens that expire --bootstrap-token-ttl (a day)
+          after the file was written (broker/agents.py BootstrapFile).
 
 A token is `<id>.<secret>`, shown once when it is made. etcd keeps only its record under
 /twine/<region>/tokens/<id>: the secret's sha256, the role, the entitlements, the expiry; so a

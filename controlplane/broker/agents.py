@@ -16,6 +16,7 @@ import asyncio
 import hashlib
 import hmac
 import logging
+import os
 import re
 import secrets
 import time
@@ -65,8 +66,84 @@ def _need(d: dict, key: str, where: str, check: Callable[[Any], bool], why: str)
     return v
 
 
+class BootstrapFile:
+    """The tokens of --bootstrap-token-file. They expire `ttl` seconds after the file was last
+    written (Kubernetes' bootstrap tokens expire: one copied off a host long ago registers
+    nothing); ttl 0 is an operator's explicit "never". The file is read again when it changes, so
+    an operator renews them by writing it anew, without a restart. A file that turns unreadable,
+    readable by others, empty, or holds an API token admits nothing until it is mended."""
+
+    def __init__(self, path: str | None, ttl: float, tokens: set[str], api_tokens: set[str] = frozenset()):
+        self.path, self.ttl = path, ttl
+        self._api = {sha256(t) for t in api_tokens}
+        self._hashes = {sha256(t) for t in tokens}
+        self._seen, self._mtime = self._stat() if path else (None, time.time())
+        self._said = ""
+
+    def _stat(self) -> tuple[tuple | None, float]:
+        """What tells a change of the file (written, replaced, its mode changed), and when it was
+        last written."""
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return None, -1.0
+        return (st.st_ino, st.st_mtime_ns, st.st_ctime_ns, st.st_mode), st.st_mtime
+
+    def _say(self, level: int, text: str) -> None:
+        if text != self._said:
+            log.log(level, "%s", text)
+        self._said = text
+
+    def _reload(self) -> None:
+        seen, mtime = self._stat()
+        if seen == self._seen:
+            return
+        self._seen, self._mtime, self._hashes = seen, mtime, set()
+        try:
+            if seen is None:
+                raise ValueError("it is gone")
+            if seen[3] & 0o077:
+                raise ValueError("others than its owner may read or write it")
+            hashes = {sha256(line.strip()) for line in open(self.path, encoding="utf-8").read().splitlines()
+                      if line.strip()}
+            if not hashes:
+                raise ValueError("no token in it")
+            if hashes & self._api:
+                raise ValueError("a token in it is an API token")
+        except (OSError, UnicodeDecodeError, ValueError) as e:
+            self._say(logging.ERROR, f"--bootstrap-token-file {self.path}: {e}; its tokens register nothing until "
+                                     "it is mended")
+            return
+        self._hashes = hashes
+        self._said = ""
+        log.warning("--bootstrap-token-file %s read again: %d token(s), valid until %s", self.path, len(hashes),
+                    self.expiry_text())
+
+    def expires_at(self) -> float | None:
+        return self._mtime + self.ttl if self.ttl else None
+
+    def expiry_text(self) -> str:
+        at = self.expires_at()
+        return "revoked (no expiry: --bootstrap-token-ttl 0)" if at is None else \
+            time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(at))
+
+    def admits(self, token: str) -> bool:
+        if self.path:
+            self._reload()
+        if sha256(token) not in self._hashes:
+            return False
+        at = self.expires_at()
+        if at is not None and time.time() >= at:
+            self._say(logging.WARNING, f"a token of --bootstrap-token-file {self.path} was refused: the file's tokens "
+                                       f"expired at {self.expiry_text()} (--bootstrap-token-ttl {self.ttl:g}s after "
+                                       "it was written); write new tokens into it, or make one with "
+                                       "`twinectl token create --role bootstrap`")
+            return False
+        return True
+
+
 class AgentService:
-    def __init__(self, state: RegionState, store: Store, keys: Keys, bootstrap_tokens: set[str],
+    def __init__(self, state: RegionState, store: Store, keys: Keys, bootstrap_tokens: "set[str] | BootstrapFile",
                  heartbeat_interval: float = 1.0, on_seen: Callable[[str], None] | None = None,
                  reboot_grace: float = 300.0, max_long_polls: int = MAX_LONG_POLLS):
         self.state = state
@@ -74,7 +151,8 @@ class AgentService:
         self.parked = 0
         self.store = store
         self.keys = keys
-        self.bootstrap = {sha256(t) for t in bootstrap_tokens}
+        self.bootstrap = bootstrap_tokens if isinstance(bootstrap_tokens, BootstrapFile) \
+            else BootstrapFile(None, 0, set(bootstrap_tokens))
         self.heartbeat_interval = heartbeat_interval
         self.on_seen = on_seen
         self.on_report: Callable[[str], None] | None = None  # the machine's task report changed
@@ -108,7 +186,8 @@ class AgentService:
     # -- authentication ----------------------------------------------------------------------
 
     def is_bootstrap(self, token: str) -> bool:
-        return sha256(token) in self.bootstrap
+        """A token of --bootstrap-token-file, not expired."""
+        return self.bootstrap.admits(token)
 
     def machine_of(self, credential: str) -> str | None:
         return self.state.credentials.get(sha256(credential))

@@ -8,6 +8,8 @@ import sys
 import time
 import urllib.request
 
+import pytest
+
 from controlplane.etcdproc import terminate
 from tests.agent.agentproc import REPO, free_port
 
@@ -129,3 +131,17 @@ def test_without_a_bootstrap_token_file_it_serves(tmp_path, etcd_server):
     missing = run_controld(*base)
     assert missing.returncode == 2 and "--api-token-file: required" in missing.stderr, missing.stderr
     assert_serves([*base, "--api-token-file", str(tmp_path / "api")], port, "tok-a")
+
+
+def test_bootstrap_token_ttl_in_the_file_is_a_number_checked_as_the_flag_is(tmp_path):
+    from controlplane import daemon_config
+    from controlplane.daemon import parser
+
+    conf = tmp_path / "controld.toml"
+    for value, want in (("3600", 3600.0), ("0", 0.0), ('"90"', 90.0)):
+        conf.write_text(f'api_token_file = "{tmp_path / "api"}"\nbootstrap_token_ttl = {value}\n')
+        assert daemon_config.parse_args(parser(), ["--config", str(conf)]).bootstrap_token_ttl == want
+    conf.write_text(f'api_token_file = "{tmp_path / "api"}"\nbootstrap_token_ttl = -5\n')
+    with pytest.raises(SystemExit) as e:
+        daemon_config.parse_args(parser(), ["--config", str(conf)])
+    assert e.value.code == 2

@@ -72,3 +72,72 @@ def test_a_bootstrap_token_cannot_take_a_registered_machine_over(controld, etcd_
     assert status == 200 and desired(c, taken["credential"])[0] == 200
     assert c.call("POST", "/v1/machines/m1/release", token=BOOTSTRAP_TOKEN)[0] == 401
     assert c.call("GET", "/v1/machines/m1", token=API_TOKEN)[1]["alloc"]["tasks"] == 1, "its task stayed placed"
+
+
+def test_the_bootstrap_token_files_tokens_expire_and_a_new_file_is_read_without_a_restart(tmp_path, etcd_server):
+    """Kubernetes' bootstrap tokens expire: those of --bootstrap-token-file now do too, a TTL after
+    the file was written. An expired one registers nothing (and writes nothing); writing the file
+    anew renews them without a restart; a file others may read admits nothing."""
+    import os
+    import time
+
+    from tests.controlplane.controld_proc import Controld
+    from tests.controlplane.test_controld_api import etcd_revision as revision
+
+    c = Controld(tmp_path, etcd_server.port, extra=("--bootstrap-token-ttl", "600")).start()
+    try:
+        def reg(mid: str, token: str) -> tuple[int, dict]:
+            return c.call("POST", "/v1/agent/register", {
+                "machine_id": mid, "hostname": mid, "address": "",
+                "labels": {"region": c.region, "dc": "dc1", "msb": "msb1", "rack": "r1", "machine_type": "generic"},
+                "capacity": {"cpus": 4, "memory_mb": 4096}}, token=token)
+
+        assert reg("m1", BOOTSTRAP_TOKEN)[0] == 200
+        written = time.time() - 601  # the file as if written 601 s ago: past its TTL
+        os.utime(c.boot_file, (written, written))
+        before = revision(etcd_server.port)
+        status, body = reg("m2", BOOTSTRAP_TOKEN)
+        assert status == 401 and body["error"] == "unauthorized", body
+        assert revision(etcd_server.port) == before, "an expired token writes nothing"
+        log = c.log.read_text()
+        assert "--bootstrap-token-file" in log and "expired at" in log and "write new tokens into it" in log
+
+        c.boot_file.write_text("a-new-bootstrap-token\n")  # renewed: read again, no restart
+        assert reg("m2", "a-new-bootstrap-token")[0] == 200
+        assert reg("m3", BOOTSTRAP_TOKEN)[0] == 401, "the old token is gone with the old file"
+        c.boot_file.chmod(0o644)
+        assert reg("m3", "a-new-bootstrap-token")[0] == 401, "a file others may read admits nothing"
+        assert "others than its owner may read or write it" in c.log.read_text()
+        c.boot_file.chmod(0o600)
+        assert reg("m3", "a-new-bootstrap-token")[0] == 200
+        assert {m["id"] for m in c.call("GET", "/v1/machines")[1]["machines"]} == {"m1", "m2", "m3"}
+    finally:
+        c.close()
+
+
+def test_a_bootstrap_token_ttl_of_zero_never_expires_and_a_bad_one_is_refused(tmp_path, etcd_server):
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from tests.agent.agentproc import REPO
+    from tests.controlplane.controld_proc import Controld
+
+    c = Controld(tmp_path, etcd_server.port, extra=("--bootstrap-token-ttl", "0"))
+    month = time.time() - 30 * 86400
+    os.utime(c.boot_file, (month, month))
+    c.start()
+    try:
+        status, _ = c.call("POST", "/v1/agent/register", {
+            "machine_id": "m1", "hostname": "m1", "address": "",
+            "labels": {"region": c.region, "dc": "dc1", "msb": "msb1", "rack": "r1", "machine_type": "generic"},
+            "capacity": {"cpus": 4, "memory_mb": 4096}}, token=BOOTSTRAP_TOKEN)
+        assert status == 200
+    finally:
+        c.close()
+    for bad in ("-1", "soon", "inf"):
+        r = subprocess.run([sys.executable, "-m", "controlplane.daemon", "--etcd", f"127.0.0.1:{etcd_server.port}",
+                            "--api-token-file", str(c.api_file), "--bootstrap-token-ttl", bad],
+                           capture_output=True, text=True, cwd=REPO, timeout=30)
+        assert r.returncode == 2 and "--bootstrap-token-ttl" in r.stderr and repr(bad) in r.stderr, (bad, r.stderr)

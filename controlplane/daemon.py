@@ -30,6 +30,7 @@ from agent.sdnotify import Notifier
 from controlplane import daemon_config
 from controlplane.broker.agents import MAX_LONG_POLLS, AgentService, BootstrapFile
 from controlplane.broker.relay import Relay
+from controlplane.sealing import Sealer
 from controlplane.metrics import Metrics
 from controlplane.coordination import ROLES, Coordinator, Fence, parse_roles, parse_shards
 from controlplane.api.app import make_app
@@ -325,6 +326,10 @@ def parser() -> argparse.ArgumentParser:
                    help="agent bootstrap tokens, one per line; they expire --bootstrap-token-ttl after the file is "
                         "written, and the file is read again when it changes (or make tokens with "
                         "`twinectl token create --role bootstrap`)")
+    p.add_argument("--secret-key-file",
+                   help="keys that seal secret task environment values in etcd (AES-256-GCM), one a line, NAME:BASE64 "
+                        "of 32 bytes, owner-readable only; the first seals, all open (make one: "
+                        "echo key1:$(head -c 32 /dev/urandom | base64)); without it they are stored as given")
     p.add_argument("--bootstrap-token-ttl", type=_ttl, default=86400.0,
                    help="seconds the tokens of --bootstrap-token-file register machines after the file was last "
                         "written (default %(default)g: a day); 0: they never expire")
@@ -438,6 +443,14 @@ async def _main(args: argparse.Namespace) -> int:
         log.warning("the tokens of --bootstrap-token-file %s expired at %s (--bootstrap-token-ttl %gs after it was "
                     "written): they register no machine until the file is written anew", args.bootstrap_token_file,
                     boot.expiry_text(), args.bootstrap_token_ttl)
+    if args.secret_key_file:
+        try:
+            sealer = Sealer.load(args.secret_key_file)
+        except ValueError as e:
+            raise SystemExit(_input_error("--secret-key-file", str(e)))
+    else:
+        sealer = Sealer()
+        log.warning("no --secret-key-file: secret task environment values are stored in etcd as given, in clear")
     daemon = ControlDaemon(store, args.region, api_tokens, boot,
                            args.heartbeat_timeout, args.heartbeat_interval,
                            (*map(Path, args.profiles), *default_search_path()), limits, args.taskcontrol_interval,
@@ -445,6 +458,7 @@ async def _main(args: argparse.Namespace) -> int:
                            shard_count=args.shard_count, lease_ttl=args.lease_ttl, advertise=args.advertise,
                            max_txn_ops=args.max_txn_ops, conn_limits=conn_limits,
                            tls=tls, client_tls=client_tls, max_long_polls=args.max_long_polls)
+    daemon.state.sealer = sealer
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -227,9 +227,10 @@ def parse_task(data: Any, handle: str) -> dict:
     return out
 
 
-def keep_secrets(data: Any, old: "JobRec") -> Any:
+def keep_secrets(data: Any, old: "JobRec", open_value: Callable[[str, Any], Any] = lambda var, v: v) -> Any:
     """An update's body whose task.secret_env gives null for a name: the job's current value (the
-    API shows secrets as nulls, so a job read and sent back keeps them). The same for
+    API shows secrets as nulls, so a job read and sent back keeps them), opened by
+    `open_value(name, value)` (sealed at rest: controlplane/sealing.py). The same for
     controller_token: null (or absent) keeps it while the controller's URL stays, "" removes it."""
     if isinstance(data, dict) and data.get("controller_token") is None and old.controller_token \
             and data.get("controller") == old.controller:
@@ -244,7 +245,7 @@ def keep_secrets(data: Any, old: "JobRec") -> Any:
     for k, v in secret.items():
         if v is None and k not in current:
             raise ApiError("unprocessable", f"task.secret_env.{k}", "null keeps the current value, and the job has none")
-        filled[k] = current[k] if v is None else v
+        filled[k] = open_value(k, current[k]) if v is None else v
     return {**data, "task": {**task, "secret_env": filled}}
 
 
@@ -392,12 +393,14 @@ class TaskRec:
             new = replace(new, since=time.time())
         return new
 
-    def agent_spec(self) -> dict:
-        """The task as its agent runs it: secret_env joins the environment (the agent alone is told)."""
+    def agent_spec(self, open_secrets: Callable[[str, dict], dict] | None = None) -> dict:
+        """The task as its agent runs it: secret_env joins the environment (the agent alone is
+        told), opened by `open_secrets(job, template)` (Sealer.open_task: sealed at rest)."""
         spec = self.spec
         if "secret_env" in spec:
+            secret = (open_secrets(self.job, spec) if open_secrets else spec)["secret_env"]
             spec = {k: v for k, v in spec.items() if k != "secret_env"}
-            spec["env"] = dict(sorted({**spec.get("env", {}), **self.spec["secret_env"]}.items()))
+            spec["env"] = dict(sorted({**spec.get("env", {}), **secret}.items()))
         return {"job": self.job, "index": self.index, "spec_version": self.spec_version, **spec}
 
 

@@ -21,6 +21,7 @@ import msgspec
 
 from controlplane.allocator import Entitlement, Machine, PlacedTask, Snapshot, SpreadPolicy
 from controlplane.records import ON_MACHINE, EntitlementRec, EventRec, JobRec, MachineRec, TaskRec
+from controlplane.sealing import Sealer, SealingError
 from controlplane.store import Index, Store, Versioned
 from controlplane.store.etcd import Change, Skipped, decode
 from controlplane.store.keys import Keys
@@ -139,6 +140,8 @@ def to_placed(t: TaskRec) -> PlacedTask | None:
 class RegionState:
     def __init__(self, store: Store, keys: Keys, profiles: "ProfileDocuments | None" = None):
         self.profiles = profiles  # the sidekick's merged profile documents; None: send names only
+        self.sealer = Sealer()  # opens secret values sealed at rest (the daemon's --secret-key-file)
+        self._unopened: dict[tuple[str, str], str] = {}  # (job, machine) -> why its secrets did not open (said once)
         self.store = store
         self.keys = keys
         self.machines: dict[str, MachineRec] = {}
@@ -480,7 +483,17 @@ class RegionState:
         m = self.machines[mid]
         tasks = sorted((t for t in self.tasks_on(mid) if t.state in ON_MACHINE), key=lambda t: (t.job, t.index))
         name = self.desired_profile(m)
-        body = {"profile": name, "tasks": [t.agent_spec() for t in tasks]}
+        specs = []
+        for t in tasks:
+            try:
+                specs.append(t.agent_spec(self.sealer.open_task))
+            except SealingError as e:
+                # never run without its secret (an empty password is worse than no task): left
+                # out, said once, until the key is given back or the job's secret is set anew
+                if self._unopened.get((t.job, mid)) != str(e):
+                    log.error("machine %s: task %s #%d left out of its desired state: %s", mid, t.job, t.index, e)
+                self._unopened[(t.job, mid)] = str(e)
+        body = {"profile": name, "tasks": specs}
         doc = self.profiles.document(name) if name and self.profiles is not None else None
         if doc is not None:
             body["profile_spec"] = doc

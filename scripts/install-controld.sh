@@ -12,12 +12,14 @@
 # /etc/twine/etcd-pki; the CA lasts ten years, its certificates one: a re-run in their last 30
 # days issues them again). twine-controld runs as the system user `twine` from
 # /etc/twine/controld.toml (see systemd/controld.toml.example). Tokens: the files given, or new
-# random ones the first time; /etc/twine/api-tokens and /etc/twine/bootstrap-tokens, mode 0600.
+# random ones the first time; /etc/twine/api-tokens and /etc/twine/bootstrap-tokens, mode 0600
+# (bootstrap tokens expire a day after they are written: an older file is renewed). The key that
+# seals secret task values in etcd: /etc/twine/secret-keys, made the first time and kept.
 # --tls-cert/--tls-key: the API is served over https with this certificate (installed in
 # /etc/twine/tls, the key mode 0600); --tls-ca: the CA that replicas verify each other against.
 # Re-running it upgrades the code and restarts controld (etcd keeps its data).
 # --uninstall stops and removes controld (etcd and its data stay); --purge also removes
-# /etc/twine/controld.toml and the token files.
+# /etc/twine/controld.toml, the token files and the sealing key.
 set -euo pipefail
 src=$(cd "$(dirname "$0")/.." && pwd)
 . "$src/scripts/install-lib.sh"
@@ -49,7 +51,7 @@ if [ $uninstall = 1 ]; then
   have_systemd && systemctl disable --now twine-controld.service 2>/dev/null || true
   rm -f /etc/systemd/system/twine-controld.service
   have_systemd && systemctl daemon-reload
-  [ $purge = 0 ] || rm -f /etc/twine/controld.toml /etc/twine/api-tokens /etc/twine/bootstrap-tokens
+  [ $purge = 0 ] || rm -f /etc/twine/controld.toml /etc/twine/api-tokens /etc/twine/bootstrap-tokens /etc/twine/secret-keys
   echo "install-controld: twine-controld removed; etcd and its data are left as they were"
   exit 0
 fi
@@ -117,6 +119,14 @@ for pair in "api-tokens:$api_file" "bootstrap-tokens:$boot_file"; do
   chmod 0600 "/etc/twine/$name"
 done
 
+# The key that seals secret task values in etcd (controld's --secret-key-file): kept when there.
+if [ ! -s /etc/twine/secret-keys ]; then
+  (umask 077; echo "key1:$(head -c 32 /dev/urandom | base64 -w0)" > /etc/twine/secret-keys)
+  echo "install-controld: made a new key that seals secret task values, /etc/twine/secret-keys"
+fi
+chown twine:twine /etc/twine/secret-keys
+chmod 0600 /etc/twine/secret-keys
+
 tls_conf=""
 if [ -n "$tls_cert" ]; then
   install -d -m 0750 -o root -g twine /etc/twine/tls
@@ -139,6 +149,7 @@ region = "$region"
 listen = "$listen"
 api_token_file = "/etc/twine/api-tokens"
 bootstrap_token_file = "/etc/twine/bootstrap-tokens"
+secret_key_file = "/etc/twine/secret-keys"
 heartbeat_timeout = $heartbeat_timeout
 max_txn_ops = $max_txn_ops
 profiles = ["/etc/twine/profiles", "/opt/twine/profiles"]

@@ -30,6 +30,7 @@ from controlplane.api.openapi import document
 from controlplane.broker.agents import CREDENTIAL_HEADER
 from controlplane.records import (NAME, ApiError, EntitlementRec, EventRec, JobRec, TaskRec, check_job_size, keep_secrets,
                                   parse_maintenance, redact_task)
+from controlplane.sealing import SealingError
 from controlplane.store import Conflict, TooLarge, Unavailable, Versioned
 from controlplane.store.etcd import UNREACHABLE
 
@@ -400,6 +401,23 @@ def _confined(job: JobRec, ent: EntitlementRec) -> None:
                        "(an admin may set allow_host_network on it); use bridge or none")
 
 
+def _sealed(d: ControlDaemon, job: JobRec, old: JobRec | None) -> JobRec:
+    """The job with its secret values sealed for the store (a value the job holds already keeps
+    its sealed form: controlplane/sealing.py), within the store's bound on a job's size."""
+    task = d.state.sealer.seal_task(job.handle, job.task, old.task if old is not None else None)
+    if task is not job.task:
+        check_job_size(job.count, task)
+    return replace(job, task=task)
+
+
+def _opened(d: ControlDaemon, job: JobRec, var: str, value) -> object:
+    try:
+        return d.state.sealer.open(job.handle, var, value)
+    except SealingError as e:
+        raise ApiError("unprocessable", f"task.secret_env.{var}", f"null keeps the current value, which this daemon "
+                       f"cannot open ({e}); send the value") from None
+
+
 async def create_job(request: web.Request) -> web.Response:
     d: ControlDaemon = request.app[DAEMON]
     job = JobRec.parse(await body(request, schema=S.JobSpec))
@@ -412,6 +430,7 @@ async def create_job(request: web.Request) -> web.Response:
         raise ApiError("exists", "name", f"job {job.handle!r} exists ({old.state}); use update, or stop it first")
     if old is not None:
         job = replace(job, spec_version=old.spec_version + 1, created_at=old.created_at)
+    job = _sealed(d, job, old)
     sched = d.scheduler_for(job.handle)
     if sched is None:
         return await forward(request, d.state.shard_of_job(job.handle))
@@ -427,9 +446,10 @@ async def create_job(request: web.Request) -> web.Response:
 async def update_job(request: web.Request) -> web.Response:
     d: ControlDaemon = request.app[DAEMON]
     old, read_revision = _read(d, request)
-    new = JobRec.parse(keep_secrets(await body(request, schema=S.JobSpec), old))
+    new = JobRec.parse(keep_secrets(await body(request, schema=S.JobSpec), old, lambda var, v: _opened(d, old, var, v)))
     if new.handle != old.handle:
         raise ApiError("unprocessable", "name", f"the spec is for {new.handle}, not {old.handle}")
+    new = _sealed(d, new, old)
     _confined(new, _entitlement(d, new.entitlement))
     if old.state != "active":
         raise ApiError("conflict", "state", f"job {old.handle} is {old.state}; run it again instead")

@@ -27,6 +27,7 @@ import psutil
 
 from controlplane.etcdproc import EtcdServer
 from controlplane.pki import CA
+from controlplane.sealing import Sealer
 from controlplane.devregion.network import MAX_AGENTS, NAME_RE, Network, ip_binary, ns_http_get
 from controlplane.devregion.procs import REPO, ProcRef, child_env, log_tail, spawn, stop_process
 
@@ -132,6 +133,10 @@ class Region:
     @property
     def bootstrap_token_file(self) -> Path:
         return self.workdir / "bootstrap-token"
+
+    @property
+    def secret_key_file(self) -> Path:
+        return self.workdir / "secret-keys"
 
     @property
     def api_token(self) -> str:
@@ -309,6 +314,7 @@ class Region:
             self._start_etcd()
             _write_secret(self.api_token_file, secrets.token_hex(32))  # hex: never a leading "-" (a flag to a CLI)
             _write_secret(self.bootstrap_token_file, secrets.token_hex(32))
+            _write_secret(self.secret_key_file, Sealer.new_key_line("key1"))  # secret task values sealed in etcd
             self.controld_listen = f"{self.network.bridge_ip}:{_port_on(self.network.bridge_ip, CONTROLD_PORT)}"
             self.save()
             self.start_controld()
@@ -377,7 +383,7 @@ class Region:
             sys.executable, "-m", "controlplane.daemon",
             "--etcd", self._etcd_info["endpoint"], "--region", self.region, "--listen", self.controld_listen,
             "--api-token-file", str(self.api_token_file), "--bootstrap-token-file", str(self.bootstrap_token_file),
-            "--heartbeat-timeout", f"{self.heartbeat_timeout:g}", "--log-level", "info",
+            "--secret-key-file", str(self.secret_key_file), "--heartbeat-timeout", f"{self.heartbeat_timeout:g}", "--log-level", "info",
             "--tls-cert", self._pki("controld")[0], "--tls-key", self._pki("controld")[1], "--tls-ca", str(self.ca_file),
             "--etcd-ca", str(self.ca_file), "--etcd-cert", self._pki(ETCD_USER)[0],
             "--etcd-key", self._pki(ETCD_USER)[1], *self.controld_args,

@@ -17,6 +17,7 @@ import uuid
 from pathlib import Path
 
 from controlplane.etcdproc import terminate
+from controlplane.sealing import Sealer
 from tests.conftest import parse_metrics
 from tests.agent.agentproc import REPO, free_port
 
@@ -36,7 +37,10 @@ class Controld:
         self.heartbeat_timeout = heartbeat_timeout
         self.api_file = tmp / "api-tokens"
         self.boot_file = tmp / "bootstrap-tokens"
-        for f, token in ((self.api_file, API_TOKEN), (self.boot_file, BOOTSTRAP_TOKEN)):
+        # secret task values sealed in etcd, as installed regions have them (--secret-key-file)
+        self.key_file = tmp / "secret-keys"
+        for f, token in ((self.api_file, API_TOKEN), (self.boot_file, BOOTSTRAP_TOKEN),
+                         (self.key_file, Sealer.new_key_line("key1"))):
             f.write_text(token + "\n")
             f.chmod(0o600)  # the daemon refuses token files others may read
         self.log = tmp / f"controld-{self.port}.log"
@@ -53,7 +57,8 @@ class Controld:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "controlplane.daemon", "--etcd", f"127.0.0.1:{self.etcd_port}",
              "--region", self.region, "--listen", f"127.0.0.1:{self.port}", "--api-token-file", str(self.api_file),
-             "--bootstrap-token-file", str(self.boot_file), "--heartbeat-timeout", str(self.heartbeat_timeout), *self.extra],
+             "--bootstrap-token-file", str(self.boot_file), "--heartbeat-timeout", str(self.heartbeat_timeout),
+             *(() if "--secret-key-file" in self.extra else ("--secret-key-file", str(self.key_file))), *self.extra],
             stdout=open(self.log, "ab"), stderr=subprocess.STDOUT, cwd=REPO,
             env={**os.environ, **self.env} if self.env else None)
         return self

@@ -311,6 +311,7 @@ def test_region_commands_follow_the_process_contract(tmp_path, cleanup):
     assert flags == {
         "--etcd": f"127.0.0.1:{r.etcd.port}", "--region": "lab", "--listen": r.url.removeprefix("https://"),
         "--api-token-file": str(r.api_token_file), "--bootstrap-token-file": str(r.bootstrap_token_file),
+        "--secret-key-file": str(r.secret_key_file),
         "--heartbeat-timeout": "2.5", "--log-level": "info",
         "--tls-cert": str(r.pki_dir / "controld.pem"), "--tls-key": str(r.pki_dir / "controld-key.pem"),
         "--tls-ca": str(r.ca_file), "--etcd-ca": str(r.ca_file), "--etcd-cert": str(r.pki_dir / "controld-etcd-client.pem"),

@@ -17,6 +17,7 @@ import json
 import signal
 import threading
 import time
+from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from tests.controlplane.controld_proc import Controld, member, wait
@@ -315,8 +316,8 @@ def test_a_replica_that_joins_later_takes_its_share_of_shards_and_no_task_restar
 
             b = cs[1].start(wait_led=False)
             t0 = time.monotonic()
-            wait(lambda: sorted(s["leader"] for s in a.cluster()["shards"]) == sorted([member(a)] * 2 + [member(b)] * 2),
-                 30, "two shards each")
+            wait(lambda: Counter(s["leader"] for s in a.cluster()["shards"]) == {member(a): 2, member(b): 2},
+                 30, "two shards each")  # (a shard being handed over has no leader for a moment)
             print(f"\nshards spread over the two replicas {time.monotonic() - t0:.1f}s after the second started")
             assert a.metric("twine_coordination_handovers_total") == 2
             time.sleep(1.0)

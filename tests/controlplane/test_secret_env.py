@@ -73,3 +73,127 @@ def test_a_file_the_agent_writes_is_made_owner_only_even_over_an_older_open_one(
     path.chmod(0o644)  # an older file: replaced by one of the right mode
     write_json(path, {"env": {"DB_PASSWORD": SECRET}})
     assert path.stat().st_mode & 0o777 == 0o600
+
+
+def stored(c) -> str:
+    """Every record of the region as etcd holds it."""
+    import asyncio
+
+    from controlplane.store import Store
+
+    async def read() -> str:
+        store = Store([("127.0.0.1", c.etcd_port)])
+        try:
+            items, _ = await store.range(f"/twine/{c.region}/")
+            return json.dumps({v.key: v.value for v in items})
+        finally:
+            await store.close()
+
+    return asyncio.run(read())
+
+
+def env_of(c, cred: str) -> dict:
+    tasks = c.call("GET", "/v1/agent/desired?wait=0", token=cred)[1]["tasks"]
+    return tasks[0]["env"] if tasks else {}
+
+
+def test_secret_values_are_sealed_in_etcd_and_a_key_rotation_restarts_nothing(tmp_path, etcd_server):
+    """With --secret-key-file (as every test daemon and installed region runs), etcd holds secret
+    values sealed (AES-GCM): the job's record and each task's. Only the desired state the agent
+    reads has them opened. A new key put first: the values sealed with the old one still open;
+    the same value sent again changes nothing (no new spec version); a new value is sealed with
+    the new key."""
+    from controlplane.sealing import Sealer
+    from tests.controlplane.controld_proc import Controld
+
+    c = Controld(tmp_path, etcd_server.port).start()
+    try:
+        cred = register(c, "m1", "dc1", "msb1")
+        assert c.call("POST", "/v1/entitlements", {"name": "web", "machine_type": "generic", "quota": 1})[0] == 201
+        status, job = c.call("POST", "/v1/jobs", job_spec(secret_env={"DB_PASSWORD": SECRET}))
+        assert status == 201, job
+        raw = stored(c)
+        assert SECRET not in raw and raw.count("twine-sealed:v1:key1:") == 2, "the job's record and its task's"
+        assert env_of(c, cred) == {"DB_PASSWORD": SECRET}
+
+        c.close()  # a new key first; the old one still listed
+        old = c.key_file.read_text()
+        c.key_file.write_text(Sealer.new_key_line("key2") + "\n" + old)
+        c.start()
+        assert env_of(c, cred) == {"DB_PASSWORD": SECRET}, "sealed with key1, opened after the rotation"
+        status, same = c.call("PUT", "/v1/jobs/web/api", job_spec(secret_env={"DB_PASSWORD": SECRET}))
+        assert status == 200 and same["spec_version"] == job["spec_version"], "the same value: nothing changes"
+        status, new = c.call("PUT", "/v1/jobs/web/api", job_spec(secret_env={"DB_PASSWORD": "next-one"}))
+        assert status == 200 and new["spec_version"] == job["spec_version"] + 1
+        c.wait_for("/v1/jobs/web/api", lambda j: j["tasks"] and j["tasks"][0]["spec_version"] == new["spec_version"],
+                   what="the task at the new spec")
+        raw = stored(c)
+        assert "next-one" not in raw and "twine-sealed:v1:key2:" in raw
+        assert env_of(c, cred) == {"DB_PASSWORD": "next-one"}
+    finally:
+        c.close()
+
+
+def test_a_value_whose_key_is_gone_keeps_its_task_out_and_a_value_from_before_the_key_still_reads(tmp_path, etcd_server):
+    """Started without a key file, a daemon stores the value as given (and says so). Given a key
+    later, the value reads as it is and an identical update changes nothing. A value sealed with
+    a key no longer listed never reaches an agent without its secret: the task is left out of the
+    desired state (said in the log); "keep the current value" (null) is a 422 naming the variable;
+    sending the value again mends it."""
+    from controlplane.sealing import Sealer
+    from tests.controlplane.controld_proc import Controld
+
+    c = Controld(tmp_path, etcd_server.port, extra=("--secret-key-file", "")).start()
+    try:
+        assert "no --secret-key-file" in c.log.read_text()
+        cred = register(c, "m1", "dc1", "msb1")
+        assert c.call("POST", "/v1/entitlements", {"name": "web", "machine_type": "generic", "quota": 1})[0] == 201
+        status, job = c.call("POST", "/v1/jobs", job_spec(secret_env={"DB_PASSWORD": SECRET}))
+        assert status == 201 and SECRET in stored(c), "no key: as given"
+        c.close()
+        c.extra = ()  # the default: Controld's key file
+        c.start()
+        assert env_of(c, cred) == {"DB_PASSWORD": SECRET}
+        status, same = c.call("PUT", "/v1/jobs/web/api", job_spec(secret_env={"DB_PASSWORD": SECRET}))
+        assert status == 200 and same["spec_version"] == job["spec_version"]
+        status, sealed = c.call("PUT", "/v1/jobs/web/api", job_spec(secret_env={"DB_PASSWORD": "sealed-now"}))
+        assert status == 200 and "sealed-now" not in stored(c)
+        c.wait_for("/v1/jobs/web/api", lambda j: j["tasks"] and j["tasks"][0]["spec_version"] == sealed["spec_version"],
+                   what="the task at the new spec")
+
+        c.close()  # the key that sealed it is gone
+        c.key_file.write_text(Sealer.new_key_line("other") + "\n")
+        c.start()
+        assert c.call("GET", "/v1/agent/desired?wait=0", token=cred)[1]["tasks"] == [], "never run without its secret"
+        assert "left out of its desired state" in c.log.read_text() and "'key1', which is not in" in c.log.read_text()
+        status, refused = c.call("PUT", "/v1/jobs/web/api", {**job_spec(), "task": {**TASK, "secret_env": {"DB_PASSWORD": None}}})
+        assert status == 422 and refused["field"] == "task.secret_env.DB_PASSWORD", refused
+        status, mended = c.call("PUT", "/v1/jobs/web/api", job_spec(secret_env={"DB_PASSWORD": "mended"}))
+        assert status == 200, mended
+        c.wait_for("/v1/jobs/web/api", lambda j: j["tasks"] and j["tasks"][0]["spec_version"] == mended["spec_version"],
+                   what="the task at the mended spec")
+        assert env_of(c, cred) == {"DB_PASSWORD": "mended"}
+    finally:
+        c.close()
+
+
+def test_the_key_file_is_checked_at_start(tmp_path, etcd_server):
+    import subprocess
+    import sys
+
+    from tests.agent.agentproc import REPO
+    from tests.controlplane.controld_proc import Controld
+
+    c = Controld(tmp_path, etcd_server.port)
+    bad = tmp_path / "keys"
+    for text, mode, why in (("key1:" + "A" * 44 + "\n", 0o644, "lets others than its owner read"),
+                            ("key1:not-base64!\n", 0o600, "key1: not base64"),
+                            ("key1:" + "QUJD" + "\n", 0o600, "3 bytes; an AES-256 key is 32"),
+                            ("# nothing\n", 0o600, "no key in it"),
+                            ("bad name:QUJD\n", 0o600, "a key is NAME:BASE64")):
+        bad.write_text(text)
+        bad.chmod(mode)
+        r = subprocess.run([sys.executable, "-m", "controlplane.daemon", "--etcd", f"127.0.0.1:{etcd_server.port}",
+                            "--api-token-file", str(c.api_file), "--secret-key-file", str(bad)],
+                           capture_output=True, text=True, cwd=REPO, timeout=30)
+        assert r.returncode == 2 and "--secret-key-file" in r.stderr and why in r.stderr, (text, r.stderr)

@@ -1,0 +1,141 @@
+"""Secret task environment values sealed at rest (issue #11: "readable only by the agent that runs
+the task"), as Kubernetes' EncryptionConfiguration seals Secrets with a key file.
+
+controld's `--secret-key-file` holds one key a line, `NAME:BASE64` (32 bytes: AES-256), readable
+by its owner only. The first key seals; every key listed opens (rotation: put a new key first,
+restart, keep the old one listed until no job holds a value sealed with it). A value in etcd is
+`twine-sealed:v1:NAME:BASE64(nonce + AES-GCM ciphertext)`, bound to its job and variable name
+(the associated data): one copied onto another job or name does not open.
+
+Values are sealed when the API takes a job (create, update, run again) and opened only where the
+agent's desired state is made (RegionState.desired_for). An update that sends the same value as
+the job holds keeps the sealed value as it is, so the job's spec does not change and its tasks
+do not restart (AES-GCM seals the same value differently each time, and a new key would too).
+Without a key file, values are kept as given (as before this module): the daemon warns at start.
+A value written before the key file was given stays readable, and as it is (in clear) until an
+update changes it: sealing it on an identical update would change the spec and restart the tasks.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import logging
+import os
+import re
+from typing import Any
+
+log = logging.getLogger("twine.controld.sealing")
+PREFIX = "twine-sealed:v1:"
+KEY_NAME = re.compile(r"[A-Za-z0-9_.-]{1,32}")
+
+
+class SealingError(Exception):
+    """A sealed value this daemon cannot open (its key is not in --secret-key-file, or it was
+    altered)."""
+
+
+class Sealer:
+    def __init__(self, keys: list[tuple[str, bytes]] | None = None):
+        self.keys = list(keys or [])
+        self._by_name = dict(self.keys)
+
+    @classmethod
+    def load(cls, path: str) -> "Sealer":
+        """The keys of a key file. ValueError names what is wrong (the daemon exits 2)."""
+        try:
+            mode = os.stat(path).st_mode & 0o777
+            text = open(path, encoding="utf-8").read()
+        except OSError as e:
+            raise ValueError(f"{path}: {e.strerror}") from None
+        except UnicodeDecodeError:
+            raise ValueError(f"{path}: not UTF-8 text") from None
+        if mode & 0o077:
+            raise ValueError(f"{path}: mode {mode:04o} lets others than its owner read or write it; keys must be "
+                             f"secret: chmod 600 {path}")
+        keys: list[tuple[str, bytes]] = []
+        for n, line in enumerate(text.splitlines(), start=1):
+            line = line.strip()
+            if not line or line.startswith("#"):
+                continue
+            name, sep, b64 = line.partition(":")
+            if not sep or not KEY_NAME.fullmatch(name):
+                raise ValueError(f"{path}:{n}: a key is NAME:BASE64, NAME of 1-32 letters, digits or '_.-'")
+            try:
+                key = base64.b64decode(b64.strip(), validate=True)
+            except binascii.Error:
+                raise ValueError(f"{path}:{n}: key {name}: not base64") from None
+            if len(key) != 32:
+                raise ValueError(f"{path}:{n}: key {name}: {len(key)} bytes; an AES-256 key is 32 "
+                                 "(head -c 32 /dev/urandom | base64)")
+            if any(name == k for k, _ in keys):
+                raise ValueError(f"{path}:{n}: key {name} is listed twice")
+            keys.append((name, key))
+        if not keys:
+            raise ValueError(f"{path}: no key in it")
+        return cls(keys)
+
+    @staticmethod
+    def new_key_line(name: str = "key1") -> str:
+        return f"{name}:{base64.b64encode(os.urandom(32)).decode()}"
+
+    @property
+    def active(self) -> bool:
+        return bool(self.keys)
+
+    @staticmethod
+    def _aad(handle: str, var: str) -> bytes:
+        return f"{handle}\0{var}".encode()
+
+    def seal(self, handle: str, var: str, value: str) -> str:
+        if not self.keys:
+            return value
+        from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+        name, key = self.keys[0]
+        nonce = os.urandom(12)
+        sealed = nonce + AESGCM(key).encrypt(nonce, str(value).encode(), self._aad(handle, var))
+        return f"{PREFIX}{name}:{base64.b64encode(sealed).decode()}"
+
+    def open(self, handle: str, var: str, value: Any) -> Any:
+        """A value as the agent receives it. One not sealed (written without a key) is itself."""
+        if not isinstance(value, str) or not value.startswith(PREFIX):
+            return value
+        name, _, b64 = value[len(PREFIX):].partition(":")
+        key = self._by_name.get(name)
+        if key is None:
+            raise SealingError(f"{handle}: task.secret_env.{var} is sealed with key {name!r}, which is not in "
+                               "--secret-key-file")
+        from cryptography.exceptions import InvalidTag
+        from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+        try:
+            raw = base64.b64decode(b64, validate=True)
+            return AESGCM(key).decrypt(raw[:12], raw[12:], self._aad(handle, var)).decode()
+        except (binascii.Error, ValueError, InvalidTag):
+            raise SealingError(f"{handle}: task.secret_env.{var} does not open with key {name!r} (altered, or "
+                               "moved from another job or variable)") from None
+
+    def seal_task(self, handle: str, task: dict, old: dict | None = None) -> dict:
+        """The template with its secret values sealed; a value the job holds already (`old`, its
+        current template) keeps its sealed form, so an unchanged job stays unchanged."""
+        secret = task.get("secret_env")
+        if not secret or not self.keys:
+            return task
+        held = (old or {}).get("secret_env") or {}
+        out = {}
+        for var, value in secret.items():
+            was = held.get(var)
+            try:
+                same = was is not None and self.open(handle, var, was) == value
+            except SealingError:
+                same = False
+            out[var] = was if same else self.seal(handle, var, value)
+        return {**task, "secret_env": out}
+
+    def open_task(self, handle: str, task: dict) -> dict:
+        """The template with its secret values opened (SealingError when one cannot be)."""
+        secret = task.get("secret_env")
+        if not secret:
+            return task
+        return {**task, "secret_env": {var: self.open(handle, var, v) for var, v in secret.items()}}

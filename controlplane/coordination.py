@@ -132,6 +132,7 @@ class Coordinator:
         self.handover_wait = handover_wait  # seconds between two shards this process hands over
         self._last_handover = time.monotonic()  # none in a process's first handover_wait either
         self._handed: dict[int, float] = {}  # shard -> when this process handed it over
+        self._handed_epochs: set[int] = set()  # the leaderships it handed over (never taken up again)
         self._lead, self._depose = lead, depose
         self.lease: int | None = None
         self.valid_until = 0.0  # monotonic: the lease is surely alive until then
@@ -168,11 +169,12 @@ class Coordinator:
     def owns(self, machine_id: str) -> bool:
         return "health" in self.roles and self.owner_of(machine_id) == self.id
 
-    def owned_among(self, machine_ids: Sequence[str]) -> list[str]:
-        """Those of the machines this process judges (owns(), for many at once)."""
+    def owned_among(self, machine_ids: Sequence[str], members: tuple[str, ...] | None = None) -> list[str]:
+        """Those of the machines this process judges (owns(), for many at once), among `members`
+        (default: the health members now; a pass in slices gives the ones it began with)."""
         if "health" not in self.roles:
             return []
-        members = self.health_members()
+        members = self.health_members() if members is None else members
         return [mid for mid in machine_ids if rendezvous(members, mid) == self.id]
 
     def member_url(self, member_id: str) -> str | None:
@@ -289,8 +291,10 @@ class Coordinator:
             cur = self.state.leaders.get(shard)
             if cur is not None:
                 self._leaderless_since.pop(shard, None)
-                if cur.value.get("member") == self.id and cur.value.get("lease") == self.lease:
-                    # still ours in etcd (we stepped down while cut off, and the lease survived)
+                if cur.value.get("member") == self.id and cur.value.get("lease") == self.lease \
+                        and cur.mod_revision not in self._handed_epochs:
+                    # still ours in etcd (we stepped down while cut off, and the lease survived;
+                    # not one this process handed over, whose deletion the view has yet to see)
                     await self._begin(Fence(shard, cur.mod_revision, self.keys.leader(shard)))
                 continue
             since = self._leaderless_since.setdefault(shard, now)
@@ -337,6 +341,7 @@ class Coordinator:
             fence = self.leading[shard]
             self._last_handover = now
             self._handed[shard] = now
+            self._handed_epochs.add(fence.epoch)
             self.counters["handovers"] += 1
             await self._end(shard, f"handed over for member {mid}, which leads {n} shard(s) to this one's {mine}")
             try:

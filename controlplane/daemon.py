@@ -188,6 +188,11 @@ class ControlDaemon:
     async def run(self, host: str, port: int, stop: asyncio.Event, notifier: Notifier | None = None) -> None:
         notifier = notifier or Notifier()
         await self.state.start()
+        unknown = self.state.sealer.unknown_keys(j.task for j in self.state.jobs.values())
+        if unknown:
+            log.error("secret task values sealed with key(s) not in --secret-key-file: %s; the machines that run "
+                      "their tasks get 503 from this replica (their tasks keep running) until the key is listed or "
+                      "the values are sent again", ", ".join(f"{k} ({n} value(s))" for k, n in sorted(unknown.items())))
         if "scheduler" in self.roles:
             # the allocator's first snapshot, built from every record (about 15 s at a million
             # machines), before this process holds a lease: built at its first leadership, it kept

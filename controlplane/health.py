@@ -122,16 +122,16 @@ class HealthService:
         known = set(self.state.machines)  # the machines whose owner this pass settles
         if self._owned_key and self._owned_key[0] == members:
             # machines came or went, the owners did not change: only those are looked at
-            owned = (self._owned & known) | set(coord.owned_among(list(known - self._known)))
+            owned = (self._owned & known) | set(coord.owned_among(list(known - self._known), members))
         else:
             # every machine's owner, in slices that let the loop run in between (a million
             # machines take seconds: the lease's keep-alive must not wait for them)
             ids, owned = list(known), set()
             for i in range(0, len(ids), OWNERS_SLICE):
-                owned.update(coord.owned_among(ids[i:i + OWNERS_SLICE]))
+                owned.update(coord.owned_among(ids[i:i + OWNERS_SLICE], members))
                 await asyncio.sleep(0)
-            if coord.health_members() != members:
-                return True  # they changed again meanwhile: the next pass starts over
+            if coord.health_members() != members or not coord.valid():
+                return False  # they changed meanwhile (or the lease is in doubt): judged at the next pass
             # machines that came meanwhile are not in `known`: the next pass takes them (the
             # version below is the one `known` was read at)
         self._owned_key = key

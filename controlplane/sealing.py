@@ -2,15 +2,17 @@
 the task"), as Kubernetes' EncryptionConfiguration seals Secrets with a key file.
 
 controld's `--secret-key-file` holds one key a line, `NAME:BASE64` (32 bytes: AES-256), readable
-by its owner only. The first key seals; every key listed opens (rotation: put a new key first,
-restart, keep the old one listed until no job holds a value sealed with it). A value in etcd is
+by its owner only. The first key seals; every key listed opens (rotation: list the new key second
+on every replica, restart, then first; values move to it as their jobs' specs change, and the
+old key may go once none is left: Sealer.unknown_keys, said at start). A value in etcd is
 `twine-sealed:v1:NAME:BASE64(nonce + AES-GCM ciphertext)`, bound to its job and variable name
 (the associated data): one copied onto another job or name does not open.
 
 Values are sealed when the API takes a job (create, update, run again) and opened only where the
-agent's desired state is made (RegionState.desired_for). An update that sends the same value as
-the job holds keeps the sealed value as it is, so the job's spec does not change and its tasks
-do not restart (AES-GCM seals the same value differently each time, and a new key would too).
+agent's desired state is made (RegionState.desired_for; a value that does not open there makes
+the agent's answer a 503, so its tasks keep running). An update that sends the same value as the
+job holds keeps the sealed value as it is, so the job's spec does not change and its tasks do
+not restart (AES-GCM seals the same value differently each time, and a new key would too).
 Without a key file, values are kept as given (as before this module): the daemon warns at start.
 A value written before the key file was given stays readable, and as it is (in clear) until an
 update changes it: sealing it on an identical update would change the spec and restart the tasks.
@@ -116,13 +118,38 @@ class Sealer:
             raise SealingError(f"{handle}: task.secret_env.{var} does not open with key {name!r} (altered, or "
                                "moved from another job or variable)") from None
 
+    def key_of(self, value: Any) -> str | None:
+        """The name of the key a stored value is sealed with (None: not sealed)."""
+        if not isinstance(value, str) or not value.startswith(PREFIX):
+            return None
+        return value[len(PREFIX):].partition(":")[0]
+
+    def unknown_keys(self, templates) -> dict[str, int]:
+        """Values sealed with keys this daemon does not have, by key: counted at start."""
+        out: dict[str, int] = {}
+        for task in templates:
+            for value in (task.get("secret_env") or {}).values():
+                name = self.key_of(value)
+                if name is not None and name not in self._by_name:
+                    out[name] = out.get(name, 0) + 1
+        return out
+
     def seal_task(self, handle: str, task: dict, old: dict | None = None) -> dict:
         """The template with its secret values sealed; a value the job holds already (`old`, its
-        current template) keeps its sealed form, so an unchanged job stays unchanged."""
-        secret = task.get("secret_env")
+        current template) keeps its sealed form, so an unchanged job stays unchanged. When the
+        template changes anyway (a new spec version), values sealed with a key other than the
+        first are sealed again with the first: so a rotation ends once each job has changed."""
+        secret = task.get("secret_env") or {}
+        for var, value in secret.items():
+            if isinstance(value, str) and value.startswith(PREFIX):
+                raise ValueError(f"task.secret_env.{var}: a value may not begin with {PREFIX!r} (the form of a "
+                                 "sealed value)")
         if not secret or not self.keys:
             return task
-        held = (old or {}).get("secret_env") or {}
+        old = old or {}
+        held = old.get("secret_env") or {}
+        rest_same = {k: v for k, v in task.items() if k != "secret_env"} == \
+            {k: v for k, v in old.items() if k != "secret_env"} and set(secret) == set(held)
         out = {}
         for var, value in secret.items():
             was = held.get(var)
@@ -130,7 +157,8 @@ class Sealer:
                 same = was is not None and self.open(handle, var, was) == value
             except SealingError:
                 same = False
-            out[var] = was if same else self.seal(handle, var, value)
+            current = self.key_of(was) == self.keys[0][0]
+            out[var] = was if same and (rest_same or current) else self.seal(handle, var, value)
         return {**task, "secret_env": out}
 
     def open_task(self, handle: str, task: dict) -> dict:

@@ -21,7 +21,7 @@ import msgspec
 
 from controlplane.allocator import Entitlement, Machine, PlacedTask, Snapshot, SpreadPolicy
 from controlplane.records import ON_MACHINE, EntitlementRec, EventRec, JobRec, MachineRec, TaskRec
-from controlplane.sealing import Sealer, SealingError
+from controlplane.sealing import Sealer
 from controlplane.store import Index, Store, Versioned
 from controlplane.store.etcd import Change, Skipped, decode
 from controlplane.store.keys import Keys
@@ -141,7 +141,6 @@ class RegionState:
     def __init__(self, store: Store, keys: Keys, profiles: "ProfileDocuments | None" = None):
         self.profiles = profiles  # the sidekick's merged profile documents; None: send names only
         self.sealer = Sealer()  # opens secret values sealed at rest (the daemon's --secret-key-file)
-        self._unopened: dict[tuple[str, str], str] = {}  # (job, machine) -> why its secrets did not open (said once)
         self.store = store
         self.keys = keys
         self.machines: dict[str, MachineRec] = {}
@@ -219,21 +218,23 @@ class RegionState:
         record its key says) is reported and skipped: the view keeps what it had. Such a record
         must neither stop the watch nor the daemon's next start (issue #11)."""
         if isinstance(value, Skipped):
-            return self._skip(key, value.why)
+            return self._skip(key, value.why, revision)
         try:
             return self._apply(key, value, revision)
         except (TypeError, KeyError, ValueError, AttributeError) as e:  # msgspec's ValidationError is a ValueError
-            return self._skip(key, f"{type(e).__name__}: {str(e)[:300]}")
+            return self._skip(key, f"{type(e).__name__}: {str(e)[:300]}", revision)
 
-    def _skip(self, key: str, why: str) -> set[str]:
+    def _skip(self, key: str, why: str, revision: int) -> set[str]:
         if self.skipped.get(key) != why:
             log.error("skipping the record %s, which this daemon cannot read (%s); it keeps what it had. "
                       "Rewrite or delete the record to end this", key, why)
         self.skipped[key] = why
-        # the revision its guards compare stays the last readable record's (0: none, as absent);
-        # kept as a key all the same, so that the index's fresh read after an outage hands on
-        # its deletion (the index keeps no revisions of its own: Index(revisions=))
-        self.revs.setdefault(key, 0)
+        # Its guards compare etcd's revision, whatever the kind: a commit made from what this
+        # view last could read replaces the unreadable record (at the old revision, every commit
+        # touching it would conflict, and the scheduler retry it without end). Kept as a key,
+        # too, so that the index's fresh read after an outage hands on its deletion (the index
+        # keeps no revisions of its own: Index(revisions=)).
+        self.revs[key] = revision
         return set()
 
     def jobs_on(self, mid: str) -> set[str]:
@@ -477,27 +478,23 @@ class RegionState:
     def tasks_on(self, mid: str) -> list[TaskRec]:
         return [self.tasks[job][i] for job, i in sorted(self.by_machine.get(mid, ()))]
 
-    def desired_for(self, mid: str) -> dict:
+    def desired_for(self, mid: str, open_secrets: bool = True) -> dict:
         """The machine's desired state as the agent reads it, with a version that is a hash of
-        its content: a restarted daemon computes the same version, so no agent restarts a task."""
+        its content: a restarted daemon computes the same version, so no agent restarts a task.
+        SealingError when a secret value does not open here (the agent is answered 503 and keeps
+        what runs: a task never runs without its secret, nor is stopped for this replica's key)."""
         m = self.machines[mid]
         tasks = sorted((t for t in self.tasks_on(mid) if t.state in ON_MACHINE), key=lambda t: (t.job, t.index))
         name = self.desired_profile(m)
-        specs = []
-        for t in tasks:
-            try:
-                specs.append(t.agent_spec(self.sealer.open_task))
-            except SealingError as e:
-                # never run without its secret (an empty password is worse than no task): left
-                # out, said once, until the key is given back or the job's secret is set anew
-                if self._unopened.get((t.job, mid)) != str(e):
-                    log.error("machine %s: task %s #%d left out of its desired state: %s", mid, t.job, t.index, e)
-                self._unopened[(t.job, mid)] = str(e)
-        body = {"profile": name, "tasks": specs}
+        # the version is a hash of the tasks as etcd holds them (secret values sealed): it tells
+        # nothing of a secret; the agent's copy has them opened (SealingError: one does not open)
+        body = {"profile": name, "tasks": [t.agent_spec() for t in tasks]}
         doc = self.profiles.document(name) if name and self.profiles is not None else None
         if doc is not None:
             body["profile_spec"] = doc
         digest = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:20]
+        if open_secrets and any("secret_env" in t.spec for t in tasks):
+            body["tasks"] = [t.agent_spec(self.sealer.open_task) for t in tasks]
         return {**body, "version": digest}
 
     def snapshot(self) -> Snapshot:

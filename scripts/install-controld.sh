@@ -19,7 +19,8 @@
 # /etc/twine/tls, the key mode 0600); --tls-ca: the CA that replicas verify each other against.
 # Re-running it upgrades the code and restarts controld (etcd keeps its data).
 # --uninstall stops and removes controld (etcd and its data stay); --purge also removes
-# /etc/twine/controld.toml, the token files and the sealing key.
+# /etc/twine/controld.toml and the token files (the sealing key stays, as etcd's data does: the
+# secret values held there are sealed with it).
 set -euo pipefail
 src=$(cd "$(dirname "$0")/.." && pwd)
 . "$src/scripts/install-lib.sh"
@@ -51,7 +52,7 @@ if [ $uninstall = 1 ]; then
   have_systemd && systemctl disable --now twine-controld.service 2>/dev/null || true
   rm -f /etc/systemd/system/twine-controld.service
   have_systemd && systemctl daemon-reload
-  [ $purge = 0 ] || rm -f /etc/twine/controld.toml /etc/twine/api-tokens /etc/twine/bootstrap-tokens /etc/twine/secret-keys
+  [ $purge = 0 ] || rm -f /etc/twine/controld.toml /etc/twine/api-tokens /etc/twine/bootstrap-tokens
   echo "install-controld: twine-controld removed; etcd and its data are left as they were"
   exit 0
 fi

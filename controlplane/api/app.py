@@ -237,7 +237,7 @@ def machine_view(d: ControlDaemon, mid: str, detail: bool = False) -> dict:
     }
     if detail:
         out["tasks"] = [task_view(d, t) for t in d.state.tasks_on(mid)]
-        out["desired_version"] = d.state.desired_for(mid)["version"]
+        out["desired_version"] = d.state.desired_for(mid, open_secrets=False)["version"]
     return out
 
 
@@ -404,7 +404,11 @@ def _confined(job: JobRec, ent: EntitlementRec) -> None:
 def _sealed(d: ControlDaemon, job: JobRec, old: JobRec | None) -> JobRec:
     """The job with its secret values sealed for the store (a value the job holds already keeps
     its sealed form: controlplane/sealing.py), within the store's bound on a job's size."""
-    task = d.state.sealer.seal_task(job.handle, job.task, old.task if old is not None else None)
+    try:
+        task = d.state.sealer.seal_task(job.handle, job.task, old.task if old is not None else None)
+    except ValueError as e:
+        field, _, why = str(e).partition(": ")
+        raise ApiError("unprocessable", field, why) from None
     if task is not job.task:
         check_job_size(job.count, task)
     return replace(job, task=task)

@@ -25,6 +25,7 @@ from typing import Any, Callable
 
 from controlplane.broker.reboots import Reboots
 from controlplane.records import ApiError, MachineRec
+from controlplane.sealing import SealingError
 from controlplane.state import RegionState
 from controlplane.store import Store
 from controlplane.store.keys import Keys
@@ -87,7 +88,7 @@ class BootstrapFile:
             st = os.stat(self.path)
         except OSError:
             return None, -1.0
-        return (st.st_ino, st.st_mtime_ns, st.st_ctime_ns, st.st_mode), st.st_mtime
+        return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_mode), st.st_mtime
 
     def _say(self, level: int, text: str) -> None:
         if text != self._said:
@@ -102,7 +103,7 @@ class BootstrapFile:
         try:
             if seen is None:
                 raise ValueError("it is gone")
-            if seen[3] & 0o077:
+            if seen[4] & 0o077:
                 raise ValueError("others than its owner may read or write it")
             hashes = {sha256(line.strip()) for line in open(self.path, encoding="utf-8").read().splitlines()
                       if line.strip()}
@@ -162,6 +163,7 @@ class AgentService:
         self.report_at: dict[str, float] = {}  # machine -> when its report was last known current (wall clock)
         self.digests: dict[str, str] = {}
         self.errors: dict[str, str] = {}  # machine id -> why its agent rejected its desired state
+        self._unopened: dict[str, str] = {}  # machine id -> the secret its desired state could not open (said once)
         self.counters = {"heartbeats": 0, "heartbeat_reports": 0, "registrations": 0, "long_polls": 0,
                          "long_polls_refused": 0}
         self.closing = asyncio.Event()  # set at shutdown: long polls answer at once
@@ -271,6 +273,18 @@ class AgentService:
 
     # -- desired state (long poll) -----------------------------------------------------------
 
+    def _desired(self, mid: str) -> dict:
+        try:
+            return self.state.desired_for(mid)
+        except SealingError as e:
+            # 503: the agent keeps what runs and asks again (another replica, whose key file may
+            # hold the key); neither runs a task without its secret nor stops one for this key
+            if self._unopened.get(mid) != str(e):
+                log.error("machine %s: its desired state cannot be made here: %s", mid, e)
+            self._unopened[mid] = str(e)
+            raise ApiError("unavailable", None, f"this replica cannot open a secret value of this machine's tasks "
+                           f"({e}); the tasks keep running") from None
+
     async def desired(self, mid: str, version: str, wait: float) -> dict:
         """The machine's desired state: at once when it differs from `version`, else when it
         changes or `wait` seconds have passed. At most max_long_polls wait at once; another is a
@@ -278,7 +292,7 @@ class AgentService:
         self.counters["long_polls"] += 1
         deadline = time.monotonic() + max(0.0, min(wait, MAX_WAIT))
         changed = self.state.machine_changed(mid)  # taken before the state is read: no change is missed
-        d = self.state.desired_for(mid)
+        d = self._desired(mid)
         if d["version"] != version or wait <= 0 or self.closing.is_set():
             return d
         if self.parked >= self.max_long_polls:
@@ -295,7 +309,7 @@ class AgentService:
                     for w in waits:
                         w.cancel()
                 changed = self.state.machine_changed(mid)
-                d = self.state.desired_for(mid)
+                d = self._desired(mid)
                 if d["version"] != version:
                     break
             return d

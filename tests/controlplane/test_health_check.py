@@ -178,9 +178,9 @@ class Owners:
     def health_members(self) -> tuple[str, ...]:
         return self.members
 
-    def owned_among(self, mids: list[str]) -> list[str]:
+    def owned_among(self, mids: list[str], members: tuple[str, ...]) -> list[str]:
         self.asked += len(mids)
-        return [mid for mid in mids if rendezvous(self.members, mid) == self.me]
+        return [mid for mid in mids if rendezvous(members, mid) == self.me]
 
 
 def test_owners_are_computed_in_slices_that_let_the_loop_run_and_a_new_machine_costs_only_itself():
@@ -221,6 +221,23 @@ def test_owners_are_computed_in_slices_that_let_the_loop_run_and_a_new_machine_c
     assert turns >= 3, f"the loop ran {turns} times while {n} owners were computed"
     want = {mid for mid in state.machines if rendezvous(("a", "b", "c"), mid) == "a"}
     assert health._owned == want and 0 < len(want) < n  # noqa: SLF001
+
+    # the members change while a full pass runs: it ends without judging, and the next starts over
+    before = set(health._owned)  # noqa: SLF001
+    owners.members = ("a", "b")
+
+    async def changing() -> bool:
+        task = asyncio.create_task(health._refresh_owned(time.monotonic()))  # noqa: SLF001
+        await asyncio.sleep(0)
+        owners.members = ("a", "b", "c")  # back as before, and then changed again: the pass saw two sets
+        await asyncio.sleep(0)
+        owners.members = ("a", "c")
+        return await task
+
+    assert asyncio.run(changing()) is False and health._owned == before  # noqa: SLF001
+    owners.members = ("a", "b", "c")
+    assert asyncio.run(health._refresh_owned(time.monotonic()))  # noqa: SLF001
+    assert health._owned == want  # noqa: SLF001
 
     owners.asked = 0
     put("new-one", n + 1)

@@ -33,3 +33,20 @@ def test_sealing_a_template_keeps_what_the_job_holds_and_seals_what_changed():
     assert again["secret_env"]["B"] != first["secret_env"]["B"]
     assert s.open_task("e/j", again)["secret_env"] == {"A": "1", "B": "3"}
     assert Sealer().seal_task("e/j", {"secret_env": {"A": "1"}}) == {"secret_env": {"A": "1"}}, "no key: as given"
+
+
+def test_a_rotation_ends_as_jobs_change_and_values_from_before_the_key_are_sealed_at_the_next_change():
+    old_key, new_key = ("k1", bytes(32)), ("k2", bytes(range(32)))
+    held = Sealer([old_key]).seal_task("e/j", {"image": "i", "secret_env": {"A": "1"}})
+    s = Sealer([new_key, old_key])
+    same = s.seal_task("e/j", {"image": "i", "secret_env": {"A": "1"}}, held)
+    assert same == held, "nothing else changed: the old key's seal stays (no new spec, no restart)"
+    changed = s.seal_task("e/j", {"image": "j", "secret_env": {"A": "1"}}, held)
+    assert s.key_of(changed["secret_env"]["A"]) == "k2", "a new spec anyway: sealed with the first key"
+    clear = {"image": "i", "secret_env": {"A": "1"}}  # written before the daemon had a key
+    assert s.seal_task("e/j", dict(clear), clear) == clear
+    assert s.key_of(s.seal_task("e/j", {**clear, "image": "j"}, clear)["secret_env"]["A"]) == "k2"
+    assert s.unknown_keys([held, changed, clear]) == {} and Sealer([new_key]).unknown_keys([held]) == {"k1": 1}
+    for sealer in (s, Sealer()):
+        with pytest.raises(ValueError, match="may not begin with"):
+            sealer.seal_task("e/j", {"secret_env": {"A": PREFIX + "k1:AAAA"}})

@@ -123,23 +123,35 @@ def test_secret_values_are_sealed_in_etcd_and_a_key_rotation_restarts_nothing(tm
         assert env_of(c, cred) == {"DB_PASSWORD": SECRET}, "sealed with key1, opened after the rotation"
         status, same = c.call("PUT", "/v1/jobs/web/api", job_spec(secret_env={"DB_PASSWORD": SECRET}))
         assert status == 200 and same["spec_version"] == job["spec_version"], "the same value: nothing changes"
-        status, new = c.call("PUT", "/v1/jobs/web/api", job_spec(secret_env={"DB_PASSWORD": "next-one"}))
+        # a change elsewhere in the template seals the unchanged value again, with the first key
+        status, other = c.call("PUT", "/v1/jobs/web/api", job_spec(env={"MODE": "b"}, secret_env={"DB_PASSWORD": SECRET}))
+        assert status == 200 and other["spec_version"] == job["spec_version"] + 1
+        job_raw = json.loads(stored(c))[f"/twine/{c.region}/jobs/web/api"]
+        assert job_raw["task"]["secret_env"]["DB_PASSWORD"].startswith("twine-sealed:v1:key2:")
+        job = other
+        status, new = c.call("PUT", "/v1/jobs/web/api", job_spec(env={"MODE": "b"}, secret_env={"DB_PASSWORD": "next-one"}))
         assert status == 200 and new["spec_version"] == job["spec_version"] + 1
         c.wait_for("/v1/jobs/web/api", lambda j: j["tasks"] and j["tasks"][0]["spec_version"] == new["spec_version"],
                    what="the task at the new spec")
         raw = stored(c)
         assert "next-one" not in raw and "twine-sealed:v1:key2:" in raw
-        assert env_of(c, cred) == {"DB_PASSWORD": "next-one"}
+        assert env_of(c, cred) == {"DB_PASSWORD": "next-one", "MODE": "b"}
+        # a value in the form of a sealed one is refused, key or none
+        status, refused = c.call("POST", "/v1/jobs", {**job_spec(secret_env={"T": "twine-sealed:v1:key2:AAAA"}),
+                                                      "name": "forged"})
+        assert status == 422 and refused["field"] == "task.secret_env.T", refused
     finally:
         c.close()
 
 
-def test_a_value_whose_key_is_gone_keeps_its_task_out_and_a_value_from_before_the_key_still_reads(tmp_path, etcd_server):
+def test_a_value_whose_key_is_gone_is_a_503_that_keeps_tasks_running_and_a_value_from_before_the_key_still_reads(
+        tmp_path, etcd_server):
     """Started without a key file, a daemon stores the value as given (and says so). Given a key
     later, the value reads as it is and an identical update changes nothing. A value sealed with
-    a key no longer listed never reaches an agent without its secret: the task is left out of the
-    desired state (said in the log); "keep the current value" (null) is a 422 naming the variable;
-    sending the value again mends it."""
+    a key no longer listed never reaches an agent without its secret, nor does this daemon's
+    missing key stop a task: the agent's desired state is a 503 (it keeps what runs and asks
+    another replica), said at start and in the log; "keep the current value" (null) is a 422
+    naming the variable; sending the value again mends it."""
     from controlplane.sealing import Sealer
     from tests.controlplane.controld_proc import Controld
 
@@ -164,8 +176,12 @@ def test_a_value_whose_key_is_gone_keeps_its_task_out_and_a_value_from_before_th
         c.close()  # the key that sealed it is gone
         c.key_file.write_text(Sealer.new_key_line("other") + "\n")
         c.start()
-        assert c.call("GET", "/v1/agent/desired?wait=0", token=cred)[1]["tasks"] == [], "never run without its secret"
-        assert "left out of its desired state" in c.log.read_text() and "'key1', which is not in" in c.log.read_text()
+        status, answer = c.call("GET", "/v1/agent/desired?wait=0", token=cred)
+        assert status == 503 and "cannot open a secret value" in answer["why"] and "keep running" in answer["why"], answer
+        log = c.log.read_text()
+        assert "sealed with key(s) not in --secret-key-file: key1 (1 value(s))" in log, "said at start"
+        assert "'key1', which is not in" in log
+        assert c.call("GET", "/v1/machines/m1")[0] == 200, "the machine view (its desired version) still answers"
         status, refused = c.call("PUT", "/v1/jobs/web/api", {**job_spec(), "task": {**TASK, "secret_env": {"DB_PASSWORD": None}}})
         assert status == 422 and refused["field"] == "task.secret_env.DB_PASSWORD", refused
         status, mended = c.call("PUT", "/v1/jobs/web/api", job_spec(secret_env={"DB_PASSWORD": "mended"}))

@@ -155,6 +155,11 @@ def test_a_record_that_is_not_json_is_skipped_and_the_view_keeps_what_it_had():
     state._take(KEYS.machine("m1"), b"{not json", 2)  # noqa: SLF001
     assert state.machines["m1"] == m
     assert state.skipped[KEYS.machine("m1")].startswith("ValueError: not JSON")
+    # guards compare etcd's revision, whatever the kind: a commit from the view replaces the
+    # unreadable record rather than conflicting with it for ever
+    assert state.revs[KEYS.machine("m1")] == 2
+    state._take(KEYS.job("e/odd"), b'{"entitlement": "e"}', 3)  # noqa: SLF001 - JSON, not a job record
+    assert KEYS.job("e/odd") in state.skipped and state.revs[KEYS.job("e/odd")] == 3
     state._take(KEYS.root + "other/x", b"{not json either", 3)  # noqa: SLF001 - no kind it keeps: not read
     assert KEYS.root + "other/x" not in state.skipped
 

@@ -54,7 +54,7 @@ class _Guard(asyncio.Protocol):
     """One connection: admitted (then aiohttp's handler does the work) or refused with a 503. With
     TLS it is counted before its handshake, which it then upgrades to (loop.start_tls)."""
 
-    __slots__ = ("_listener", "_inner", "_client", "_counted", "_early", "_upgrade")
+    __slots__ = ("_listener", "_inner", "_client", "_counted", "_early")
 
     def __init__(self, listener: "Listener"):
         self._listener = listener
@@ -62,7 +62,6 @@ class _Guard(asyncio.Protocol):
         self._client = ""
         self._counted = False
         self._early: list[bytes] | None = None  # decrypted bytes that came before the handler was set up
-        self._upgrade: asyncio.Task | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         peer = transport.get_extra_info("peername")
@@ -78,9 +77,9 @@ class _Guard(asyncio.Protocol):
             # no byte is read before start_tls takes the transport over (the ClientHello waits in the socket)
             transport.pause_reading()  # type: ignore[attr-defined]
             self._early = []
-            self._upgrade = asyncio.get_running_loop().create_task(self._handshake(transport))
-            self._listener.handshakes.add(self._upgrade)
-            self._upgrade.add_done_callback(lambda task: self._handshake_done(task, transport))
+            upgrade = asyncio.get_running_loop().create_task(self._handshake(transport))
+            self._listener.handshakes.add(upgrade)
+            upgrade.add_done_callback(lambda task: self._handshake_done(task, transport))
             return
         self._serve(transport)
 
@@ -89,11 +88,9 @@ class _Guard(asyncio.Protocol):
         try:
             tls = await loop.start_tls(raw, self, self._listener.ssl, server_side=True,  # type: ignore[arg-type]
                                        ssl_handshake_timeout=self._listener.limits.header_timeout)
-        except BaseException as e:  # a failed or timed-out handshake, a client gone, the server stopping
+        except Exception:  # a failed or timed-out handshake, a client gone (a cancel: _handshake_done)
             self._release()
             raw.close()
-            if isinstance(e, asyncio.CancelledError):
-                raise
             return
         if tls is None or tls.is_closing():
             self._release()
@@ -105,7 +102,7 @@ class _Guard(asyncio.Protocol):
 
     def _handshake_done(self, task: asyncio.Task, raw: asyncio.BaseTransport) -> None:
         self._listener.handshakes.discard(task)
-        if task.cancelled():  # perhaps before its first step (the server stopping): its except never ran
+        if task.cancelled():  # the server stopping, before or during the handshake
             self._release()
             raw.close()
 

@@ -16,8 +16,10 @@ from typing import Any
 
 from agent.errors import DesiredStateError
 
-_HANDLE = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}/[a-z0-9][a-z0-9_.-]{0,62}$")
-_ENV = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,255}$")
+_HANDLE = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}/[a-z0-9][a-z0-9_.-]{0,62}$(?!\n)")
+# "$(?!\n)": the end of the text in Python (whose "$" also matches before a last newline) and in
+# the OpenAPI document's ECMA regexes alike, so the API's schema, made from these, agrees
+_ENV = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,255}$(?!\n)")
 # A task's size, so that a job record (and each of its tasks' records) stays far below what the
 # store carries in one value (etcd's request limit: 1.5 MiB by default): 64 KiB of command and
 # 64 KiB of environment at most.
@@ -25,7 +27,7 @@ MAX_ARGS, MAX_COMMAND = 1024, 65536
 MAX_ENV, MAX_ENV_SIZE = 1024, 65536
 NETWORK_MODES = ("bridge", "none", "host")
 # A task's other bounds, here once: the API's schema (controlplane/api/schema.py) is made from them.
-IMAGE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/:@+-]{0,511}$")  # [registry/]name[:tag][@digest]
+IMAGE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/:@+-]{0,511}$(?!\n)")  # [registry/]name[:tag][@digest]
 MAX_CPUS = 1024
 MEMORY_MB = (4, 4_194_304)  # MiB, from and to
 PIDS = (1, 4_194_304)

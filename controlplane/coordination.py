@@ -131,8 +131,8 @@ class Coordinator:
         self.fair_wait = fair_wait
         self.handover_wait = handover_wait  # seconds between two shards this process hands over
         self._last_handover = time.monotonic()  # none in a process's first handover_wait either
-        self._handed: dict[int, float] = {}  # shard -> when this process handed it over
-        self._handed_epochs: set[int] = set()  # the leaderships it handed over (never taken up again)
+        # shard -> (when this process handed it over, that leadership's epoch: never taken up again)
+        self._handed: dict[int, tuple[float, int]] = {}
         self._lead, self._depose = lead, depose
         self.lease: int | None = None
         self.valid_until = 0.0  # monotonic: the lease is surely alive until then
@@ -292,13 +292,13 @@ class Coordinator:
             if cur is not None:
                 self._leaderless_since.pop(shard, None)
                 if cur.value.get("member") == self.id and cur.value.get("lease") == self.lease \
-                        and cur.mod_revision not in self._handed_epochs:
+                        and self._handed.get(shard, (0, 0))[1] != cur.mod_revision:
                     # still ours in etcd (we stepped down while cut off, and the lease survived;
                     # not one this process handed over, whose deletion the view has yet to see)
                     await self._begin(Fence(shard, cur.mod_revision, self.keys.leader(shard)))
                 continue
             since = self._leaderless_since.setdefault(shard, now)
-            if now - self._handed.get(shard, -math.inf) < self.handover_wait and now - since < 2 * self.fair_wait:
+            if now - self._handed.get(shard, (-math.inf, 0))[0] < self.handover_wait and now - since < 2 * self.fair_wait:
                 continue  # handed over just now: the member it went to takes it
             if len(self.leading) >= self._fair_share() and now - since < self.fair_wait:
                 continue
@@ -340,8 +340,7 @@ class Coordinator:
                 continue
             fence = self.leading[shard]
             self._last_handover = now
-            self._handed[shard] = now
-            self._handed_epochs.add(fence.epoch)
+            self._handed[shard] = (now, fence.epoch)
             self.counters["handovers"] += 1
             await self._end(shard, f"handed over for member {mid}, which leads {n} shard(s) to this one's {mine}")
             try:

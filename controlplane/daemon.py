@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import os
 import signal
 import ssl
 import sys
@@ -31,6 +30,7 @@ from controlplane import daemon_config
 from controlplane.broker.agents import MAX_LONG_POLLS, AgentService, BootstrapFile
 from controlplane.broker.relay import Relay
 from controlplane.sealing import Sealer
+from controlplane.secretfile import owner_only, tokens_in
 from controlplane.metrics import Metrics
 from controlplane.coordination import ROLES, Coordinator, Fence, parse_roles, parse_shards
 from controlplane.api.app import make_app
@@ -54,7 +54,8 @@ class ControlDaemon:
                  roles: tuple[str, ...] = ROLES, shards: str = "all", shard_count: int = 1, lease_ttl: int = 2,
                  advertise: str = "", member_id: str | None = None, max_txn_ops: int = 128,
                  conn_limits: ConnLimits = ConnLimits(), tls: ssl.SSLContext | None = None,
-                 client_tls: ssl.SSLContext | None = None, max_long_polls: int = MAX_LONG_POLLS):
+                 client_tls: ssl.SSLContext | None = None, max_long_polls: int = MAX_LONG_POLLS,
+                 sealer: Sealer | None = None):
         self.store = store
         self.keys = Keys(region)
         self.api_tokens = api_tokens
@@ -74,6 +75,8 @@ class ControlDaemon:
         self.client_tls = client_tls  # how this process verifies the other replicas (None: the system's CAs)
         self.listener: Listener | None = None
         self.state = RegionState(store, self.keys, ProfileDocuments(profile_search))
+        if sealer is not None:  # --secret-key-file: secret task values sealed at rest
+            self.state.sealer = sealer
         self.agents = AgentService(self.state, store, self.keys, bootstrap_tokens, heartbeat_interval,
                                    reboot_grace=reboot_grace, max_long_polls=max_long_polls)
         self.health = HealthService(self.state, store, self.keys, self.agents.last_seen, heartbeat_timeout,
@@ -236,34 +239,22 @@ class ControlDaemon:
             await self.state.stop()
 
 
-def _tokens(path: str | None, flag: str, required: bool = True) -> set[str]:
-    """The tokens of a file, one per line. The file must be readable by its owner only (as ssh's
-    keys): a token anyone on the host can read is no secret."""
+def _tokens(path: str | None, flag: str) -> set[str]:
+    """The tokens of a file, one per line, readable by its owner only (secretfile.py)."""
     if path is None:
-        if required:
-            raise SystemExit(_input_error(flag, "required"))
-        return set()
-    _owner_only(path, flag, "tokens")
+        raise SystemExit(_input_error(flag, "required"))
     try:
-        tokens = {line.strip() for line in Path(path).read_text().splitlines() if line.strip()}
-    except OSError as e:
-        raise SystemExit(_input_error(flag, f"{path}: {e.strerror}"))
-    except UnicodeDecodeError:
-        raise SystemExit(_input_error(flag, f"{path}: not UTF-8 text"))
-    if not tokens:
-        raise SystemExit(_input_error(flag, f"{path}: no token in the file"))
-    return tokens
+        return tokens_in(path)
+    except ValueError as e:
+        raise SystemExit(_input_error(flag, str(e)))
 
 
 def _owner_only(path: str, flag: str, what: str) -> None:
     """Exit 2 unless `path` is readable and writable by its owner alone (as ssh's keys)."""
     try:
-        mode = os.stat(path).st_mode & 0o777
-    except OSError as e:
-        raise SystemExit(_input_error(flag, f"{path}: {e.strerror}"))
-    if mode & 0o077:
-        raise SystemExit(_input_error(flag, f"{path}: mode {mode:04o} lets others than its owner read or write "
-                                            f"it; {what} must be secret: chmod 600 {path}"))
+        owner_only(path, what)
+    except ValueError as e:
+        raise SystemExit(_input_error(flag, str(e)))
 
 
 def _input_error(flag: str, why: str) -> int:
@@ -436,13 +427,11 @@ async def _main(args: argparse.Namespace) -> int:
         raise SystemExit(_input_error("--etcd-cert/--etcd-key", "need --etcd-ca (the CA of etcd's certificate)"))
     store = Store(args.etcd, tls=etcd_tls)
     api_tokens = _tokens(args.api_token_file, "--api-token-file")
-    bootstrap_tokens = _tokens(args.bootstrap_token_file, "--bootstrap-token-file", required=False)
-    if api_tokens & bootstrap_tokens:
-        raise SystemExit(_input_error("--bootstrap-token-file", f"{args.bootstrap_token_file}: a token in it is in "
-                                      "--api-token-file too: an agent's host would hold an admin token; give "
-                                      "agents tokens of their own"))
-    boot = BootstrapFile(args.bootstrap_token_file, args.bootstrap_token_ttl, bootstrap_tokens, api_tokens) \
-        if args.bootstrap_token_file else BootstrapFile(None, 0, set())
+    try:
+        boot = BootstrapFile(args.bootstrap_token_file, args.bootstrap_token_ttl, api_tokens) \
+            if args.bootstrap_token_file else BootstrapFile.of(set())
+    except ValueError as e:
+        raise SystemExit(_input_error("--bootstrap-token-file", str(e)))
     at = boot.expires_at()
     if args.bootstrap_token_file and at is not None and at <= time.time():
         log.warning("the tokens of --bootstrap-token-file %s expired at %s (--bootstrap-token-ttl %gs after it was "
@@ -462,8 +451,7 @@ async def _main(args: argparse.Namespace) -> int:
                            args.maintenance_policy, args.reboot_grace, roles=roles, shards=args.shards,
                            shard_count=args.shard_count, lease_ttl=args.lease_ttl, advertise=args.advertise,
                            max_txn_ops=args.max_txn_ops, conn_limits=conn_limits,
-                           tls=tls, client_tls=client_tls, max_long_polls=args.max_long_polls)
-    daemon.state.sealer = sealer
+                           tls=tls, client_tls=client_tls, max_long_polls=args.max_long_polls, sealer=sealer)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -10,13 +10,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 
-def _openssl(*args: str, cwd: Path) -> None:
+def _openssl(*args: str, cwd: Path | None = None, check: bool = True) -> bool:
+    """Runs openssl; RuntimeError when it fails, or with check=False, whether it succeeded."""
     try:
-        subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True, text=True)
+        subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True, text=True, timeout=60)
     except FileNotFoundError:
         raise RuntimeError("the openssl command is missing (Debian: apt-get install openssl)") from None
     except subprocess.CalledProcessError as e:
+        if not check:
+            return False
         raise RuntimeError(f"openssl {args[0]} failed: {e.stderr.strip()[-500:]}") from None
+    return True
 
 
 @dataclass(frozen=True)
@@ -75,14 +79,8 @@ class CA:
         cert = self.d / f"{name}.pem"
         if not cert.exists() or not (self.d / f"{name}-key.pem").exists():
             return False
-        for args in (["verify", "-CAfile", str(self.cert), str(cert)],
-                     ["x509", "-checkend", str(margin_days * 86400), "-noout", "-in", str(cert)]):
-            try:
-                if subprocess.run(["openssl", *args], capture_output=True, timeout=30).returncode != 0:
-                    return False
-            except FileNotFoundError:
-                raise RuntimeError("the openssl command is missing (Debian: apt-get install openssl)") from None
-        return True
+        return _openssl("verify", "-CAfile", str(self.cert), str(cert), check=False) and \
+            _openssl("x509", "-checkend", str(margin_days * 86400), "-noout", "-in", str(cert), check=False)
 
 
 def main(argv: list[str] | None = None) -> int:

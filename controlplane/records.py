@@ -22,7 +22,7 @@ from agent.errors import InputError
 from agent.models import TaskSpec
 from controlplane.allocator.model import LEVELS, STRATEGIES
 
-NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
+NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$(?!\n)")  # the end of the text (agent/models.py)
 MAX_OWNER = 256  # characters of an entitlement's owner
 TASK_STATES = ("pending", "allocated", "starting", "running", "stopping", "stopped", "failed", "lost", "suspended")
 JOB_STATES = ("active", "stopping", "stopped")

@@ -27,6 +27,8 @@ import os
 import re
 from typing import Any
 
+from controlplane.secretfile import read_secret
+
 log = logging.getLogger("twine.controld.sealing")
 PREFIX = "twine-sealed:v1:"
 KEY_NAME = re.compile(r"[A-Za-z0-9_.-]{1,32}")
@@ -45,16 +47,7 @@ class Sealer:
     @classmethod
     def load(cls, path: str) -> "Sealer":
         """The keys of a key file. ValueError names what is wrong (the daemon exits 2)."""
-        try:
-            mode = os.stat(path).st_mode & 0o777
-            text = open(path, encoding="utf-8").read()
-        except OSError as e:
-            raise ValueError(f"{path}: {e.strerror}") from None
-        except UnicodeDecodeError:
-            raise ValueError(f"{path}: not UTF-8 text") from None
-        if mode & 0o077:
-            raise ValueError(f"{path}: mode {mode:04o} lets others than its owner read or write it; keys must be "
-                             f"secret: chmod 600 {path}")
+        text = read_secret(path, "keys")
         keys: list[tuple[str, bytes]] = []
         for n, line in enumerate(text.splitlines(), start=1):
             line = line.strip()
@@ -80,10 +73,6 @@ class Sealer:
     @staticmethod
     def new_key_line(name: str = "key1") -> str:
         return f"{name}:{base64.b64encode(os.urandom(32)).decode()}"
-
-    @property
-    def active(self) -> bool:
-        return bool(self.keys)
 
     @staticmethod
     def _aad(handle: str, var: str) -> bytes:

@@ -63,11 +63,6 @@ def decoded(kind: str, raw: bytes) -> Any:
     return value if typed is None else typed[0].from_json(value)
 
 
-def record(cls: type, value: Any) -> Any:
-    """`value` (a decoded record or its JSON) as a `cls`."""
-    return value if isinstance(value, cls) else cls.from_json(value)
-
-
 class WorkQueue:
     """One subscriber's queue of jobs to look at again, and the event that says it is not empty."""
 
@@ -263,7 +258,7 @@ class RegionState:
                 self.coordination_changed.set()
             return set()
         if kind == "machines":
-            viewed = self._set_machine(rest, None if value is None else record(MachineRec, value))
+            viewed = self._set_machine(rest, value)  # decoded into its record (as etcd's bytes are)
             return self.jobs_on(rest) if viewed else set()
         if kind == "entitlements":
             old = self.entitlements.get(rest)
@@ -285,7 +280,7 @@ class RegionState:
             return {rest}
         if kind == "tasks":
             handle, _, idx = rest.rpartition("/")
-            self._set_task(handle, int(idx), None if value is None else record(TaskRec, value))
+            self._set_task(handle, int(idx), value)
             return {handle}
         if kind == "events":
             new = None if value is None else EventRec.from_json(value)  # first: one it cannot read changes nothing

@@ -21,8 +21,9 @@ log=$(mktemp)
 # Offline first, from the wheels already here: after a code change only twine's own wheel is new
 # (setuptools, kept here, builds it). Else (a first build, a new dependency) from the package index.
 if ! "$python" -m pip wheel -q --no-index --find-links "$out" --wheel-dir "$out" "$src" >"$log" 2>&1; then
-  # setuptools as pyproject.toml's [build-system] requires it
-  "$python" -m pip wheel -q --wheel-dir "$out" "$src" "setuptools>=68" >"$log" 2>&1 \
+  # and what pyproject.toml's [build-system] requires (setuptools), kept for the offline builds
+  read -ra build_reqs < <("$python" -c 'import sys, tomllib; print(" ".join(tomllib.load(open(sys.argv[1], "rb"))["build-system"]["requires"]))' "$src/pyproject.toml")
+  "$python" -m pip wheel -q --wheel-dir "$out" "$src" "${build_reqs[@]}" >"$log" 2>&1 \
     || { cat "$log" >&2; rm -f "$log"; exit 1; }
 fi
 rm -f "$log"

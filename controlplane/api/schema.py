@@ -11,6 +11,7 @@ runs Schemathesis against the served document to prove it.
 
 from __future__ import annotations
 
+import ast
 import re
 from typing import Annotated, Any, Literal, Union
 
@@ -101,7 +102,7 @@ class JobSpec(Struct, forbid_unknown_fields=True):
     preferences: Union[list[Preference], None] = None
     update: Union[Update, None] = None
     controller: Union[Annotated[str, Meta(pattern=r"^https?://", max_length=2048)], None] = None
-    controller_token: Union[Annotated[str, Meta(pattern=r"^[\x21-\x7e]{0,512}$")], None] = None
+    controller_token: Union[Annotated[str, Meta(pattern=r"^[\x21-\x7e]{0,512}$(?!\n)")], None] = None
 
 
 class Resize(Struct, forbid_unknown_fields=True):
@@ -184,10 +185,11 @@ def _bad_key(data: Any, path: str | None, message: str) -> str | None:
     obj = data
     for part in (path or "").split("."):
         obj = obj.get(part) if isinstance(obj, dict) and part else obj
-    pattern = re.search(r"matching regex '(.*)' - at ", message)
+    pattern = re.search(r"matching regex ('.*') - at ", message)
     if not isinstance(obj, dict) or pattern is None:
         return None
-    bad = next((k for k in obj if not re.search(pattern.group(1), k)), None)
+    regex = ast.literal_eval(pattern.group(1))  # msgspec shows the pattern as Python's repr of it
+    bad = next((k for k in obj if not re.search(regex, k)), None)
     return None if bad is None else f"{path}.{bad}"
 
 

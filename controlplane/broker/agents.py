@@ -26,6 +26,7 @@ from typing import Any, Callable
 from controlplane.broker.reboots import Reboots
 from controlplane.records import ApiError, MachineRec
 from controlplane.sealing import SealingError
+from controlplane.secretfile import owner_only, tokens_in
 from controlplane.state import RegionState
 from controlplane.store import Store
 from controlplane.store.keys import Keys
@@ -72,23 +73,32 @@ class BootstrapFile:
     written (Kubernetes' bootstrap tokens expire: one copied off a host long ago registers
     nothing); ttl 0 is an operator's explicit "never". The file is read again when it changes, so
     an operator renews them by writing it anew, without a restart. A file that turns unreadable,
-    readable by others, empty, or holds an API token admits nothing until it is mended."""
+    readable by others, empty, or holds an API token admits nothing until it is mended. At start
+    the same faults are a ValueError (the daemon exits 2)."""
 
-    def __init__(self, path: str | None, ttl: float, tokens: set[str], api_tokens: set[str] = frozenset()):
+    def __init__(self, path: str | None, ttl: float, api_tokens: set[str] = frozenset()):
         self.path, self.ttl = path, ttl
         self._api = {sha256(t) for t in api_tokens}
-        self._hashes = {sha256(t) for t in tokens}
-        self._seen, self._mtime = self._stat() if path else (None, time.time())
         self._said = ""
+        self._seen, self._mtime, self._hashes = self._read() if path else (None, time.time(), set())
 
-    def _stat(self) -> tuple[tuple | None, float]:
-        """What tells a change of the file (written, replaced, its mode changed), and when it was
-        last written."""
-        try:
-            st = os.stat(self.path)
-        except OSError:
-            return None, -1.0
-        return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_mode), st.st_mtime
+    @classmethod
+    def of(cls, tokens: set[str]) -> "BootstrapFile":
+        """Tokens given as they are (no file): they never expire."""
+        out = cls(None, 0)
+        out._hashes = {sha256(t) for t in tokens}
+        return out
+
+    def _read(self) -> tuple[tuple, float, set[str]]:
+        """What tells a change of the file (taken before it is read: a write after it is seen at
+        the next look), when it was last written, and its tokens' hashes. ValueError: a fault."""
+        st = owner_only(self.path, "tokens")
+        seen = (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_mode)
+        hashes = {sha256(t) for t in tokens_in(self.path)}
+        if hashes & self._api:
+            raise ValueError(f"{self.path}: a token in it is in --api-token-file too: an agent's host would hold an "
+                             "admin token; give agents tokens of their own")
+        return seen, st.st_mtime, hashes
 
     def _say(self, level: int, text: str) -> None:
         if text != self._said:
@@ -96,29 +106,22 @@ class BootstrapFile:
         self._said = text
 
     def _reload(self) -> None:
-        seen, mtime = self._stat()
+        try:
+            st = os.stat(self.path)
+            seen = (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_mode)
+        except OSError:
+            seen = None
         if seen == self._seen:
             return
-        self._seen, self._mtime, self._hashes = seen, mtime, set()
         try:
-            if seen is None:
-                raise ValueError("it is gone")
-            if seen[4] & 0o077:
-                raise ValueError("others than its owner may read or write it")
-            hashes = {sha256(line.strip()) for line in open(self.path, encoding="utf-8").read().splitlines()
-                      if line.strip()}
-            if not hashes:
-                raise ValueError("no token in it")
-            if hashes & self._api:
-                raise ValueError("a token in it is an API token")
-        except (OSError, UnicodeDecodeError, ValueError) as e:
-            self._say(logging.ERROR, f"--bootstrap-token-file {self.path}: {e}; its tokens register nothing until "
-                                     "it is mended")
+            self._seen, self._mtime, self._hashes = self._read()
+        except ValueError as e:
+            self._seen, self._hashes = seen, set()
+            self._say(logging.ERROR, f"--bootstrap-token-file {e}; its tokens register nothing until it is mended")
             return
-        self._hashes = hashes
         self._said = ""
-        log.warning("--bootstrap-token-file %s read again: %d token(s), valid until %s", self.path, len(hashes),
-                    self.expiry_text())
+        log.warning("--bootstrap-token-file %s read again: %d token(s), valid until %s", self.path,
+                    len(self._hashes), self.expiry_text())
 
     def expires_at(self) -> float | None:
         return self._mtime + self.ttl if self.ttl else None
@@ -153,7 +156,7 @@ class AgentService:
         self.store = store
         self.keys = keys
         self.bootstrap = bootstrap_tokens if isinstance(bootstrap_tokens, BootstrapFile) \
-            else BootstrapFile(None, 0, set(bootstrap_tokens))
+            else BootstrapFile.of(set(bootstrap_tokens))
         self.heartbeat_interval = heartbeat_interval
         self.on_seen = on_seen
         self.on_report: Callable[[str], None] | None = None  # the machine's task report changed

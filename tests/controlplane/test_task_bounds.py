@@ -3,28 +3,30 @@ task parser (agent/models.py, which also checks the records the daemon stores) t
 
 from __future__ import annotations
 
-import msgspec
 import pytest
 
 from agent.errors import DesiredStateError
 from agent.models import TaskSpec
-from controlplane.api.schema import TaskTemplate
+from controlplane.api.schema import TaskTemplate, checked
+from controlplane.records import ApiError
 
 EDGES = {
     "image": ["busybox", "twine/busybox:1", "reg.example:5000/a/b@sha256:" + "a" * 64, "a" * 512, "a" * 513, "",
-              " busybox", "busy box", "-bad", ".bad", "bad\tname", "bäd", "a;rm"],
+              " busybox", "busy box", "-bad", ".bad", "bad\tname", "bäd", "a;rm", "busybox\n"],
     "cpus": [0, 0.001, 1, 1024, 1024.5, -1],
     "memory_mb": [3, 4, 128, 4_194_304, 4_194_305],
     "pids": [0, 1, 4_194_304, 4_194_305],
     "network_mode": ["bridge", "none", "host", "HOST", ""],
+    "env": [{"A": "1"}, {"_a9": "x"}, {"A" * 256: "1"}, {"A" * 257: "1"}, {"A\n": "1"}, {"1A": "1"}, {"A-B": "1"}],
 }
 
 
 def _api(task: dict) -> bool:
+    """As the API checks a body (schema.checked, strict)."""
     try:
-        msgspec.convert(task, TaskTemplate)
+        checked(task, TaskTemplate)
         return True
-    except msgspec.ValidationError:
+    except ApiError:
         return False
 
 

@@ -109,8 +109,8 @@ def tidy_after(region: Region) -> Iterator[None]:
     it for want of machines."""
     yield
     problems = region.heal() if region.partitioned else []
-    for name, key in (("etcd", "etcd"), ("controld", "controld"), *((n, f"agent:{n}") for n in region.specs)):
-        ref = region.procs.get(key)
+    for name in ("etcd", "controld", *region.specs):
+        ref = region.procs.get(region._key(name))  # noqa: SLF001 - the region's own naming of its processes
         if ref is None or not ref.alive():  # killed by the test, or died
             region.restart(name)
     api = Api(region)

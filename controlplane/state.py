@@ -186,8 +186,8 @@ class RegionState:
     async def stop(self) -> None:
         await self.index.stop()
 
-    async def wait_for(self, revision: int) -> None:
-        await self.index.wait_for(revision)
+    async def wait_for(self, revision: int, timeout: float = 10) -> None:
+        await self.index.wait_for(revision, timeout)
 
     @property
     def revision(self) -> int:

@@ -1,10 +1,12 @@
 """A TCP proxy on loopback that a test can cut: a process that reaches etcd through it is cut off
-from etcd (connections reset, new ones refused) while everything else still reaches etcd."""
+from etcd (connections reset, new ones refused) while everything else still reaches etcd; or hold,
+so that it sees etcd late."""
 
 from __future__ import annotations
 
 import socket
 import threading
+import time
 
 
 class TcpProxy:
@@ -18,6 +20,7 @@ class TcpProxy:
         self._socks: list[socket.socket] = []
         self._lock = threading.Lock()
         self.cut_off = False
+        self.held = False  # hold(): bytes wait here, in both directions, until released
         threading.Thread(target=self._accept, daemon=True).start()
 
     def _accept(self) -> None:
@@ -46,6 +49,8 @@ class TcpProxy:
                 data = src.recv(65536)
                 if not data or self.cut_off:
                     break
+                while self.held and not self.cut_off:
+                    time.sleep(0.005)
                 dst.sendall(data)
         except OSError:
             pass
@@ -55,6 +60,10 @@ class TcpProxy:
                     s.shutdown(socket.SHUT_RDWR)
                 except OSError:
                     pass
+
+    def hold(self, held: bool = True) -> None:
+        """Delay what passes (nothing is lost): the process behind it sees etcd late, not gone."""
+        self.held = held
 
     def cut(self) -> None:
         """From now on nothing passes: open connections are reset, new ones closed at once."""

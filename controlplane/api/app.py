@@ -77,6 +77,21 @@ async def errors_and_auth(request: web.Request, handler: Callable[[web.Request],
     return response
 
 
+async def _caught_up(d: ControlDaemon) -> bool:
+    """Whether this view was behind etcd's current revision, and has now seen it (a 404 is then
+    asked again: every replica answers as etcd holds the region, not as its watch has it so far).
+    False when it was not behind, or etcd cannot say: the 404 stands."""
+    seen = d.state.revision  # what the 404 was answered from
+    try:
+        _, revision = await d.store.range(d.keys.settings())
+        if revision <= seen:
+            return False
+        await d.state.wait_for(revision, timeout=5)
+        return True
+    except Exception:  # noqa: BLE001 - etcd away or the watch slow: the answer is the view's
+        return False
+
+
 async def _answer(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]):
     d: ControlDaemon = request.app[DAEMON]
     try:
@@ -86,7 +101,14 @@ async def _answer(request: web.Request, handler: Callable[[web.Request], Awaitab
                 and not ("health" in d.roles and request.path in SERVED_BY_HEALTH):
             raise ApiError("unavailable", None, f"this process serves no API (roles: {','.join(d.roles)}); "
                            "ask a replica with the frontend role (GET /v1/cluster lists them)")
-        response = await handler(request)
+        try:
+            response = await handler(request)
+        except ApiError as e:
+            if e.kind != "not_found" or not await _caught_up(d):
+                raise
+            # this view was behind etcd: what the request names may have just been written through
+            # another replica (created there, then asked for here): asked again, now caught up
+            response = await handler(request)
         if stale := d.state.stale:
             response.headers[STALE] = _header(stale)
         return response

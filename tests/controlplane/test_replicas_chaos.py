@@ -332,3 +332,35 @@ def test_a_replica_that_joins_later_takes_its_share_of_shards_and_no_task_restar
     finally:
         for c in cs:
             c.close()
+
+
+def test_a_replica_whose_view_lags_answers_what_another_just_wrote_not_a_404(tmp_path, etcd_server):
+    """An entitlement made through one replica, then named at once to another whose watch has not
+    yet brought it (held back here by a proxy): a 404 is asked again once that replica's view has
+    caught up with etcd's current revision, so the job is created (CI once saw this 404 as a
+    race between two replicas)."""
+    import threading
+
+    proxy = TcpProxy(etcd_server.port)
+    cs = replicas(tmp_path, etcd_server.port, 2, (), ("--roles", "frontend"), ports=[etcd_server.port, proxy.port])
+    try:
+        a, b = cs[0].start(), cs[1].start()
+        register(a, "m0", "dc0", "msb0")
+        proxy.hold()
+        assert a.call("POST", "/v1/entitlements", {"name": "late", "machine_type": "generic", "quota": 1})[0] == 201
+        got: dict = {}
+        asking = threading.Thread(target=lambda: got.update(answer=b.call("GET", "/v1/entitlements/late")))
+        asking.start()
+        time.sleep(0.5)
+        assert asking.is_alive(), f"b answered before its view caught up: {got}"
+        proxy.hold(False)
+        asking.join(15)
+        status, body = got["answer"]
+        assert status == 200 and body["name"] == "late", body
+        # a name that etcd does not hold either is a 404 still, at once
+        assert b.call("GET", "/v1/entitlements/none-such")[0] == 404
+    finally:
+        proxy.hold(False)
+        for c in cs:
+            c.close()
+        proxy.close()

@@ -27,7 +27,7 @@ from agent.errors import InputError
 from agent.listener import ConnLimits, Listener
 from agent.sdnotify import Notifier
 from controlplane import daemon_config
-from controlplane.broker.agents import MAX_LONG_POLLS, AgentService, BootstrapFile
+from controlplane.broker.agents import MAX_LONG_POLLS, MAX_WAIT, AgentService, BootstrapFile
 from controlplane.broker.relay import Relay
 from controlplane.sealing import Sealer
 from controlplane.secretfile import owner_only, tokens_in
@@ -55,7 +55,7 @@ class ControlDaemon:
                  advertise: str = "", member_id: str | None = None, max_txn_ops: int = 128,
                  conn_limits: ConnLimits = ConnLimits(), tls: ssl.SSLContext | None = None,
                  client_tls: ssl.SSLContext | None = None, max_long_polls: int = MAX_LONG_POLLS,
-                 sealer: Sealer | None = None):
+                 sealer: Sealer | None = None, max_long_poll: float = MAX_WAIT):
         self.store = store
         self.keys = Keys(region)
         self.api_tokens = api_tokens
@@ -78,7 +78,7 @@ class ControlDaemon:
         if sealer is not None:  # --secret-key-file: secret task values sealed at rest
             self.state.sealer = sealer
         self.agents = AgentService(self.state, store, self.keys, bootstrap_tokens, heartbeat_interval,
-                                   reboot_grace=reboot_grace, max_long_polls=max_long_polls)
+                                   reboot_grace=reboot_grace, max_long_polls=max_long_polls, max_wait=max_long_poll)
         self.health = HealthService(self.state, store, self.keys, self.agents.last_seen, heartbeat_timeout,
                                     max_txn_ops=max_txn_ops)
         self.agents.on_seen = self.health.seen
@@ -369,6 +369,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--max-long-polls", type=int, default=MAX_LONG_POLLS,
                    help="agents' desired-state long polls waiting at once in this process; more are answered 503 "
                         "and the agent tries another replica (default %(default)s)")
+    p.add_argument("--max-long-poll", type=float, default=MAX_WAIT,
+                   help="seconds an agent's desired-state long poll waits at most for a change; it may ask for "
+                        "less (default %(default)s)")
     p.add_argument("--header-timeout", type=float, default=ConnLimits.header_timeout,
                    help="seconds a connection has to send a request's head (and a TLS handshake), from its "
                         "opening or its last response; then it is closed (default %(default)s)")
@@ -404,7 +407,8 @@ async def _main(args: argparse.Namespace) -> int:
                         ("--max-connections", args.max_connections), ("--max-long-polls", args.max_long_polls)):
         if value < 1:
             raise SystemExit(_input_error(flag, f"{value}: at least 1"))
-    for flag, value in (("--header-timeout", args.header_timeout), ("--body-timeout", args.body_timeout)):
+    for flag, value in (("--header-timeout", args.header_timeout), ("--body-timeout", args.body_timeout),
+                        ("--max-long-poll", args.max_long_poll)):
         if not 0 < value <= 3600:
             raise SystemExit(_input_error(flag, f"{value}: seconds, more than 0 and at most 3600"))
     conn_limits = ConnLimits(args.max_connections_per_client, args.max_connections, args.header_timeout,
@@ -451,7 +455,8 @@ async def _main(args: argparse.Namespace) -> int:
                            args.maintenance_policy, args.reboot_grace, roles=roles, shards=args.shards,
                            shard_count=args.shard_count, lease_ttl=args.lease_ttl, advertise=args.advertise,
                            max_txn_ops=args.max_txn_ops, conn_limits=conn_limits,
-                           tls=tls, client_tls=client_tls, max_long_polls=args.max_long_polls, sealer=sealer)
+                           tls=tls, client_tls=client_tls, max_long_polls=args.max_long_polls, sealer=sealer,
+                           max_long_poll=args.max_long_poll)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -687,7 +687,7 @@ async def discovery(request: web.Request) -> web.Response:
 
 async def agent_register(request: web.Request) -> web.Response:
     d: ControlDaemon = request.app[DAEMON]
-    return reply(await d.agents.register(await body(request), request.headers.get(CREDENTIAL_HEADER)))
+    return reply(await d.agents.register(await body(request, schema=S.AgentRegister), request.headers.get(CREDENTIAL_HEADER)))
 
 
 async def agent_desired(request: web.Request) -> web.Response:
@@ -697,25 +697,28 @@ async def agent_desired(request: web.Request) -> web.Response:
     except ValueError:
         wait = -1.0
     if not 0 <= wait <= 3600:  # NaN too; more than the longest wait (60 s) is that wait
-        raise ApiError("invalid", "wait", "must be a number of seconds from 0")
-    return reply(await d.agents.desired(request[MACHINE], request.query.get("version", ""), wait))
+        raise ApiError("invalid", "wait", "must be a number of seconds from 0 to 3600")
+    version = request.query.get("version", "")
+    if len(version) > 64:
+        raise ApiError("invalid", "version", "a desired state's version has at most 64 characters")
+    return reply(await d.agents.desired(request[MACHINE], version, wait))
 
 
 async def agent_heartbeat(request: web.Request) -> web.Response:
     d: ControlDaemon = request.app[DAEMON]
-    return reply(await d.agents.heartbeat(request[MACHINE], await body(request)))
+    return reply(await d.agents.heartbeat(request[MACHINE], await body(request, schema=S.Heartbeat)))
 
 
 async def agent_shutdown(request: web.Request) -> web.Response:
     d: ControlDaemon = request.app[DAEMON]
-    return reply(await d.agents.reboots.announce(request[MACHINE], await body(request)))
+    return reply(await d.agents.reboots.announce(request[MACHINE], await body(request, schema=S.Shutdown)))
 
 
 # -- meta --------------------------------------------------------------------------------------
 
 
 async def openapi(request: web.Request) -> web.Response:
-    return reply(document())
+    return reply(document(request.app[DAEMON].keys.region))
 
 
 async def healthz(request: web.Request) -> web.Response:

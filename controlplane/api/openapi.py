@@ -124,7 +124,7 @@ QUERY_PARAMS = {
                                   "1: also the maintenance that is over")],
     ("/v1/agent/desired", "get"): [("version", {"type": "string", "maxLength": 64}, "the version the agent has"),
                                    ("wait", {"type": "number", "minimum": 0, "maximum": 3600},
-                                    "seconds to wait for a change (at most 60 are waited)")],
+                                    "seconds to wait for a change (at most --max-long-poll are waited: 60 by default)")],
 }
 
 
@@ -194,15 +194,10 @@ SCHEMAS = {
     "EventList": {**OBJ, "properties": {"events": {"type": "array", "items": _ref("Event")}}},
     "Discovery": {**OBJ, "properties": {"job": STR, "endpoints": {"type": "array", "items": {**OBJ, "properties": {
         "index": INT, "machine": STR, "address": STR, "enabled": {"type": "boolean"}}}}}},
-    "AgentRegister": {**OBJ, "required": ["machine_id", "labels", "capacity"], "properties": {
-        "machine_id": STR, "hostname": STR, "labels": OBJ, "capacity": OBJ, "address": STR, "version": STR}},
     "Registration": {**OBJ, "properties": {"machine_id": STR, "credential": STR}},
     "DesiredState": {**OBJ, "properties": {"version": STR, "profile": NSTR, "tasks": {"type": "array", "items": OBJ},
                                            "profile_spec": {**OBJ, "properties": {"name": STR, "hash": STR, "sections": OBJ}}}},
-    "Shutdown": {**OBJ, "required": ["reason"], "properties": {"reason": {"type": "string", "enum": ["reboot"]}}},
     "ShutdownReply": {**OBJ, "properties": {"ok": {"type": "boolean"}, "maintenance": STR, "until": NUM}},
-    "Heartbeat": {**OBJ, "properties": {"machine_id": STR, "seq": INT, "desired_version": STR, "health": OBJ,
-                                        "profile": OBJ, "tasks": {"type": "array", "items": OBJ}, "digest": STR}},
     "Cluster": {**OBJ, "properties": {"region": STR, "self": OBJ, "members": {"type": "array", "items": OBJ},
                                       "shards": {"type": "array", "items": OBJ}}},
     "HeartbeatReply": {**OBJ, "properties": {"ok": {"type": "boolean"}, "resend": {"type": "boolean"},
@@ -212,14 +207,22 @@ SCHEMAS = {
 
 
 @cache
-def document() -> dict:
+def document(region: str | None = None) -> dict:
+    """The document; served by a daemon, it names the region it serves (the only labels.region
+    its registrations take)."""
+    schemas = {**SCHEMAS, **request_schemas.components()}
+    if region is not None:
+        labels = schemas["MachineLabels"]
+        schemas["MachineLabels"] = {**labels, "properties": {
+            **labels["properties"], "region": {"type": "string", "enum": [region],
+                                               "description": "the region this control plane serves"}}}
     return {
         "openapi": "3.1.0",
         "info": {"title": "twine-controld", "version": "v1",
                  "description": "The regional control plane of a Twine-style cluster manager (docs/api.md)."},
         "paths": PATHS,
         "components": {
-            "schemas": {**SCHEMAS, **request_schemas.components()},
+            "schemas": schemas,
             "securitySchemes": {
                 "apiToken": {"type": "http", "scheme": "bearer", "description": "operator / job owner token"},
                 "bootstrapToken": {"type": "http", "scheme": "bearer", "description": "agent bootstrap token"},

@@ -20,6 +20,7 @@ from msgspec import Meta, Struct
 
 from agent.models import (_ENV, IMAGE, MAX_ARGS, MAX_COMMAND, MAX_CPUS, MAX_ENV, MAX_ENV_SIZE, MEMORY_MB, NETWORK_MODES,
                           PIDS)
+from controlplane.broker.agents import MACHINE_ID, MAX_LABEL
 from controlplane.records import LEVELS, MAINTENANCE_POLICIES, MAX_MAINTENANCE, MAX_OWNER, NAME, STRATEGIES, ApiError
 
 Name = Annotated[str, Meta(pattern=NAME.pattern, description="lower case letters, digits, '_.-' (1-63)")]
@@ -128,6 +129,76 @@ class MaintenanceSpec(Struct, forbid_unknown_fields=True):
     reason: Annotated[str, Meta(max_length=500)] = ""
 
 
+# -- what agents send (docs/api.md, "Agents"): unknown fields are allowed where a newer agent may
+# say more (the daemon reads only these), never in what it stores (labels, capacity)
+
+AgentLabel = Annotated[str, Meta(min_length=1, max_length=MAX_LABEL)]
+AgentText = Union[Annotated[str, Meta(max_length=MAX_LABEL)], None]
+
+
+class MachineLabels(Struct):
+    region: AgentLabel
+    dc: AgentLabel
+    msb: AgentLabel
+    rack: AgentLabel
+    machine_type: AgentLabel
+
+
+class Capacity(Struct, forbid_unknown_fields=True):
+    cpus: Annotated[float, Meta(gt=0, le=65536)]
+    memory_mb: Annotated[int, Meta(gt=0, le=2**40, description="MiB")]
+    disk_gb: Annotated[float, Meta(ge=0, le=2**40)] = 0.0
+    hugepage_sizes_kb: Annotated[list[Annotated[int, Meta(gt=0, le=2**30)]], Meta(max_length=16)] = []
+    cgroup_version: Literal[1, 2] = 1
+    supports: Annotated[list[Annotated[str, Meta(min_length=1, max_length=64)]], Meta(max_length=64)] = []
+
+
+class AgentRegister(Struct, forbid_unknown_fields=True):
+    machine_id: Annotated[str, Meta(pattern=MACHINE_ID.pattern)]
+    labels: MachineLabels
+    capacity: Capacity
+    hostname: AgentText = None
+    address: AgentText = None
+    version: AgentText = None
+
+
+class TaskReport(Struct):
+    job: Annotated[str, Meta(min_length=1, max_length=127)]
+    index: Annotated[int, Meta(ge=0, le=1_000_000)]
+    spec_version: Annotated[int, Meta(ge=0)] = 0
+    state: Annotated[str, Meta(max_length=32)] = ""
+    exit_code: Union[int, None] = None
+    restarts: Annotated[int, Meta(ge=0)] = 0
+    error: Annotated[str, Meta(max_length=65536)] = ""
+
+
+class HealthReport(Struct):
+    ok: bool = False
+    problems: Annotated[list[Annotated[str, Meta(max_length=4096)]], Meta(max_length=256)] = []
+
+
+class ProfileReport(Struct):
+    name: Union[Annotated[str, Meta(max_length=4096)], None] = None
+    ok: bool = True
+    error: Annotated[str, Meta(max_length=65536)] = ""
+
+
+class Heartbeat(Struct):
+    machine_id: AgentText = None
+    seq: Annotated[int, Meta(ge=0)] = 0
+    desired_version: Union[Annotated[str, Meta(max_length=128)], None] = None
+    desired_error: Union[Annotated[str, Meta(max_length=65536)], None] = None
+    health: Union[HealthReport, None] = None
+    profile: Union[ProfileReport, None] = None
+    digest: Union[Annotated[str, Meta(max_length=128)], None] = None
+    tasks: Union[Annotated[list[TaskReport], Meta(max_length=100_000, description="left out when the digest is "
+                                                  "the one last accepted")], None] = None
+
+
+class Shutdown(Struct, forbid_unknown_fields=True):
+    reason: Literal["reboot"]
+
+
 class RelayReport(Struct):
     tasks: Union[list[dict[str, Any]], None] = None
     error: Union[str, None] = ""
@@ -141,7 +212,8 @@ class Relay(Struct, forbid_unknown_fields=True, rename={"from_": "from"}):
 
 
 BODIES: dict[str, type] = {t.__name__: t for t in (EntitlementSpec, EntitlementPatch, EntitlementMove, JobSpec,
-                                                   Resize, TokenSpec, MaintenanceSpec, Relay)}
+                                                   Resize, TokenSpec, MaintenanceSpec, Relay, AgentRegister,
+                                                   Heartbeat, Shutdown)}
 
 _AT = re.compile(r" - at (?:`key` in )?`\$(?P<path>[^`]*)`$")
 _FIELD = re.compile(r"(?:unknown|required) field `(?P<name>[^`]+)`")

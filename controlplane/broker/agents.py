@@ -21,7 +21,7 @@ import re
 import secrets
 import time
 from dataclasses import replace
-from typing import Any, Callable
+from typing import Callable
 
 from controlplane.broker.reboots import Reboots
 from controlplane.records import ApiError, MachineRec
@@ -32,40 +32,21 @@ from controlplane.store import Store
 from controlplane.store.keys import Keys
 
 log = logging.getLogger("twine.controld.agents")
-MACHINE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+MACHINE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$(?!\n)")  # the end of the text (agent/models.py)
 LABELS = ("region", "dc", "msb", "rack", "machine_type")
-MAX_WAIT = 60.0
+MAX_WAIT = 60.0  # seconds a desired-state long poll waits at most (--max-long-poll)
 MAX_LONG_POLLS = 20000  # desired-state long polls parked at once in one process (--max-long-polls)
 
 
 CREDENTIAL_HEADER = "X-Twine-Credential"  # a registering agent's current credential
 MAX_LABEL = 253  # characters of a label value, hostname, address or agent version (a DNS name's length)
-# What an agent says of its host (agent/report.py, capacity()): each field's check and its words.
-CAPACITY: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "cpus": (lambda v: isinstance(v, (int, float)) and 0 < v <= 65536, "must be a number > 0 and <= 65536"),
-    "memory_mb": (lambda v: isinstance(v, int) and 0 < v <= 2**40, "must be an integer > 0 and <= 2^40 (MiB)"),
-    "disk_gb": (lambda v: isinstance(v, (int, float)) and 0 <= v <= 2**40, "must be a number from 0 to 2^40"),
-    "hugepage_sizes_kb": (lambda v: isinstance(v, list) and len(v) <= 16
-                          and all(isinstance(x, int) and not isinstance(x, bool) and 0 < x <= 2**30 for x in v),
-                          "must be a list of at most 16 page sizes (kB)"),
-    "cgroup_version": (lambda v: v in (1, 2), "must be 1 or 2"),
-    "supports": (lambda v: isinstance(v, list) and len(v) <= 64
-                 and all(isinstance(x, str) and 0 < len(x) <= 64 for x in v),
-                 "must be a list of at most 64 setting kinds"),
-}
+# The bodies agents send (register, heartbeat, shutdown) are checked against their schema
+# (controlplane/api/schema.py: AgentRegister, Heartbeat, Shutdown) before they reach this module.
 
 
 def sha256(text: str) -> str:
     # surrogateescape: a header's bytes that are not UTF-8 hash as they came (no 500 for them)
     return hashlib.sha256(text.encode(errors="surrogateescape")).hexdigest()
-
-
-def _need(d: dict, key: str, where: str, check: Callable[[Any], bool], why: str) -> Any:
-    v = d.get(key)
-    if v is None or isinstance(v, bool) or not check(v):
-        shown = repr(v)
-        raise ApiError("invalid", f"{where}{key}", f"{shown[:80] + '...' if len(shown) > 80 else shown}: {why}")
-    return v
 
 
 class BootstrapFile:
@@ -149,9 +130,10 @@ class BootstrapFile:
 class AgentService:
     def __init__(self, state: RegionState, store: Store, keys: Keys, bootstrap_tokens: "set[str] | BootstrapFile",
                  heartbeat_interval: float = 1.0, on_seen: Callable[[str], None] | None = None,
-                 reboot_grace: float = 300.0, max_long_polls: int = MAX_LONG_POLLS):
+                 reboot_grace: float = 300.0, max_long_polls: int = MAX_LONG_POLLS, max_wait: float = MAX_WAIT):
         self.state = state
         self.max_long_polls = max_long_polls  # desired-state long polls parked at once in this process
+        self.max_wait = max_wait  # seconds one waits at most
         self.parked = 0
         self.store = store
         self.keys = keys
@@ -199,32 +181,16 @@ class AgentService:
 
     # -- registration ------------------------------------------------------------------------
 
-    async def register(self, body: Any, current: str | None = None) -> dict:
+    async def register(self, body: dict, current: str | None = None) -> dict:
         """Register a machine with the bootstrap token (checked by the caller). A machine id that
         exists is taken again only with its current credential (`current`, the agent's
         X-Twine-Credential header) or after an admin released it: a bootstrap token cannot take a
         live machine over (its credential, its desired state, its labels). Labels and capacity do
         not change under placed tasks: drain the machine, or release it."""
-        if not isinstance(body, dict):
-            raise ApiError("invalid", None, "body must be a JSON object")
-        mid = _need(body, "machine_id", "", lambda v: isinstance(v, str) and MACHINE_ID.fullmatch(v), "not a machine id")
-        labels = _need(body, "labels", "", lambda v: isinstance(v, dict), "must be an object")
-        for k in LABELS:
-            _need(labels, k, "labels.", lambda v: isinstance(v, str) and 0 < len(v) <= MAX_LABEL,
-                  f"must be a non-empty string of at most {MAX_LABEL} characters")
+        mid, labels, cap = body["machine_id"], body["labels"], body["capacity"]  # as the schema has them
         if labels["region"] != self.keys.region:
-            raise ApiError("invalid", "labels.region", f"{labels['region']!r}: this control plane serves region "
+            raise ApiError("unprocessable", "labels.region", f"{labels['region']!r}: this control plane serves region "
                            f"{self.keys.region!r}")
-        cap = _need(body, "capacity", "", lambda v: isinstance(v, dict), "must be an object")
-        for k in cap:
-            if k not in CAPACITY:
-                raise ApiError("invalid", f"capacity.{k}", f"unknown field; known: {', '.join(CAPACITY)}")
-        for k in ("cpus", "memory_mb", *cap):  # cpus and memory_mb must be there; _need refuses bools
-            _need(cap, k, "capacity.", *CAPACITY[k])
-        for k in ("hostname", "address", "version"):
-            if body.get(k) is not None:
-                _need(body, k, "", lambda v: isinstance(v, str) and len(v) <= MAX_LABEL,
-                      f"must be a string of at most {MAX_LABEL} characters")
         credential = secrets.token_urlsafe(32)
         fields = dict(hostname=str(body.get("hostname") or mid), labels={k: labels[k] for k in LABELS},
                       capacity=dict(cap), address=str(body.get("address") or ""),
@@ -293,7 +259,7 @@ class AgentService:
         changes or `wait` seconds have passed. At most max_long_polls wait at once; another is a
         503 (an agent then tries the next replica, or again after a pause)."""
         self.counters["long_polls"] += 1
-        deadline = time.monotonic() + max(0.0, min(wait, MAX_WAIT))
+        deadline = time.monotonic() + max(0.0, min(wait, self.max_wait))
         changed = self.state.machine_changed(mid)  # taken before the state is read: no change is missed
         d = self._desired(mid)
         if d["version"] != version or wait <= 0 or self.closing.is_set():
@@ -321,9 +287,8 @@ class AgentService:
 
     # -- heartbeats --------------------------------------------------------------------------
 
-    async def heartbeat(self, mid: str, body: Any) -> dict:
-        if not isinstance(body, dict):
-            raise ApiError("invalid", None, "body must be a JSON object")
+    async def heartbeat(self, mid: str, body: dict) -> dict:
+        """A heartbeat (its body checked against schema.Heartbeat: tasks name their job and index)."""
         self.counters["heartbeats"] += 1
         self.last_seen[mid] = time.monotonic()
         self.last_seen_wall[mid] = time.time()
@@ -354,18 +319,8 @@ class AgentService:
                 return {"ok": True, "resend": True, "interval": self.heartbeat_interval, **hint}
             self.report_at[mid] = time.time()  # the agent's report is the one kept here, as of now
             return {"ok": True, "interval": self.heartbeat_interval, **hint}
-        if not isinstance(tasks, list) or not all(isinstance(t, dict) for t in tasks):
-            raise ApiError("invalid", "tasks", "must be a list of objects")
-        report = {}
-        for t in tasks:
-            try:
-                report[(str(t["job"]), int(t["index"]))] = t
-            except (KeyError, TypeError, ValueError):
-                raise ApiError("invalid", "tasks", f"{t!r}: each needs job and index") from None
+        report = {(t["job"], t["index"]): t for t in tasks}
         profile = body.get("profile") or {}
-        if not isinstance(profile, dict) or not isinstance(profile.get("name") or "", str) \
-                or not isinstance(profile.get("ok", True), bool):
-            raise ApiError("invalid", "profile", f"{profile!r}: must be {{name: string|null, ok: bool, error}}")
         self.counters["heartbeat_reports"] += 1
         self.digests[mid] = digest
         self.report_at[mid] = time.time()

@@ -123,6 +123,22 @@ def test_long_polls_parked_at_once_are_bounded(tmp_path, etcd_server):
         c.close()
 
 
+def test_a_long_poll_waits_at_most_max_long_poll_and_a_bad_version_is_refused(tmp_path, etcd_server):
+    c = Controld(tmp_path, etcd_server.port, extra=("--max-long-poll", "1")).start()
+    try:
+        cred = register(c, "m1", "dc1", "msb1")
+        version = c.call("GET", "/v1/agent/desired?wait=0", token=cred)[1]["version"]
+        began = time.monotonic()
+        status, answer = c.call("GET", f"/v1/agent/desired?version={version}&wait=30", token=cred)
+        took = time.monotonic() - began
+        assert status == 200 and answer["version"] == version, answer
+        assert 0.9 < took < 5, f"asked for 30 s, the daemon's most is 1 s: answered after {took:.1f} s"
+        status, answer = c.call("GET", "/v1/agent/desired?version=" + "0" * 65, token=cred)
+        assert status == 400 and answer["field"] == "version", answer
+    finally:
+        c.close()
+
+
 def _https_healthz(c: Controld, source: str = "127.0.0.1") -> int | str:
     """GET /healthz over a new TLS connection from `source`: the status, or the error that ended it."""
     try:

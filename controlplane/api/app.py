@@ -173,10 +173,12 @@ MAX_BODY = 1024 * 1024  # bytes of a request body; the records it makes are capp
 MAX_INTERNAL_BODY = 16 * 1024 * 1024  # a replica's relay (every task report, for a member that joins)
 
 
-async def body(request: web.Request, limit: int = MAX_BODY, schema: type | None = None) -> Any:
+async def body(request: web.Request, limit: int = MAX_BODY, schema: type | None = None, typed: bool = False) -> Any:
     """The request's JSON body, strictly: standard JSON only (no NaN or Infinity), integers that
     fit 64 bits, nesting the decoder can follow, at most `limit` bytes, and within `schema` (the
-    document's, controlplane/api/schema.py). Anything else is a 4xx naming the field, never a 500."""
+    document's, controlplane/api/schema.py). Anything else is a 4xx naming the field, never a 500.
+    `typed`: the body decoded straight into `schema`'s type, checked in the same pass (what a
+    replica relays several times a second)."""
     too_large = ApiError("too_large", "body", f"more than the {limit} bytes accepted")
     if (request.content_length or 0) > limit:
         raise too_large  # refused unread
@@ -190,6 +192,8 @@ async def body(request: web.Request, limit: int = MAX_BODY, schema: type | None 
         raise ApiError("timeout", "body", f"not received within {timeout:g} s") from None
     if len(raw) > limit:
         raise too_large
+    if typed:
+        return S.decoded(raw, schema)
     try:
         data = msgspec.json.decode(raw)
     except (msgspec.DecodeError, msgspec.ValidationError, RecursionError) as e:
@@ -320,7 +324,7 @@ async def internal_relay(request: web.Request) -> web.Response:
     d: ControlDaemon = request.app[DAEMON]
     if d.relay is None:
         raise ApiError("unavailable", None, "this process is starting")
-    return reply(d.relay.receive(await body(request, MAX_INTERNAL_BODY, S.Relay)))
+    return reply(d.relay.receive(await body(request, MAX_INTERNAL_BODY, S.Relay, typed=True)))
 
 
 # -- entitlements ------------------------------------------------------------------------------

@@ -200,7 +200,7 @@ class Shutdown(Struct, forbid_unknown_fields=True):
 
 
 class RelayReport(Struct):
-    tasks: Union[list[dict[str, Any]], None] = None
+    tasks: Union[list[dict[str, Any]], None] = None  # the agent's report, as its heartbeat had it (checked there)
     error: Union[str, None] = ""
     at: Union[float, None] = None  # when the relaying member last knew the report current (wall clock)
 
@@ -238,6 +238,18 @@ def checked(data: Any, schema: type) -> Any:
             field = _bad_key(data, field, str(e)) or field
         raise ApiError("invalid", field, _why(str(e))) from None
     return data
+
+
+def decoded(raw: bytes, schema: type) -> Any:
+    """`raw` (a JSON body) decoded into `schema`'s type in one pass; else a 400 naming the field."""
+    try:
+        return msgspec.json.decode(raw, type=schema, strict=True)
+    except RecursionError:
+        raise ApiError("invalid", "body", "nested too deep") from None
+    except msgspec.ValidationError as e:
+        raise ApiError("invalid", _field(str(e)), _why(str(e))) from None
+    except msgspec.DecodeError as e:
+        raise ApiError("invalid", "body", f"the body is not JSON within limits: {e}") from None
 
 
 def _integral(v: Any) -> Any:

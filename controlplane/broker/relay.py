@@ -18,13 +18,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import aiohttp
 
-from controlplane.records import ApiError
-
 if TYPE_CHECKING:
+    from controlplane.api.schema import Relay as RelayBody
     from controlplane.daemon import ControlDaemon
 
 log = logging.getLogger("twine.controld.relay")
@@ -66,32 +65,28 @@ class Relay:
 
     # -- received ----------------------------------------------------------------------------
 
-    def receive(self, body: Any) -> dict:
-        if not isinstance(body, dict) or not isinstance(body.get("seen", []), list) \
-                or not isinstance(body.get("reports", {}), dict):
-            raise ApiError("invalid", None, "want {from, seen: [machine id], reports: {machine id: {tasks, error}}}")
+    def receive(self, body: RelayBody) -> dict:
+        """A peer's relay, decoded into schema.Relay (app.py)."""
         self.counters["received"] += 1
         agents, now, wall = self.d.agents, time.monotonic(), time.time()
-        for mid in body.get("seen", []):
-            if isinstance(mid, str) and mid in self.d.state.machines:
+        for mid in body.seen:
+            if mid in self.d.state.machines:
                 agents.last_seen[mid] = now
                 agents.last_seen_wall[mid] = wall
                 self.d.health.seen(mid)
         changed: set[str] = set()
-        for mid, rec in body.get("reports", {}).items():
-            if mid not in self.d.state.machines or not isinstance(rec, dict):
+        for mid, rec in body.reports.items():
+            if mid not in self.d.state.machines:
                 continue
-            tasks = rec.get("tasks")
-            if isinstance(tasks, list):
-                report = {(str(t["job"]), int(t["index"])): t for t in tasks if isinstance(t, dict) and "job" in t}
-                at = rec.get("at")
-                if isinstance(at, (int, float)) and at > agents.report_at.get(mid, 0.0):
-                    agents.report_at[mid] = float(at)  # when the receiving member had it from the agent
+            if rec.tasks is not None:
+                report = {(str(t["job"]), int(t["index"])): t for t in rec.tasks if "job" in t and "index" in t}
+                if rec.at is not None and rec.at > agents.report_at.get(mid, 0.0):
+                    agents.report_at[mid] = float(rec.at)  # when the receiving member had it from the agent
                 if agents.reports.get(mid) != report:
                     agents.reports[mid] = report
                     changed |= self.d.state.jobs_on(mid) | {job for job, _ in report}
                     self.d.health.reported(mid)
-            error = str(rec.get("error") or "")
+            error = rec.error or ""
             if agents.errors.get(mid, "") != error:
                 agents.errors[mid] = error
                 changed |= self.d.state.jobs_on(mid)

@@ -76,6 +76,10 @@ def test_oversized_and_malformed_requests_are_refused_naming_the_field(controld,
          "task.env.NL\n"),
         ("POST", "/v1/agent/register", json.dumps({**reg, "machine_id": "m9\n"}).encode(), BOOTSTRAP_TOKEN, 400,
          "machine_id"),
+        # a replica's relay is decoded straight into its schema: a wrong shape is named, not a 500
+        ("POST", "/v1/internal/relay", json.dumps({"from": "b", "seen": "m1"}).encode(), API_TOKEN, 400, "seen"),
+        ("POST", "/v1/internal/relay", json.dumps({"from": "b", "reports": {"m1": {"tasks": 5}}}).encode(), API_TOKEN,
+         400, "reports[...].tasks"),
         # a token with characters beyond ASCII: refused as any wrong token, before authentication decides
         ("GET", "/v1/jobs", None, "t\u00f6ken", 401, None),
         ("POST", "/v1/agent/heartbeat", b"{}", "cr\u00e9dential", 401, None),

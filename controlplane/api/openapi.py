@@ -1,7 +1,7 @@
 """The OpenAPI 3.1 document of the /v1 API, served at /v1/openapi.json (docs/api.md is its prose).
 
-The request bodies' schemas are generated from controlplane/api/schema.py, the types the daemon
-checks every body against; the answers' schemas are written here. Schemathesis runs against the
+The bodies' and the answers' schemas are generated from controlplane/api/schema.py: the types the
+daemon checks every body against, and those its answers hold. Schemathesis runs against the
 served document in tests/controlplane/test_api_fuzz.py."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from functools import cache
 
-from controlplane.api import schema as request_schemas
+from controlplane.api import schema as schemas_of
 from controlplane.records import NAME
 
 
@@ -103,7 +103,7 @@ PATHS = {
                                        "Shutdown", security="machineCredential")},
     "/v1/cluster": {"get": _op("the region's replicas, shard leaders and each shard's entitlements", "the cluster",
                                "Cluster")},
-    "/v1/internal/relay": {"post": _op("heartbeats and task reports relayed between replicas", "accepted", None,
+    "/v1/internal/relay": {"post": _op("heartbeats and task reports relayed between replicas", "accepted", "Relayed",
                                        "Relay")},
     "/v1/openapi.json": {"get": {"summary": "this document", "security": [], "responses": {"200": {"description": "OpenAPI"}}}},
     "/healthz": {"get": {"summary": "200 while etcd answers, else 503 saying why (no token)", "security": [],
@@ -142,75 +142,11 @@ def _parameters() -> None:
 
 _parameters()
 
-OBJ = {"type": "object"}
-STR = {"type": "string"}
-NSTR = {"type": ["string", "null"]}
-INT = {"type": "integer"}
-NUM = {"type": "number"}
-TASK_STATES = ["pending", "allocated", "starting", "running", "stopping", "stopped", "failed", "lost", "suspended"]
-
-SCHEMAS = {
-    "Health": {**OBJ, "properties": {"ok": {"type": "boolean"}, "error": STR, "field": NSTR, "why": STR}},
-    "Error": {**OBJ, "required": ["error", "why"], "properties": {
-        "error": {"enum": ["invalid", "unauthorized", "forbidden", "not_found", "timeout", "exists", "conflict", "too_large",
-                           "unprocessable",
-                           "quota", "no_placement", "unavailable"]},
-        "field": NSTR, "why": STR}},
-    "Entitlement": {**OBJ, "properties": {"name": STR, "owner": STR, "machine_type": STR, "quota": INT, "profile": NSTR,
-                                          "allow_host_network": {"type": "boolean"},
-                                          "spread": _ref("Spread"), "shard": INT, "held": INT,
-                                          "machines": {"type": "array", "items": STR},
-                                          "jobs": {"type": "array", "items": STR}}},
-    "EntitlementList": {**OBJ, "properties": {"entitlements": {"type": "array", "items": _ref("Entitlement")}}},
-    "Task": {**OBJ, "properties": {"job": STR, "index": INT, "spec_version": INT, "machine": NSTR,
-                                   "where": {"type": ["object", "null"]}, "state": {"enum": TASK_STATES},
-                                   "reason": STR, "discovery": {"type": "boolean"}, "since": {"type": "number"}}},
-    "Job": {**OBJ, "properties": {"handle": STR, "state": {"enum": ["active", "stopping", "stopped"]},
-                                  "spec_version": INT, "count": INT, "summary": OBJ, "message": STR,
-                                  "controller_token": {"type": "null"}, "controller_token_set": {"type": "boolean"},
-                                  "operations": OBJ, "tasks": {"type": "array", "items": _ref("Task")}}},
-    "JobList": {**OBJ, "properties": {"jobs": {"type": "array", "items": _ref("Job")}}},
-    "Machine": {**OBJ, "properties": {"id": STR, "hostname": STR, "labels": OBJ, "capacity": OBJ,
-                                      "entitlement": NSTR, "healthy": {"type": "boolean"}, "profile": OBJ,
-                                      "alloc": OBJ, "agent": OBJ, "last_heartbeat": {"type": ["number", "null"]},
-                                      "tombstones": {"type": "array", "items": {
-                                          **OBJ, "properties": {"job": STR, "index": INT, "cpus": {"type": "number"},
-                                                                "memory_mb": INT, "since": {"type": "number"}}}}}},
-    "MachineList": {**OBJ, "properties": {"machines": {"type": "array", "items": _ref("Machine")}}},
-    "Token": {**OBJ, "properties": {"id": STR, "role": STR, "entitlements": {"type": "array", "items": STR},
-                                    "created_at": {"type": "number"}, "expires": {"type": ["number", "null"]},
-                                    "description": STR, "token": {**STR, "description": "only in the answer that made it"}}},
-    "TokenList": {**OBJ, "properties": {"tokens": {"type": "array", "items": _ref("Token")}}},
-    "Revoked": {**OBJ, "properties": {"revoked": STR}},
-    "Event": {**OBJ, "properties": {"id": STR, "kind": {"enum": ["failure", "maintenance"]},
-                                    "machines": {"type": "array", "items": STR}, "start": {"type": "number"},
-                                    "end": {"type": ["number", "null"]}, "reason": STR}},
-    "Maintenance": {**OBJ, "properties": {
-        "id": STR, "kind": {"const": "maintenance"}, "machines": {"type": "array", "items": STR}, "scope": STR,
-        "start": NUM, "duration": NUM, "deadline": NUM, "end": {"type": ["number", "null"]}, "until": NUM,
-        "phase": {"enum": ["scheduled", "in progress", "over"]}, "policy": {"enum": ["move", "stop"]},
-        "policy_default": {"type": "boolean"}, "reason": STR, "tasks": {"type": "array", "items": OBJ}}},
-    "MaintenanceList": {**OBJ, "properties": {"maintenance": {"type": "array", "items": _ref("Maintenance")}}},
-    "EventList": {**OBJ, "properties": {"events": {"type": "array", "items": _ref("Event")}}},
-    "Discovery": {**OBJ, "properties": {"job": STR, "endpoints": {"type": "array", "items": {**OBJ, "properties": {
-        "index": INT, "machine": STR, "address": STR, "enabled": {"type": "boolean"}}}}}},
-    "Registration": {**OBJ, "properties": {"machine_id": STR, "credential": STR}},
-    "DesiredState": {**OBJ, "properties": {"version": STR, "profile": NSTR, "tasks": {"type": "array", "items": OBJ},
-                                           "profile_spec": {**OBJ, "properties": {"name": STR, "hash": STR, "sections": OBJ}}}},
-    "ShutdownReply": {**OBJ, "properties": {"ok": {"type": "boolean"}, "maintenance": STR, "until": NUM}},
-    "Cluster": {**OBJ, "properties": {"region": STR, "self": OBJ, "members": {"type": "array", "items": OBJ},
-                                      "shards": {"type": "array", "items": OBJ}}},
-    "HeartbeatReply": {**OBJ, "properties": {"ok": {"type": "boolean"}, "resend": {"type": "boolean"},
-                                             "heartbeat_to": STR,
-                                             "interval": {"type": "number"}}},
-}
-
-
 @cache
 def document(region: str | None = None) -> dict:
     """The document; served by a daemon, it names the region it serves (the only labels.region
     its registrations take)."""
-    schemas = {**SCHEMAS, **request_schemas.components()}
+    schemas = dict(schemas_of.components())
     if region is not None:
         labels = schemas["MachineLabels"]
         schemas["MachineLabels"] = {**labels, "properties": {

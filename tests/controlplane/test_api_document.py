@@ -43,7 +43,8 @@ def answer_schema(name: str) -> dict:
 @pytest.mark.parametrize("sample, name", [
     (samples.ENTITLEMENT, "Entitlement"), (samples.ENTITLEMENT_DETAIL, "Entitlement"),
     (samples.ENTITLEMENTS, "EntitlementList"), (samples.JOB_RUNNING, "Job"), (samples.JOB_ROLLING, "Job"),
-    (samples.JOBS, "JobList"), (samples.MACHINE, "Machine"), (samples.MACHINES, "MachineList"),
+    (samples.JOBS, "JobList"), (samples.MACHINE, "Machine"), (samples.MACHINE_DETAIL, "Machine"),
+    (samples.MACHINES, "MachineList"),
     (samples.EVENTS, "EventList"), (samples.DISCOVERY, "Discovery"),
 ])
 def test_the_clis_samples_fit_the_documents_answers(sample, name):

@@ -1,4 +1,9 @@
-"""The records the control plane keeps in etcd, their JSON codecs, and validation of what users send.
+"""The records the control plane keeps in etcd, their JSON codecs, and what users send made into them.
+
+A body's shape (fields, types, bounds, patterns) is checked once, against its schema
+(controlplane/api/schema.py, which the OpenAPI document is generated from) before it gets here;
+the parsers here check what a schema cannot say: one field against another, against the region as
+it is, and a task template by the agent's own codec.
 
 One record per key (see store/keys.py). Records are frozen: the scheduler's reconciler derives new
 ones with `dataclasses.replace` and the service commits them in one guarded transaction.
@@ -20,7 +25,6 @@ import msgspec
 
 from agent.errors import InputError
 from agent.models import TaskSpec
-from controlplane.allocator.model import LEVELS, STRATEGIES
 
 NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$(?!\n)")  # the end of the text (agent/models.py)
 MAX_OWNER = 256  # characters of an entitlement's owner
@@ -69,36 +73,6 @@ def _decode(cls: type, d: dict, unchecked: Callable[[dict], Any] | None = None) 
         return cls(**{k: v for k, v in d.items() if k in known})
 
 
-def _check_keys(data: Any, known: set[str], where: str) -> dict:
-    if not isinstance(data, dict):
-        raise ApiError("invalid", where or None, "must be an object")
-    for k in data:
-        if k not in known:
-            prefix = f"{where}." if where else ""
-            raise ApiError("invalid", prefix + k, f"unknown field; known: {', '.join(sorted(known))}")
-    return data
-
-
-def _name(value: Any, field_: str) -> str:
-    if not isinstance(value, str) or not NAME.fullmatch(value):
-        raise ApiError("invalid", field_, f"{value!r} must be lower case letters, digits, '_.-' (1-63)")
-    return value
-
-
-def _int(value: Any, field_: str, low: int, high: int = 1_000_000) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise ApiError("invalid", field_, f"{value!r} must be an integer from {low} to {high}")
-    return value
-
-
-def _opt_str(value: Any, field_: str, longest: int = 253) -> str | None:
-    if value is not None and (not isinstance(value, str) or not value or len(value) > longest):
-        shown = repr(value)
-        raise ApiError("invalid", field_, f"{shown[:80] + '...' if len(shown) > 80 else shown} must be a non-empty "
-                       f"string of at most {longest} characters, or null")
-    return value
-
-
 # -- entitlements ------------------------------------------------------------------------------
 
 
@@ -108,14 +82,9 @@ class Spread:
     pinned_dc: str | None = None
 
     @classmethod
-    def parse(cls, data: Any, where: str = "spread") -> Spread:
-        _check_keys(data, {"properties", "pinned_dc"}, where)
-        props = data.get("properties", ["dc", "msb"])
-        if isinstance(props, str):
-            props = [p for p in props.split(",") if p]
-        if not isinstance(props, list) or not all(p in LEVELS for p in props):
-            raise ApiError("invalid", f"{where}.properties", f"{props!r} must be a list of {', '.join(LEVELS)}")
-        return cls(tuple(props), _opt_str(data.get("pinned_dc"), f"{where}.pinned_dc"))
+    def parse(cls, data: dict) -> Spread:
+        """From a body's spread (schema.Spread)."""
+        return cls(tuple(data.get("properties", ("dc", "msb"))), data.get("pinned_dc"))
 
     def to_json(self) -> dict:
         return {"properties": list(self.properties), "pinned_dc": self.pinned_dc}
@@ -145,34 +114,19 @@ class EntitlementRec:
                                                                         d["spread"]["pinned_dc"])}))
 
     @classmethod
-    def parse(cls, data: Any, shards: int = 1) -> EntitlementRec:
-        _check_keys(data, {"name", "machine_type", "quota", "profile", "owner", "spread", "allow_host_network"}, "")
-        for required in ("name", "machine_type", "quota"):
-            if required not in data:
-                raise ApiError("invalid", required, "missing")
-        name = _name(data["name"], "name")
-        ent = cls(name=name, machine_type=_name(data["machine_type"], "machine_type"),
-                  quota=_int(data["quota"], "quota", 0), created_at=time.time(),
+    def parse(cls, data: dict, shards: int = 1) -> EntitlementRec:
+        """From a POST body (schema.EntitlementSpec)."""
+        name = data["name"]
+        ent = cls(name=name, machine_type=data["machine_type"], quota=data["quota"], created_at=time.time(),
                   shard=sum(name.encode()) % max(shards, 1))
         return ent.modified({k: v for k, v in data.items() if k in ("profile", "owner", "spread", "allow_host_network")})
 
-    def modified(self, data: Any) -> EntitlementRec:
-        """The entitlement with the fields of a PATCH body changed."""
-        _check_keys(data, {"quota", "profile", "owner", "spread", "allow_host_network"}, "")
-        changes: dict[str, Any] = {}
-        if "quota" in data:
-            changes["quota"] = _int(data["quota"], "quota", 0)
-        if "profile" in data:
-            # a profile's name, as in profiles/NAME.toml: never a path (agents look it up by name)
-            changes["profile"] = None if data["profile"] is None else _name(data["profile"], "profile")
-        if "owner" in data:
-            if not isinstance(data["owner"], str) or len(data["owner"]) > MAX_OWNER:
-                raise ApiError("invalid", "owner", f"must be a string of at most {MAX_OWNER} characters")
-            changes["owner"] = data["owner"]
+    def modified(self, data: dict) -> EntitlementRec:
+        """The entitlement with the fields of a PATCH body (schema.EntitlementPatch) changed. A
+        profile is a name, as in profiles/NAME.toml, never a path (the schema's pattern)."""
+        changes = {k: v for k, v in data.items() if k in ("quota", "profile", "owner", "allow_host_network")}
         if "spread" in data:
             changes["spread"] = Spread.parse(data["spread"])
-        if "allow_host_network" in data:  # a boolean (the schema)
-            changes["allow_host_network"] = data["allow_host_network"]
         return replace(self, **changes)
 
 
@@ -194,14 +148,13 @@ def check_job_size(count: int, task: dict) -> None:
 
 
 def parse_task(data: Any, handle: str) -> dict:
-    """A job's task template, validated by the agent's own TaskSpec codec (one codec for both
-    ends), returned in the canonical form the agent will receive.
+    """A job's task template (its shape checked: schema.TaskTemplate), made by the agent's own
+    TaskSpec codec (one codec for both ends) into the canonical form the agent will receive.
 
     `secret_env` holds environment variables whose values the API never shows (its views give
     each name with a null value); the agent that runs the task receives them in its
     environment. The same rules as `env` hold for it, and for both together."""
-    _check_keys(data, set(TASK_FIELDS), "task")
-    secret = data.get("secret_env", {})  # an object of names (the schema)
+    secret = data.get("secret_env", {})
     plain = {k: v for k, v in data.items() if k != "secret_env"}
     ids = {"job": handle, "index": 0, "spec_version": 1}
     try:
@@ -308,56 +261,29 @@ class JobRec:
         )
 
     @classmethod
-    def parse(cls, data: Any) -> JobRec:
-        """A job spec from a user (docs/api.md). Raises ApiError naming the field."""
-        _check_keys(data, {"entitlement", "name", "count", "task", "requirements", "preferences", "update",
-                           "controller", "controller_token"}, "")
-        for required in ("entitlement", "name", "count", "task"):
-            if required not in data:
-                raise ApiError("invalid", required, "missing")
-        ent, name = _name(data["entitlement"], "entitlement"), _name(data["name"], "name")
-        req = _check_keys(data.get("requirements") or {}, {"machine_type", "dc"}, "requirements")
-        update = _check_keys(data.get("update") or {}, {"max_unavailable"}, "update")
-        controller = _opt_str(data.get("controller"), "controller", 2048)
-        if controller is not None and not re.match(r"^https?://", controller):
-            raise ApiError("invalid", "controller", f"{controller!r} must be an http(s) URL")
-        token = data.get("controller_token") or None  # "": none; printable ASCII (the schema)
+    def parse(cls, data: dict) -> JobRec:
+        """A job spec from a user (docs/api.md), its shape checked (schema.JobSpec). Raises
+        ApiError naming the field."""
+        ent, name, count = data["entitlement"], data["name"], data["count"]
+        req, update = data.get("requirements") or {}, data.get("update") or {}
+        controller = data.get("controller")
+        token = data.get("controller_token") or None  # "": none
         if token is not None and controller is None:
             raise ApiError("unprocessable", "controller_token", "a token for which controller? give controller too")
         now = time.time()
-        count, task = _int(data["count"], "count", 0, 10_000), parse_task(data["task"], f"{ent}/{name}")
+        task = parse_task(data["task"], f"{ent}/{name}")
         check_job_size(count, task)
+        prefs = data.get("preferences")
         return cls(
-            entitlement=ent, name=name, count=count, task=task,
-            machine_type=_opt_str(req.get("machine_type"), "requirements.machine_type"),
-            dc=_opt_str(req.get("dc"), "requirements.dc"), preferences=_preferences(data.get("preferences")),
-            max_unavailable=_int(update.get("max_unavailable", 1), "update.max_unavailable", 1, 10_000),
-            controller=controller, controller_token=token, created_at=now, updated_at=now,
+            entitlement=ent, name=name, count=count, task=task, machine_type=req.get("machine_type"), dc=req.get("dc"),
+            preferences=None if prefs is None else tuple(Preference(**{**p, "weight": float(p.get("weight", 1.0))})
+                                                         for p in prefs),
+            max_unavailable=update.get("max_unavailable", 1), controller=controller, controller_token=token,
+            created_at=now, updated_at=now,
         )
 
     def resources(self) -> tuple[float, int]:
         return float(self.task["cpus"]), int(self.task["memory_mb"])
-
-
-def _preferences(data: Any) -> tuple[Preference, ...] | None:
-    if data is None:
-        return None
-    if not isinstance(data, list):
-        raise ApiError("invalid", "preferences", "must be a list of {property, strategy, weight}")
-    out = []
-    for i, p in enumerate(data):
-        where = f"preferences[{i}]"
-        _check_keys(p, {"property", "strategy", "weight"}, where)
-        prop, strategy = p.get("property", "msb"), p.get("strategy", "spread")
-        weight = p.get("weight", 1.0)
-        if prop not in LEVELS:
-            raise ApiError("invalid", f"{where}.property", f"{prop!r} is not one of {', '.join(LEVELS)}")
-        if strategy not in STRATEGIES:
-            raise ApiError("invalid", f"{where}.strategy", f"{strategy!r} is not one of {', '.join(STRATEGIES)}")
-        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or weight < 0:
-            raise ApiError("invalid", f"{where}.weight", f"{weight!r} must be a number >= 0")
-        out.append(Preference(prop, strategy, float(weight)))
-    return tuple(out)
 
 
 # -- tasks, machines, events -------------------------------------------------------------------
@@ -503,35 +429,27 @@ class EventRec:
         return cls(**{k: v for k, v in d.items() if k in known and k != "machines"}, machines=tuple(d["machines"]))
 
 
-MAINTENANCE_FIELDS = {"machines", "dc", "msb", "rack", "start", "duration", "deadline", "policy", "reason"}
 MAX_MAINTENANCE = 30 * 86400.0  # seconds: a window longer than a month is a typo
 MAX_AHEAD = 366 * 86400.0  # seconds: maintenance is scheduled at most a year ahead
 
 
-def _time(value: Any, field_: str, now: float) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
-        raise ApiError("invalid", field_, f"{value!r} must be a time in seconds since the epoch")
+def _time(value: float, field_: str, now: float) -> float:
     if value > now + MAX_AHEAD:
         raise ApiError("unprocessable", field_, f"{value!r} is more than a year ahead (seconds since the epoch, "
                        "not milliseconds?)")
     return float(value)
 
 
-def parse_maintenance(data: Any, machines: dict[str, MachineRec], now: float) -> EventRec:
-    """A maintenance the operator asks for: the machines (listed, or every machine in a dc, msb or
-    rack, the labels ANDed), a start, a duration, and a deadline at or before the start (default:
-    the start). Names the field at fault; writes nothing."""
-    d = _check_keys(data, MAINTENANCE_FIELDS, "")
+def parse_maintenance(d: dict, machines: dict[str, MachineRec], now: float) -> EventRec:
+    """A maintenance the operator asks for (its shape checked: schema.MaintenanceSpec): the
+    machines (listed, or every machine in a dc, msb or rack, the labels ANDed), a start, a
+    duration, and a deadline at or before the start (default: the start). Names the field at
+    fault; writes nothing."""
     listed = d.get("machines")
     labels = {k: d[k] for k in ("dc", "msb", "rack") if d.get(k) is not None}
-    for k, v in labels.items():
-        if not isinstance(v, str) or not v:
-            raise ApiError("invalid", k, f"{v!r} must be a non-empty string")
     if listed is None and not labels:
         raise ApiError("unprocessable", "machines", "name the machines: a list of machine ids, or dc, msb or rack")
     if listed is not None:
-        if not isinstance(listed, list) or not listed or not all(isinstance(m, str) for m in listed):
-            raise ApiError("invalid", "machines", "must be a non-empty list of machine ids")
         unknown = [m for m in listed if m not in machines]
         if unknown:
             raise ApiError("unprocessable", "machines", f"no such machine(s): {', '.join(unknown[:5])}")
@@ -540,21 +458,13 @@ def parse_maintenance(data: Any, machines: dict[str, MachineRec], now: float) ->
     if not chosen:
         what = ", ".join(f"{k}={v}" for k, v in labels.items())
         raise ApiError("unprocessable", next(iter(labels)) if labels else "machines", f"no machine matches {what}")
-    start = _time(d.get("start"), "start", now)
-    duration = d.get("duration")
-    if isinstance(duration, bool) or not isinstance(duration, (int, float)) or not 0 < duration <= MAX_MAINTENANCE:
-        raise ApiError("invalid", "duration", f"{duration!r} must be seconds, more than 0 and at most {MAX_MAINTENANCE:.0f}")
+    start, duration = _time(d["start"], "start", now), d["duration"]
     deadline = start if d.get("deadline") is None else _time(d["deadline"], "deadline", now)
     if deadline > start:
         raise ApiError("unprocessable", "deadline", "must be at or before the start: tasks leave before the work begins")
     if start + duration <= now:
         raise ApiError("unprocessable", "start", "the maintenance would be over already")
-    policy = d.get("policy")
-    if policy is not None and policy not in MAINTENANCE_POLICIES:
-        raise ApiError("invalid", "policy", f"{policy!r} is not one of {', '.join(MAINTENANCE_POLICIES)}")
-    reason = d.get("reason", "")
-    if not isinstance(reason, str) or len(reason) > 500:
-        raise ApiError("invalid", "reason", "must be a string of at most 500 characters")
+    policy, reason = d.get("policy"), d.get("reason", "")
     if labels:
         scope = " ".join(f"{k}={v}" for k, v in labels.items())
     else:

@@ -21,8 +21,9 @@ from msgspec import Meta, Struct
 from agent.models import (_ENV, IMAGE, MAX_ARGS, MAX_COMMAND, MAX_CPUS, MAX_ENV, MAX_ENV_SIZE, MEMORY_MB, NETWORK_MODES,
                           PIDS)
 from controlplane.broker.agents import MACHINE_ID, MAX_LABEL
-from controlplane.records import (JOB_STATES, LEVELS, MAINTENANCE_POLICIES, MAX_MAINTENANCE, MAX_OWNER, NAME, STRATEGIES,
-                                  TASK_STATES, ApiError)
+from controlplane.allocator.model import LEVELS, STRATEGIES
+from controlplane.records import (JOB_STATES, MAINTENANCE_POLICIES, MAX_MAINTENANCE, MAX_OWNER, NAME, TASK_STATES,
+                                  ApiError)
 
 Name = Annotated[str, Meta(pattern=NAME.pattern, description="lower case letters, digits, '_.-' (1-63)")]
 Label = Annotated[str, Meta(min_length=1, max_length=253)]

@@ -7,7 +7,9 @@ from dataclasses import replace
 
 import pytest
 
-from controlplane.records import EventRec, MachineRec, parse_maintenance, ApiError
+from controlplane.api.schema import MaintenanceSpec, checked
+from controlplane.records import EventRec, MachineRec, ApiError
+from controlplane.records import parse_maintenance as parse_checked
 from controlplane.scheduler.reconcile import Gate, Maintenance, reconcile
 from tests.controlplane.scheduler.test_reconcile import H, job, machine, new_states, running, task
 
@@ -117,6 +119,11 @@ def machines() -> dict:
         return MachineRec(mid, mid, {"region": "r", "dc": "dc1", "msb": msb, "rack": rack, "machine_type": "t"},
                           {"cpus": 1, "memory_mb": 1024})
     return {"a": m("a", "msb1", "r1"), "b": m("b", "msb1", "r2"), "c": m("c", "msb2", "r3")}
+
+
+def parse_maintenance(body: dict, machines: dict, now: float) -> EventRec:
+    """As the API does: the body's shape against its schema, then the region."""
+    return parse_checked(checked(body, MaintenanceSpec), machines, now)
 
 
 def test_a_maintenance_selects_machines_by_label_or_id():

@@ -191,7 +191,8 @@ class ControlDaemon:
     async def run(self, host: str, port: int, stop: asyncio.Event, notifier: Notifier | None = None) -> None:
         notifier = notifier or Notifier()
         await self.state.start()
-        unknown = self.state.sealer.unknown_keys(j.task for j in self.state.jobs.values())
+        jobs = self.state.jobs.values()
+        unknown = self.state.sealer.unknown_keys((j.task for j in jobs), (j.controller_token for j in jobs))
         if unknown:
             log.error("secret task values sealed with key(s) not in --secret-key-file: %s; the machines that run "
                       "their tasks get 503 from this replica (their tasks keep running) until the key is listed or "

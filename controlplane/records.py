@@ -25,6 +25,7 @@ import msgspec
 
 from agent.errors import InputError
 from agent.models import TaskSpec
+from controlplane.sealing import TOKEN
 
 NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$(?!\n)")  # the end of the text (agent/models.py)
 MAX_OWNER = 256  # characters of an entitlement's owner
@@ -187,7 +188,7 @@ def keep_secrets(data: Any, old: "JobRec", open_value: Callable[[str, Any], Any]
     controller_token: null (or absent) keeps it while the controller's URL stays, "" removes it."""
     if isinstance(data, dict) and data.get("controller_token") is None and old.controller_token \
             and data.get("controller") == old.controller:
-        data = {**data, "controller_token": old.controller_token}
+        data = {**data, "controller_token": open_value(TOKEN, old.controller_token)}
     old_task = old.task
     task = data.get("task") if isinstance(data, dict) else None
     secret = task.get("secret_env") if isinstance(task, dict) else None
@@ -231,7 +232,8 @@ class JobRec:
     state: str = "active"
     created_at: float = 0.0
     updated_at: float = 0.0
-    controller_token: str | None = None  # sent to the controller as a Bearer token; never shown by the API
+    # sent to the controller as a Bearer token; never shown by the API; sealed at rest (sealing.py)
+    controller_token: str | None = None
 
     @property
     def handle(self) -> str:

@@ -8,6 +8,10 @@ old key may go once none is left: Sealer.unknown_keys, said at start). A value i
 `twine-sealed:v1:NAME:BASE64(nonce + AES-GCM ciphertext)`, bound to its job and variable name
 (the associated data): one copied onto another job or name does not open.
 
+A job's `controller_token` (sent to its TaskController) is sealed the same way, bound to the job
+and to the name "#controller_token" (never a variable's), and opened only where the shard's leader
+calls the controller.
+
 Values are sealed when the API takes a job (create, update, run again) and opened only where the
 agent's desired state is made (RegionState.desired_for; a value that does not open there makes
 the agent's answer a 503, so its tasks keep running). An update that sends the same value as the
@@ -31,6 +35,7 @@ from controlplane.secretfile import read_secret
 
 log = logging.getLogger("twine.controld.sealing")
 PREFIX = "twine-sealed:v1:"
+TOKEN = "#controller_token"  # the name a job's controller_token is sealed under (no variable has it)
 KEY_NAME = re.compile(r"[A-Za-z0-9_.-]{1,32}")
 
 
@@ -94,9 +99,9 @@ class Sealer:
             return value
         name, _, b64 = value[len(PREFIX):].partition(":")
         key = self._by_name.get(name)
+        what = "controller_token" if var == TOKEN else f"task.secret_env.{var}"
         if key is None:
-            raise SealingError(f"{handle}: task.secret_env.{var} is sealed with key {name!r}, which is not in "
-                               "--secret-key-file")
+            raise SealingError(f"{handle}: {what} is sealed with key {name!r}, which is not in --secret-key-file")
         from cryptography.exceptions import InvalidTag
         from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
@@ -104,8 +109,8 @@ class Sealer:
             raw = base64.b64decode(b64, validate=True)
             return AESGCM(key).decrypt(raw[:12], raw[12:], self._aad(handle, var)).decode()
         except (binascii.Error, ValueError, InvalidTag):
-            raise SealingError(f"{handle}: task.secret_env.{var} does not open with key {name!r} (altered, or "
-                               "moved from another job or variable)") from None
+            raise SealingError(f"{handle}: {what} does not open with key {name!r} (altered, or moved from another "
+                               "job or variable)") from None
 
     def key_of(self, value: Any) -> str | None:
         """The name of the key a stored value is sealed with (None: not sealed)."""
@@ -113,15 +118,32 @@ class Sealer:
             return None
         return value[len(PREFIX):].partition(":")[0]
 
-    def unknown_keys(self, templates) -> dict[str, int]:
-        """Values sealed with keys this daemon does not have, by key: counted at start."""
+    def unknown_keys(self, templates, tokens=()) -> dict[str, int]:
+        """Values sealed with keys this daemon does not have, by key: counted at start, over the
+        jobs' templates' secret values and their controller tokens."""
         out: dict[str, int] = {}
-        for task in templates:
-            for value in (task.get("secret_env") or {}).values():
-                name = self.key_of(value)
-                if name is not None and name not in self._by_name:
-                    out[name] = out.get(name, 0) + 1
+        values = [v for task in templates for v in (task.get("secret_env") or {}).values()]
+        for value in [*values, *tokens]:
+            name = self.key_of(value)
+            if name is not None and name not in self._by_name:
+                out[name] = out.get(name, 0) + 1
         return out
+
+    def seal_token(self, handle: str, token: str | None, held: str | None) -> str | None:
+        """A job's controller_token as the store keeps it: the token it holds (`held`, sealed)
+        when that opens to the same token with the first key; else sealed anew."""
+        if token is None:
+            return None
+        if token.startswith(PREFIX):
+            raise ValueError(f"controller_token: may not begin with {PREFIX!r} (the form of a sealed value)")
+        if not self.keys:
+            return token
+        try:
+            if held is not None and self.key_of(held) == self.keys[0][0] and self.open(handle, TOKEN, held) == token:
+                return held
+        except SealingError:
+            pass
+        return self.seal(handle, TOKEN, token)
 
     def seal_task(self, handle: str, task: dict, old: dict | None = None) -> dict:
         """The template with its secret values sealed; a value the job holds already (`old`, its

@@ -30,7 +30,7 @@ from controlplane.api.openapi import document
 from controlplane.broker.agents import CREDENTIAL_HEADER
 from controlplane.records import (NAME, ApiError, EntitlementRec, EventRec, JobRec, TaskRec, check_job_size, keep_secrets,
                                   parse_maintenance, redact_task)
-from controlplane.sealing import SealingError
+from controlplane.sealing import TOKEN, SealingError
 from controlplane.store import Conflict, TooLarge, Unavailable, Versioned
 from controlplane.store.etcd import UNREACHABLE
 
@@ -428,24 +428,28 @@ def _confined(job: JobRec, ent: EntitlementRec) -> None:
 
 
 def _sealed(d: ControlDaemon, job: JobRec, old: JobRec | None) -> JobRec:
-    """The job with its secret values sealed for the store (a value the job holds already keeps
-    its sealed form: controlplane/sealing.py), within the store's bound on a job's size."""
+    """The job with its secret values and its controller token sealed for the store (a value the
+    job holds already keeps its sealed form: controlplane/sealing.py), within the store's bound on
+    a job's size."""
+    sealer = d.state.sealer
     try:
-        task = d.state.sealer.seal_task(job.handle, job.task, old.task if old is not None else None)
+        task = sealer.seal_task(job.handle, job.task, old.task if old is not None else None)
+        token = sealer.seal_token(job.handle, job.controller_token, old.controller_token if old is not None else None)
     except ValueError as e:
         field, _, why = str(e).partition(": ")
         raise ApiError("unprocessable", field, why) from None
     if task is not job.task:
         check_job_size(job.count, task)
-    return replace(job, task=task)
+    return replace(job, task=task, controller_token=token)
 
 
 def _opened(d: ControlDaemon, job: JobRec, var: str, value) -> object:
     try:
         return d.state.sealer.open(job.handle, var, value)
     except SealingError as e:
-        raise ApiError("unprocessable", f"task.secret_env.{var}", f"null keeps the current value, which this daemon "
-                       f"cannot open ({e}); send the value") from None
+        field = "controller_token" if var == TOKEN else f"task.secret_env.{var}"
+        raise ApiError("unprocessable", field, f"null keeps the current value, which this daemon cannot open ({e}); "
+                       "send the value") from None
 
 
 async def create_job(request: web.Request) -> web.Response:

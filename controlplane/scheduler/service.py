@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Callable, Mapping
 from controlplane.allocator import AllocationCache, AllocationError, JobRequest, Placement, SoftPreference, allocate
 from controlplane.metrics import Lifecycle, Metrics
 from controlplane.records import ApiError, Endpoint, JobRec, TaskRec, back_to_pool
+from controlplane.sealing import TOKEN, SealingError
 from controlplane.scheduler.ratelimit import Limiter, Limits
 from controlplane.scheduler.reconcile import Gate, JobPlan, MachineView, Maintenance, Op, reconcile
 from controlplane.taskcontrol.session import TaskControlSession, unhealthy
@@ -166,8 +167,9 @@ class Scheduler:
         """The job's TaskController session: made when the job names a controller, replaced when
         the URL changes, dropped when it names none."""
         s = self.sessions.get(job.handle)
-        if s is not None and job.controller_token != s.token:
-            s.token = job.controller_token  # the same controller, a new token: its state goes on
+        if s is not None and job.controller_token != s.sealed_token:
+            # the same controller, a new token: its state goes on
+            s.token, s.sealed_token = self._token(job), job.controller_token
         if s is not None and (job.controller is None or s.url != job.controller or job.state != "active"):
             s.close_now()
             del self.sessions[job.handle]
@@ -176,7 +178,7 @@ class Scheduler:
             s = self.sessions[job.handle] = TaskControlSession(
                 job.handle, job.controller, self.http, self.taskcontrol_interval, self.taskcontrol_timeout,
                 on_answer=lambda h=job.handle: self.state.changed.set({h}), epoch=lambda: self.state.revision,
-                token=job.controller_token,
+                token=self._token(job),
                 round_trip=lambda seconds, ok: self.metrics.taskcontrol_round_trip.labels(
                     "ok" if ok else "error").observe(seconds))
             # operations a previous leader (or this daemon before a restart) started: the controller
@@ -185,7 +187,17 @@ class Scheduler:
                 op = Op(d["kind"], d["index"], d.get("reason", ""), d["id"], d.get("machine"), d.get("cause", ""),
                         d.get("version"))
                 s.in_flight[op.id] = op
+            s.sealed_token = job.controller_token
         return s
+
+    def _token(self, job: JobRec) -> str | None:
+        """The job's controller_token, opened (sealed at rest). One this process cannot open is
+        sent as none: the controller refuses the calls, and the job's status says so."""
+        try:
+            return self.state.sealer.open(job.handle, TOKEN, job.controller_token)
+        except SealingError as e:
+            log.error("job %s: %s; its controller is called without a token", job.handle, e)
+            return None
 
     async def pass_all(self) -> None:
         self.counters["passes"] += 1

@@ -63,6 +63,7 @@ class TaskControlSession:
         self.round_trip = round_trip  # (seconds, answered ok): the daemon's histogram
         self.url = url
         self.token = token  # the job's controller_token: the controller checks it
+        self.sealed_token: str | None = None  # the token as the job's record holds it (sealed at rest)
         self.http = http
         self.interval = interval
         self.timeout = timeout

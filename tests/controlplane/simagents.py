@@ -17,6 +17,7 @@ stopping) for that many seconds after its agent learned it left: `stale` holds t
 
 from __future__ import annotations
 
+import hashlib
 import json
 import threading
 import time
@@ -108,7 +109,9 @@ class SimAgents:
 
     def _heartbeat(self, mid: str, cred: str, shown: dict, profile: str | None) -> None:
         tasks = [{"job": j, "index": i, "spec_version": v, "state": "running"} for (j, i), v in sorted(shown.items())]
-        body = {"machine_id": mid, "digest": json.dumps(tasks, sort_keys=True), "tasks": tasks,
+        # the digest: a hash of the report, as the agent's (agent/report.py)
+        body = {"machine_id": mid, "digest": hashlib.sha256(json.dumps(tasks, sort_keys=True).encode()).hexdigest(),
+                "tasks": tasks,
                 "profile": {"name": profile, "ok": True}}
         hinted = self.hints.get(mid) if self.follow_hint else None
         url, answer = self._any("POST", "/v1/agent/heartbeat", cred, body, first=hinted)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from controlplane.sealing import PREFIX, Sealer, SealingError
+from controlplane.sealing import PREFIX, TOKEN, Sealer, SealingError
 
 
 def test_a_sealed_value_opens_only_for_its_job_and_name_and_not_once_altered():
@@ -50,3 +50,21 @@ def test_a_rotation_ends_as_jobs_change_and_values_from_before_the_key_are_seale
     for sealer in (s, Sealer()):
         with pytest.raises(ValueError, match="may not begin with"):
             sealer.seal_task("e/j", {"secret_env": {"A": PREFIX + "k1:AAAA"}})
+
+
+def test_a_controller_token_is_kept_when_the_same_is_sent_and_opens_under_no_variables_name():
+    k1, k2 = ("k1", bytes(range(32))), ("k2", bytes(32))
+    s = Sealer([k1])
+    held = s.seal_token("web/api", "tok", None)
+    assert held.startswith("twine-sealed:v1:k1:") and s.open("web/api", TOKEN, held) == "tok"
+    assert s.seal_token("web/api", "tok", held) == held, "the same token: the same sealed form (no change)"
+    assert s.seal_token("web/api", "other", held) != held
+    assert s.seal_token("web/api", None, held) is None
+    rotated = Sealer([k2, k1])
+    again = rotated.seal_token("web/api", "tok", held)
+    assert again.startswith("twine-sealed:v1:k2:"), "sealed anew with the first key"
+    for handle, var in (("web/other", TOKEN), ("web/api", "controller_token")):  # another job; a variable's name
+        with pytest.raises(SealingError):
+            s.open(handle, var, held)
+    with pytest.raises(ValueError, match="controller_token"):
+        s.seal_token("web/api", held, None)

@@ -213,3 +213,48 @@ def test_the_key_file_is_checked_at_start(tmp_path, etcd_server):
                             "--api-token-file", str(c.api_file), "--secret-key-file", str(bad)],
                            capture_output=True, text=True, cwd=REPO, timeout=30)
         assert r.returncode == 2 and "--secret-key-file" in r.stderr and why in r.stderr, (text, r.stderr)
+
+
+def test_a_controller_token_is_sealed_in_etcd_and_reaches_its_controller_after_a_restart(tmp_path, etcd_server):
+    """A job's controller_token is sealed at rest as its secret values are (bound to the job and a
+    name no variable has); the shard's leader opens it for the calls. A job read and sent back keeps
+    the sealed token as it is; after a restart the controller still gets the token, and a
+    TaskController served with it acknowledges the update (one with another token would 401)."""
+    from controlplane.taskcontrol.sdk import Background, TaskController
+    from tests.controlplane.controld_proc import daemon_with_sim_agents
+
+    class AckAll(TaskController):
+        def decide(self, request):
+            return request.ops
+
+    token = "tc-" + SECRET
+    with daemon_with_sim_agents(tmp_path, etcd_server.port, ("h1", "h2"), heartbeat_timeout=2.0) as (c, _agents), \
+            Background(AckAll(), token=token) as url:
+        assert c.call("POST", "/v1/entitlements", {"name": "web", "machine_type": "generic", "quota": 2})[0] == 201
+        spec = {**job_spec(), "count": 2, "controller": url, "controller_token": token}
+        status, job = c.call("POST", "/v1/jobs", spec)
+        assert status == 201 and job["controller_token"] is None and job["controller_token_set"] is True, job
+        key = f"/twine/{c.region}/jobs/web/api"
+        sealed = json.loads(stored(c))[key]["controller_token"]
+        assert token not in stored(c) and sealed.startswith("twine-sealed:v1:key1:"), sealed
+
+        read = c.call("GET", "/v1/jobs/web/api")[1]
+        back = {k: read[k] for k in ("entitlement", "name", "count", "task", "controller", "controller_token")}
+        assert c.call("PUT", "/v1/jobs/web/api", back)[0] == 200
+        assert json.loads(stored(c))[key]["controller_token"] == sealed, "the same token keeps its sealed form"
+
+        c.close()
+        c.start()
+        back["task"] = {**back["task"], "env": {"V": "2"}}  # an update the controller must acknowledge
+        status, updated = c.call("PUT", "/v1/jobs/web/api", back)
+        assert status == 200 and updated["spec_version"] == 2, updated
+        done = c.wait_for("/v1/jobs/web/api", lambda j: all(t["spec_version"] == 2 and t["state"] == "running"
+                                                             for t in j["tasks"]) and len(j["tasks"]) == 2,
+                          what="the update, acknowledged by the controller with the opened token")
+        assert done["taskcontrol"]["ok"] is True, done["taskcontrol"]
+        assert token not in stored(c)
+
+        # a token in the form of a sealed one is refused (it would be taken for one)
+        forged = {**spec, "name": "forged", "controller_token": sealed}
+        status, refused = c.call("POST", "/v1/jobs", forged)
+        assert status == 422 and refused["field"] == "controller_token", refused

@@ -23,7 +23,7 @@ from agent.http import serve
 from agent.models import DesiredState
 from agent.profiles.appliers.base import ApplierError
 from agent.profiles.engine import Engine
-from agent.profiles.loader import from_content
+from agent.profiles.loader import ProfileName, from_content
 from agent.profiles.model import Report
 from agent.reconcile import Plan, plan
 from agent.report import machine_info, task_reports
@@ -184,7 +184,7 @@ class Agent:
     async def validate(self, desired: DesiredState) -> None:
         """Everything that can be checked before touching the host: the profile and the images."""
         if desired.profile:
-            await asyncio.to_thread(self.engine.load, _target(desired))
+            await asyncio.to_thread(self.engine.load, _target(desired, self.client is not None))
         if self.client is not None:
             # From the control plane, one task's missing image must not hold back the machine's
             # other tasks: it fails to start, and its report says why.
@@ -232,7 +232,7 @@ class Agent:
             report = await asyncio.to_thread(self.engine.rollback)
         else:
             try:
-                report = await asyncio.to_thread(self.engine.apply, _target(self.desired))
+                report = await asyncio.to_thread(self.engine.apply, _target(self.desired, self.client is not None))
             except InputError as e:
                 report = Report("apply", want, False, error=str(e))
         self.profile_report = report
@@ -376,10 +376,13 @@ class Agent:
         }
 
 
-def _target(desired: DesiredState):
-    """What to apply: the profile's content when the control plane sent it, else its name."""
+def _target(desired: DesiredState, from_control_plane: bool):
+    """What to apply: the profile's content when the control plane sent it, else its name (one
+    the control plane names is looked up in the profile directories only, never as a path)."""
     spec = desired.profile_spec
-    return from_content(spec.name, spec.sections, spec.hash) if spec is not None else desired.profile
+    if spec is not None:
+        return from_content(spec.name, spec.sections, spec.hash)
+    return ProfileName(desired.profile) if from_control_plane and desired.profile else desired.profile
 
 
 def _runtime(config: AgentConfig) -> DockerRuntime:

@@ -43,7 +43,7 @@ class ProfileDocuments:
         if cached is not None and self._stamp(f for f, _, _ in cached[0]) == cached[0]:
             return cached[1]
         try:
-            profile = loader.load(name, self.search)
+            profile = loader.load(loader.ProfileName(name), self.search)
         except ProfileError as e:
             log.warning("profile %s cannot be sent as content: %s", name, e)
             return None

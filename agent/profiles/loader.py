@@ -28,10 +28,20 @@ def default_search_path() -> tuple[Path, ...]:
     return (Path("/etc/twine/profiles"), repo)
 
 
+class ProfileName(str):
+    """A profile's name as the control plane gives it: looked up in the profile directories
+    only, never taken as a path (a name from the network must not reach any file of the host)."""
+
+
 def locate(name_or_file: str, search: tuple[Path, ...] | None = None) -> Path:
-    """A path as given, or `NAME` looked up as NAME.toml in the search path."""
+    """A path as given, or `NAME` looked up as NAME.toml in the search path (a ProfileName: only
+    that, whatever it looks like)."""
     p = Path(name_or_file)
-    if p.suffix == ".toml" or "/" in name_or_file:
+    if isinstance(name_or_file, ProfileName):
+        if not name_or_file or "/" in name_or_file or "\0" in name_or_file or name_or_file.startswith("."):
+            raise ProfileError(name_or_file, "profile", name_or_file, "a profile's name, not a path: looked up only "
+                               "as NAME.toml in the profile directories")
+    elif p.suffix == ".toml" or "/" in name_or_file:
         if not p.is_file():
             raise ProfileError(name_or_file, "file", name_or_file, "no such profile file")
         return p

@@ -340,10 +340,10 @@ def _entitlement(d: ControlDaemon, name: str) -> EntitlementRec:
 def _check_profile(d: ControlDaemon, e: EntitlementRec) -> None:
     if e.profile is None:
         return
-    from agent.profiles.loader import load
+    from agent.profiles.loader import ProfileName, load
 
     try:
-        load(e.profile, d.profile_search)
+        load(ProfileName(e.profile), d.profile_search)
     except InputError as err:
         raise ApiError("unprocessable", "profile", f"{e.profile!r}: {err.why}") from None
 

@@ -30,6 +30,7 @@ def etcd_values(port: int, prefix: str) -> list:
 def test_roles_scope_what_a_token_may_do(controld, etcd_server):
     c = controld
     register(c, "m1", "dc1", "msb1", cpus=8)
+    register(c, "m2", "dc1", "msb2", cpus=8)
     for name in ("web", "db"):
         assert c.call("POST", "/v1/entitlements", {"name": name, "machine_type": "generic", "quota": 1})[0] == 201
     status, owner = c.call("POST", "/v1/tokens", {"role": "owner", "entitlements": ["web"], "description": "web team"})
@@ -46,6 +47,8 @@ def test_roles_scope_what_a_token_may_do(controld, etcd_server):
 
     job = {"entitlement": "web", "name": "api", "count": 1, "task": TASK}
     assert c.call("POST", "/v1/jobs", job, token=owner["token"])[0] == 201
+    theirs = {**job, "entitlement": "db", "name": "theirs"}
+    assert c.call("POST", "/v1/jobs", theirs)[0] == 201  # an admin's, in an entitlement the owner does not own
     assert c.call("POST", "/v1/jobs/web/api/resize", {"count": 2}, token=owner["token"])[0] == 200
     before = etcd_revision(etcd_server.port)
     refusals = [
@@ -53,7 +56,19 @@ def test_roles_scope_what_a_token_may_do(controld, etcd_server):
         (owner, "POST", "/v1/entitlements", {"name": "x", "machine_type": "generic", "quota": 1}, "needs admin"),
         (owner, "POST", "/v1/tokens", {"role": "admin"}, "needs admin"),
         (owner, "POST", "/v1/machines/m1/release", None, "needs admin"),
+        (owner, "PUT", "/v1/jobs/db/theirs", theirs, "owner of entitlement db"),
+        (owner, "POST", "/v1/jobs/db/theirs/resize", {"count": 0}, "owner of entitlement db"),
+        (owner, "DELETE", "/v1/jobs/db/theirs", None, "owner of entitlement db"),
+        (owner, "PATCH", "/v1/entitlements/web", {"quota": 5}, "needs admin"),
+        (owner, "POST", "/v1/entitlements/web/move", {"shard": 0}, "needs admin"),
+        (owner, "POST", "/v1/maintenance", {"machines": ["m1"], "start": time.time() + 60, "duration": 60},
+         "needs admin"),
+        (owner, "POST", "/v1/machines/m1/clean", None, "needs admin"),
+        (owner, "POST", "/v1/internal/relay", {"from": "x"}, "needs admin"),
         (reader, "DELETE", "/v1/jobs/web/api", None, "needs owner or admin"),
+        (reader, "POST", "/v1/maintenance", {"machines": ["m1"], "start": time.time() + 60, "duration": 60},
+         "needs admin"),
+        (reader, "POST", "/v1/entitlements", {"name": "x", "machine_type": "generic", "quota": 1}, "needs admin"),
         (reader, "POST", "/v1/tokens", {"role": "admin"}, "needs admin"),
     ]
     for who, method, path, body, needs in refusals:

@@ -53,11 +53,22 @@ _GUARDED: tuple[tuple[re.Pattern, tuple[Callable[[str, Path], bool], str]], ...]
                                                                          "only 0: a profile does not make a host a router")),
     (re.compile(r"vm\.min_free_kbytes$"), (lambda v, proc: 0 < int(v) <= _mem_total_kb(proc) // 20,
                                            "at most 5% of the host's memory (more starves its processes)")),
+    # limits that, set low, leave the host unable to start a process or open a file
+    (re.compile(r"kernel\.pid_max$"), (lambda v, _: 32768 <= int(v) <= 4_194_304,
+                                       "from 32768 to 4194304: fewer process ids stop the host forking")),
+    (re.compile(r"kernel\.threads-max$"), (lambda v, _: int(v) >= 16384,
+                                           "at least 16384: fewer threads stop the host's services starting")),
+    (re.compile(r"fs\.(file-max|nr_open)$"), (lambda v, _: int(v) >= 65536,
+                                             "at least 65536: fewer open files starve the host's services")),
+    (re.compile(r"vm\.overcommit_memory$"), (lambda v, _: v in ("0", "1"),
+                                             "0 or 1: 2 (strict accounting) can leave the host unable to start "
+                                             "processes")),
 )
 
 
 GUARDED_NAMES = "vm.panic_on_oom, kernel.sched_rt_runtime_us, kernel.sched_rt_period_us, net.ipv4.ip_forward, " \
-    "net.ipv4|6.conf.IFACE.forwarding, vm.min_free_kbytes"
+    "net.ipv4|6.conf.IFACE.forwarding, vm.min_free_kbytes, kernel.pid_max, kernel.threads-max, fs.file-max, " \
+    "fs.nr_open, vm.overcommit_memory"
 
 
 def is_guarded(name: str) -> bool:

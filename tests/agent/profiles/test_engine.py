@@ -329,3 +329,44 @@ def test_the_hosts_operator_may_lift_a_guard_and_only_in_the_agents_config(tmp_p
     conf.write_text('sysctl_unguarded = ["net.core.somaxconn"]\n')
     with pytest.raises(InputError, match="not a guarded sysctl"):
         load_config(argparse.Namespace(config=str(conf)))
+
+
+
+@pytest.mark.parametrize("key, bad, good", [
+    ("kernel.pid_max", 300, 4194304), ("kernel.threads-max", 100, 200000), ("fs.file-max", 1000, 4194304),
+    ("fs.nr_open", 64, 1048576), ("vm.overcommit_memory", 2, 1),
+])
+def test_limits_that_set_low_stop_the_host_starting_processes_are_guarded(key, bad, good):
+    from agent.profiles.appliers.sysctl import Sysctl
+
+    with pytest.raises(ProfileError, match="sysctl_unguarded"):
+        Sysctl(HostContext()).parse({key: bad}, "p.toml")
+    [s] = Sysctl(HostContext()).parse({key: good}, "p.toml")
+    assert s.value == str(good)
+
+
+def test_a_profile_the_control_plane_names_is_looked_up_in_the_profile_directories_only(tmp_path, monkeypatch):
+    """A name from the network never reaches a file of the host: not a path, not a .toml file
+    relative to the working directory, not a parent directory; the same name in a profile
+    directory is found there."""
+    from agent.daemon import _target
+    from agent.models import DesiredState
+    from agent.profiles.loader import ProfileName, load
+
+    profiles = tmp_path / "profiles"
+    profiles.mkdir()
+    (profiles / "web.toml").write_text('[sysctl]\n"net.core.somaxconn" = 4096\n')
+    elsewhere = tmp_path / "elsewhere.toml"
+    elsewhere.write_text('[sysctl]\n"net.core.somaxconn" = 1024\n')
+    monkeypatch.chdir(tmp_path)
+    search = (profiles,)
+    assert load(ProfileName("web"), search).sections["sysctl"]["net.core.somaxconn"] == 4096
+    assert load("elsewhere.toml", search).name, "an operator's path (the agent's own file) still loads"
+    for name in ("elsewhere.toml", str(elsewhere), "../elsewhere", "profiles/web", ".hidden"):
+        with pytest.raises(ProfileError):
+            load(ProfileName(name), search)
+    target = _target(DesiredState(profile=str(elsewhere)), from_control_plane=True)
+    assert isinstance(target, ProfileName)
+    with pytest.raises(ProfileError):
+        load(target, search)
+    assert not isinstance(_target(DesiredState(profile=str(elsewhere)), from_control_plane=False), ProfileName)

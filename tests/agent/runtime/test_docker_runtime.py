@@ -139,3 +139,23 @@ def test_a_task_gains_no_privileges_and_holds_few_capabilities(docker_client, ma
     held = {name for name, bit in bits.items() if caps >> bit & 1}
     assert held == {"CHOWN", "DAC_OVERRIDE", "FOWNER", "KILL", "SETGID", "SETUID", "NET_BIND_SERVICE"}, hex(caps)
     assert caps & ~sum(1 << bits[n] for n in held) == 0, f"more than the task capabilities: {caps:#x}"
+
+
+def test_a_task_with_default_settings_cannot_reach_the_store_on_its_hosts_loopback(docker_client, machine_id,
+                                                                                    etcd_server):
+    """etcd listens on its host's loopback (as controld's installer and the dev region run it). A
+    task on the bridge network (the default) reaches it neither there nor at the bridge's gateway;
+    a task on the host's network does, which is why only an entitlement an admin allowed may ask
+    for it (controlplane/api/app.py: _confined)."""
+    rt = DockerRuntime(pull="never")
+    bridge = docker_client.containers.get(run(rt.start(machine_id, spec(index=0), generation=1)).id)
+    host = docker_client.containers.get(run(rt.start(machine_id, spec(index=1, network_mode="host"), generation=1)).id)
+    gateway = next(iter(bridge.attrs["NetworkSettings"]["Networks"].values()))["Gateway"]
+    assert gateway, bridge.attrs["NetworkSettings"]
+
+    def reaches(container, address: str) -> bool:
+        ask = f"printf 'GET /version HTTP/1.0\\r\\n\\r\\n' | nc -w 2 {address} {etcd_server.port}"
+        return b"etcdserver" in container.exec_run(["sh", "-c", ask]).output
+
+    assert reaches(host, "127.0.0.1"), "the control: a task on the host's network reaches the store"
+    assert not reaches(bridge, "127.0.0.1") and not reaches(bridge, gateway)

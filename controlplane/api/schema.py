@@ -605,3 +605,26 @@ def components() -> dict[str, Any]:
     _, defs = msgspec.json.schema_components([*BODIES.values(), *ANSWERS.values()],
                                              ref_template="#/components/schemas/{name}")
     return defs
+
+
+def answers_markdown() -> str:
+    """The answers' fields as docs/api.md lists them ("Answers"), made from the types above
+    (tests/controlplane/test_api_document.py checks the docs hold exactly this)."""
+    lines = []
+    parts = [t for t in globals().values() if isinstance(t, type) and issubclass(t, Answer) and t is not Answer]
+    for t in parts:
+        name = t.__name__
+        required = [f for f in t.__struct_fields__ if f not in _optional(t)]
+        optional = [f for f in t.__struct_fields__ if f in _optional(t)]
+        line = f"- `{name}`: " + ", ".join(f"`{f}`" for f in required)
+        if optional:
+            line += "; sometimes " + ", ".join(f"`{f}`" for f in optional)
+        lines.append(line)
+    return "\n".join(lines) + "\n"
+
+
+def _optional(t: type) -> set[str]:
+    """The fields an answer of type `t` may leave out (their default is UNSET)."""
+    defaults = dict(zip(t.__struct_fields__[len(t.__struct_fields__) - len(t.__struct_defaults__):],
+                        t.__struct_defaults__))
+    return {f for f, d in defaults.items() if d is msgspec.UNSET}

@@ -27,6 +27,13 @@ def test_every_route_is_documented_and_every_documented_operation_is_served():
             assert declared == set(re.findall(r"{(\w+)}", path)), path
 
 
+def test_the_docs_list_every_answers_fields_as_the_schema_has_them():
+    text = (REPO / "docs" / "api.md").read_text()
+    block = re.search(r"<!-- answers: .*? -->\n(.*?)<!-- end of answers -->", text, re.S)
+    assert block, "docs/api.md has the answers' fields under ## Answers"
+    assert block.group(1) == schema.answers_markdown(), "docs/api.md's answers differ from schema.py: make them again"
+
+
 def test_the_job_specs_in_the_docs_fit_the_schema_bodies_are_checked_against():
     text = (REPO / "docs" / "api.md").read_text()
     block = re.search(r"## Jobs.*?```yaml\n(.*?)```", text, re.S)

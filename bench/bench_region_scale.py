@@ -11,7 +11,10 @@ Measured, each beside a baseline taken in the same run:
      baseline: one paged range read of the same records in this process (the etcd read alone);
   2. memory: resident set of each process (psutil), and their sum;
   3. heartbeats: A simulated agents (machines 0..A-1) every I seconds for 2 S seconds, from the
-     moment the processes are ready; heartbeats answered per second against the target A/I, and
+     moment the processes are ready, sent as agents send them (each to the replica its last answer
+     named) over a few pipelined keep-alive connections to each replica (raw asyncio streams: the
+     load generator shares the machine's cores with the daemons and must cost little); heartbeats
+     answered per second against the target A/I, and
      failure verdicts on those machines (false ones: goal 0). Machines beyond A never heartbeat:
      they are loaded as failed already (as the health check would leave them);
   4. allocation: jobs of 36 tasks created through the API for S seconds (the heartbeats' second
@@ -38,6 +41,7 @@ import time
 from pathlib import Path
 
 import aiohttp
+import msgspec
 import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -142,48 +146,83 @@ async def create_jobs(urls: list[str], ents: list[str], seconds: float, clients:
     return sum(done.values()), done
 
 
+class _Pipe:
+    """One keep-alive connection to a replica carrying pipelined heartbeats (HTTP/1.1: answers come
+    in order). The simulated agents' side costs a few microseconds a request, so that on a machine
+    of two cores the daemons get the CPU, not the load generator (aiohttp's client costs about as
+    much per request as the daemon's whole heartbeat)."""
+
+    def __init__(self, url: str, depth: int = 64):
+        self.url = url
+        self.host, _, port = url.removeprefix("http://").partition(":")
+        self.port = int(port)
+        self.room = asyncio.Semaphore(depth)
+        self.waiting: list[str] = []  # the machine of each request in flight, oldest first
+        self.ok = self.failed = 0
+        self.reader: asyncio.StreamReader | None = None
+        self.writer: asyncio.StreamWriter | None = None
+
+    async def open(self) -> None:
+        self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
+
+    async def send(self, mid: str, body: bytes) -> None:
+        await self.room.acquire()
+        self.waiting.append(mid)
+        self.writer.write(b"POST /v1/agent/heartbeat HTTP/1.1\r\nHost: %s\r\nAuthorization: Bearer %s\r\n"
+                          b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+                          % (self.host.encode(), cred(mid).encode(), len(body), body))
+
+    async def answers(self, hint: dict[str, str], first: dict[str, float]) -> None:
+        while True:
+            head = await self.reader.readuntil(b"\r\n\r\n")
+            status = int(head[9:12])
+            length = int(head.lower().split(b"content-length:", 1)[1].split(b"\r\n", 1)[0])
+            answer = await self.reader.readexactly(length)
+            mid = self.waiting.pop(0)
+            self.room.release()
+            if status == 200:
+                self.ok += 1
+                first.setdefault(mid, time.time())
+                if b"heartbeat_to" in answer:
+                    hint[mid] = msgspec.json.decode(answer)["heartbeat_to"]
+            else:
+                self.failed += 1
+
+
 async def heartbeats(urls: list[str], agents: int, interval: float, seconds: float) -> tuple[int, int]:
     """Each simulated agent heartbeats every `interval` s (phases spread), to the replica its last
-    answer named (heartbeat_to), else a random one. Returns (answered, failed)."""
+    answer named (heartbeat_to), else a random one, over a few pipelined keep-alive connections to
+    each replica. Returns (answered, failed)."""
     hint: dict[str, str] = {}
     first = FIRST_OK
-    ok = failed = 0
     rate = agents / interval
+    pipes = {url: [_Pipe(url) for _ in range(4)] for url in urls}
+    every = [p for ps in pipes.values() for p in ps]
+    await asyncio.gather(*(p.open() for p in every))
+    readers = [asyncio.create_task(p.answers(hint, first)) for p in every]
     t0 = time.perf_counter()
-    sem = asyncio.Semaphore(128)
-    async with aiohttp.ClientSession() as http:
-        async def beat(i: int) -> None:
-            nonlocal ok, failed
-            mid = f"m{i:07d}"
-            url = hint.get(mid) or random.choice(urls)
-            body = {"machine_id": mid, "digest": "d0", "tasks": [], "profile": {"name": None, "ok": True}}
-            async with sem:
-                try:
-                    async with http.post(url + "/v1/agent/heartbeat", json=body,
-                                         headers={"Authorization": f"Bearer {cred(mid)}"}) as r:
-                        answer = await r.json(content_type=None)
-                        if r.status == 200:
-                            ok += 1
-                            first.setdefault(mid, time.time())
-                            if answer.get("heartbeat_to"):
-                                hint[mid] = answer["heartbeat_to"]
-                        else:
-                            failed += 1
-                except (aiohttp.ClientError, asyncio.TimeoutError):
-                    failed += 1
-
-        tasks = set()
-        n = 0
+    n = 0
+    try:
         while time.perf_counter() - t0 < seconds:
             due = int((time.perf_counter() - t0) * rate)
             while n < due:
-                t = asyncio.ensure_future(beat(n % agents))
-                tasks.add(t)
-                t.add_done_callback(tasks.discard)
+                i = n % agents
+                mid = f"m{i:07d}"
+                await random.choice(pipes.get(hint.get(mid)) or pipes[random.choice(urls)]).send(
+                    mid, b'{"machine_id":"%s","digest":"d0","tasks":[],"profile":{"name":null,"ok":true}}'
+                    % mid.encode())
                 n += 1
+            await asyncio.gather(*(p.writer.drain() for p in every))
             await asyncio.sleep(0.01)
-        await asyncio.gather(*tasks)
-    return ok, failed
+        deadline = time.perf_counter() + 30
+        while any(p.waiting for p in every) and time.perf_counter() < deadline:
+            await asyncio.sleep(0.05)
+    finally:
+        for r in readers:
+            r.cancel()
+        for p in every:
+            p.writer.close()
+    return sum(p.ok for p in every), sum(p.failed for p in every) + sum(len(p.waiting) for p in every)
 
 
 FIRST_OK: dict[str, float] = {}  # machine -> wall time of its first heartbeat answered
@@ -241,9 +280,15 @@ def main() -> int:
         false = [e for e in events if e["kind"] == "failure"
                  and any(m in FIRST_OK and e["start"] > FIRST_OK[m] for m in e["machines"])]
         relays = sum(c.metric("twine_relay_seen_relayed_total") for c in cs)
+        lost = [int(c.metric("twine_coordination_lease_failures_total")) for c in cs]
+        deposed = [int(c.metric("twine_coordination_depositions_total")) for c in cs]
         print(f"3. heartbeats: {args.agents:,} simulated agents every {args.interval:g}s for {2 * args.seconds:.0f}s (target "
               f"{args.agents / args.interval:.0f}/s): {ok / args.seconds / 2:.0f}/s answered, {failed} failed; "
-              f"{relays:.0f} relayed to their owner; failure verdicts on machines that heartbeat: {len(false)}")
+              f"{relays:.0f} relayed to their owner; failure verdicts on machines that heartbeat: {len(false)}; "
+              f"lease keep-alives failed {lost}, leaderships ended {deposed} (per process)")
+        for e in false[:3]:  # what a false verdict said, and how long after the machine's first answer
+            m = next(m for m in e["machines"] if m in FIRST_OK)
+            print(f"   false: {m} ({e['reason']}) {e['start'] - FIRST_OK[m]:.1f}s after its first answered heartbeat")
         per_shard = {s: sum(per_ent.get(f"s{s}-e{e}", 0) for e in range(3)) / args.seconds for s in range(args.shards)}
         print(f"4. allocation: {total / args.seconds:.1f} jobs of 36 tasks/s created (201) over all shards through the "
               f"API ({args.seconds:.0f}s, while the heartbeats go on), measured with 8 closed-loop clients: not a "

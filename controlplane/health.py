@@ -33,6 +33,10 @@ from controlplane.store.keys import Keys
 log = logging.getLogger("twine.controld.health")
 NO_HEARTBEAT = "no heartbeat"
 OWNERS_SLICE = 20_000  # machines whose health owner is computed between two turns of the event loop
+# machines a pass looks at between two turns of the event loop: at a million machines, a third of
+# them due at once (the silent ones' fallback look, or all of them when a process comes to own
+# them) took seconds in one go, while heartbeats waited unread and the lease's keep-alive too
+EXAMINE_SLICE = 2_000
 IN_MAINTENANCE = " (in maintenance "  # tags, for people, the reason of a machine silent during its maintenance
 Report = Mapping[tuple[str, int], Any]
 
@@ -174,7 +178,17 @@ class HealthService:
         # pass (an MSB's machines fail at once)
         failing: list[tuple[str, str, float, float | None]] = []
         error: Exception | None = None
+        examined = 0
         while heap and heap[0][0] <= now:
+            examined += 1
+            if examined % EXAMINE_SLICE == 0:
+                # heartbeats that came meanwhile are heard before the machines after them are judged
+                await asyncio.sleep(0)
+                now = time.monotonic()
+                coord = self.coordinator
+                if coord is not None and (not coord.valid() or coord.health_members() != self._members):
+                    break  # who owns what may have changed: the next pass judges (the rest stay due)
+                continue
             due, mid = heapq.heappop(heap)
             if due_of.get(mid) != due:
                 continue  # an entry replaced by a later one
@@ -204,6 +218,15 @@ class HealthService:
             # a healthy machine: due when its silence passes the limit; an unhealthy one comes back by
             # its next heartbeat (seen(), which also puts it back here): a look a timeout is a fallback
             self._push(mid, now + (limit - silent) + 0.001 if m.healthy and silent <= limit else now + self.timeout)
+        # a machine heard from since it was found silent (the pass let heartbeats in) is not failed
+        heard = [f for f in failing if self.last_seen.get(f[0]) != f[3]]
+        for mid, *_ in heard:
+            self._push(mid, now)
+        failing = [f for f in failing if self.last_seen.get(f[0]) == f[3]]
+        if self.coordinator is not None and not self.coordinator.valid():  # the lease in doubt: judged later
+            for mid, *_ in failing:
+                self._push(mid, now)
+            failing = []
         batch = max(1, self.max_txn_ops // 2)  # a record and an event a machine; as many compares
         for i in range(0, len(failing), batch):
             try:

@@ -11,10 +11,8 @@ the cause (docs/api.md, "When etcd is unreachable").
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from dataclasses import replace
-from functools import partial
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 import aiohttp
@@ -40,7 +38,7 @@ if TYPE_CHECKING:
 DAEMON = web.AppKey("daemon", object)
 MACHINE = "machine_id"
 PRINCIPAL = "principal"  # who an API request comes from (controlplane/api/tokens.py)
-_dumps = partial(json.dumps, default=str)
+_encode = msgspec.json.Encoder(enc_hook=str).encode  # what JSON has no form for, as its text
 PUBLIC = ("/v1/openapi.json", "/healthz")
 SERVED_BY_EVERY_ROLE = (*PUBLIC, "/v1/metrics", "/v1/cluster", "/v1/internal/relay")
 # a member with the health role takes the heartbeats of the machines it judges: their agents send
@@ -51,7 +49,7 @@ STALE = "X-Twine-Stale"  # on an answer from the cache while etcd is unreachable
 
 
 def reply(data: Any, status: int = 200) -> web.Response:
-    return web.json_response(data, status=status, dumps=_dumps)
+    return web.Response(body=_encode(data), status=status, content_type="application/json")
 
 
 def allocation_error(e: AllocationError) -> ApiError:
@@ -184,8 +182,11 @@ async def body(request: web.Request, limit: int = MAX_BODY, schema: type | None 
         raise too_large  # refused unread
     timeout = request.app[DAEMON].conn_limits.body_timeout
     try:
-        async with asyncio.timeout(timeout):
+        if request.content.is_eof():  # all here already (a heartbeat's, as a rule): nothing to wait for
             raw = await request.read()
+        else:
+            async with asyncio.timeout(timeout):
+                raw = await request.read()
     except web.HTTPRequestEntityTooLarge:  # a stream without a length, past client_max_size
         raise too_large from None
     except TimeoutError:  # a client trickling its body holds no connection for long

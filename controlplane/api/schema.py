@@ -23,7 +23,7 @@ from agent.models import (_ENV, IMAGE, MAX_ARGS, MAX_COMMAND, MAX_CPUS, MAX_ENV,
 from controlplane.broker.agents import MACHINE_ID, MAX_LABEL
 from controlplane.allocator.model import LEVELS, STRATEGIES
 from controlplane.records import (JOB_STATES, MAINTENANCE_POLICIES, MAX_MAINTENANCE, MAX_OWNER, NAME, TASK_STATES,
-                                  ApiError)
+                                  ApiError, Endpoint)
 
 Name = Annotated[str, Meta(pattern=NAME.pattern, description="lower case letters, digits, '_.-' (1-63)")]
 Label = Annotated[str, Meta(min_length=1, max_length=253)]
@@ -527,18 +527,9 @@ class MaintenanceList(Answer):
     maintenance: list[Maintenance]
 
 
-class EndpointView(Answer):
-    job: str
-    index: int
-    machine: str
-    address: str
-    enabled: bool
-    spec_version: int = 0
-
-
 class Discovery(Answer):
     job: str
-    endpoints: list[EndpointView]
+    endpoints: list[Endpoint]  # the discovery records as the store keeps them
 
 
 class Registration(Answer):

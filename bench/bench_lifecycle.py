@@ -233,7 +233,7 @@ def main() -> int:
             print(f"machine loss to every replacement running, {args.trials} trials, from the SIGKILL: p50 {l50:.2f} s, "
                   f"{p99_words(times)} {l99:.2f} s (goal <= heartbeat timeout {args.heartbeat_timeout:g} s + 1.5 s = "
                   f"{bound:.1f} s): {'met' if l99 <= bound else 'MISSED'}", flush=True)
-            print(f"  the same from the victim's last heartbeat (the verdict takes the timeout plus up to one 0.5 s health pass from there; then the replacements start): "
+            print(f"  the same from the victim's last heartbeat (expected, not measured apart: the verdict after the timeout plus up to one 0.5 s health pass; then the replacements start): "
                   f"p50 {pct(beats, 50):.2f} s = timeout + {pct(beats, 50) - args.heartbeat_timeout:.2f} s, "
                   f"{p99_words(beats)} {pct(beats, 99):.2f} s = timeout + {pct(beats, 99) - args.heartbeat_timeout:.2f} s",
                   flush=True)

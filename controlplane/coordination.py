@@ -169,12 +169,11 @@ class Coordinator:
     def owns(self, machine_id: str) -> bool:
         return "health" in self.roles and self.owner_of(machine_id) == self.id
 
-    def owned_among(self, machine_ids: Sequence[str], members: tuple[str, ...] | None = None) -> list[str]:
+    def owned_among(self, machine_ids: Sequence[str], members: tuple[str, ...]) -> list[str]:
         """Those of the machines this process judges (owns(), for many at once), among `members`
-        (default: the health members now; a pass in slices gives the ones it began with)."""
+        (a pass in slices gives the ones it began with)."""
         if "health" not in self.roles:
             return []
-        members = self.health_members() if members is None else members
         return [mid for mid in machine_ids if rendezvous(members, mid) == self.id]
 
     def member_url(self, member_id: str) -> str | None:
@@ -345,7 +344,10 @@ class Coordinator:
             await self._end(shard, f"handed over for member {mid}, which leads {n} shard(s) to this one's {mine}")
             try:
                 await asyncio.wait_for(self.store.delete_if(fence.key, fence.epoch), self.ttl)
-            except Exception as e:  # the key stays ours until the lease ends; we lead it again meanwhile
+            except Exception as e:
+                # the key stays ours (our lease lives on, so it never expires): we lead it again,
+                # or nobody would
+                self._handed.pop(shard, None)
                 log.warning("shard %d: handing it over failed: %s: %s", shard, type(e).__name__, e)
             return
 

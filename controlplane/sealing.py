@@ -39,6 +39,11 @@ TOKEN = "#controller_token"  # the name a job's controller_token is sealed under
 KEY_NAME = re.compile(r"[A-Za-z0-9_.-]{1,32}")
 
 
+def field_of(var: str) -> str:
+    """The field of a job a sealed value is: its controller_token, or one of its secret values."""
+    return "controller_token" if var == TOKEN else f"task.secret_env.{var}"
+
+
 class SealingError(Exception):
     """A sealed value this daemon cannot open (its key is not in --secret-key-file, or it was
     altered)."""
@@ -99,7 +104,7 @@ class Sealer:
             return value
         name, _, b64 = value[len(PREFIX):].partition(":")
         key = self._by_name.get(name)
-        what = "controller_token" if var == TOKEN else f"task.secret_env.{var}"
+        what = field_of(var)
         if key is None:
             raise SealingError(f"{handle}: {what} is sealed with key {name!r}, which is not in --secret-key-file")
         from cryptography.exceptions import InvalidTag

@@ -28,7 +28,7 @@ from controlplane.api.openapi import document
 from controlplane.broker.agents import CREDENTIAL_HEADER
 from controlplane.records import (NAME, ApiError, EntitlementRec, EventRec, JobRec, TaskRec, check_job_size, keep_secrets,
                                   parse_maintenance, redact_task)
-from controlplane.sealing import TOKEN, SealingError
+from controlplane.sealing import SealingError, field_of
 from controlplane.store import Conflict, TooLarge, Unavailable, Versioned
 from controlplane.store.etcd import UNREACHABLE
 
@@ -102,7 +102,8 @@ async def _answer(request: web.Request, handler: Callable[[web.Request], Awaitab
         try:
             response = await handler(request)
         except ApiError as e:
-            if e.kind != "not_found" or not await _caught_up(d):
+            # (not while etcd is unreachable: the view is all there is, and the answer says so)
+            if e.kind != "not_found" or d.state.stale or not await _caught_up(d):
                 raise
             # this view was behind etcd: what the request names may have just been written through
             # another replica (created there, then asked for here): asked again, now caught up
@@ -448,8 +449,7 @@ def _opened(d: ControlDaemon, job: JobRec, var: str, value) -> object:
     try:
         return d.state.sealer.open(job.handle, var, value)
     except SealingError as e:
-        field = "controller_token" if var == TOKEN else f"task.secret_env.{var}"
-        raise ApiError("unprocessable", field, f"null keeps the current value, which this daemon cannot open ({e}); "
+        raise ApiError("unprocessable", field_of(var), f"null keeps the current value, which this daemon cannot open ({e}); "
                        "send the value") from None
 
 
@@ -465,10 +465,10 @@ async def create_job(request: web.Request) -> web.Response:
         raise ApiError("exists", "name", f"job {job.handle!r} exists ({old.state}); use update, or stop it first")
     if old is not None:
         job = replace(job, spec_version=old.spec_version + 1, created_at=old.created_at)
-    job = _sealed(d, job, old)
     sched = d.scheduler_for(job.handle)
-    if sched is None:
+    if sched is None:  # the leader of the job's shard takes the body as it came
         return await forward(request, d.state.shard_of_job(job.handle))
+    job = _sealed(d, job, old)
     try:
         await sched.create(job, read_revision)
     except Conflict:
@@ -657,7 +657,7 @@ async def list_maintenance(request: web.Request) -> web.Response:
     now = time.time()
     events = sorted((e for e in d.state.events.values() if e.kind == "maintenance"), key=lambda e: (e.start, e.id))
     every = request.query.get("all", "0")
-    if every not in ("0", "1", "true", "false"):
+    if every not in S.ALL:
         raise ApiError("invalid", "all", f"{every[:80]!r}: 1 (or true) for all, 0 (or false) for those not over")
     if every not in ("1", "true"):
         events = [e for e in events if e.phase(now) != "over"]
@@ -705,11 +705,11 @@ async def agent_desired(request: web.Request) -> web.Response:
         wait = float(request.query.get("wait", "0"))
     except ValueError:
         wait = -1.0
-    if not 0 <= wait <= 3600:  # NaN too; more than the longest wait (60 s) is that wait
-        raise ApiError("invalid", "wait", "must be a number of seconds from 0 to 3600")
+    if not 0 <= wait <= S.MAX_WAIT_ASKED:  # NaN too; more than the longest wait (--max-long-poll) is that wait
+        raise ApiError("invalid", "wait", f"must be a number of seconds from 0 to {S.MAX_WAIT_ASKED}")
     version = request.query.get("version", "")
-    if len(version) > 64:
-        raise ApiError("invalid", "version", "a desired state's version has at most 64 characters")
+    if len(version) > S.MAX_VERSION:
+        raise ApiError("invalid", "version", f"a desired state's version has at most {S.MAX_VERSION} characters")
     return reply(await d.agents.desired(request[MACHINE], version, wait))
 
 

@@ -120,10 +120,11 @@ ID_PARAM = {"type": "string", "minLength": 1, "maxLength": 253}
 PATH_PARAMS = {"name": NAME_PARAM, "ent": NAME_PARAM, "id": ID_PARAM}
 QUERY_PARAMS = {
     ("/v1/jobs", "get"): [("entitlement", NAME_PARAM, "only the jobs of this entitlement")],
-    ("/v1/maintenance", "get"): [("all", {"type": "string", "enum": ["0", "1", "true", "false"]},
+    ("/v1/maintenance", "get"): [("all", {"type": "string", "enum": list(schemas_of.ALL)},
                                   "1: also the maintenance that is over")],
-    ("/v1/agent/desired", "get"): [("version", {"type": "string", "maxLength": 64}, "the version the agent has"),
-                                   ("wait", {"type": "number", "minimum": 0, "maximum": 3600},
+    ("/v1/agent/desired", "get"): [("version", {"type": "string", "maxLength": schemas_of.MAX_VERSION},
+                                    "the version the agent has"),
+                                   ("wait", {"type": "number", "minimum": 0, "maximum": schemas_of.MAX_WAIT_ASKED},
                                     "seconds to wait for a change (at most --max-long-poll are waited: 60 by default)")],
 }
 

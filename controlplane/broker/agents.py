@@ -244,7 +244,9 @@ class AgentService:
 
     def _desired(self, mid: str) -> dict:
         try:
-            return self.state.desired_for(mid)
+            d = self.state.desired_for(mid)
+            self._unopened.pop(mid, None)  # said again if it comes back
+            return d
         except SealingError as e:
             # 503: the agent keeps what runs and asks again (another replica, whose key file may
             # hold the key); neither runs a task without its secret nor stops one for this key

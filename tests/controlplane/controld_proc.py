@@ -3,7 +3,9 @@ its own (so tests sharing one etcd never see each other's keys)."""
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import hashlib
 import json
 import os
 import signal
@@ -17,12 +19,17 @@ import uuid
 from pathlib import Path
 
 from controlplane.etcdproc import terminate
-from controlplane.sealing import Sealer
 from tests.conftest import parse_metrics
 from tests.agent.agentproc import REPO, free_port
 
 API_TOKEN = "test-api-token"
 BOOTSTRAP_TOKEN = "test-bootstrap-token"
+
+
+def _region_key(region: str) -> str:
+    """The region's sealing key line: the same for every replica of a region (as an operator
+    gives them one key file), another for every other region."""
+    return "key1:" + base64.b64encode(hashlib.sha256(f"twine-test-{region}".encode()).digest()).decode()
 
 
 class Controld:
@@ -40,7 +47,7 @@ class Controld:
         # secret task values sealed in etcd, as installed regions have them (--secret-key-file)
         self.key_file = tmp / "secret-keys"
         for f, token in ((self.api_file, API_TOKEN), (self.boot_file, BOOTSTRAP_TOKEN),
-                         (self.key_file, Sealer.new_key_line("key1"))):
+                         (self.key_file, _region_key(self.region))):
             f.write_text(token + "\n")
             f.chmod(0o600)  # the daemon refuses token files others may read
         self.log = tmp / f"controld-{self.port}.log"

@@ -183,6 +183,27 @@ class Owners:
         return [mid for mid in mids if rendezvous(members, mid) == self.me]
 
 
+async def turns_during(work, each_turn=lambda: None):
+    """(what `work` returned, how many times another task ran while it was awaited); `each_turn`
+    is called at each of those turns."""
+    turns = 0
+    done = asyncio.Event()
+
+    async def other() -> None:
+        nonlocal turns
+        while not done.is_set():
+            turns += 1
+            each_turn()
+            await asyncio.sleep(0)
+
+    running = asyncio.create_task(other())  # it first runs when `work` first yields
+    try:
+        return await work, turns
+    finally:
+        done.set()
+        await running
+
+
 def test_owners_are_computed_in_slices_that_let_the_loop_run_and_a_new_machine_costs_only_itself():
     """At a million machines every owner took seconds in one go: the lease's keep-alive waited,
     the lease ended, leaderships flapped (bench_region_scale). Now the pass yields between
@@ -200,24 +221,8 @@ def test_owners_are_computed_in_slices_that_let_the_loop_run_and_a_new_machine_c
     health = HealthService(state, None, keys, {}, timeout=5.0)
     health.coordinator = owners = Owners("a", ("a", "b", "c"))
 
-    async def body() -> int:
-        turns = 0
-        done = asyncio.Event()
-
-        async def count() -> None:
-            nonlocal turns
-            while not done.is_set():
-                turns += 1
-                await asyncio.sleep(0)
-
-        counting = asyncio.create_task(count())
-        await asyncio.sleep(0)
-        assert await health._refresh_owned(time.monotonic())  # noqa: SLF001
-        done.set()
-        await counting
-        return turns
-
-    turns = asyncio.run(body())
+    refreshed, turns = asyncio.run(turns_during(health._refresh_owned(time.monotonic())))  # noqa: SLF001
+    assert refreshed
     assert turns >= 3, f"the loop ran {turns} times while {n} owners were computed"
     want = {mid for mid in state.machines if rendezvous(("a", "b", "c"), mid) == "a"}
     assert health._owned == want and 0 < len(want) < n  # noqa: SLF001
@@ -238,6 +243,19 @@ def test_owners_are_computed_in_slices_that_let_the_loop_run_and_a_new_machine_c
     owners.members = ("a", "b", "c")
     assert asyncio.run(health._refresh_owned(time.monotonic()))  # noqa: SLF001
     assert health._owned == want  # noqa: SLF001
+
+    # the members change and come back while a full pass runs: the pass holds, every slice of it
+    # computed for the members it began with (none for the set that was there meanwhile)
+    owners.members = ("a", "b")
+    assert asyncio.run(health._refresh_owned(time.monotonic()))  # noqa: SLF001
+    owners.members = ("a", "b", "c")
+    sets = iter([("a", "c"), ("a", "c"), ("a", "b", "c")])
+
+    def meanwhile() -> None:
+        owners.members = next(sets, ("a", "b", "c"))
+
+    refreshed, turns = asyncio.run(turns_during(health._refresh_owned(time.monotonic()), meanwhile))  # noqa: SLF001
+    assert refreshed and turns >= 3 and health._owned == want  # noqa: SLF001
 
     owners.asked = 0
     put("new-one", n + 1)
@@ -268,24 +286,10 @@ def test_a_pass_over_many_due_machines_lets_heartbeats_in_and_fails_none_heard_m
     last_seen.update({mid: now for mid in mids})
     last_seen["a-late"] = now - 30  # silent past its timeout when the pass looks at it
 
-    async def body() -> int:
-        turns = 0
-        done = asyncio.Event()
+    def heartbeat() -> None:  # a-late's heartbeat, read while the pass yields
+        last_seen["a-late"] = time.monotonic()
 
-        async def heartbeats() -> None:
-            nonlocal turns
-            while not done.is_set():
-                turns += 1
-                last_seen["a-late"] = time.monotonic()  # its heartbeat, read while the pass yields
-                await asyncio.sleep(0)
-
-        beating = asyncio.create_task(heartbeats())
-        await health.check()
-        done.set()
-        await beating
-        return turns
-
-    turns = asyncio.run(body())
+    _, turns = asyncio.run(turns_during(health.check(), heartbeat))
     assert turns >= 3, f"the loop ran {turns} times while {n + 1} due machines were looked at"
     assert health.counters["examined"] == n + 1 and health.counters["failures"] == 0
     assert state.machines["a-late"].healthy

@@ -291,6 +291,20 @@ def main() -> int:
         for e in false[:3]:  # what a false verdict said, and how long after the machine's first answer
             m = next(m for m in e["machines"] if m in FIRST_OK)
             print(f"   false: {m} ({e['reason']}) {e['start'] - FIRST_OK[m]:.1f}s after its first answered heartbeat")
+        held = [[line for line in c.log.read_text().splitlines() if "event loop was held" in line] for c in cs]
+        lags = [c.metrics() for c in cs]
+        over = {le: [int(m["twine_event_loop_lag_seconds_count"] - m[f'twine_event_loop_lag_seconds_bucket{{le="{le}"}}'])
+                     for m in lags] for le in ("0.1", "0.25", "0.5")}
+        print(f"   event loop lag (twine_event_loop_lag_seconds, a 0.1 s sleep every 0.1 s, per process): over 0.1 s "
+              f"{over['0.1']}, over 0.25 s {over['0.25']}, over 0.5 s {over['0.5']} times; held for a third of the "
+              f"lease or more (warned): {[len(h) for h in held]}")
+        for line in [line for h in held for line in h][:5]:
+            print(f"   {line[line.index('the event loop'):]}")
+        for c in cs:  # where the loop was held (the stalls watcher's stack), the first time in each process
+            text = c.log.read_text()
+            at = text.find("the event loop has been held")
+            if at >= 0:
+                print("   " + "\n   ".join(text[at:].split("\n2")[0].splitlines()[:40]))
         per_shard = {s: sum(per_ent.get(f"s{s}-e{e}", 0) for e in range(3)) / args.seconds for s in range(args.shards)}
         print(f"4. allocation: {total / args.seconds:.1f} jobs of 36 tasks/s created (201) over all shards through the "
               f"API ({args.seconds:.0f}s, while the heartbeats go on), measured with 8 closed-loop clients: not a "

@@ -38,6 +38,7 @@ from controlplane.health import HealthService
 from controlplane.scheduler.ratelimit import Limits
 from controlplane.scheduler.service import Scheduler
 from controlplane.sidekick import ProfileDocuments
+from controlplane.stalls import Stalls
 from controlplane.state import RegionState
 from controlplane.store import Conflict, EtcdTls, Store, Versioned
 from controlplane.store.keys import Keys
@@ -88,6 +89,7 @@ class ControlDaemon:
         self.schedulers: dict[int, Scheduler] = {}  # the shards this process leads now
         self._loops: dict[int, asyncio.Task] = {}
         self.metrics = Metrics()  # latency histograms, across this daemon's shards
+        self.stalls = Stalls(self.metrics.registry, warn_after=lease_ttl / 3)
         self.retired = {"passes": 0, "commits": 0, "conflicts": 0, "placements": 0, "errors": 0, "rate_limited": 0}
         self.coordinator: Coordinator | None = None
         self.relay: Relay | None = None
@@ -221,7 +223,8 @@ class ControlDaemon:
             notifier.ready(f"region {self.keys.region}: {len(self.state.machines)} machines, {len(self.state.jobs)} jobs")
             async with asyncio.TaskGroup() as tg:
                 loops = [tg.create_task(self.coordinator.run()), tg.create_task(self.relay.run()),
-                         tg.create_task(self.state.index.watching()), tg.create_task(notifier.watchdog_loop())]
+                         tg.create_task(self.state.index.watching()), tg.create_task(notifier.watchdog_loop()),
+                         tg.create_task(self.stalls.run())]
                 if "health" in self.roles:
                     loops.append(tg.create_task(self.health.run()))
                 await stop.wait()

@@ -1,0 +1,94 @@
+"""What holds the event loop: the garbage collector's pauses and the loop's lag, as metrics and
+as a warning when the loop was held long enough to put the lease at risk.
+
+One event loop runs everything a control daemon does: heartbeats, the lease's keep-alive, the
+scheduler. A turn that runs long (a collection over a large heap, a pass over every machine)
+delays all of them at once, and a keep-alive that waits longer than the lease lasts ends every
+leadership of the process. These figures say how long and why:
+
+- `twine_event_loop_lag_seconds`: how much later than asked a short sleep woke up (every 0.1 s).
+- `twine_gc_pause_seconds{generation}`: each collection of the cyclic garbage collector.
+
+A lag of a third of the lease's TTL or more is logged as a warning, with the collections that ran
+meanwhile: the time left is what the keep-alive has. While the loop is held that long, a thread
+logs where the loop's thread is (its stack, once a stall): what to make shorter.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import logging
+import sys
+import threading
+import time
+import traceback
+
+from prometheus_client import CollectorRegistry, Histogram
+
+log = logging.getLogger("twine.controld")
+
+LAG_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5)
+GC_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5)
+TICK = 0.1
+
+
+class Stalls:
+    def __init__(self, registry: CollectorRegistry, warn_after: float) -> None:
+        self.warn_after = warn_after
+        self.lag = Histogram("twine_event_loop_lag_seconds", "How much later than asked a short sleep of the event "
+                             "loop woke up", buckets=LAG_BUCKETS, registry=registry)
+        self.gc_pause = Histogram("twine_gc_pause_seconds", "A collection of the cyclic garbage collector",
+                                  ["generation"], buckets=GC_BUCKETS, registry=registry)
+        self.longest = 0.0
+        self._gc_started = 0.0
+        self._gc_since: list[tuple[int, float]] = []  # (generation, pause) since the last tick
+        self._ticked = time.monotonic()  # the loop's last tick
+        self._stopped = threading.Event()
+
+    def _on_gc(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._gc_started = time.perf_counter()
+            return
+        pause = time.perf_counter() - self._gc_started
+        self.gc_pause.labels(str(info["generation"])).observe(pause)
+        self._gc_since.append((info["generation"], pause))
+
+    async def run(self) -> None:
+        gc.callbacks.append(self._on_gc)
+        self._stopped.clear()
+        watcher = threading.Thread(target=self._watch, args=(threading.get_ident(),), name="twine-stalls", daemon=True)
+        watcher.start()
+        try:
+            while True:
+                self._gc_since.clear()
+                self._ticked = t0 = time.monotonic()
+                await asyncio.sleep(TICK)
+                self.observe(time.monotonic() - t0 - TICK)
+        finally:
+            self._stopped.set()
+            gc.callbacks.remove(self._on_gc)
+
+    def _watch(self, loop_thread: int) -> None:
+        """Off the loop: where the loop's thread is while it is held (once a stall)."""
+        told = 0.0
+        while not self._stopped.wait(TICK):
+            ticked = self._ticked
+            held = time.monotonic() - ticked - TICK
+            if held >= self.warn_after and ticked != told:
+                told = ticked
+                frame = sys._current_frames().get(loop_thread)  # noqa: SLF001 - the documented way to another thread's stack
+                where = "".join(traceback.format_stack(frame, limit=12)) if frame is not None else "(not found)\n"
+                log.warning("the event loop has been held for %.2fs so far, in:\n%s", held, where.rstrip())
+
+    def observe(self, lag: float) -> None:
+        lag = max(lag, 0.0)
+        self.lag.observe(lag)
+        self.longest = max(self.longest, lag)
+        if lag >= self.warn_after:
+            collections = self._gc_since
+            in_gc = sum(p for _, p in collections)
+            full = [p for g, p in collections if g == 2]
+            log.warning("the event loop was held for %.2fs (lease keep-alives, heartbeats and the scheduler waited); "
+                        "garbage collection took %.2fs of it in %d collection(s)%s", lag, in_gc, len(collections),
+                        f", the longest full one {max(full):.2f}s" if full else "")

@@ -1,0 +1,45 @@
+"""The stalls watcher: a turn of the event loop that runs long is measured, said, and located."""
+
+import asyncio
+import gc
+import logging
+import time
+
+from prometheus_client import CollectorRegistry
+
+from controlplane.stalls import Stalls
+
+
+def a_long_turn(seconds: float) -> None:
+    time.sleep(seconds)  # holds the loop, as a pass over a million machines in one go did
+
+
+def test_a_held_loop_is_measured_said_and_located_and_collections_are_timed(caplog):
+    registry = CollectorRegistry()
+    stalls = Stalls(registry, warn_after=0.3)
+
+    async def main() -> None:
+        watching = asyncio.create_task(stalls.run())
+        await asyncio.sleep(0.25)  # a few ticks
+        a_long_turn(0.6)
+        await asyncio.sleep(0.25)
+        gc.collect()  # a full collection, on the loop's thread
+        await asyncio.sleep(0.25)
+        watching.cancel()
+        await asyncio.gather(watching, return_exceptions=True)
+
+    with caplog.at_level(logging.WARNING, logger="twine.controld"):
+        asyncio.run(main())
+
+    said = [r.getMessage() for r in caplog.records]
+    held = [m for m in said if m.startswith("the event loop was held for")]
+    assert len(held) == 1, said
+    assert 0.5 <= float(held[0].split("held for ")[1].split("s")[0]) < 1.5
+    where = [m for m in said if m.startswith("the event loop has been held")]
+    assert len(where) == 1 and "a_long_turn" in where[0], said  # the stack names what held it
+    assert 0.5 <= stalls.longest < 1.5
+    lag_count = registry.get_sample_value("twine_event_loop_lag_seconds_count")
+    assert lag_count >= 5
+    assert registry.get_sample_value("twine_event_loop_lag_seconds_bucket", {"le": "0.25"}) == lag_count - 1
+    assert registry.get_sample_value("twine_gc_pause_seconds_count", {"generation": "2"}) >= 1
+    assert stalls._on_gc not in gc.callbacks  # noqa: SLF001 - removed when the watcher stops

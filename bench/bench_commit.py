@@ -39,12 +39,16 @@ Records and snapshot are built as RegionState builds them at start (the records 
 read from etcd); the build times are printed (about a minute at 1,000,000: leave that size out
 with --sizes 10000,100000).
 
+The garbage collector is tuned as twine-controld tunes it at start (stalls.tune_collector: a full
+pass every 100 collections of generation 1, not 10); --default-gc leaves CPython's default.
+
 Rates are per second of wall time and per second of this process's cpu time (the machine may be
 shared); commit costs are wall time. Printed beside each figure: the baseline (allocation alone)
 run in the same process, and for the flatness of the commit, its cost at the first size; also
 machines written per commit (the commit's cost follows them) and garbage-collector pauses.
 
     .venv/bin/python bench/bench_commit.py [--sizes 10000,100000,1000000] [--jobs 1000] [--seed 1]
+        [--default-gc]
 """
 
 from __future__ import annotations
@@ -64,6 +68,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from controlplane.allocator import AllocationError, Snapshot, allocate  # noqa: E402
 from controlplane.records import EntitlementRec, JobRec, MachineRec, Preference, Spread, TaskRec  # noqa: E402
 from controlplane.scheduler.service import Scheduler, job_request  # noqa: E402
+from controlplane.stalls import FULL_EVERY, tune_collector  # noqa: E402
 from controlplane.state import RegionState  # noqa: E402
 from controlplane.store import Conflict, Revision, Versioned  # noqa: E402
 from controlplane.store.etcd import Change, encode  # noqa: E402
@@ -277,10 +282,14 @@ def main() -> int:
     ap.add_argument("--sizes", default="10000,100000,1000000", help="machine counts, comma separated")
     ap.add_argument("--jobs", type=int, default=1000, help="jobs per measured run")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--default-gc", action="store_true", help="leave the garbage collector as CPython sets it")
     args = ap.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
+    if not args.default_gc:
+        tune_collector()
     print(f"Python {platform.python_version()}, one process, one core; jobs of {TASKS_PER_JOB} tasks, "
-          f"{args.jobs} a run; no etcd")
+          f"{args.jobs} a run; no etcd; garbage collector thresholds {gc.get_threshold()} "
+          + ("(CPython's default)" if args.default_gc else f"(as twine-controld sets them: a full pass every {FULL_EVERY})"))
     rows = []
     for n in sizes:
         rnd = random.Random(args.seed)

@@ -38,7 +38,7 @@ from controlplane.health import HealthService
 from controlplane.scheduler.ratelimit import Limits
 from controlplane.scheduler.service import Scheduler
 from controlplane.sidekick import ProfileDocuments
-from controlplane.stalls import Stalls
+from controlplane.stalls import Stalls, tune_collector
 from controlplane.state import RegionState
 from controlplane.store import Conflict, EtcdTls, Store, Versioned
 from controlplane.store.keys import Keys
@@ -486,6 +486,7 @@ async def _main(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = daemon_config.parse_args(parser(), argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    tune_collector()
     try:
         return asyncio.run(_main(args))
     except KeyboardInterrupt:

@@ -43,3 +43,38 @@ def test_a_held_loop_is_measured_said_and_located_and_collections_are_timed(capl
     assert registry.get_sample_value("twine_event_loop_lag_seconds_bucket", {"le": "0.25"}) == lag_count - 1
     assert registry.get_sample_value("twine_gc_pause_seconds_count", {"generation": "2"}) >= 1
     assert stalls._on_gc not in gc.callbacks  # noqa: SLF001 - removed when the watcher stops
+
+
+def test_after_a_freeze_the_tuned_collector_makes_a_tenth_of_the_full_passes():
+    """After gc.freeze() (the region read at start) CPython counts no frozen object in its rule
+    for full passes, and makes one every 10 collections of generation 1; tuned, every 100."""
+    from controlplane.stalls import FULL_EVERY, tune_collector
+
+    def full_passes(tuned: bool) -> int:
+        before = gc.get_threshold()
+        full = []
+
+        def note(phase: str, info: dict) -> None:
+            if phase == "stop" and info["generation"] == 2:
+                full.append(1)
+
+        big = [[i] for i in range(200_000)]  # long-lived, then frozen
+        gc.collect()
+        gc.freeze()
+        try:
+            if tuned:
+                tune_collector()
+                assert gc.get_threshold() == (before[0], before[1], FULL_EVERY)
+            gc.callbacks.append(note)
+            kept = [[i] for i in range(700_000)]  # objects that live on, made after the freeze
+            gc.callbacks.remove(note)
+            del kept
+        finally:
+            gc.set_threshold(*before)
+            gc.unfreeze()
+            del big
+            gc.collect()
+        return len(full)
+
+    default, tuned = full_passes(False), full_passes(True)
+    assert default >= 4 and tuned * 3 < default, (default, tuned)

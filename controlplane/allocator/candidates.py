@@ -25,7 +25,7 @@ from heapq import heapify, heappop, heappush
 
 from .index import Entry, Path, first_fit
 from .model import EPSILON, LEVELS, Machine
-from .preferences import BinCounts, bin_scores, bin_ties
+from .preferences import BinCounts, Scorer
 from .request import Requirements
 from .snapshot import Snapshot
 from .view import View
@@ -76,6 +76,8 @@ class Candidates:
         self.parent_depth = max(coarser, default=0) + 1
         self.msbs_with_tasks = {p[:MSB] for p in occupied} if self.by_msb else set()
         self.best: dict[Path, Key] = {}
+        self.scorer: Scorer | None = None  # made at the first pick, for the counts it is given
+        self.scorer_counts: BinCounts | None = None
         for p in occupied:
             if req.dc_allows(p[1]):
                 self._refresh(p)
@@ -155,10 +157,9 @@ class Candidates:
             keys.append(key)
         if not paths:
             return None
-        scores = bin_scores(self.req.preferences, counts, paths)
-        ties = bin_ties(self.req.preferences, counts, paths)
-        _, _, (_, entry) = min(zip(scores, ties, keys), key=lambda stk: (-stk[0], stk[1], stk[2]))
-        return entry[2]
+        if self.scorer is None or self.scorer_counts is not counts:
+            self.scorer, self.scorer_counts = Scorer(self.req.preferences, counts), counts
+        return keys[self.scorer.best(paths, keys)][1][2]
 
     def after_pick(self, path: Path) -> None:
         self.occupied.add(path)

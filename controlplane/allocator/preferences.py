@@ -73,3 +73,42 @@ def bin_ties(preferences: Iterable[SoftPreference], counts: BinCounts, paths: li
     finest = max(levels)
     at = counts.at(LEVELS[finest]).get
     return [at(p[:finest + 1], 0) for p in paths]
+
+
+class Scorer:
+    """bin_scores, bin_ties and the pick among the candidates, for one allocation: what depends only
+    on its preferences is worked out once, not at every task (at 100,000 machines the pick was a
+    quarter of the scheduler's commit path). The same arithmetic as bin_scores, in the same order,
+    so the same floats (the reference allocator, naive.py, uses bin_scores)."""
+
+    __slots__ = ("terms", "tie")
+
+    def __init__(self, preferences: Iterable[SoftPreference], counts: BinCounts) -> None:
+        preferences = [p for p in preferences if p.weight != 0]
+        # (depth, spread, weight, this job's tasks per bin at the level): BinCounts keeps one dict a
+        # level, updated in place
+        self.terms = [(LEVELS.index(p.property) + 1, p.strategy == "spread", p.weight, counts.at(p.property).get)
+                      for p in preferences]
+        levels = [LEVELS.index(p.property) for p in preferences if p.strategy == "spread"]
+        self.tie = (max(levels) + 1, counts.at(LEVELS[max(levels)]).get) if levels else None
+
+    def best(self, paths: list[Path], keys: list) -> int:
+        """The index of the best candidate: highest score, then lowest tie (bin_ties), then
+        lowest key."""
+        n = len(paths)
+        total = [0.0] * n
+        for depth, spread, weight, at in self.terms:
+            raw = [at(p[:depth], 0) for p in paths]
+            if spread:
+                raw = [-r for r in raw]
+            lo, hi = min(raw), max(raw)
+            if hi == lo:
+                continue  # normalise(): all 0.0
+            span = hi - lo
+            total = [t + weight * ((r - lo) / span) for t, r in zip(total, raw)]
+        if self.tie is None:
+            ties = [0] * n
+        else:
+            depth, at = self.tie
+            ties = [at(p[:depth], 0) for p in paths]
+        return min(zip([-t for t in total], ties, keys, range(n)))[3]

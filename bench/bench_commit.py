@@ -44,8 +44,9 @@ pass every 100 collections of generation 1, not 10); --default-gc leaves CPython
 
 Rates are per second of wall time and per second of this process's cpu time (the machine may be
 shared); commit costs are wall time. Printed beside each figure: the baseline (allocation alone)
-run in the same process, and for the flatness of the commit, its cost at the first size; also
-machines written per commit (the commit's cost follows them) and garbage-collector pauses.
+run in the same process, and for the flatness of the commit, its cost at the first size, per commit
+and per machine written (the commit's cost follows the machines it writes, and a job spreads over a
+few more of them in a larger region); also garbage-collector pauses.
 
     .venv/bin/python bench/bench_commit.py [--sizes 10000,100000,1000000] [--jobs 1000] [--seed 1]
         [--default-gc]
@@ -322,7 +323,16 @@ def main() -> int:
         gc.unfreeze()  # what is left of this size is garbage now
         gc.collect()
     n0, _, one0, two0 = rows[0]
-    print(f"\ncommit cost against {n0:,} machines (p50 / p99 ratio; 1.00 = flat):")
+
+    def per_machine(run: Run) -> float:  # a commit's p50 over the machines it writes on average
+        return pct(run.commit_ms, 0.5) / (run.machines_written / len(run.commit_ms))
+
+    print(f"\ncommit cost per machine written (p50 over the mean machines a commit writes: the commit's work "
+          f"follows them, and jobs spread over more of them in a larger region), against {n0:,} machines:")
+    for n, _, one, two in rows:
+        print(f"  {n:>9,} machines: (1) {1000 * per_machine(one):.1f} us x{per_machine(one) / per_machine(one0):.2f}, "
+              f"(2) {1000 * per_machine(two):.1f} us x{per_machine(two) / per_machine(two0):.2f}")
+    print(f"commit cost against {n0:,} machines (p50 / p99 ratio; 1.00 = flat):")
     for n, base, one, two in rows:
         print(f"  {n:>9,} machines: (1) x{pct(one.commit_ms, 0.5) / pct(one0.commit_ms, 0.5):.2f} / "
               f"x{pct(one.commit_ms, 0.99) / pct(one0.commit_ms, 0.99):.2f}, "

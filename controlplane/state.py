@@ -238,15 +238,27 @@ class RegionState:
     def _apply(self, key: str, value: dict | None, revision: int) -> set[str] | None:
         """Decode one change into the view. Returns the jobs it may concern, for the schedulers'
         work queues (None: any job)."""
-        rel = key[len(self.keys.root):]
-        kind, _, rest = rel.partition("/")
+        kind, _, rest = key[len(self.keys.root):].partition("/")
         if isinstance(value, bytes) and kind in _KEPT:  # as etcd has it (the index reads raw)
             value = decoded(kind, value)
-        self.skipped.pop(key, None)
+        if self.skipped:
+            self.skipped.pop(key, None)
         if value is None:
             self.revs.pop(key, None)
         else:
             self.revs[key] = revision
+        # the kinds every placement writes by the dozen first
+        if kind == "tasks":
+            handle, _, idx = rest.rpartition("/")
+            self._set_task(handle, int(idx), value)
+            return {handle}
+        if kind == "discovery":
+            handle, _, idx = rest.rpartition("/")
+            if value is None:
+                self.endpoints.pop((handle, int(idx)), None)
+            else:
+                self.endpoints[(handle, int(idx))] = value
+            return set()
         plain = self._plain.get(kind)
         if plain is not None:  # kept as etcd has them
             if value is None:
@@ -278,10 +290,6 @@ class RegionState:
                 self.jobs[rest] = job = JobRec.from_json(value)
                 self.jobs_by_ent.setdefault(job.entitlement, set()).add(rest)
             return {rest}
-        if kind == "tasks":
-            handle, _, idx = rest.rpartition("/")
-            self._set_task(handle, int(idx), value)
-            return {handle}
         if kind == "events":
             new = None if value is None else EventRec.from_json(value)  # first: one it cannot read changes nothing
             old = self.events.pop(rest, None)
@@ -310,12 +318,6 @@ class RegionState:
             self.coordination_changed.set()
         elif kind == "settings":
             self.settings = value or {}
-        elif kind == "discovery":
-            handle, _, idx = rest.rpartition("/")
-            if value is None:
-                self.endpoints.pop((handle, int(idx)), None)
-            else:
-                self.endpoints[(handle, int(idx))] = value
         return set()
 
     def _set_machine(self, mid: str, m: MachineRec | None) -> bool:

@@ -10,11 +10,11 @@ Measured, each beside a baseline taken in the same run:
   1. index time: from the processes' start until every one answers and every shard has a leader;
      baseline: one paged range read of the same records in this process (the etcd read alone);
   2. memory: resident set of each process (psutil), and their sum;
-  3. heartbeats: A simulated agents (machines 0..A-1) every I seconds for 2 S seconds, from the
+  3. heartbeats: A simulated agents (machines 0..A-1) every I seconds from the
      moment the processes are ready, sent as agents send them (each to the replica its last answer
      named) over a few pipelined keep-alive connections to each replica (raw asyncio streams: the
      load generator shares the machine's cores with the daemons and must cost little); heartbeats
-     answered per second (over the 2 S seconds) against the target A/I (below it: the replicas
+     answered per second (over the seconds they were sent: S, then through 4. and 5.) against the target A/I (below it: the replicas
      did not keep up; the generator waits when 64 requests are unanswered on a connection), and
      failure verdicts on those machines (false ones: goal 0). Machines beyond A never heartbeat:
      they are loaded as failed already (as the health check would leave them);
@@ -23,7 +23,11 @@ Measured, each beside a baseline taken in the same run:
      in every shard (8 clients, each request to any process: forwarded to the shard's leader);
      jobs/s per shard. The 8 clients wait for each answer before the next request, so with many
      shards this is bounded by their round trips: what the region answered them, not what a
-     shard can sustain.
+     shard can sustain;
+  5. one shard's capacity: jobs of 36 tasks created in shard 0 only, for S seconds after 4. (the
+     heartbeats go on), by 32 closed-loop clients at the shard's leader (the process shares the
+     machine's two cores with the others and etcd); baseline: the same clients reading jobs of that
+     shard from its leader (GET /v1/jobs/{ent}/{name}) for S/2 seconds.
 
     .venv/bin/python bench/bench_region_scale.py [--machines 1000000] [--processes 4] [--shards 20]
         [--agents 100000] [--interval 10] [--seconds 20]
@@ -128,23 +132,46 @@ def wait_ready(cs: list[Controld], shards: int, timeout: float) -> float:
     return time.perf_counter() - t0
 
 
-async def create_jobs(urls: list[str], ents: list[str], seconds: float, clients: int = 8) -> tuple[int, dict]:
+async def create_jobs(urls: list[str], ents: list[str], seconds: float, clients: int = 8,
+                      prefix: str = "j", created: list[str] | None = None) -> tuple[int, dict]:
     done: dict[str, int] = {}
     deadline = time.perf_counter() + seconds
     counter = iter(range(10**9))
-    async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {API_TOKEN}"}) as http:
+    async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {API_TOKEN}"},
+                                     connector=aiohttp.TCPConnector(limit=clients)) as http:
         async def client(c: int) -> None:
             while time.perf_counter() < deadline:
                 i = next(counter)
                 ent = ents[i % len(ents)]
                 async with http.post(urls[i % len(urls)] + "/v1/jobs", json={
-                        "entitlement": ent, "name": f"j{i}", "count": 36, "task": TASK}) as r:
+                        "entitlement": ent, "name": f"{prefix}{i}", "count": 36, "task": TASK}) as r:
                     await r.read()
                     if r.status == 201:
                         done[ent] = done.get(ent, 0) + 1
+                        if created is not None:
+                            created.append(f"{ent}/{prefix}{i}")
 
         await asyncio.gather(*(client(c) for c in range(clients)))
     return sum(done.values()), done
+
+
+async def read_jobs(url: str, handles: list[str], seconds: float, clients: int) -> int:
+    """GET /v1/jobs/{ent}/{name} of these jobs, as many as the clients get answered: the front
+    end's round trip to a shard's leader without an allocation or a commit."""
+    done = 0
+    deadline = time.perf_counter() + seconds
+    counter = iter(range(10**9))
+    async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {API_TOKEN}"},
+                                     connector=aiohttp.TCPConnector(limit=clients)) as http:
+        async def client(c: int) -> None:
+            nonlocal done
+            while time.perf_counter() < deadline:
+                async with http.get(f"{url}/v1/jobs/{handles[next(counter) % len(handles)]}") as r:
+                    await r.read()
+                    done += r.status == 200
+
+        await asyncio.gather(*(client(c) for c in range(clients)))
+    return done
 
 
 class _Pipe:
@@ -190,10 +217,10 @@ class _Pipe:
                 self.failed += 1
 
 
-async def heartbeats(urls: list[str], agents: int, interval: float, seconds: float) -> tuple[int, int]:
+async def heartbeats(urls: list[str], agents: int, interval: float, stop: asyncio.Event) -> tuple[int, int, float]:
     """Each simulated agent heartbeats every `interval` s (phases spread), to the replica its last
     answer named (heartbeat_to), else a random one, over a few pipelined keep-alive connections to
-    each replica. Returns (answered, failed)."""
+    each replica, until `stop` is set. Returns (answered, failed, seconds sent for)."""
     hint: dict[str, str] = {}
     first = FIRST_OK
     rate = agents / interval
@@ -204,7 +231,7 @@ async def heartbeats(urls: list[str], agents: int, interval: float, seconds: flo
     t0 = time.perf_counter()
     n = 0
     try:
-        while time.perf_counter() - t0 < seconds:
+        while not stop.is_set():
             due = int((time.perf_counter() - t0) * rate)
             while n < due:
                 i = n % agents
@@ -215,6 +242,7 @@ async def heartbeats(urls: list[str], agents: int, interval: float, seconds: flo
                 n += 1
             await asyncio.gather(*(p.writer.drain() for p in every))
             await asyncio.sleep(0.01)
+        sent_for = time.perf_counter() - t0
         deadline = time.perf_counter() + 30
         while any(p.waiting for p in every) and time.perf_counter() < deadline:
             await asyncio.sleep(0.05)
@@ -223,10 +251,11 @@ async def heartbeats(urls: list[str], agents: int, interval: float, seconds: flo
             r.cancel()
         for p in every:
             p.writer.close()
-    return sum(p.ok for p in every), sum(p.failed for p in every) + sum(len(p.waiting) for p in every)
+    return sum(p.ok for p in every), sum(p.failed for p in every) + sum(len(p.waiting) for p in every), sent_for
 
 
 FIRST_OK: dict[str, float] = {}  # machine -> wall time of its first heartbeat answered
+CAPACITY_CLIENTS = 32
 
 
 def main() -> int:
@@ -267,13 +296,20 @@ def main() -> int:
         ents = [f"s{s}-e{e}" for s in range(args.shards) for e in range(3)]
 
         async def both():
-            # heartbeats for 2 S; jobs are created in the second S, while the heartbeats go on
-            beating = asyncio.create_task(heartbeats(urls, args.agents, args.interval, 2 * args.seconds))
+            # heartbeats alone for S, then on while jobs are created over every shard for S, then in
+            # one shard for S, then that shard's jobs are read for S/2 (4. and 5.)
+            stop = asyncio.Event()
+            beating = asyncio.create_task(heartbeats(urls, args.agents, args.interval, stop))
             await asyncio.sleep(args.seconds)
             created = await create_jobs(urls, ents, args.seconds)
-            return await beating, created
+            shard0 = next(s for s in (await asyncio.to_thread(cs[0].cluster))["shards"] if s["shard"] == 0)
+            leader, mine, handles = shard0["leader_url"], shard0["entitlements"], []
+            made, _ = await create_jobs([leader], mine, args.seconds, CAPACITY_CLIENTS, prefix="cap", created=handles)
+            reads = await read_jobs(leader, handles[:100], args.seconds / 2, CAPACITY_CLIENTS)
+            stop.set()
+            return await beating, created, (made, reads)
 
-        (ok, failed), (total, per_ent) = asyncio.run(both())
+        (ok, failed, beat_for), (total, per_ent), (made, reads) = asyncio.run(both())
         time.sleep(1)
         events = cs[0].call("GET", "/v1/events")[1]["events"]
         # false: a machine declared failed after it had heartbeated (and kept heartbeating every
@@ -283,8 +319,8 @@ def main() -> int:
         relays = sum(c.metric("twine_relay_seen_relayed_total") for c in cs)
         lost = [int(c.metric("twine_coordination_lease_failures_total")) for c in cs]
         deposed = [int(c.metric("twine_coordination_depositions_total")) for c in cs]
-        print(f"3. heartbeats: {args.agents:,} simulated agents every {args.interval:g}s for {2 * args.seconds:.0f}s (target "
-              f"{args.agents / args.interval:.0f}/s): {ok / args.seconds / 2:.0f}/s answered, {failed} refused or "
+        print(f"3. heartbeats: {args.agents:,} simulated agents every {args.interval:g}s for {beat_for:.0f}s (target "
+              f"{args.agents / args.interval:.0f}/s): {ok / beat_for:.0f}/s answered, {failed} refused or "
               f"unanswered; "
               f"{relays:.0f} relayed to their owner; failure verdicts on machines that heartbeat: {len(false)}; "
               f"lease keep-alives failed {lost}, leaderships ended {deposed} (per process)")
@@ -309,6 +345,12 @@ def main() -> int:
         print(f"4. allocation: {total / args.seconds:.1f} jobs of 36 tasks/s created (201) over all shards through the "
               f"API ({args.seconds:.0f}s, while the heartbeats go on), measured with 8 closed-loop clients: not a "
               f"capacity figure; per shard: min {min(per_shard.values()):.2f}, max {max(per_shard.values()):.2f} jobs/s")
+        reads /= args.seconds / 2
+        print(f"5. one shard's capacity at {args.machines:,} machines: {made / args.seconds:.1f} jobs of 36 tasks/s created "
+              f"(201) in shard 0 through the API at its leader, {CAPACITY_CLIENTS} closed-loop clients, "
+              f"{args.seconds:.0f}s, while the heartbeats go on; baseline: the same clients reading that shard's jobs (GET, "
+              f"answered by its leader) {reads:.0f}/s (ratio {made / args.seconds / reads:.3f}); "
+              f"bench_commit prints the commit path alone")
     finally:
         for c in cs:
             c.close()

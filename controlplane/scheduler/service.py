@@ -26,7 +26,7 @@ from collections import deque
 
 import aiohttp
 import time
-from typing import TYPE_CHECKING, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from controlplane.allocator import AllocationCache, AllocationError, JobRequest, Placement, SoftPreference, allocate
 from controlplane.metrics import Lifecycle, Metrics
@@ -636,7 +636,7 @@ class Txn:
     def __init__(self, sched: Scheduler) -> None:
         self.sched = sched
         self.guards: dict[str, Versioned] = {}
-        self.puts: dict[str, dict] = {}
+        self.puts: dict[str, Any] = {}  # key -> a record's JSON dict, or the record (encoded as its to_json())
         self.deletes: list[str] = []
         self.delta: dict[str, list[float]] = {}  # machine -> [tasks, cpus, memory] it gains
         self.taken: dict[str, str] = {}  # free machine -> the entitlement it joins
@@ -677,32 +677,37 @@ class Txn:
             self.puts[jkey] = job_put.to_json()
         for mid in taken:
             self.taken.setdefault(mid, job.entitlement)
+        handle, revs, guards, puts, delta = job.handle, st.revs, self.guards, self.puts, self.delta
+        tasks_at, endpoints_at = keys.tasks(handle), keys.discovery(handle)  # + the index, as Keys.task
         for old, new in changes:
             index = (old or new).index
-            self.tasks.append((job.handle, index))
-            tkey = keys.task(job.handle, index)
-            self.guards[tkey] = st.guard(tkey)
+            self.tasks.append((handle, index))
+            tkey = f"{tasks_at}{index:06d}"
+            guards[tkey] = Versioned(tkey, None, revs.get(tkey, 0))  # RegionState.guard
             for t, sign in ((old, -1), (new, 1)):
                 if t is not None and t.machine:
                     cpus, mem = t.resources
                     if sign < 0 and (new is None or new.machine != t.machine) and self._unseen(t.machine):
                         # its container may still run there: the machine keeps it as a tombstone
-                        self.tombstones.setdefault(t.machine, []).append([job.handle, index, cpus, mem, time.time()])
+                        self.tombstones.setdefault(t.machine, []).append([handle, index, cpus, mem, time.time()])
                         continue
-                    d = self.delta.setdefault(t.machine, [0, 0.0, 0])
+                    d = delta.get(t.machine)
+                    if d is None:
+                        d = delta[t.machine] = [0, 0.0, 0]
                     d[0] += sign
                     d[1] += sign * cpus
                     d[2] += sign * mem
-            dkey = keys.discovery(job.handle) + f"{index:06d}"
+            dkey = f"{endpoints_at}{index:06d}"
             if new is None:
-                self.puts.pop(tkey, None)
+                puts.pop(tkey, None)
                 self.deletes += [tkey, dkey]
             else:
-                self.puts[tkey] = new.to_json()
+                # records as they are: the store encodes them (the same JSON as their to_json())
+                puts[tkey] = new
                 if old is None or (old.machine, old.discovery, old.spec_version) != (new.machine, new.discovery, new.spec_version):
                     m = st.machines.get(new.machine) if new.machine else None
-                    self.puts[dkey] = Endpoint(job.handle, index, new.machine or "", m.address if m else "",
-                                               new.discovery, new.spec_version).to_json()
+                    puts[dkey] = Endpoint(handle, index, new.machine or "", m.address if m else "",
+                                          new.discovery, new.spec_version)
 
     def _unseen(self, mid: str) -> bool:
         """Whether the machine is one the control plane cannot see now (unhealthy): a task leaving it

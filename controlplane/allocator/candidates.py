@@ -135,19 +135,16 @@ class Candidates:
     def pick(self, counts: BinCounts) -> str | None:
         """The machine for the next task: best score, then fewest of the job's tasks at the finest
         spread level (preferences.bin_ties), then own machines first, then best fit."""
-        paths: list[Path] = []
-        keys: list[Key] = []
-        for p in self.occupied:
-            if p in self.best:
-                paths.append(p)
-                keys.append(self.best[p])
+        best, occupied, class_of = self.best, self.occupied, self._class_of
+        paths = [p for p in occupied if p in best]
+        keys: list[Key] = [best[p] for p in paths]
         for cls in list(self.quiet):
             heap = self.quiet[cls]
             # drop candidates out of date: their bin became occupied (scored above), or their msb
             # got a task and has a class of its own; an msb still in this class looks again
-            while heap and (heap[0][1] in self.occupied or self._class_of(heap[0][2]) != cls):
+            while heap and (heap[0][1] in occupied or class_of(heap[0][2]) != cls):
                 _, _, msb = heappop(heap)
-                if self.fine and self._class_of(msb) == cls and (q := self._quiet_in(msb)) is not None:
+                if self.fine and class_of(msb) == cls and (q := self._quiet_in(msb)) is not None:
                     heappush(heap, q)
             if not heap:
                 del self.quiet[cls]
@@ -159,7 +156,7 @@ class Candidates:
             return None
         if self.scorer is None or self.scorer_counts is not counts:
             self.scorer, self.scorer_counts = Scorer(self.req.preferences, counts), counts
-        return keys[self.scorer.best(paths, keys)][1][2]
+        return self.scorer.best(paths, keys)[1][2]
 
     def after_pick(self, path: Path) -> None:
         self.occupied.add(path)

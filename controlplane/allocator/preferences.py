@@ -13,6 +13,7 @@ machine while another held 1). Only then the entitlement's own machines, then be
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 from .model import LEVELS, Machine, SoftPreference
 
@@ -92,23 +93,33 @@ class Scorer:
         levels = [LEVELS.index(p.property) for p in preferences if p.strategy == "spread"]
         self.tie = (max(levels) + 1, counts.at(LEVELS[max(levels)]).get) if levels else None
 
-    def best(self, paths: list[Path], keys: list) -> int:
-        """The index of the best candidate: highest score, then lowest tie (bin_ties), then
-        lowest key."""
-        n = len(paths)
-        total = [0.0] * n
+    def best(self, paths: list[Path], keys: list) -> Any:
+        """The key of the best candidate: highest score, then lowest tie (bin_ties), then lowest
+        key. Scores are summed negated (lowest first): -(a + b) is (-a) - b exactly, and a spread's
+        negated count less the lowest is the highest count less the count (integers)."""
+        neg: list[float] | None = None
+        tie_depth = self.tie[0] if self.tie is not None else 0
+        ties = None
         for depth, spread, weight, at in self.terms:
             raw = [at(p[:depth], 0) for p in paths]
-            if spread:
-                raw = [-r for r in raw]
+            if depth == tie_depth:
+                ties = raw  # the finest spread level's counts: the tie-break
             lo, hi = min(raw), max(raw)
             if hi == lo:
                 continue  # normalise(): all 0.0
             span = hi - lo
-            total = [t + weight * ((r - lo) / span) for t, r in zip(total, raw)]
-        if self.tie is None:
-            ties = [0] * n
-        else:
-            depth, at = self.tie
-            ties = [at(p[:depth], 0) for p in paths]
-        return min(zip([-t for t in total], ties, keys, range(n)))[3]
+            if neg is None:
+                neg = [-(weight * ((hi - r if spread else r - lo) / span)) for r in raw]
+            elif spread:
+                neg = [t - weight * ((hi - r) / span) for t, r in zip(neg, raw)]
+            else:
+                neg = [t - weight * ((r - lo) / span) for t, r in zip(neg, raw)]
+        if ties is None:
+            if self.tie is None:
+                ties = [0] * len(paths)
+            else:
+                at = self.tie[1]
+                ties = [at(p[:tie_depth], 0) for p in paths]
+        if neg is None:
+            neg = [0.0] * len(paths)
+        return min(zip(neg, ties, keys))[2]  # keys differ (one machine each)

@@ -13,7 +13,9 @@ fence): once the key is gone (lease expired) or someone else's, a deposed leader
 A leader also stops acting on its own before its lease can have ended: the lease is valid for
 TTL seconds from the sending of the last keep-alive etcd answered; `margin` before that, with no
 newer answer, the process gives up every shard it leads (a process cut off from etcd stops
-calling TaskControllers and scheduling before anyone else can be elected).
+calling TaskControllers and scheduling before anyone else can be elected). When its event loop was
+held past that moment, a keep-alive's answer that came meanwhile is read first (up to a tenth of
+the margin later): the loop held, the process did not act.
 
 Shards are spread: a process campaigns for a shard that has no leader when it leads fewer than its
 fair share (shards / scheduler members), or when the shard has been leaderless for `fair_wait`
@@ -42,6 +44,7 @@ from controlplane.store.keys import Keys
 
 log = logging.getLogger("twine.controld.coordination")
 ROLES = ("frontend", "scheduler", "health")
+HELD = 0.05  # s: a keep-alive's timeout that ran this late ran after the loop was held
 
 
 @dataclass(frozen=True)
@@ -227,8 +230,12 @@ class Coordinator:
                     log.info("predecessor %s: %s", mid, e)
 
     async def _keepalive(self) -> None:
+        sent = time.monotonic()
         while not self.closing:
-            await asyncio.sleep(self.ttl / 4)
+            # a quarter of the TTL after the last one was sent (at once when its answer was late)
+            await asyncio.sleep(max(0.0, sent + self.ttl / 4 - time.monotonic()))
+            if self.leading and not self.valid():  # ran out while the loop slept or was held
+                await self._depose_all(self._in_doubt())
             sent = time.monotonic()
             try:
                 left = await self._refresh(sent)
@@ -245,25 +252,31 @@ class Coordinator:
                 await self._join()
                 continue
             if self.leading and not self.valid():
-                await self._depose_all(f"no keep-alive answered for {time.monotonic() - sent + self.ttl / 3:.1f}s; "
-                                       "the lease may be about to end")
+                await self._depose_all(self._in_doubt())
+
+    def _in_doubt(self) -> str:
+        # valid_until - ttl: about when the last keep-alive etcd answered was sent
+        return (f"no keep-alive answered for {time.monotonic() - (self.valid_until - self.ttl):.1f}s; "
+                "the lease may be about to end")
 
     async def _refresh(self, sent: float) -> int:
-        """One keep-alive, its answer waited for as long as the lease is valid (at least a third
-        of the TTL): the process gives its shards up then anyway. An answer that came while the
-        event loop was held (a long turn, a full collection) sits unread until the loop runs
-        again, and the timeout's callback may run first. Thrown away at a fixed third of the TTL,
-        it cost every leadership of a process at a million machines (bench_region_scale: a turn
-        of 0.7-0.9 s). So a missing answer gets a few more turns of the loop (a tenth of the
-        margin) to be read before it counts as missing; whenever it came, it renewed the lease
-        from then on. (The loop held, the process did not act meanwhile.)"""
-        wait = max(self.ttl / 3, self.valid_until - self.margin - sent)
+        """One keep-alive. While this process leads a shard, its answer is waited for until the
+        lease stops being valid (`margin` before it can end: the shards are given up then);
+        else for a third of the TTL. An answer that came while the event loop was held (a long
+        turn, a full collection) sits unread until the loop runs again, and the timeout's
+        callback may run first: thrown away, it cost every leadership of a process at a million
+        machines (bench_region_scale: a turn of 0.7-0.9 s). So when the timeout ran late (the
+        loop was held), the answer gets a tenth of the margin to be read before it counts as
+        missing (a few turns of the loop were not enough for gRPC's poller to hand it over).
+        Whenever it came, it renewed the lease from its sending on; and while the loop was held,
+        the process did not act."""
+        wait = self.valid_until - self.margin - sent if self.leading else self.ttl / 3
         refresh = asyncio.ensure_future(self.store.refresh(self.lease))
         try:
-            done, _ = await asyncio.wait({refresh}, timeout=wait)
-            if not done:
-                done, _ = await asyncio.wait({refresh}, timeout=self.margin / 10)
-            if not done:
+            done, _ = await asyncio.wait({refresh}, timeout=max(wait, 0.0))
+            if not done and time.monotonic() - sent - wait > HELD:
+                await asyncio.wait({refresh}, timeout=self.margin / 10)
+            if not refresh.done():
                 raise TimeoutError(f"no answer in {time.monotonic() - sent:.2f}s")
             return refresh.result()
         finally:

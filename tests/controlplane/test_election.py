@@ -39,6 +39,7 @@ class Node:
 
     async def depose(self, shard: int, why: str) -> None:
         self.events.append(("depose", shard))
+        self.deposed_at, self.lease_valid_until = time.monotonic(), self.coord.valid_until
 
     async def start(self) -> "Node":
         await self.state.start()
@@ -114,6 +115,33 @@ def test_a_keep_alive_answered_while_the_loop_was_held_keeps_the_leadership(etcd
             assert a.coord.counters["lease_failures"] == 0
             assert a.coord.leads(0) and ("depose", 0) not in a.events, a.events
             assert a.coord.valid()
+        finally:
+            await a.close()
+
+    asyncio.run(body())
+
+
+def test_a_leader_whose_keep_alives_go_unanswered_gives_its_shards_up_a_margin_before_its_lease_can_end(etcd_server):
+    """etcd stops answering keep-alives (a hung connection, not an error): the leader waits for
+    the answer only while its lease is valid, and gives its shards up `margin` before the lease
+    can end (TTL seconds from the sending of the last keep-alive etcd answered)."""
+    keys = Keys("hung" + uuid.uuid4().hex[:8])
+
+    async def body():
+        a = await Node(etcd_server.port, keys, "a").start()
+        try:
+            await until(lambda: a.coord.leads(0))
+            hung = asyncio.Event()
+
+            async def refresh(lease: int) -> int:
+                await hung.wait()  # never answered
+                return 0
+
+            a.store.refresh = refresh
+            await until(lambda: ("depose", 0) in a.events, timeout=5)
+            early = a.lease_valid_until - a.deposed_at  # the end as of the last keep-alive answered
+            assert early >= a.coord.margin - 0.05, f"gave its shards up {early:.2f}s before the lease's end"
+            assert not a.coord.leads(0)
         finally:
             await a.close()
 

@@ -82,7 +82,8 @@ class HealthService:
         self._adopted: dict[str, float] = {}  # machine -> when this process came to own it
         self._heap: list[tuple[float, str]] = []  # (when to look at it, machine): one live entry a machine
         self._due: dict[str, float] = {}  # machine -> the due time of its live entry
-        self._fresh: list[str] = []  # machines due now that this process came to own (_own), not in the heap
+        self._fresh: set[str] = set()  # machines this process came to own, due at once (_own), not in the heap
+        self._fresh_at = 0.0  # when the oldest of them came
         # owned machines last looked at before their first heartbeat (due at the end of the grace):
         # their first heartbeat brings their deadline forward to a timeout after it
         self._unheard: set[str] = set()
@@ -116,7 +117,7 @@ class HealthService:
             key: tuple = ((), self.state.machines_version)
             if key != self._owned_key:
                 self._owned_key = key
-                self._own(set(self.state.machines))
+                self._own(set(self.state.machines), now)
             return True
         if not coord.valid():
             return False
@@ -151,17 +152,22 @@ class HealthService:
         for mid in self._owned - owned:
             self._adopted.pop(mid, None)
             self._unheard.discard(mid)
-        self._own(owned)
+        self._own(owned, now)
         return True
 
-    def _own(self, owned: set[str]) -> None:
+    def _own(self, owned: set[str], now: float) -> None:
         """Judge `owned` from now on: the machines new to it are looked at in the next pass, which
-        computes their deadlines. They wait in a plain list (`_fresh`), not as entries of the heap:
-        at a million machines a process came to own a third of them at once, and an entry each
-        (a tuple, and a heap push) held the loop for 1.2-1.8 s, past the lease's keep-alive
+        computes their deadlines. They wait in a set (`_fresh`), not as entries of the heap: at a
+        million machines a process came to own a third of them at once, and an entry each (a
+        tuple, and a heap push) held the loop for 1.2-1.8 s, past the lease's keep-alive
         (bench_region_scale; the stalls watcher's stack): each of the ~480 young collections
-        the tuples set off went through the large young lists of that moment."""
-        self._fresh.extend(owned - self._owned)
+        the tuples set off went through the large young lists of that moment. A set: a machine
+        owned, lost and owned again before a pass is in it once."""
+        new = owned - self._owned
+        if new:
+            if not self._fresh:
+                self._fresh_at = now
+            self._fresh |= new
         self._owned = owned
 
     def _push(self, mid: str, due: float) -> None:
@@ -171,7 +177,8 @@ class HealthService:
     async def check(self) -> None:
         """Look at the machines whose deadline has come, not at every machine: each owned machine
         has one entry in a heap, due when its silence would pass its limit (as of its last
-        heartbeat when it was last looked at). A machine that heartbeated meanwhile is put back
+        heartbeat when it was last looked at), or, just come to this process, waits in `_fresh`,
+        due at once (after the heap's entries due before it came). A machine that heartbeated meanwhile is put back
         with its new deadline; one still silent fails. So a pass costs the machines due, about
         owned / timeout a second in all, where a pass over every machine twice a second cost the
         region. An unhealthy machine comes back by its next heartbeat (seen()); it is looked at
@@ -196,7 +203,7 @@ class HealthService:
                 if coord is not None and (not coord.valid() or coord.health_members() != self._members):
                     break  # who owns what may have changed: the next pass judges (the rest stay due)
                 continue
-            if fresh:
+            if fresh and not (heap and heap[0][0] <= self._fresh_at):  # the ones due before them first
                 mid = fresh.pop()  # an entry it may have in the heap is replaced by the one pushed below
             else:
                 due, mid = heapq.heappop(heap)

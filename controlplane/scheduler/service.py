@@ -677,13 +677,12 @@ class Txn:
             self.puts[jkey] = job_put.to_json()
         for mid in taken:
             self.taken.setdefault(mid, job.entitlement)
-        handle, revs, guards, puts, delta = job.handle, st.revs, self.guards, self.puts, self.delta
-        tasks_at, endpoints_at = keys.tasks(handle), keys.discovery(handle)  # + the index, as Keys.task
+        handle, guards, puts, delta = job.handle, self.guards, self.puts, self.delta
         for old, new in changes:
             index = (old or new).index
             self.tasks.append((handle, index))
-            tkey = f"{tasks_at}{index:06d}"
-            guards[tkey] = Versioned(tkey, None, revs.get(tkey, 0))  # RegionState.guard
+            tkey = keys.task(handle, index)
+            guards[tkey] = st.guard(tkey)
             for t, sign in ((old, -1), (new, 1)):
                 if t is not None and t.machine:
                     cpus, mem = t.resources
@@ -697,7 +696,7 @@ class Txn:
                     d[0] += sign
                     d[1] += sign * cpus
                     d[2] += sign * mem
-            dkey = f"{endpoints_at}{index:06d}"
+            dkey = keys.endpoint(handle, index)
             if new is None:
                 puts.pop(tkey, None)
                 self.deletes += [tkey, dkey]
@@ -718,7 +717,7 @@ class Txn:
     def machines(self) -> set[str]:
         return set(self.delta) | set(self.taken) | set(self.tombstones)
 
-    def finish(self) -> tuple[list[Versioned], dict[str, dict], list[str]]:
+    def finish(self) -> tuple[list[Versioned], dict[str, Any], list[str]]:
         """The guards, puts and deletes, with each touched machine's record written once."""
         keys, st = self.sched.keys, self.sched.state
         touched: set[str] = set()

@@ -109,11 +109,11 @@ def encode(value: Any) -> bytes:
     records every commit writes). Same JSON as json.dumps(sort_keys=True, separators=(",", ":"))
     but for spelling: UTF-8 rather than \\u escapes, 1e16 rather than 1e+16; NaN and infinities,
     which JSON has no words for and no record holds, become null. Dicts with keys other than
-    strings go through json, which writes the keys as strings."""
+    strings go through json, which writes the keys as strings (a record first made builtins)."""
     try:
         return msgspec.json.encode(value, order="sorted")
     except TypeError:
-        return json.dumps(value, sort_keys=True, separators=(",", ":")).encode()
+        return json.dumps(msgspec.to_builtins(value, str_keys=True), sort_keys=True, separators=(",", ":")).encode()
 
 
 def decode(raw: bytes) -> Any:

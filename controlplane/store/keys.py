@@ -47,6 +47,9 @@ class Keys:
     def discovery(self, handle: str | None = None) -> str:
         return self.root + "discovery/" + (handle + "/" if handle else "")
 
+    def endpoint(self, handle: str, index: int) -> str:
+        return self.discovery(handle) + f"{index:06d}"
+
     # -- coordination (controlplane/coordination.py): keys attached to leases ------------------
 
     def members(self) -> str:

@@ -3,6 +3,7 @@ concurrent allocations, and a Placement is handed to the caller's commit transac
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from .errors import InvalidRequest
@@ -59,8 +60,8 @@ class SoftPreference:
             raise InvalidRequest("preferences.property", f"{self.property!r} is not one of {LEVELS}")
         if self.strategy not in STRATEGIES:
             raise InvalidRequest("preferences.strategy", f"{self.strategy!r} is not one of {STRATEGIES}")
-        if not self.weight >= 0:
-            raise InvalidRequest("preferences.weight", f"{self.weight!r} must be >= 0")
+        if not 0 <= self.weight < math.inf:
+            raise InvalidRequest("preferences.weight", f"{self.weight!r} must be a finite number >= 0")
 
 
 @dataclass(frozen=True, slots=True)

@@ -171,3 +171,12 @@ def test_replacements_after_a_failure_keep_the_job_spread_over_msbs():
     per_msb = tasks_per(snap, p, "msb")
     assert max(per_msb.values()) == 2, per_msb
     assert allocate_naive(snap, job(count=6)).task_machines == p.task_machines
+
+
+@pytest.mark.parametrize("weight", [-1.0, float("inf"), float("nan")])
+def test_a_preference_weight_must_be_a_finite_number_of_zero_or_more(weight):
+    from controlplane.allocator import InvalidRequest
+
+    with pytest.raises(InvalidRequest) as e:
+        SoftPreference("msb", "spread", weight)
+    assert e.value.field == "preferences.weight" and "finite" in str(e.value)

@@ -159,6 +159,8 @@ async def read_jobs(url: str, handles: list[str], seconds: float, clients: int) 
     """GET /v1/jobs/{ent}/{name} of these jobs, as many as the clients get answered: the front
     end's round trip to a shard's leader without an allocation or a commit."""
     done = 0
+    if not handles:
+        return 0
     deadline = time.perf_counter() + seconds
     counter = iter(range(10**9))
     async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {API_TOKEN}"},
@@ -302,7 +304,14 @@ def main() -> int:
             beating = asyncio.create_task(heartbeats(urls, args.agents, args.interval, stop))
             await asyncio.sleep(args.seconds)
             created = await create_jobs(urls, ents, args.seconds)
-            shard0 = next(s for s in (await asyncio.to_thread(cs[0].cluster))["shards"] if s["shard"] == 0)
+            deadline = time.monotonic() + 30
+            while True:  # shard 0's leader (none for a moment if its leadership just moved)
+                shard0 = next(s for s in (await asyncio.to_thread(cs[0].cluster))["shards"] if s["shard"] == 0)
+                if shard0["leader_url"] or time.monotonic() > deadline:
+                    break
+                await asyncio.sleep(0.2)
+            if not shard0["leader_url"]:
+                raise SystemExit("shard 0 has had no leader for 30 s")
             leader, mine, handles = shard0["leader_url"], shard0["entitlements"], []
             made, _ = await create_jobs([leader], mine, args.seconds, CAPACITY_CLIENTS, prefix="cap", created=handles)
             reads = await read_jobs(leader, handles[:100], args.seconds / 2, CAPACITY_CLIENTS)
@@ -349,8 +358,9 @@ def main() -> int:
         print(f"5. one shard's capacity at {args.machines:,} machines: {made / args.seconds:.1f} jobs of 36 tasks/s created "
               f"(201) in shard 0 through the API at its leader, {CAPACITY_CLIENTS} closed-loop clients, "
               f"{args.seconds:.0f}s, while the heartbeats go on; baseline: the same clients reading that shard's jobs (GET, "
-              f"answered by its leader) {reads:.0f}/s (ratio {made / args.seconds / reads:.3f}); "
-              f"bench_commit prints the commit path alone")
+              f"answered by its leader) {reads:.0f}/s"
+              + (f" (ratio {made / args.seconds / reads:.3f})" if reads else " (no job to read: no ratio)") + "; "
+              "bench_commit prints the commit path alone")
     finally:
         for c in cs:
             c.close()

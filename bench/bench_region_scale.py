@@ -14,7 +14,8 @@ Measured, each beside a baseline taken in the same run:
      moment the processes are ready, sent as agents send them (each to the replica its last answer
      named) over a few pipelined keep-alive connections to each replica (raw asyncio streams: the
      load generator shares the machine's cores with the daemons and must cost little); heartbeats
-     answered per second (over the seconds they were sent: S, then through 4. and 5.) against the target A/I (below it: the replicas
+     answered per second (over the seconds they were sent: S alone, then through 4. and 5.; and in
+     each of these phases) against the target A/I (below it: the replicas
      did not keep up; the generator waits when 64 requests are unanswered on a connection), and
      failure verdicts on those machines (false ones: goal 0). Machines beyond A never heartbeat:
      they are loaded as failed already (as the health check would leave them);
@@ -219,15 +220,16 @@ class _Pipe:
                 self.failed += 1
 
 
-async def heartbeats(urls: list[str], agents: int, interval: float, stop: asyncio.Event) -> tuple[int, int, float]:
+async def heartbeats(urls: list[str], agents: int, interval: float, stop: asyncio.Event,
+                     every: list[_Pipe]) -> tuple[int, int, float]:
     """Each simulated agent heartbeats every `interval` s (phases spread), to the replica its last
     answer named (heartbeat_to), else a random one, over a few pipelined keep-alive connections to
-    each replica, until `stop` is set. Returns (answered, failed, seconds sent for)."""
+    each replica (put in `every`), until `stop` is set. Returns (answered, failed, seconds sent for)."""
     hint: dict[str, str] = {}
     first = FIRST_OK
     rate = agents / interval
     pipes = {url: [_Pipe(url) for _ in range(4)] for url in urls}
-    every = [p for ps in pipes.values() for p in ps]
+    every += [p for ps in pipes.values() for p in ps]
     await asyncio.gather(*(p.open() for p in every))
     readers = [asyncio.create_task(p.answers(hint, first)) for p in every]
     t0 = time.perf_counter()
@@ -300,10 +302,17 @@ def main() -> int:
         async def both():
             # heartbeats alone for S, then on while jobs are created over every shard for S, then in
             # one shard for S, then that shard's jobs are read for S/2 (4. and 5.)
-            stop = asyncio.Event()
-            beating = asyncio.create_task(heartbeats(urls, args.agents, args.interval, stop))
+            stop, pipes = asyncio.Event(), []
+            beating = asyncio.create_task(heartbeats(urls, args.agents, args.interval, stop, pipes))
+
+            def mark(phase: str) -> None:  # answers so far, to give each phase's rate
+                marks.append((phase, time.perf_counter(), sum(p.ok for p in pipes)))
+
+            mark("start")
             await asyncio.sleep(args.seconds)
+            mark("alone")
             created = await create_jobs(urls, ents, args.seconds)
+            mark("during 4.")
             deadline = time.monotonic() + 30
             while True:  # shard 0's leader (none for a moment if its leadership just moved)
                 shard0 = next(s for s in (await asyncio.to_thread(cs[0].cluster))["shards"] if s["shard"] == 0)
@@ -315,10 +324,13 @@ def main() -> int:
             leader, mine, handles = shard0["leader_url"], shard0["entitlements"], []
             made, _ = await create_jobs([leader], mine, args.seconds, CAPACITY_CLIENTS, prefix="cap", created=handles)
             reads = await read_jobs(leader, handles[:100], args.seconds / 2, CAPACITY_CLIENTS)
+            mark("during 5.")
             stop.set()
             return await beating, created, (made, reads)
 
+        marks: list[tuple[str, float, int]] = []
         (ok, failed, beat_for), (total, per_ent), (made, reads) = asyncio.run(both())
+        phases = ", ".join(f"{b[0]} {(b[2] - a[2]) / (b[1] - a[1]):.0f}/s" for a, b in zip(marks, marks[1:]))
         time.sleep(1)
         events = cs[0].call("GET", "/v1/events")[1]["events"]
         # false: a machine declared failed after it had heartbeated (and kept heartbeating every
@@ -329,7 +341,7 @@ def main() -> int:
         lost = [int(c.metric("twine_coordination_lease_failures_total")) for c in cs]
         deposed = [int(c.metric("twine_coordination_depositions_total")) for c in cs]
         print(f"3. heartbeats: {args.agents:,} simulated agents every {args.interval:g}s for {beat_for:.0f}s (target "
-              f"{args.agents / args.interval:.0f}/s): {ok / beat_for:.0f}/s answered, {failed} refused or "
+              f"{args.agents / args.interval:.0f}/s): {ok / beat_for:.0f}/s answered ({phases}), {failed} refused or "
               f"unanswered; "
               f"{relays:.0f} relayed to their owner; failure verdicts on machines that heartbeat: {len(false)}; "
               f"lease keep-alives failed {lost}, leaderships ended {deposed} (per process)")

@@ -51,10 +51,11 @@ def place(snapshot: Snapshot, req: Requirements) -> Placement:
     for i, mid in kept.items():
         task_machines[i] = mid
         counts.add(snapshot.machines[mid])
-    candidates = Candidates(snapshot, req, view, {snapshot.machines[mid].path(req.level) for mid in kept.values()})
+    candidates = Candidates(snapshot, req, view, {snapshot.machines[mid].path(req.level) for mid in kept.values()},
+                            counts)
     filters = req.filters(allow_free=True)
     for i in to_place:
-        mid = candidates.pick(counts)
+        mid = candidates.pick()
         if mid is None:
             raise no_fit(snapshot, req, view, i)
         m = snapshot.machines[mid]

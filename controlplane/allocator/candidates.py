@@ -51,8 +51,10 @@ class _InOccupiedRack:
 
 
 class Candidates:
-    def __init__(self, snapshot: Snapshot, req: Requirements, view: View, occupied: set[Path]) -> None:
+    def __init__(self, snapshot: Snapshot, req: Requirements, view: View, occupied: set[Path],
+                 counts: BinCounts) -> None:
         self.req = req
+        self.scorer = Scorer(req.preferences, counts)  # this job's tasks per bin, as the picks add them
         self.view = view
         self.machines = snapshot.machines
         ent = req.entitlement
@@ -76,8 +78,6 @@ class Candidates:
         self.parent_depth = max(coarser, default=0) + 1
         self.msbs_with_tasks = {p[:MSB] for p in occupied} if self.by_msb else set()
         self.best: dict[Path, Key] = {}
-        self.scorer: Scorer | None = None  # made at the first pick, for the counts it is given
-        self.scorer_counts: BinCounts | None = None
         for p in occupied:
             if req.dc_allows(p[1]):
                 self._refresh(p)
@@ -132,7 +132,7 @@ class Candidates:
             heapify(heap)
         self.quiet = quiet
 
-    def pick(self, counts: BinCounts) -> str | None:
+    def pick(self) -> str | None:
         """The machine for the next task: best score, then fewest of the job's tasks at the finest
         spread level (preferences.bin_ties), then own machines first, then best fit."""
         best, occupied, class_of = self.best, self.occupied, self._class_of
@@ -154,8 +154,6 @@ class Candidates:
             keys.append(key)
         if not paths:
             return None
-        if self.scorer is None or self.scorer_counts is not counts:
-            self.scorer, self.scorer_counts = Scorer(self.req.preferences, counts), counts
         return self.scorer.best(paths, keys)[1][2]
 
     def after_pick(self, path: Path) -> None:

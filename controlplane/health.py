@@ -178,11 +178,11 @@ class HealthService:
         """Look at the machines whose deadline has come, not at every machine: each owned machine
         has one entry in a heap, due when its silence would pass its limit (as of its last
         heartbeat when it was last looked at), or, just come to this process, waits in `_fresh`,
-        due at once (after the heap's entries due before it came). A machine that heartbeated meanwhile is put back
-        with its new deadline; one still silent fails. So a pass costs the machines due, about
-        owned / timeout a second in all, where a pass over every machine twice a second cost the
-        region. An unhealthy machine comes back by its next heartbeat (seen()); it is looked at
-        again once a timeout, a fallback."""
+        due at once (after the heap's entries due before it came). A machine that heartbeated
+        meanwhile is put back with its new deadline; one still silent fails. So a pass costs the
+        machines due, about owned / timeout a second in all, where a pass over every machine
+        twice a second cost the region. An unhealthy machine comes back by its next heartbeat
+        (seen()); it is looked at again once a timeout, a fallback."""
         now = time.monotonic()
         if not await self._refresh_owned(now):
             return
@@ -235,11 +235,6 @@ class HealthService:
             # a healthy machine: due when its silence passes the limit; an unhealthy one comes back by
             # its next heartbeat (seen(), which also puts it back here): a look a timeout is a fallback
             self._push(mid, now + (limit - silent) + 0.001 if m.healthy and silent <= limit else now + self.timeout)
-        # a machine heard from since it was found silent (the pass let heartbeats in) is not failed
-        heard = [f for f in failing if self.last_seen.get(f[0]) != f[3]]
-        for mid, *_ in heard:
-            self._push(mid, now)
-        failing = [f for f in failing if self.last_seen.get(f[0]) == f[3]]
         if self.coordinator is not None and not self.coordinator.valid():  # the lease in doubt: judged later
             for mid, *_ in failing:
                 self._push(mid, now)
@@ -351,7 +346,10 @@ class HealthService:
         reasons: dict[str, tuple[str, str | None, float]] = {}
         for mid, reason, silent, seen in failing:
             if self.last_seen.get(mid) != seen:
-                continue  # it heartbeated after it was found silent: the next look judges it
+                # it heartbeated after it was found silent (the pass let heartbeats in, or the
+                # pass's other writes came between): looked at again at once
+                self._push(mid, time.monotonic())
+                continue
             maint = self.state.maintenance_of(mid, now)
             if maint is not None and maint.phase(now) == "in progress":
                 # expected: the machine is in maintenance; it is down, but that is no failure

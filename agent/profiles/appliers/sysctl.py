@@ -44,31 +44,40 @@ def _holds(ok: Callable[[str, Path], bool], value: str, proc: Path) -> bool:
 
 # Within the allow-list, settings that would hurt the host itself, whatever the workload: a profile
 # may not set them, or only within bounds (issue #11).
-_GUARDED: tuple[tuple[re.Pattern, tuple[Callable[[str, Path], bool], str]], ...] = (
-    (re.compile(r"vm\.panic_on_oom$"), (lambda v, _: v == "0",
-                                        "only 0: a host short of memory kills a task, it does not panic")),
-    (re.compile(r"kernel\.sched_rt_(runtime|period)_us$"), (lambda v, _: 0 < int(v) <= 1_000_000,
-                                                            "from 1 to 1000000: -1 lets real-time tasks take every CPU")),
-    (re.compile(r"net\.ipv[46]\.(ip_forward|conf\.[^.]+\.forwarding)$"), (lambda v, _: v == "0",
-                                                                         "only 0: a profile does not make a host a router")),
-    (re.compile(r"vm\.min_free_kbytes$"), (lambda v, proc: 0 < int(v) <= _mem_total_kb(proc) // 20,
-                                           "at most 5% of the host's memory (more starves its processes)")),
+_Guard = tuple[str, Callable[[str, Path], bool], str]  # (the names it holds, as said to a user; ok; why)
+_GUARDS: tuple[_Guard, ...] = (
+    ("vm.panic_on_oom", lambda v, _: v == "0", "only 0: a host short of memory kills a task, it does not panic"),
+    ("kernel.sched_rt_runtime_us, kernel.sched_rt_period_us", lambda v, _: 0 < int(v) <= 1_000_000,
+     "from 1 to 1000000: -1 lets real-time tasks take every CPU"),
+    ("net.ipv4|6.ip_forward, net.ipv4|6.conf.IFACE.forwarding", lambda v, _: v == "0",
+     "only 0: a profile does not make a host a router"),
+    ("vm.min_free_kbytes", lambda v, proc: 0 < int(v) <= _mem_total_kb(proc) // 20,
+     "at most 5% of the host's memory (more starves its processes)"),
     # limits that, set low, leave the host unable to start a process or open a file
-    (re.compile(r"kernel\.pid_max$"), (lambda v, _: 32768 <= int(v) <= 4_194_304,
-                                       "from 32768 to 4194304: fewer process ids stop the host forking")),
-    (re.compile(r"kernel\.threads-max$"), (lambda v, _: int(v) >= 16384,
-                                           "at least 16384: fewer threads stop the host's services starting")),
-    (re.compile(r"fs\.(file-max|nr_open)$"), (lambda v, _: int(v) >= 65536,
-                                             "at least 65536: fewer open files starve the host's services")),
-    (re.compile(r"vm\.overcommit_memory$"), (lambda v, _: v in ("0", "1"),
-                                             "0 or 1: 2 (strict accounting) can leave the host unable to start "
-                                             "processes")),
+    ("kernel.pid_max", lambda v, _: 32768 <= int(v) <= 4_194_304,
+     "from 32768 to 4194304: fewer process ids stop the host forking"),
+    ("kernel.threads-max", lambda v, _: int(v) >= 16384,
+     "at least 16384: fewer threads stop the host's services starting"),
+    ("fs.file-max, fs.nr_open", lambda v, _: int(v) >= 65536,
+     "at least 65536: fewer open files starve the host's services"),
+    ("vm.overcommit_memory", lambda v, _: v in ("0", "1"),
+     "0 or 1: 2 (strict accounting) can leave the host unable to start processes"),
 )
 
 
-GUARDED_NAMES = "vm.panic_on_oom, kernel.sched_rt_runtime_us, kernel.sched_rt_period_us, net.ipv4.ip_forward, " \
-    "net.ipv4|6.conf.IFACE.forwarding, vm.min_free_kbytes, kernel.pid_max, kernel.threads-max, fs.file-max, " \
-    "fs.nr_open, vm.overcommit_memory"
+def _pattern(names: str) -> re.Pattern:
+    """The sysctls a guard's names say: "a, b"; "ipv4|6" either; IFACE any one interface."""
+    alternatives = []
+    for name in names.split(", "):
+        rx = re.escape(name).replace(r"ipv4\|6", "ipv[46]").replace("IFACE", "[^.]+")
+        alternatives.append(rx)
+    return re.compile("(" + "|".join(alternatives) + ")$")
+
+
+# the pattern a guard holds is made from the names it says: the list a user is told is the one held
+_GUARDED: tuple[tuple[re.Pattern, tuple[Callable[[str, Path], bool], str]], ...] = tuple(
+    (_pattern(names), (ok, why)) for names, ok, why in _GUARDS)
+GUARDED_NAMES = ", ".join(names for names, _, _ in _GUARDS)
 
 
 def is_guarded(name: str) -> bool:

@@ -370,3 +370,16 @@ def test_a_profile_the_control_plane_names_is_looked_up_in_the_profile_directori
     with pytest.raises(ProfileError):
         load(target, search)
     assert not isinstance(_target(DesiredState(profile=str(elsewhere)), from_control_plane=False), ProfileName)
+
+
+def test_every_sysctl_an_operator_is_told_is_guarded_is_held_and_no_neighbour():
+    """The names in agent.toml's error ("guarded: ...") are the guards' own: each one it says
+    (IFACE any interface, ipv4|6 either) is held, and a longer name beside it is not."""
+    from agent.profiles.appliers.sysctl import GUARDED_NAMES, is_guarded
+
+    said = [n.replace("IFACE", "eth0") for n in GUARDED_NAMES.split(", ")]
+    said = [n.replace("ipv4|6", v) for n in said for v in (("ipv4", "ipv6") if "ipv4|6" in n else ("",))]
+    assert len(said) == 13
+    assert all(is_guarded(n) for n in said), [n for n in said if not is_guarded(n)]
+    assert not any(is_guarded(n + "x") or is_guarded("x" + n) for n in said)
+    assert not is_guarded("net.ipv4.conf.eth0.rp_filter")

@@ -17,13 +17,14 @@ stopping) for that many seconds after its agent learned it left: `stale` holds t
 
 from __future__ import annotations
 
-import hashlib
 import json
 import threading
 import time
 import urllib.error
 import urllib.request
 from collections import Counter
+
+from agent.report import report_digest
 
 
 class SimAgents:
@@ -109,10 +110,8 @@ class SimAgents:
 
     def _heartbeat(self, mid: str, cred: str, shown: dict, profile: str | None) -> None:
         tasks = [{"job": j, "index": i, "spec_version": v, "state": "running"} for (j, i), v in sorted(shown.items())]
-        # the digest: a hash of the report, as the agent's (agent/report.py)
-        body = {"machine_id": mid, "digest": hashlib.sha256(json.dumps(tasks, sort_keys=True).encode()).hexdigest(),
-                "tasks": tasks,
-                "profile": {"name": profile, "ok": True}}
+        reported = {"name": profile, "ok": True}
+        body = {"machine_id": mid, "digest": report_digest(reported, tasks), "tasks": tasks, "profile": reported}
         hinted = self.hints.get(mid) if self.follow_hint else None
         url, answer = self._any("POST", "/v1/agent/heartbeat", cred, body, first=hinted)
         self.sent[url] += 1

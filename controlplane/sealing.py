@@ -44,6 +44,13 @@ def field_of(var: str) -> str:
     return "controller_token" if var == TOKEN else f"task.secret_env.{var}"
 
 
+def _not_sealed(var: str, value: str) -> None:
+    """A value sent in the form of a sealed one would be taken for one: refused (ValueError
+    "field: why", the API's 422)."""
+    if value.startswith(PREFIX):
+        raise ValueError(f"{field_of(var)}: may not begin with {PREFIX!r} (the form of a sealed value)")
+
+
 class SealingError(Exception):
     """A sealed value this daemon cannot open (its key is not in --secret-key-file, or it was
     altered)."""
@@ -139,16 +146,10 @@ class Sealer:
         when that opens to the same token with the first key; else sealed anew."""
         if token is None:
             return None
-        if token.startswith(PREFIX):
-            raise ValueError(f"controller_token: may not begin with {PREFIX!r} (the form of a sealed value)")
+        _not_sealed(TOKEN, token)
         if not self.keys:
             return token
-        try:
-            if held is not None and self.key_of(held) == self.keys[0][0] and self.open(handle, TOKEN, held) == token:
-                return held
-        except SealingError:
-            pass
-        return self.seal(handle, TOKEN, token)
+        return self._kept_or_sealed(handle, TOKEN, token, held, any_key=False)
 
     def seal_task(self, handle: str, task: dict, old: dict | None = None) -> dict:
         """The template with its secret values sealed; a value the job holds already (`old`, its
@@ -157,25 +158,25 @@ class Sealer:
         first are sealed again with the first: so a rotation ends once each job has changed."""
         secret = task.get("secret_env") or {}
         for var, value in secret.items():
-            if isinstance(value, str) and value.startswith(PREFIX):
-                raise ValueError(f"task.secret_env.{var}: a value may not begin with {PREFIX!r} (the form of a "
-                                 "sealed value)")
+            if isinstance(value, str):
+                _not_sealed(var, value)
         if not secret or not self.keys:
             return task
         old = old or {}
         held = old.get("secret_env") or {}
         rest_same = {k: v for k, v in task.items() if k != "secret_env"} == \
             {k: v for k, v in old.items() if k != "secret_env"} and set(secret) == set(held)
-        out = {}
-        for var, value in secret.items():
-            was = held.get(var)
-            try:
-                same = was is not None and self.open(handle, var, was) == value
-            except SealingError:
-                same = False
-            current = self.key_of(was) == self.keys[0][0]
-            out[var] = was if same and (rest_same or current) else self.seal(handle, var, value)
-        return {**task, "secret_env": out}
+        return {**task, "secret_env": {var: self._kept_or_sealed(handle, var, value, held.get(var), any_key=rest_same)
+                                       for var, value in secret.items()}}
+
+    def _kept_or_sealed(self, handle: str, var: str, value: str, was: str | None, any_key: bool) -> str:
+        """`was` (the sealed form held) when it opens to `value` and is sealed with the first key
+        (with any key: `any_key`); else `value` sealed anew with the first key."""
+        try:
+            same = was is not None and self.open(handle, var, was) == value
+        except SealingError:
+            same = False
+        return was if same and (any_key or self.key_of(was) == self.keys[0][0]) else self.seal(handle, var, value)
 
     def open_task(self, handle: str, task: dict) -> dict:
         """The template with its secret values opened (SealingError when one cannot be)."""

@@ -12,6 +12,7 @@ runs Schemathesis against the served document to prove it.
 from __future__ import annotations
 
 import ast
+import dataclasses
 import re
 from typing import Annotated, Any, Literal, Union
 
@@ -608,10 +609,12 @@ def answers_markdown() -> str:
     (tests/controlplane/test_api_document.py checks the docs hold exactly this)."""
     lines = []
     parts = [t for t in globals().values() if isinstance(t, type) and issubclass(t, Answer) and t is not Answer]
-    for t in parts:
+    for t in [*parts, Endpoint]:  # and the store's record an answer holds as it is
         name = t.__name__
-        required = [f for f in t.__struct_fields__ if f not in _optional(t)]
-        optional = [f for f in t.__struct_fields__ if f in _optional(t)]
+        fields = t.__struct_fields__ if t in parts else tuple(f.name for f in dataclasses.fields(t))
+        unset = _optional(t) if t in parts else set()
+        required = [f for f in fields if f not in unset]
+        optional = [f for f in fields if f in unset]
         line = f"- `{name}`: " + ", ".join(f"`{f}`" for f in required)
         if optional:
             line += "; sometimes " + ", ".join(f"`{f}`" for f in optional)

@@ -37,9 +37,12 @@ class Answers:
         assert status == want, (method, path, status, answer)
         name = self.schema_of(method, path, status)
         try:
-            msgspec.convert(answer, S.ANSWERS[name], strict=True)
+            converted = msgspec.convert(answer, S.ANSWERS[name], strict=True)
         except msgspec.ValidationError as e:
             raise AssertionError(f"{method} {path} -> {status}: the answer does not hold to {name}: {e}\n{answer}")
+        # nothing left out on the way: a nested record that is a dataclass (the discovery's
+        # Endpoint) drops a field it does not list, where an Answer refuses it
+        assert msgspec.to_builtins(converted) == answer, (method, path, msgspec.to_builtins(converted), answer)
         return answer
 
 

@@ -12,7 +12,7 @@ status port both serve through it.
   of opening (over TLS: of its handshake's end, so at most twice that from its accept), and within
   that long of its last response (aiohttp's keep-alive timer, which the trickle of a slow client's
   bytes does not reset).
-- **Body timeout**: the API reads a body within `body_timeout` seconds (controlplane/api/app.py);
+- **Body timeout**: the API reads a body within `body_timeout` seconds (controlplane/frontend/app.py);
   what is left of a body the server did not read is drained for at most 2 s before it closes.
 
 aiohttp's sites take the runner's protocol factory as it is; this listener puts a small protocol in

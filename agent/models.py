@@ -26,7 +26,7 @@ _ENV = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,255}$(?!\n)")
 MAX_ARGS, MAX_COMMAND = 1024, 65536
 MAX_ENV, MAX_ENV_SIZE = 1024, 65536
 NETWORK_MODES = ("bridge", "none", "host")
-# A task's other bounds, here once: the API's schema (controlplane/api/schema.py) is made from them.
+# A task's other bounds, here once: the API's schema (controlplane/frontend/schema.py) is made from them.
 IMAGE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/:@+-]{0,511}$(?!\n)")  # [registry/]name[:tag][@digest]
 MAX_CPUS = 1024
 MEMORY_MB = (4, 4_194_304)  # MiB, from and to

@@ -33,7 +33,7 @@ import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from controlplane.etcdproc import EtcdServer  # noqa: E402
+from controlplane.store.etcdproc import EtcdServer  # noqa: E402
 from controlplane.store import Store, Versioned  # noqa: E402
 from tests.controlplane.controld_proc import API_TOKEN, BOOTSTRAP_TOKEN, Controld  # noqa: E402
 

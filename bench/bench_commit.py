@@ -67,10 +67,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from controlplane.allocator import AllocationError, Snapshot, allocate  # noqa: E402
-from controlplane.records import EntitlementRec, JobRec, MachineRec, Preference, Spread, TaskRec  # noqa: E402
-from controlplane.scheduler.service import Scheduler, job_request  # noqa: E402
-from controlplane.stalls import FULL_EVERY, tune_collector  # noqa: E402
-from controlplane.state import RegionState  # noqa: E402
+from controlplane.store.records import EntitlementRec, JobRec, MachineRec, Preference, Spread, TaskRec  # noqa: E402
+from controlplane.scheduler.placement import job_request  # noqa: E402
+from controlplane.scheduler.service import Scheduler  # noqa: E402
+from controlplane.daemon.stalls import FULL_EVERY, tune_collector  # noqa: E402
+from controlplane.store.state import RegionState  # noqa: E402
 from controlplane.store import Conflict, Revision, Versioned  # noqa: E402
 from controlplane.store.etcd import Change, encode  # noqa: E402
 from controlplane.store.keys import Keys  # noqa: E402

@@ -23,7 +23,7 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from controlplane.etcdproc import EtcdServer  # noqa: E402
+from controlplane.store.etcdproc import EtcdServer  # noqa: E402
 from controlplane.store import Store  # noqa: E402
 from tests.controlplane.controld_proc import BOOTSTRAP_TOKEN, Controld  # noqa: E402
 

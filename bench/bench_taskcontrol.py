@@ -45,12 +45,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.fake_runtime import FakeRuntime  # noqa: E402
-from controlplane.etcdproc import EtcdServer  # noqa: E402
-from controlplane.health import HealthService  # noqa: E402
-from controlplane.records import EntitlementRec, JobRec, MachineRec  # noqa: E402
+from controlplane.store.etcdproc import EtcdServer  # noqa: E402
+from controlplane.health.check import HealthService  # noqa: E402
+from controlplane.store.records import EntitlementRec, JobRec, MachineRec  # noqa: E402
 from controlplane.scheduler.ratelimit import Limits  # noqa: E402
 from controlplane.scheduler.service import Scheduler  # noqa: E402
-from controlplane.state import RegionState  # noqa: E402
+from controlplane.store.state import RegionState  # noqa: E402
 from controlplane.store import Store, Versioned  # noqa: E402
 from controlplane.store.keys import Keys  # noqa: E402
 from controlplane.taskcontrol.controllers.replica_aware import ReplicaAware  # noqa: E402

@@ -15,8 +15,8 @@ import random
 import time
 from dataclasses import dataclass
 
-from controlplane.records import ON_MACHINE
-from controlplane.state import RegionState
+from controlplane.store.records import ON_MACHINE
+from controlplane.store.state import RegionState
 
 
 @dataclass

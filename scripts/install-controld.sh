@@ -73,7 +73,7 @@ py=/opt/twine/venv/bin/python
 etcd_pki=/etc/twine/etcd-pki etcd_tls=/etc/twine/etcd-tls
 etcd_group=$(id -gn etcd 2>/dev/null || echo root)
 install -d -m 0700 "$etcd_pki"
-"$py" -m controlplane.pki "$etcd_pki" --server etcd --ip 127.0.0.1 --client twine-controld --client root \
+"$py" -m controlplane.security.pki "$etcd_pki" --server etcd --ip 127.0.0.1 --client twine-controld --client root \
   || die "could not make etcd's certificates in $etcd_pki"
 install -d -m 0750 -o root -g "$etcd_group" "$etcd_tls"
 install -m 0644 "$etcd_pki/ca.pem" "$etcd_tls/ca.pem"
@@ -163,7 +163,7 @@ if have_systemd; then
   systemctl enable etcd.service >/dev/null 2>&1
   systemctl restart etcd.service || { journalctl -u etcd -n 30 --no-pager >&2; die "etcd did not start"; }
 fi
-etcd_auth=("$py" -m controlplane.etcdauth --endpoint 127.0.0.1:2379 --ca "$etcd_pki/ca.pem"
+etcd_auth=("$py" -m controlplane.security.etcdauth --endpoint 127.0.0.1:2379 --ca "$etcd_pki/ca.pem"
            --cert "$etcd_pki/root.pem" --key "$etcd_pki/root-key.pem" --user twine-controld)
 if have_systemd; then
   for try in 1 2 3 4 5 6 7 8 9 10; do  # etcd may take a moment to take clients after its restart

@@ -1,11 +1,11 @@
 """A real etcd (Debian's etcd-server) on free loopback ports with a temporary data dir.
 
-The class lives in `controlplane/etcdproc.py` (the local dev region uses it too)."""
+The class lives in `controlplane/store/etcdproc.py` (the local dev region uses it too)."""
 
 import asyncio
 from pathlib import Path
 
-from controlplane.etcdproc import EtcdServer, free_port
+from controlplane.store.etcdproc import EtcdServer, free_port
 
 _free_port = free_port
 

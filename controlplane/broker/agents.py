@@ -24,10 +24,10 @@ from dataclasses import replace
 from typing import Callable
 
 from controlplane.broker.reboots import Reboots
-from controlplane.records import ApiError, MachineRec
-from controlplane.sealing import SealingError
-from controlplane.secretfile import owner_only, tokens_in
-from controlplane.state import RegionState
+from controlplane.store.records import ApiError, MachineRec
+from controlplane.security.sealing import SealingError
+from controlplane.security.secretfile import owner_only, tokens_in
+from controlplane.store.state import RegionState
 from controlplane.store import Store
 from controlplane.store.keys import Keys
 
@@ -41,7 +41,7 @@ MAX_LONG_POLLS = 20000  # desired-state long polls parked at once in one process
 CREDENTIAL_HEADER = "X-Twine-Credential"  # a registering agent's current credential
 MAX_LABEL = 253  # characters of a label value, hostname, address or agent version (a DNS name's length)
 # The bodies agents send (register, heartbeat, shutdown) are checked against their schema
-# (controlplane/api/schema.py: AgentRegister, Heartbeat, Shutdown) before they reach this module.
+# (controlplane/frontend/schema.py: AgentRegister, Heartbeat, Shutdown) before they reach this module.
 
 
 def sha256(text: str) -> str:

@@ -16,8 +16,8 @@ import logging
 import time
 from dataclasses import replace
 
-from controlplane.records import EventRec
-from controlplane.state import RegionState
+from controlplane.store.records import EventRec
+from controlplane.store.state import RegionState
 from controlplane.store import Store
 from controlplane.store.keys import Keys
 
@@ -36,7 +36,7 @@ class Reboots:
         self.counters = {"announced": 0, "returned": 0}
 
     def _open(self, mid: str, now: float) -> EventRec | None:
-        e = self.state.maintenance_of(mid, now)  # indexed by machine: a dict lookup per heartbeat
+        e = self.state.maintenance.of(mid, now)  # indexed by machine: a dict lookup per heartbeat
         return e if e is not None and e.reason == REASON else None
 
     async def announce(self, mid: str, body: dict) -> dict:

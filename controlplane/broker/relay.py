@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING
 import aiohttp
 
 if TYPE_CHECKING:
-    from controlplane.api.schema import Relay as RelayBody
-    from controlplane.daemon import ControlDaemon
+    from controlplane.frontend.schema import Relay as RelayBody
+    from controlplane.daemon.controld import ControlDaemon
 
 log = logging.getLogger("twine.controld.relay")
 INTERVAL = 0.2

@@ -25,9 +25,9 @@ from typing import Self
 
 import psutil
 
-from controlplane.etcdproc import EtcdServer
-from controlplane.pki import CA
-from controlplane.sealing import Sealer
+from controlplane.store.etcdproc import EtcdServer
+from controlplane.security.pki import CA
+from controlplane.security.sealing import Sealer
 from controlplane.devregion.network import MAX_AGENTS, NAME_RE, Network, ip_binary, ns_http_get
 from controlplane.devregion.procs import REPO, ProcRef, child_env, log_tail, spawn, stop_process
 
@@ -341,12 +341,12 @@ class Region:
         self._etcd_auth()
 
     def _etcd_auth(self) -> None:
-        """etcd's auth on, as an operator would (`python -m controlplane.etcdauth`): controld's
+        """etcd's auth on, as an operator would (`python -m controlplane.security.etcdauth`): controld's
         certificate may read and write the region's keys, any other the CA signed nothing."""
         assert self.etcd is not None
         root_cert, root_key = self._pki("root")
         done = subprocess.run(
-            [sys.executable, "-m", "controlplane.etcdauth", "--endpoint", self.etcd.endpoint, "--ca", str(self.ca_file),
+            [sys.executable, "-m", "controlplane.security.etcdauth", "--endpoint", self.etcd.endpoint, "--ca", str(self.ca_file),
              "--cert", root_cert, "--key", root_key, "--user", ETCD_USER],
             capture_output=True, text=True, timeout=60, env=child_env(), cwd=REPO)
         if done.returncode != 0:

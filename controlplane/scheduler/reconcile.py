@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Mapping
 
-from controlplane.records import JobRec, TaskRec
+from controlplane.store.records import JobRec, TaskRec
 
 # Disruptive operations: they take a running task down, so they need approval (the job's
 # update policy now, its TaskController in #4) and are rate limited.
@@ -42,7 +42,7 @@ class Maintenance:
 
 
 @dataclass(frozen=True)
-class MachineView:
+class MachineStatus:
     """What the reconciler needs to know of a task's machine."""
 
     id: str
@@ -111,9 +111,9 @@ class JobPlan:
     job: JobRec | None = None  # the job record when it changes (e.g. stopping -> stopped)
     # the tasks as this plan leaves them: the records brought up to date by the agents' reports,
     # with the plan's own changes. What a TaskController is told is down comes from here, the
-    # same view its requests were made from (issue #12: records a commit behind the reports
+    # picture its requests were made from (issue #12: records a commit behind the reports
     # showed a task both running, with a restart asked for, and down).
-    view: dict[int, TaskRec] = field(default_factory=dict)
+    after: dict[int, TaskRec] = field(default_factory=dict)
     # the tasks as the pass found them: the records brought up to date by the agents' reports and
     # the machines' health, before this plan's own operations (what an approval is checked against)
     seen: dict[int, TaskRec] = field(default_factory=dict)
@@ -126,7 +126,7 @@ def _unavailable(t: TaskRec | None) -> bool:
     return t is None or t.state != "running"
 
 
-def reconcile(job: JobRec, tasks: Mapping[int, TaskRec], machines: Mapping[str, MachineView],
+def reconcile(job: JobRec, tasks: Mapping[int, TaskRec], machines: Mapping[str, MachineStatus],
               gate: Gate | None = None) -> JobPlan:
     plan = JobPlan()
     gate = gate or Gate()
@@ -160,7 +160,7 @@ def reconcile(job: JobRec, tasks: Mapping[int, TaskRec], machines: Mapping[str, 
         plan.place = tuple(i for i in range(job.count) if i in movable or _needs_machine(current.get(i)))
     elif all(t.state == "stopped" for t in current.values()) and job.state != "stopped":
         plan.job = replace(job, state="stopped")
-    plan.view = current
+    plan.after = current
     return plan
 
 
@@ -170,7 +170,7 @@ def _needs_machine(t: TaskRec | None) -> bool:
     return t is None or (t.machine is None and t.state in ("pending", "stopped"))
 
 
-def _moves(job: JobRec, current: dict[int, TaskRec], machines: Mapping[str, MachineView], plan: JobPlan,
+def _moves(job: JobRec, current: dict[int, TaskRec], machines: Mapping[str, MachineStatus], plan: JobPlan,
            gate: Gate) -> set[int]:
     """The tasks to place elsewhere now: those on a failed machine, and those on a machine in
     maintenance. Each is a move operation the job's TaskController acks; a job without one moves
@@ -211,7 +211,7 @@ def _clock(ts: float) -> str:
     return time.strftime("%H:%M:%S", time.localtime(ts))
 
 
-def _stop_step(job: JobRec, t: TaskRec, m: MachineView | None, change, plan: JobPlan, gate: Gate,
+def _stop_step(job: JobRec, t: TaskRec, m: MachineStatus | None, change, plan: JobPlan, gate: Gate,
                final: str | None) -> None:
     """A task that should not run: disable discovery and take it off its machine; once the agent
     no longer reports it (or its machine is gone), it is stopped (kept as a record when the job
@@ -234,7 +234,7 @@ def _stop_step(job: JobRec, t: TaskRec, m: MachineView | None, change, plan: Job
             change(t, t.moved(state="stopping", discovery=False, reason=reason), op)
 
 
-def _live_step(t: TaskRec, m: MachineView | None, change, plan: JobPlan) -> None:
+def _live_step(t: TaskRec, m: MachineStatus | None, change, plan: JobPlan) -> None:
     key = (t.job, t.index)
     if t.machine is None:
         if t.state == "pending":
@@ -287,7 +287,7 @@ def _from_report(t: TaskRec, r: dict | None) -> TaskRec:
     return t.moved(state="starting", discovery=False, reason="")
 
 
-def _rolling_update(job: JobRec, current: dict[int, TaskRec], machines: Mapping[str, MachineView],
+def _rolling_update(job: JobRec, current: dict[int, TaskRec], machines: Mapping[str, MachineStatus],
                     change, plan: JobPlan, gate: Gate) -> None:
     """Bring tasks to the job's spec version. A task that is down anyway is updated at once; a
     running one is restarted only while fewer than max_unavailable tasks are down. A task whose

@@ -450,7 +450,7 @@ class Store:
                 except (aetcd.exceptions.ClientError, AttributeError):  # AttributeError: the client is closed
                     pass
 
-    # -- leases: members and shard leaders (controlplane/coordination.py) --------------------
+    # -- leases: members and shard leaders (controlplane/coordination/coordinator.py) --------------------
 
     async def grant(self, ttl: int) -> int:
         """A new lease of `ttl` seconds; its id. Keys put with it go when it expires."""

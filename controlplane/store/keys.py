@@ -50,7 +50,7 @@ class Keys:
     def endpoint(self, handle: str, index: int) -> str:
         return self.discovery(handle) + f"{index:06d}"
 
-    # -- coordination (controlplane/coordination.py): keys attached to leases ------------------
+    # -- coordination (controlplane/coordination/coordinator.py): keys attached to leases ------------------
 
     def members(self) -> str:
         return self.root + "members/"

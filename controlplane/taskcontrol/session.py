@@ -22,7 +22,7 @@ from typing import Callable, Mapping
 
 import aiohttp
 
-from controlplane.records import TaskRec
+from controlplane.store.records import TaskRec
 from controlplane.scheduler.reconcile import Op
 
 log = logging.getLogger("twine.controld.taskcontrol")

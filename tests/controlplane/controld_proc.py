@@ -18,7 +18,7 @@ import urllib.request
 import uuid
 from pathlib import Path
 
-from controlplane.etcdproc import terminate
+from controlplane.store.etcdproc import terminate
 from tests.conftest import parse_metrics
 from tests.agent.agentproc import REPO, free_port
 
@@ -171,7 +171,7 @@ def daemon_with_sim_agents(tmp: Path, etcd_port: int, machines: tuple[str, ...],
     """A real twine-controld with `machines` registered (spread over `dcs` dcs, an MSB each) and
     simulated agents for them (tests/controlplane/simagents.py): yields (daemon, agents); closes both."""
     from tests.controlplane.simagents import SimAgents
-    from tests.controlplane.test_controld_api import register
+    from tests.controlplane.frontend.test_controld_api import register
 
     c = Controld(tmp, etcd_port, heartbeat_timeout=heartbeat_timeout).start()
     try:

@@ -16,7 +16,7 @@ import pytest
 
 from controlplane.devregion import AgentSpec, Region
 from controlplane.devregion.region import ETCD_USER
-from controlplane.pki import CA, Pair
+from controlplane.security.pki import CA, Pair
 from tests.conftest import TEST_IMAGE
 from tests.etcd_server import read_as
 from tests.e2e.helpers import COMMAND, job_spec, running_indices, running_region, tidy_after

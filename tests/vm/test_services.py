@@ -27,7 +27,7 @@ import asyncio, shutil, tempfile, urllib.request
 from pathlib import Path
 import grpc
 from aetcd.rpc import rpc_pb2, rpc_pb2_grpc
-from controlplane.pki import CA, Pair
+from controlplane.security.pki import CA, Pair
 
 pki, tls = Path("/etc/twine/etcd-pki"), Path("/etc/twine/tls")
 d = Path(tempfile.mkdtemp())

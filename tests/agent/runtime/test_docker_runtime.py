@@ -146,7 +146,7 @@ def test_a_task_with_default_settings_cannot_reach_the_store_on_its_hosts_loopba
     """etcd listens on its host's loopback (as controld's installer and the dev region run it). A
     task on the bridge network (the default) reaches it neither there nor at the bridge's gateway;
     a task on the host's network does, which is why only an entitlement an admin allowed may ask
-    for it (controlplane/api/app.py: _confined)."""
+    for it (controlplane/frontend/app.py: _confined)."""
     rt = DockerRuntime(pull="never")
     bridge = docker_client.containers.get(run(rt.start(machine_id, spec(index=0), generation=1)).id)
     host = docker_client.containers.get(run(rt.start(machine_id, spec(index=1, network_mode="host"), generation=1)).id)

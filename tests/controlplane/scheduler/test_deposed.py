@@ -14,7 +14,7 @@ import uuid
 import pytest
 
 from controlplane.scheduler.service import Scheduler
-from controlplane.state import RegionState
+from controlplane.store.state import RegionState
 from controlplane.store.keys import Keys
 
 

@@ -7,9 +7,9 @@ from dataclasses import replace
 
 import pytest
 
-from controlplane.api.schema import MaintenanceSpec, checked
-from controlplane.records import EventRec, MachineRec, ApiError
-from controlplane.records import parse_maintenance as parse_checked
+from controlplane.frontend.schema import MaintenanceSpec, checked
+from controlplane.store.records import EventRec, MachineRec, ApiError
+from controlplane.opsplanner.maintenance import parse_maintenance as parse_checked
 from controlplane.scheduler.reconcile import Gate, Maintenance, reconcile
 from tests.controlplane.scheduler.test_reconcile import H, job, machine, new_states, running, task
 

@@ -7,9 +7,9 @@ import re
 
 import pytest
 
-from controlplane.records import JobRec, TaskRec
+from controlplane.store.records import JobRec, TaskRec
 from controlplane.scheduler.ratelimit import Limiter, Limits, TokenBucket
-from controlplane.scheduler.reconcile import Gate, MachineView, reconcile
+from controlplane.scheduler.reconcile import Gate, MachineStatus, reconcile
 
 SPEC = {"image": "twine/busybox:1", "command": [], "env": {}, "cpus": 0.5, "memory_mb": 64, "pids": 256,
         "network_mode": "bridge"}
@@ -24,8 +24,8 @@ def task(i: int, state: str = "running", machine: str | None = "m1", v: int = 1)
     return TaskRec(H, i, v, SPEC, machine, state, discovery=state == "running")
 
 
-def machine(reports=None) -> MachineView:
-    return MachineView("m1", True, "", True, "web", "10.0.0.1", reports=reports)
+def machine(reports=None) -> MachineStatus:
+    return MachineStatus("m1", True, "", True, "web", "10.0.0.1", reports=reports)
 
 
 def running(*tasks: TaskRec) -> dict:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from controlplane.records import JobRec, TaskRec
-from controlplane.scheduler.reconcile import MachineView, reconcile
+from controlplane.store.records import JobRec, TaskRec
+from controlplane.scheduler.reconcile import MachineStatus, reconcile
 
 SPEC = {"image": "twine/busybox:1", "command": [], "env": {}, "cpus": 0.5, "memory_mb": 64, "pids": 256,
         "network_mode": "bridge"}
@@ -20,8 +20,8 @@ def task(i: int, state: str = "running", machine: str | None = "m1", v: int = 1,
     return TaskRec(H, i, v, spec, machine, state, discovery=state == "running", **kw)
 
 
-def machine(mid: str = "m1", healthy: bool = True, reports=None, ready: bool = True) -> MachineView:
-    return MachineView(mid, healthy, "" if healthy else "no heartbeat for 5.0s", ready, "web", "10.0.0.1", reports=reports)
+def machine(mid: str = "m1", healthy: bool = True, reports=None, ready: bool = True) -> MachineStatus:
+    return MachineStatus(mid, healthy, "" if healthy else "no heartbeat for 5.0s", ready, "web", "10.0.0.1", reports=reports)
 
 
 def running(*tasks: TaskRec) -> dict:
@@ -154,12 +154,12 @@ def test_what_a_controller_is_told_is_down_is_the_view_its_requests_come_from():
     plan = reconcile(job(4, spec_version=2), ts, {"m1": machine(reports=reports)}, Gate(approved=frozenset()))
     asked = {op.index for op in plan.proposed}
     assert asked == {0, 1, 2, 3}, plan.proposed  # each runs: each update needs the controller
-    assert unhealthy(plan.view, 4) == [], "no task is down"
+    assert unhealthy(plan.after, 4) == [], "no task is down"
     assert {t["index"] for t in unhealthy(ts, 4)} == {0, 1}, "the records alone would say 0 and 1 are down"
     # the restarts a plan makes are down in the view it leaves
     plan = reconcile(job(4, spec_version=2), ts, {"m1": machine(reports=reports)},
                      Gate(approved=frozenset({"restart/3/v2"})))
-    assert [t["index"] for t in unhealthy(plan.view, 4)] == [3]
+    assert [t["index"] for t in unhealthy(plan.after, 4)] == [3]
 
 
 def test_an_approval_is_checked_against_what_the_pass_found_not_the_records_nor_its_own_plan():

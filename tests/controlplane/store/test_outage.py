@@ -9,7 +9,7 @@ import uuid
 
 import pytest
 
-from controlplane.etcdproc import free_port
+from controlplane.store.etcdproc import free_port
 from controlplane.store import Index, Store, Unavailable
 from controlplane.store.etcd import Change
 from controlplane.store.keys import Keys
@@ -147,8 +147,8 @@ def test_region_state_keeps_the_one_copy_of_revisions_right_across_an_outage(own
     """RegionState's index reads raw values and keeps no revisions of its own (the state's are the
     one copy, a million keys' worth): after an outage its fresh read still hands on exactly what
     changed, a record that could not be read and was deleted meanwhile included."""
-    from controlplane.records import MachineRec
-    from controlplane.state import RegionState
+    from controlplane.store.records import MachineRec
+    from controlplane.store.state import RegionState
 
     port = own_etcd.port
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from controlplane.records import TaskRec
+from controlplane.store.records import TaskRec
 from controlplane.scheduler.reconcile import Op
 from controlplane.taskcontrol.controllers.replica_aware import ReplicaAware
 from controlplane.taskcontrol.session import TaskControlSession, unhealthy

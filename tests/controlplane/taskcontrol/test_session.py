@@ -12,7 +12,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from controlplane.records import TaskRec
+from controlplane.store.records import TaskRec
 from controlplane.scheduler.reconcile import Op
 from controlplane.taskcontrol.controllers.leader_last import LeaderLast
 from controlplane.taskcontrol.sdk import TaskController, serve

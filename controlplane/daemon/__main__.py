@@ -1,0 +1,5 @@
+import sys
+
+from controlplane.daemon.controld import main
+
+sys.exit(main())

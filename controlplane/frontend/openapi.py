@@ -1,0 +1,169 @@
+"""The OpenAPI 3.1 document of the /v1 API, served at /v1/openapi.json (docs/api.md is its prose).
+
+The bodies' and the answers' schemas are generated from controlplane/frontend/schema.py: the types the
+daemon checks every body against, and those its answers hold. Schemathesis runs against the
+served document in tests/controlplane/frontend/test_api_fuzz.py."""
+
+from __future__ import annotations
+
+import re
+from functools import cache
+
+from controlplane.frontend import schema as schemas_of
+from controlplane.store.records import NAME
+
+
+def _ref(name: str) -> dict:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _json(schema: dict) -> dict:
+    return {"content": {"application/json": {"schema": schema}}}
+
+
+ERRORS = {
+    "400": {"description": "invalid input; names the field", **_json(_ref("Error"))},
+    "401": {"description": "missing or invalid token", **_json(_ref("Error"))},
+    "403": {"description": "the token's role does not allow it; names the permission missing", **_json(_ref("Error"))},
+    "404": {"description": "unknown entitlement, job, machine, token or maintenance", **_json(_ref("Error"))},
+    "408": {"description": "the body did not arrive within --body-timeout", **_json(_ref("Error"))},
+    "409": {"description": "exists, or lost a race with another change", **_json(_ref("Error"))},
+    "413": {"description": "a body over the limit (1 MiB)", **_json(_ref("Error"))},
+    "422": {"description": "valid, but not possible in the region as it is (quota, no machine fits, no such "
+                   "machine, times that do not add up); names the field", **_json(_ref("Error"))},
+    "503": {"description": "etcd unreachable (why names it), a transaction over etcd's limits, no leader, or "
+                   "a connection over the limits", **_json(_ref("Error"))},
+}
+# On an answer from the daemon's view while etcd is unreachable (docs/api.md, "When etcd is unreachable").
+STALE = {"X-Twine-Stale": {"description": "why this answer may be behind etcd", "schema": {"type": "string"}}}
+
+
+def _op(summary: str, ok: str, schema: str | None = None, body: str | None = None, status: str = "200",
+        security: str = "apiToken") -> dict:
+    op: dict = {"summary": summary, "security": [{security: []}],
+                "responses": {status: {"description": ok, "headers": STALE, **(_json(_ref(schema)) if schema else {})},
+                              **ERRORS}}
+    if body:
+        op["requestBody"] = {"required": True, **_json(_ref(body))}
+    return op
+
+
+PATHS = {
+    "/v1/entitlements": {
+        "post": _op("create an entitlement", "created", "Entitlement", "EntitlementSpec", "201"),
+        "get": _op("list entitlements", "the entitlements", "EntitlementList"),
+    },
+    "/v1/entitlements/{name}": {
+        "get": _op("show an entitlement with its machines and jobs", "the entitlement", "Entitlement"),
+        "patch": _op("modify quota, profile, owner or spread", "the entitlement", "Entitlement", "EntitlementPatch"),
+    },
+    "/v1/entitlements/{name}/move": {"post": _op("give the entitlement to another scheduler shard (no task restarts)",
+                                                  "the entitlement", "Entitlement", "EntitlementMove")},
+    "/v1/jobs": {
+        "post": _op("create a job: validated, placed and committed in one transaction", "created", "Job", "JobSpec", "201"),
+        "get": _op("list jobs (?entitlement=NAME)", "the jobs", "JobList"),
+    },
+    "/v1/jobs/{ent}/{name}": {
+        "get": _op("show a job with its tasks and machines", "the job", "Job"),
+        "put": _op("update a job; a changed task starts a rolling update", "the job", "Job", "JobSpec"),
+        "delete": _op("stop a job", "stopping", "Job", status="202"),
+    },
+    "/v1/jobs/{ent}/{name}/resize": {"post": _op("change a job's task count", "the job", "Job", "Resize")},
+    "/v1/machines": {"get": _op("list machines", "the machines", "MachineList")},
+    "/v1/machines/{id}": {"get": _op("show a machine with its tasks", "the machine", "Machine")},
+    "/v1/machines/{id}/release": {"post": _op("end the machine's credential: a bootstrap token may register it again",
+                                              "the machine", "Machine")},
+    "/v1/machines/{id}/clean": {"post": _op("drop the machine's tombstones (admin): none of the tasks moved off it "
+                                            "runs there any more (it was wiped, or is gone for good)",
+                                            "the machine", "Machine")},
+    "/v1/events": {"get": _op("unavailability events", "the events", "EventList")},
+    "/v1/tokens": {
+        "post": _op("make an API token (admin): its secret is in this answer only", "the token", "Token", "TokenSpec",
+                    "201"),
+        "get": _op("the API tokens, never their secrets (admin)", "the tokens", "TokenList"),
+    },
+    "/v1/tokens/{id}": {"delete": _op("revoke an API token (admin)", "revoked", "Revoked")},
+    "/v1/maintenance": {
+        "post": _op("schedule maintenance on machines (listed, or by dc/msb/rack)", "scheduled", "Maintenance",
+                    "MaintenanceSpec", "201"),
+        "get": _op("maintenance not over yet (?all=1: all)", "the maintenance", "MaintenanceList"),
+    },
+    "/v1/maintenance/{id}": {"get": _op("a maintenance with the tasks on its machines", "the maintenance", "Maintenance")},
+    "/v1/maintenance/{id}/end": {"post": _op("end a maintenance now (before its deadline: cancel it)", "the maintenance",
+                                             "Maintenance")},
+    "/v1/discovery/{ent}/{name}": {"get": _op("a job's service discovery records", "the endpoints", "Discovery")},
+    "/v1/agent/register": {"post": _op("register a machine (bootstrap token); returns its credential",
+                                       "registered", "Registration", "AgentRegister", security="bootstrapToken")},
+    "/v1/agent/desired": {"get": _op("long-poll the machine's desired state (?version=V&wait=S)", "the desired state",
+                                     "DesiredState", security="machineCredential")},
+    "/v1/agent/heartbeat": {"post": _op("heartbeat with the machine's task report", "accepted", "HeartbeatReply",
+                                        "Heartbeat", security="machineCredential")},
+    "/v1/agent/shutdown": {"post": _op("announce a clean reboot: the machine is in maintenance until it heartbeats "
+                                       "again (at most --reboot-grace seconds)", "announced", "ShutdownReply",
+                                       "Shutdown", security="machineCredential")},
+    "/v1/cluster": {"get": _op("the region's replicas, shard leaders and each shard's entitlements", "the cluster",
+                               "Cluster")},
+    "/v1/internal/relay": {"post": _op("heartbeats and task reports relayed between replicas", "accepted", "Relayed",
+                                       "Relay")},
+    "/v1/openapi.json": {"get": {"summary": "this document", "security": [], "responses": {"200": {"description": "OpenAPI"}}}},
+    "/healthz": {"get": {"summary": "200 while etcd answers, else 503 saying why (no token)", "security": [],
+                         "responses": {"200": {"description": "serving", **_json(_ref("Health"))},
+                                       "503": {"description": "etcd unreachable", **_json(_ref("Health"))}}}},
+    "/v1/metrics": {"get": {"summary": "Prometheus metrics (text)", "security": [{"apiToken": []}],
+                            "responses": {"200": {"description": "the metrics",
+                                                  "content": {"text/plain": {"schema": {"type": "string"}}}},
+                                          "401": ERRORS["401"]}}},
+}
+
+NAME_PARAM = {"type": "string", "pattern": NAME.pattern}
+ID_PARAM = {"type": "string", "minLength": 1, "maxLength": 253}
+PATH_PARAMS = {"name": NAME_PARAM, "ent": NAME_PARAM, "id": ID_PARAM}
+QUERY_PARAMS = {
+    ("/v1/jobs", "get"): [("entitlement", NAME_PARAM, "only the jobs of this entitlement")],
+    ("/v1/maintenance", "get"): [("all", {"type": "string", "enum": list(schemas_of.ALL)},
+                                  "1: also the maintenance that is over")],
+    ("/v1/agent/desired", "get"): [("version", {"type": "string", "maxLength": schemas_of.MAX_VERSION},
+                                    "the version the agent has"),
+                                   ("wait", {"type": "number", "minimum": 0, "maximum": schemas_of.MAX_WAIT_ASKED},
+                                    "seconds to wait for a change (at most --max-long-poll are waited: 60 by default)")],
+}
+
+
+def _parameters() -> None:
+    """Every path parameter and query parameter, declared (schema-driven tools refuse undeclared ones)."""
+    for path, ops in PATHS.items():
+        for method, op in ops.items():
+            params = [{"name": n, "in": "path", "required": True, "schema": PATH_PARAMS[n]}
+                      for n in re.findall(r"{(\w+)}", path)]
+            params += [{"name": n, "in": "query", "required": False, "schema": sch, "description": what}
+                       for n, sch, what in QUERY_PARAMS.get((path, method), [])]
+            if params:
+                op["parameters"] = params
+
+
+_parameters()
+
+@cache
+def document(region: str | None = None) -> dict:
+    """The document; served by a daemon, it names the region it serves (the only labels.region
+    its registrations take)."""
+    schemas = dict(schemas_of.components())
+    if region is not None:
+        labels = schemas["MachineLabels"]
+        schemas["MachineLabels"] = {**labels, "properties": {
+            **labels["properties"], "region": {"type": "string", "enum": [region],
+                                               "description": "the region this control plane serves"}}}
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "twine-controld", "version": "v1",
+                 "description": "The regional control plane of a Twine-style cluster manager (docs/api.md)."},
+        "paths": PATHS,
+        "components": {
+            "schemas": schemas,
+            "securitySchemes": {
+                "apiToken": {"type": "http", "scheme": "bearer", "description": "operator / job owner token"},
+                "bootstrapToken": {"type": "http", "scheme": "bearer", "description": "agent bootstrap token"},
+                "machineCredential": {"type": "http", "scheme": "bearer", "description": "per-machine credential"},
+            },
+        },
+    }

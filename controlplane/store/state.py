@@ -1,0 +1,467 @@
+"""The daemon's in-memory view of its region: one Index over /twine/<region>/ (a range read, then a
+watch), decoded into typed records, plus what is derived from them: the allocator's snapshot, each
+machine's desired state, and wake-ups for whoever waits on a change.
+
+One watch for the whole region means one revision: after a commit, `wait_for(revision)` makes the
+next read see it (read-your-writes), whichever kinds of record the commit touched.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import hashlib
+import json
+import logging
+import time
+from collections import defaultdict
+from typing import TYPE_CHECKING, Any, Iterable
+
+import msgspec
+
+from controlplane.allocator import Entitlement, Machine, PlacedTask, Snapshot, SpreadPolicy
+from controlplane.opsplanner.maintenance import Calendar
+from controlplane.store.records import ON_MACHINE, EntitlementRec, EventRec, JobRec, MachineRec, TaskRec
+from controlplane.security.sealing import Sealer
+from controlplane.store import Index, Store, Versioned
+from controlplane.store.etcd import Change, Skipped, decode
+from controlplane.store.keys import Keys
+from controlplane.store.wakeups import Wakeups
+
+if TYPE_CHECKING:
+    from controlplane.sidekick.documents import ProfileDocuments
+
+log = logging.getLogger("twine.controld.state")
+
+
+def _viewed(m: MachineRec) -> tuple:
+    return (m.healthy, m.health_reason, m.profile_applied, m.profile_ok, m.profile_error, m.address, m.labels,
+            m.capacity, m.entitlement)
+
+
+# The records every placement writes by the dozen, decoded from etcd's bytes straight into their
+# types: one pass, where JSON to a dict and the dict to the record took two (the watch's cost per
+# commit). A record of an older shape, which the typed decoder refuses, takes the dict path.
+_TYPED = {"machines": (MachineRec, msgspec.json.Decoder(MachineRec)),
+          "tasks": (TaskRec, msgspec.json.Decoder(TaskRec))}
+# the kinds of key this daemon reads (any other under the region's prefix is left undecoded)
+_KEPT = frozenset(("machines", "tasks", "jobs", "entitlements", "events", "leaders", "settings", "discovery",
+                     "members", "ratelimits", "taskcontrol", "tokens"))
+
+
+def decoded(kind: str, raw: bytes) -> Any:
+    """A value as etcd has it, for a key of `kind`: the record (machines, tasks), else the JSON
+    value. ValueError when it is not JSON (or not the record)."""
+    typed = _TYPED.get(kind)
+    if typed is not None:
+        try:
+            return typed[1].decode(raw)
+        except msgspec.DecodeError:
+            pass  # another shape than this version writes, NaN, or not JSON: read (or refused) as before
+    try:
+        value = decode(raw)
+    except (ValueError, RecursionError) as e:
+        raise ValueError(f"not JSON: {str(e)[:200]}") from None
+    return value if typed is None else typed[0].from_json(value)
+
+
+def to_machine(m: MachineRec, version: int, cordoned: bool = False) -> Machine:
+    """The allocator's machine. One under (or scheduled for) maintenance is cordoned: it takes no
+    new tasks, and the tasks on it stay unless the scheduler asks to place them afresh (a move)."""
+    lb = m.labels
+    return Machine(m.id, lb["region"], lb["dc"], lb["msb"], lb["rack"], lb["machine_type"],
+                   float(m.capacity["cpus"]), int(m.capacity["memory_mb"]), m.healthy, m.entitlement, version,
+                   cordoned)
+
+
+def to_entitlement(e: EntitlementRec) -> Entitlement:
+    return Entitlement(e.name, e.machine_type, e.quota, SpreadPolicy(e.spread.properties, e.spread.pinned_dc))
+
+
+def to_placed(t: TaskRec) -> PlacedTask | None:
+    if t.machine is None:
+        return None
+    cpus, mem = t.resources
+    return PlacedTask(t.job, t.index, t.machine, cpus, mem)
+
+
+class RegionState:
+    def __init__(self, store: Store, keys: Keys, profiles: "ProfileDocuments | None" = None):
+        self.profiles = profiles  # the sidekick's merged profile documents; None: send names only
+        self.sealer = Sealer()  # opens secret values sealed at rest (the daemon's --secret-key-file)
+        self.store = store
+        self.keys = keys
+        self.machines: dict[str, MachineRec] = {}
+        self.entitlements: dict[str, EntitlementRec] = {}
+        self.jobs: dict[str, JobRec] = {}
+        self.jobs_by_ent: dict[str, set[str]] = {}
+        self.machines_version = 0  # bumped when a machine is added or removed
+        self.members_version = 0  # bumped when a member joins, changes or leaves
+        self.tasks: dict[str, dict[int, TaskRec]] = defaultdict(dict)
+        self.events: dict[str, EventRec] = {}
+        self.endpoints: dict[tuple[str, int], dict] = {}  # discovery records by (job, index)
+        self.by_machine: dict[str, set[tuple[str, int]]] = defaultdict(set)
+        self.revs: dict[str, int] = {}  # key -> mod revision, for transaction guards
+        # the index reads etcd's bytes (decoded here, by kind) and keeps no copy of revs
+        self.index = Index(store, keys.root, on_change=self._on_change, keep_values=False, raw=True,
+                           revisions=self.revs)
+        self.credentials: dict[str, str] = {}  # sha256 of a machine credential -> machine id
+        self.changed = Wakeups()  # set on every change; each scheduler has its own event
+        # coordination (controlplane/coordination/coordinator.py): members and shard leaders, by their leases
+        self.members: dict[str, dict] = {}
+        self.leaders: dict[int, Versioned] = {}
+        self.ratelimits: dict[str, dict] = {}  # persisted token buckets, by scope
+        self.taskcontrol: dict[str, dict] = {}  # job -> its TaskController operations in flight
+        self.settings: dict = {}
+        self.tokens: dict[str, dict] = {}  # API token id -> its record (controlplane/security/tokens.py)
+        self.skipped: dict[str, str] = {}  # key -> why its record was not read (reported, skipped)
+        # the records kept as etcd has them, by the kind in their key (built once: every change looks here)
+        self._plain = {"members": self.members, "ratelimits": self.ratelimits, "taskcontrol": self.taskcontrol,
+                       "tokens": self.tokens}
+        self.coordination_changed = asyncio.Event()
+        self._machine_waiters: dict[str, asyncio.Event] = {}
+        self._snapshot: Snapshot | None = None
+        self._dirty_machines: set[str] = set()
+        self._dirty_tasks: set[tuple[str, int]] = set()
+        self._dirty_ents: set[str] = set()
+        self.maintenance = Calendar()  # the maintenance events by machine (the ops planner's)
+        self._open_failures: dict[str, dict[str, EventRec]] = {}  # machine -> its failure events not ended, by id
+        self._cordoned: set[str] = set()  # machines the snapshot has as unavailable for maintenance
+        self._parts: dict[tuple, dict] = {}  # machine labels and capacities, one of each (_share_parts)
+
+    async def start(self) -> None:
+        await self.index.start(each=lambda v: self._take(v.key, v.value, v.mod_revision))
+        self._snapshot = None
+        log.info("region %s: %d machines, %d entitlements, %d jobs, %d tasks at revision %d",
+                 self.keys.region, len(self.machines), len(self.entitlements), len(self.jobs),
+                 sum(len(t) for t in self.tasks.values()), self.index.revision)
+
+    async def stop(self) -> None:
+        await self.index.stop()
+
+    async def wait_for(self, revision: int, timeout: float = 10) -> None:
+        await self.index.wait_for(revision, timeout)
+
+    @property
+    def revision(self) -> int:
+        return self.index.revision
+
+    @property
+    def stale(self) -> str:
+        """"" while this view follows etcd; else why it may be behind (etcd unreachable, the
+        watch being re-established): the API marks its answers with it."""
+        return self.store.unavailable or self.index.stale
+
+    def guard(self, key: str) -> Versioned:
+        """A transaction guard: `key` must still be at the revision this view has (0: absent)."""
+        return Versioned(key, None, self.revs.get(key, 0))
+
+    # -- decoding the watch ----------------------------------------------------------------
+
+    def _on_change(self, change: Change) -> None:
+        self.changed.set(self._take(change.key, change.value, change.mod_revision))
+
+    def _take(self, key: str, value, revision: int) -> set[str] | None:
+        """_apply, except that a record this daemon cannot read (too large, not JSON, not the
+        record its key says) is reported and skipped: the view keeps what it had. Such a record
+        must neither stop the watch nor the daemon's next start (issue #11)."""
+        if isinstance(value, Skipped):
+            return self._skip(key, value.why, revision)
+        try:
+            return self._apply(key, value, revision)
+        except (TypeError, KeyError, ValueError, AttributeError) as e:  # msgspec's ValidationError is a ValueError
+            return self._skip(key, f"{type(e).__name__}: {str(e)[:300]}", revision)
+
+    def _skip(self, key: str, why: str, revision: int) -> set[str]:
+        if self.skipped.get(key) != why:
+            log.error("skipping the record %s, which this daemon cannot read (%s); it keeps what it had. "
+                      "Rewrite or delete the record to end this", key, why)
+        self.skipped[key] = why
+        # Its guards compare etcd's revision, whatever the kind: a commit made from what this
+        # view last could read replaces the unreadable record (at the old revision, every commit
+        # touching it would conflict, and the scheduler retry it without end). Kept as a key,
+        # too, so that the index's fresh read after an outage hands on its deletion (the index
+        # keeps no revisions of its own: Index(revisions=)).
+        self.revs[key] = revision
+        return set()
+
+    def jobs_on(self, mid: str) -> set[str]:
+        return {h for h, _ in self.by_machine.get(mid, ())}
+
+    def _apply(self, key: str, value: dict | None, revision: int) -> set[str] | None:
+        """Decode one change into the view. Returns the jobs it may concern, for the schedulers'
+        work queues (None: any job)."""
+        kind, _, rest = key[len(self.keys.root):].partition("/")
+        if isinstance(value, bytes) and kind in _KEPT:  # as etcd has it (the index reads raw)
+            value = decoded(kind, value)
+        if self.skipped:
+            self.skipped.pop(key, None)
+        if value is None:
+            self.revs.pop(key, None)
+        else:
+            self.revs[key] = revision
+        # the kinds every placement writes by the dozen first
+        if kind == "tasks":
+            handle, _, idx = rest.rpartition("/")
+            self._set_task(handle, int(idx), value)
+            return {handle}
+        if kind == "discovery":
+            handle, _, idx = rest.rpartition("/")
+            if value is None:
+                self.endpoints.pop((handle, int(idx)), None)
+            else:
+                self.endpoints[(handle, int(idx))] = value
+            return set()
+        plain = self._plain.get(kind)
+        if plain is not None:  # kept as etcd has them
+            if value is None:
+                plain.pop(rest, None)
+            else:
+                plain[rest] = value
+            if kind == "members":
+                self.members_version += 1
+                self.coordination_changed.set()
+            return set()
+        if kind == "machines":
+            viewed = self._set_machine(rest, value)  # decoded into its record (as etcd's bytes are)
+            return self.jobs_on(rest) if viewed else set()
+        if kind == "entitlements":
+            old = self.entitlements.get(rest)
+            if value is None:
+                self.entitlements.pop(rest, None)
+            else:
+                self.entitlements[rest] = EntitlementRec.from_json(value)
+            self._dirty_ents.add(rest)
+            self._wake_entitlement(rest, old)
+            return set(self.jobs_by_ent.get(rest, ()))
+        if kind == "jobs":
+            if value is None:
+                old_job = self.jobs.pop(rest, None)
+                if old_job is not None:
+                    self.jobs_by_ent.get(old_job.entitlement, set()).discard(rest)
+            else:
+                self.jobs[rest] = job = JobRec.from_json(value)
+                self.jobs_by_ent.setdefault(job.entitlement, set()).add(rest)
+            return {rest}
+        if kind == "events":
+            new = None if value is None else EventRec.from_json(value)  # first: one it cannot read changes nothing
+            old = self.events.pop(rest, None)
+            if new is not None:
+                self.events[rest] = new
+            for e, is_new in ((old, False), (self.events.get(rest), True)):
+                if e is not None and e.kind == "failure":
+                    for mid in e.machines:
+                        open_ = self._open_failures.setdefault(mid, {})
+                        if is_new and e.end is None:
+                            open_[e.id] = e
+                        else:
+                            open_.pop(e.id, None)
+                        if not open_:
+                            del self._open_failures[mid]
+            if any(e is not None and e.kind == "maintenance" for e in (old, self.events.get(rest))):
+                self.maintenance.index(self.events.values())
+                return None  # a maintenance scheduled, changed or ended: its notices go to any job
+            e = self.events.get(rest) or old  # a failure: the jobs on its machines
+            return set().union(*(self.jobs_on(mid) for mid in e.machines)) if e is not None else set()
+        if kind == "leaders":
+            if value is None:
+                self.leaders.pop(int(rest), None)
+            else:
+                self.leaders[int(rest)] = Versioned(key, value, revision)
+            self.coordination_changed.set()
+        elif kind == "settings":
+            self.settings = value or {}
+        return set()
+
+    def _set_machine(self, mid: str, m: MachineRec | None) -> bool:
+        """Returns whether what the scheduler sees of the machine changed (MachineStatus: not its
+        allocation counters, which every placement writes)."""
+        old = self.machines.get(mid)
+        if m is not None:
+            self._share_parts(m)
+        if old is not None and old.credential_sha256:
+            self.credentials.pop(old.credential_sha256, None)
+        if m is None:
+            self.machines.pop(mid, None)
+        else:
+            self.machines[mid] = m
+            if m.credential_sha256:
+                self.credentials[m.credential_sha256] = mid
+        if (old is None) != (m is None):
+            self.machines_version += 1  # the set of machines changed
+        self._dirty_machines.add(mid)
+        self.wake_machine(mid)
+        return old is None or m is None or _viewed(old) != _viewed(m)
+
+    def _share_parts(self, m: MachineRec) -> None:
+        """The machine's labels and capacity as one dict per distinct value (a rack's machines
+        share their labels; a machine type's its capacity): at a million machines, one dict each
+        was about half of what a machine's record held in memory. They are never changed in
+        place (records are replaced, not edited)."""
+        for name in ("labels", "capacity"):
+            d = getattr(m, name)
+            try:
+                shared = self._parts.setdefault((name, *d.items()), d)
+            except (TypeError, AttributeError):  # not a dict of plain values: kept as it is
+                continue
+            if shared is not d:
+                object.__setattr__(m, name, shared)
+
+    def _set_task(self, handle: str, index: int, t: TaskRec | None) -> None:
+        old = self.tasks.get(handle, {}).get(index)
+        if t is None:
+            self.tasks.get(handle, {}).pop(index, None)
+            if handle in self.tasks and not self.tasks[handle]:
+                del self.tasks[handle]
+        else:
+            # one copy of a job's task template, not one per task (fewer objects for the
+            # collector's full passes to scan): the task's own record is fresh, not yet shared
+            shared = old.spec if old is not None and old.spec_version == t.spec_version else None
+            if shared is None and (job := self.jobs.get(handle)) is not None and job.spec_version == t.spec_version:
+                shared = job.task
+            if shared is not None and shared is not t.spec and shared == t.spec:
+                object.__setattr__(t, "spec", shared)
+            self.tasks[handle][index] = t
+        key = (handle, index)
+        if old is not None and old.machine:
+            self.by_machine[old.machine].discard(key)
+        if t is not None and t.machine:
+            self.by_machine[t.machine].add(key)
+        self._dirty_tasks.add(key)
+        for m in {old.machine if old else None, t.machine if t else None} - {None}:
+            self.wake_machine(m)
+
+    def _wake_entitlement(self, name: str, old: EntitlementRec | None) -> None:
+        new = self.entitlements.get(name)
+        if old is None or new is None or old.profile != new.profile:
+            for m in self.machines.values():
+                if m.entitlement == name:
+                    self.wake_machine(m.id)
+
+    def open_failures(self, mid: str) -> list[EventRec]:
+        """The machine's failure events not ended (an index: no pass over every event)."""
+        return list(self._open_failures.get(mid, {}).values())
+
+    def _refresh_cordons(self, now: float) -> None:
+        cordoned = {mid for mid in self.maintenance.machines() if mid in self.machines and self.maintenance.of(mid, now)}
+        self._dirty_machines |= cordoned ^ self._cordoned
+        self._cordoned = cordoned
+
+    # -- shards -------------------------------------------------------------------------------
+
+    @property
+    def shard_count(self) -> int:
+        return int(self.settings.get("shards", 1))
+
+    def shard_of_job(self, handle: str) -> int | None:
+        job = self.jobs.get(handle)
+        ent = self.entitlements.get(job.entitlement if job else handle.partition("/")[0])
+        return None if ent is None else ent.shard
+
+    def shard_loads(self) -> dict[int, int]:
+        """Tasks per shard (the entitlement-to-shard map's load), every shard listed."""
+        loads = {s: 0 for s in range(self.shard_count)}
+        for handle, ts in self.tasks.items():
+            ent = self.entitlements.get(handle.partition("/")[0])
+            if ent is not None:
+                loads[ent.shard] = loads.get(ent.shard, 0) + len(ts)
+        for e in self.entitlements.values():
+            loads.setdefault(e.shard, 0)
+        return loads
+
+    def least_loaded_shard(self) -> int:
+        """Where a new entitlement goes: the shard with the fewest tasks, then entitlements."""
+        loads = self.shard_loads()
+        ents: dict[int, int] = {}
+        for e in self.entitlements.values():
+            ents[e.shard] = ents.get(e.shard, 0) + 1
+        return min(range(self.shard_count), key=lambda s: (loads.get(s, 0), ents.get(s, 0), s))
+
+    # -- long-poll wake-ups ----------------------------------------------------------------
+
+    def wake_machine(self, mid: str) -> None:
+        ev = self._machine_waiters.pop(mid, None)
+        if ev is not None:
+            ev.set()
+
+    def machine_changed(self, mid: str) -> asyncio.Event:
+        """An event set at the next change that may touch the machine's desired state."""
+        return self._machine_waiters.setdefault(mid, asyncio.Event())
+
+    # -- derived views ---------------------------------------------------------------------
+
+    def desired_profile(self, m: MachineRec, joining: str | None = None) -> str | None:
+        """The sidekick's rule: a machine in an entitlement wants the entitlement's profile; a
+        free machine wants none (its originals restored). `joining`: the entitlement a free
+        machine is about to join (a placement that takes it from the free pool)."""
+        name = m.entitlement or joining
+        ent = self.entitlements.get(name) if name else None
+        return ent.profile if ent else None
+
+    def profile_ready(self, m: MachineRec, joining: str | None = None) -> bool:
+        return m.profile_ok and m.profile_applied == self.desired_profile(m, joining)
+
+    def tasks_on(self, mid: str) -> list[TaskRec]:
+        return [self.tasks[job][i] for job, i in sorted(self.by_machine.get(mid, ()))]
+
+    def desired_for(self, mid: str, open_secrets: bool = True) -> dict:
+        """The machine's desired state as the agent reads it, with a version that is a hash of
+        its content: a restarted daemon computes the same version, so no agent restarts a task.
+        SealingError when a secret value does not open here (the agent is answered 503 and keeps
+        what runs: a task never runs without its secret, nor is stopped for this replica's key)."""
+        m = self.machines[mid]
+        tasks = sorted((t for t in self.tasks_on(mid) if t.state in ON_MACHINE), key=lambda t: (t.job, t.index))
+        name = self.desired_profile(m)
+        # the version is a hash of the tasks as etcd holds them (secret values sealed): it tells
+        # nothing of a secret; the agent's copy has them opened (SealingError: one does not open)
+        body = {"profile": name, "tasks": [t.agent_spec() for t in tasks]}
+        doc = self.profiles.document(name) if name and self.profiles is not None else None
+        if doc is not None:
+            body["profile_spec"] = doc
+        digest = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:20]
+        if open_secrets and any("secret_env" in t.spec for t in tasks):
+            body["tasks"] = [t.agent_spec(self.sealer.open_task) for t in tasks]
+        return {**body, "version": digest}
+
+    def snapshot(self) -> Snapshot:
+        """The allocator's snapshot, moved forward in place by the changes since the last call:
+        the same object every time, at a cost that follows the changes, not the region. Use it
+        before your next await (allocate() is synchronous) and do not keep it: the next call
+        changes it."""
+        self._refresh_cordons(time.time())
+        if self._snapshot is None:
+            self._snapshot = Snapshot.build(
+                (to_machine(m, self.revs[self.keys.machine(m.id)], m.id in self._cordoned) for m in self.machines.values()),
+                (to_entitlement(e) for e in self.entitlements.values()),
+                (p for ts in self.tasks.values() for t in ts.values() if (p := to_placed(t)) is not None),
+                self.revision)
+            # The region as read at start lives long: out of the collector's full passes, which
+            # would otherwise scan all of it (a pause that grows with the region). Freed as usual
+            # when no longer referenced (records and snapshot hold no reference cycles).
+            gc.freeze()
+        elif self._dirty_machines or self._dirty_tasks or self._dirty_ents:
+            placed = {k: self._placed_one(k) for k in self._dirty_tasks}
+            self._snapshot.apply(
+                machines=[to_machine(self.machines[mid], self.revs[self.keys.machine(mid)], mid in self._cordoned)
+                          for mid in self._dirty_machines if mid in self.machines],
+                removed_machines=[mid for mid in self._dirty_machines if mid not in self.machines],
+                tasks=[p for p in placed.values() if p is not None],
+                removed_tasks=[k for k, p in placed.items() if p is None],
+                entitlements=[to_entitlement(self.entitlements[n]) for n in self._dirty_ents
+                              if n in self.entitlements],
+                removed_entitlements=[n for n in self._dirty_ents if n not in self.entitlements],
+                revision=self.revision)
+        self._dirty_machines.clear()
+        self._dirty_tasks.clear()
+        self._dirty_ents.clear()
+        return self._snapshot
+
+    def reread(self, machines: Iterable[str], tasks: Iterable[tuple[str, int]]) -> None:
+        """The snapshot takes these machines and tasks from their records again at the next
+        snapshot(): after a change made to it ahead of a commit that did not land."""
+        self._dirty_machines.update(machines)
+        self._dirty_tasks.update(tasks)
+
+    def _placed_one(self, key: tuple[str, int]) -> PlacedTask | None:
+        t = self.tasks.get(key[0], {}).get(key[1])
+        return to_placed(t) if t is not None else None

@@ -1,0 +1,114 @@
+"""A shard leader's TaskControl sessions (paper 2.4): one per job that names a controller, made
+when the job names one, replaced when its URL changes, dropped when it names none or stops.
+
+What a new leader must know to go on where the last one stopped: the operations the controller
+approved and that were started but not yet reported completed. They are written to etcd with the
+commit that starts them (`in_flight_record`), and a session made by the next leader (or by this
+daemon after a restart) takes them back, so the controller hears of their completion.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Callable
+
+import aiohttp
+
+from controlplane.scheduler.reconcile import JobPlan, Op
+from controlplane.security.sealing import TOKEN, SealingError
+from controlplane.store.keys import Keys
+from controlplane.store.records import JobRec
+from controlplane.store.state import RegionState
+from controlplane.taskcontrol.session import TaskControlSession
+
+log = logging.getLogger("twine.controld.scheduler")
+
+
+class Sessions:
+    def __init__(self, state: RegionState, keys: Keys, interval: float = 1.0, timeout: float = 2.0,
+                 round_trip: Callable[[float, bool], None] = lambda seconds, ok: None):
+        self.state, self.keys = state, keys
+        self.interval, self.timeout = interval, timeout  # between calls while something is pending; of a call
+        self.round_trip = round_trip  # observes each call: seconds, answered
+        self.by_job: dict[str, TaskControlSession] = {}
+        self._http: aiohttp.ClientSession | None = None
+
+    def http(self) -> aiohttp.ClientSession:
+        if self._http is None:
+            self._http = aiohttp.ClientSession()
+        return self._http
+
+    def get(self, handle: str) -> TaskControlSession | None:
+        return self.by_job.get(handle)
+
+    def __contains__(self, handle: str) -> bool:
+        return handle in self.by_job
+
+    def __len__(self) -> int:
+        return len(self.by_job)
+
+    def failing(self) -> int:
+        """Sessions whose controller's last call failed."""
+        return sum(1 for s in self.by_job.values() if s.status["ok"] is False)
+
+    def of(self, job: JobRec) -> TaskControlSession | None:
+        """The job's TaskController session: made when the job names a controller, replaced when
+        the URL changes, dropped when it names none."""
+        s = self.by_job.get(job.handle)
+        if s is not None and job.controller_token != s.sealed_token:
+            # the same controller, a new token: its state goes on
+            s.token, s.sealed_token = self._token(job), job.controller_token
+        if s is not None and (job.controller is None or s.url != job.controller or job.state != "active"):
+            s.close_now()
+            del self.by_job[job.handle]
+            s = None
+        if s is None and job.controller and job.state == "active":
+            s = self.by_job[job.handle] = TaskControlSession(
+                job.handle, job.controller, self.http, self.interval, self.timeout,
+                on_answer=lambda h=job.handle: self.state.changed.set({h}), epoch=lambda: self.state.revision,
+                token=self._token(job), round_trip=self.round_trip)
+            # operations a previous leader (or this daemon before a restart) started: the controller
+            # approved them and waits to hear they completed
+            for d in (self.state.taskcontrol.get(job.handle) or {}).get("in_flight", []):
+                op = Op(d["kind"], d["index"], d.get("reason", ""), d["id"], d.get("machine"), d.get("cause", ""),
+                        d.get("version"))
+                s.in_flight[op.id] = op
+            s.sealed_token = job.controller_token
+        return s
+
+    def _token(self, job: JobRec) -> str | None:
+        """The job's controller_token, opened (sealed at rest). One this process cannot open is
+        sent as none: the controller refuses the calls, and the job's status says so."""
+        try:
+            return self.state.sealer.open(job.handle, TOKEN, job.controller_token)
+        except SealingError as e:
+            log.error("job %s: %s; its controller is called without a token", job.handle, e)
+            return None
+
+    def drop(self, handle: str) -> None:
+        """The job's entitlement moved to another shard: its new leader calls the controller."""
+        s = self.by_job.pop(handle, None)
+        if s is not None:
+            s.close_now()
+
+    async def close(self) -> None:
+        """Deposed or stopping: no call to a TaskController goes on after the leadership."""
+        for s in self.by_job.values():
+            await s.close()
+        if self._http is not None:
+            await self._http.close()
+
+    def in_flight_record(self, handle: str, session: TaskControlSession | None, plan: JobPlan,
+                         started: list[str]) -> dict[str, dict]:
+        """The job's TaskController operations in flight once this commit lands, written with it
+        when they differ from etcd's: a new leader tells the controller when they complete."""
+        if session is None:
+            return {}
+        by_id = {op.id: op for op in plan.ops}
+        ops = {**session.in_flight, **{i: by_id[i] for i in started if i in by_id}}
+        record = {"in_flight": [{"id": op.id, "kind": op.kind, "index": op.index, "reason": op.reason,
+                                 "machine": op.machine, "cause": op.cause, "version": op.version}
+                                for _, op in sorted(ops.items())]}
+        if record == (self.state.taskcontrol.get(handle) or {"in_flight": []}):
+            return {}
+        return {self.keys.taskcontrol(handle): record}

@@ -1,0 +1,182 @@
+"""RegionState's allocator snapshot, fed record by record as the etcd watch feeds it: moved forward in
+place, it stays what a snapshot built from scratch out of the same records would be."""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import replace
+
+import pytest
+
+from controlplane.allocator import allocate
+from controlplane.allocator.errors import AllocationError
+from controlplane.store.records import EntitlementRec, EventRec, MachineRec, Spread, TaskRec
+from controlplane.store.state import RegionState, decoded
+from controlplane.store.etcd import encode
+from controlplane.store.keys import Keys
+
+from tests.controlplane.allocator.builders import job
+from tests.controlplane.allocator.test_snapshot import index_state
+
+KEYS = Keys("r")
+
+
+def machine(rnd: random.Random, mid: str) -> MachineRec:
+    labels = {"region": "r", "dc": rnd.choice(["dc0", "dc1"]), "msb": f"b{rnd.randrange(3)}",
+              "rack": f"k{rnd.randrange(3)}", "machine_type": rnd.choice(["sky", "sky", "old"])}
+    return MachineRec(mid, mid, labels, {"cpus": rnd.choice([4, 8]), "memory_mb": 8192},
+                      entitlement=rnd.choice([None, None, "ent", "b"]), healthy=rnd.random() > 0.1)
+
+
+def task(rnd: random.Random, machines: list[str]) -> TaskRec:
+    return TaskRec(f"{rnd.choice(['ent', 'b'])}/j{rnd.randrange(3)}", rnd.randrange(5), 1,
+                   {"cpus": rnd.choice([0.5, 1, 2]), "memory_mb": 256}, rnd.choice(machines + [None]), "running")
+
+
+def entitlement(rnd: random.Random, name: str) -> EntitlementRec:
+    return EntitlementRec(name, "sky", rnd.randrange(3, 30), spread=Spread(("dc", "msb"), rnd.choice([None, "dc1"])))
+
+
+def fresh(state: RegionState) -> RegionState:
+    """A daemon that just started: the same records, its snapshot built from them."""
+    other = RegionState(None, KEYS)
+    for key, rev in state.revs.items():
+        kind, _, rest = key[len(KEYS.root):].partition("/")
+        if kind == "machines":
+            value = state.machines[rest].to_json()
+        elif kind == "entitlements":
+            value = state.entitlements[rest].to_json()
+        elif kind == "tasks":
+            handle, _, idx = rest.rpartition("/")
+            value = state.tasks[handle][int(idx)].to_json()
+        else:
+            value = state.events[rest].to_json()
+        other._apply(key, encode(value), rev)  # noqa: SLF001 - the watch's own path, with etcd's bytes
+    other.index.revision = state.index.revision
+    return other
+
+
+def test_snapshot_follows_the_watch_in_place_and_matches_a_fresh_build():
+    rnd = random.Random(3)
+    state = RegionState(None, KEYS)
+    rev = 0
+
+    def put(key: str, value: dict | None) -> None:
+        nonlocal rev
+        rev += 1
+        state._apply(key, None if value is None else encode(value), rev)  # noqa: SLF001 - as the watch hands it
+        state.index.revision = rev
+
+    for n in range(20):
+        put(KEYS.machine(f"m{n:02d}"), machine(rnd, f"m{n:02d}").to_json())
+    for name in ("ent", "b"):
+        put(KEYS.entitlement(name), entitlement(rnd, name).to_json())
+    first = state.snapshot()
+    now = time.time()
+    for step in range(60):
+        ids = sorted(state.machines)
+        for _ in range(rnd.randrange(1, 6)):
+            what = rnd.random()
+            if what < 0.3:
+                mid = rnd.choice(ids + [f"m{rnd.randrange(20, 30)}"])
+                put(KEYS.machine(mid), machine(rnd, mid).to_json())
+            elif what < 0.4 and len(ids) > 5:
+                put(KEYS.machine(rnd.choice(ids)), None)
+            elif what < 0.75:
+                t = task(rnd, ids)
+                put(KEYS.task(t.job, t.index), t.to_json())
+            elif what < 0.85 and state.tasks:
+                handle = rnd.choice(sorted(state.tasks))
+                put(KEYS.task(handle, rnd.choice(sorted(state.tasks[handle]))), None)
+            elif what < 0.95:
+                name = rnd.choice(["ent", "b", "c"])
+                put(KEYS.entitlement(name), None if rnd.random() < 0.2 else entitlement(rnd, name).to_json())
+            else:
+                e = EventRec("maint-1", "maintenance", tuple(rnd.sample(ids, 2)), now - 10, duration=3600.0)
+                put(KEYS.event(e.id), e.to_json() if rnd.random() < 0.7 else None)
+        snap = state.snapshot()
+        assert snap is first, "moved forward in place, not rebuilt"
+        want = fresh(state).snapshot()
+        assert snap.revision == want.revision == rev
+        assert index_state(snap) == index_state(want), f"step {step}"
+        assert dict(snap.machines) == dict(want.machines) and dict(snap.entitlements) == dict(want.entitlements)
+        assert dict(snap._used) == dict(want._used)  # noqa: SLF001
+        if "ent" in snap.entitlements:
+            request = job(f"ent/j{rnd.randrange(3)}", rnd.randrange(1, 6), cpus=1.0, memory_mb=256)
+            got = [None, None]
+            for i, s in enumerate((snap, want)):
+                try:
+                    got[i] = allocate(s, request)
+                except AllocationError as e:
+                    got[i] = str(e)
+            assert got[0] == got[1], step
+
+
+def test_open_failures_follow_the_events_as_they_open_end_and_go():
+    """The index behind the health check's and the histograms' "open failure events of this
+    machine" (no pass over every event, which are kept): kept by the watch's own path."""
+    state = RegionState(None, KEYS)
+    f1 = EventRec("f1", "failure", ("a",), 10.0, "no heartbeat")
+    f2 = EventRec("f2", "failure", ("a", "b"), 11.0, "no heartbeat")
+    maint = EventRec("mt", "maintenance", ("a",), 12.0, duration=60.0)
+    for rev, e in enumerate((f1, f2, maint), start=1):
+        state._apply(KEYS.event(e.id), e.to_json(), rev)  # noqa: SLF001 - the watch's own path
+    assert sorted(e.id for e in state.open_failures("a")) == ["f1", "f2"]
+    assert [e.id for e in state.open_failures("b")] == ["f2"]
+    state._apply(KEYS.event("f2"), replace(f2, end=20.0).to_json(), 4)  # noqa: SLF001
+    assert [e.id for e in state.open_failures("a")] == ["f1"] and state.open_failures("b") == []
+    state._apply(KEYS.event("f1"), None, 5)  # noqa: SLF001 - deleted
+    assert state.open_failures("a") == [] and state.open_failures("c") == []
+
+
+def test_records_are_decoded_from_etcds_bytes_into_their_types_and_older_shapes_still_read():
+    rnd = random.Random(5)
+    m = replace(machine(rnd, "m1"), tombstones=(("e/j", 1, 0.5, 64, 3.0),))
+    t = task(rnd, ["m1"])
+    assert decoded("machines", encode(m.to_json())) == m
+    assert decoded("tasks", encode(t.to_json())) == t
+    # written before tombstones carried when they were made: the typed decoder refuses it, the
+    # record's own reader takes it (made at 0)
+    old = {**m.to_json(), "tombstones": [["e/j", 1, 0.5, 64]]}
+    assert decoded("machines", encode(old)).tombstones == (("e/j", 1, 0.5, 64, 0.0),)
+    # a field of another type than this version writes: taken as it is, as before
+    assert decoded("tasks", encode({**t.to_json(), "index": "3"})).index == "3"
+    assert decoded("jobs", b'{"a": [1]}') == {"a": [1]}  # other kinds: their JSON, for their from_json
+    with pytest.raises(ValueError, match="not JSON"):
+        decoded("tasks", b"\x00 not json")
+
+
+def test_a_record_that_is_not_json_is_skipped_and_the_view_keeps_what_it_had():
+    state = RegionState(None, KEYS)
+    rnd = random.Random(6)
+    m = machine(rnd, "m1")
+    state._take(KEYS.machine("m1"), encode(m.to_json()), 1)  # noqa: SLF001 - the watch's own path
+    state._take(KEYS.machine("m1"), b"{not json", 2)  # noqa: SLF001
+    assert state.machines["m1"] == m
+    assert state.skipped[KEYS.machine("m1")].startswith("ValueError: not JSON")
+    # guards compare etcd's revision, whatever the kind: a commit from the view replaces the
+    # unreadable record rather than conflicting with it for ever
+    assert state.revs[KEYS.machine("m1")] == 2
+    state._take(KEYS.job("e/odd"), b'{"entitlement": "e"}', 3)  # noqa: SLF001 - JSON, not a job record
+    assert KEYS.job("e/odd") in state.skipped and state.revs[KEYS.job("e/odd")] == 3
+    state._take(KEYS.root + "other/x", b"{not json either", 3)  # noqa: SLF001 - no kind it keeps: not read
+    assert KEYS.root + "other/x" not in state.skipped
+
+
+def test_machines_of_a_rack_share_one_labels_dict_and_a_type_one_capacity_dict():
+    """A million machines' records fit in memory because a rack's machines hold one labels dict
+    and a machine type's one capacity dict (each machine had its own: ~700 B of its ~1.7 KB)."""
+    state = RegionState(None, KEYS)
+    labels = {"region": "r", "dc": "dc0", "msb": "b0", "rack": "k0", "machine_type": "sky"}
+    for rev, mid in enumerate(("m1", "m2", "m3"), start=1):
+        lb = {**labels, "rack": "k1"} if mid == "m3" else labels
+        rec = MachineRec(mid, mid, lb, {"cpus": 8, "memory_mb": 8192})
+        state._take(KEYS.machine(mid), encode(rec.to_json()), rev)  # noqa: SLF001 - the watch's own path
+    m1, m2, m3 = (state.machines[m] for m in ("m1", "m2", "m3"))
+    assert m1.labels is m2.labels and m1.labels == labels and m3.labels["rack"] == "k1"
+    assert m1.capacity is m2.capacity is m3.capacity
+    # a record with a value that cannot be a key is kept as it is, not skipped
+    odd = MachineRec("m4", "m4", {**labels, "extra": ["a"]}, {"cpus": 8, "memory_mb": 8192})
+    state._take(KEYS.machine("m4"), encode(odd.to_json()), 4)  # noqa: SLF001
+    assert state.machines["m4"].labels["extra"] == ["a"] and not state.skipped

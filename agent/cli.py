@@ -10,12 +10,10 @@ Exit codes (scripts rely on them):
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
+from agent.console import EXIT_INPUT
 from agent.errors import InputError
-
-EXIT_OK, EXIT_FAILED, EXIT_INPUT, EXIT_UNAVAILABLE = 0, 1, 2, 3
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -76,11 +74,6 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     return EXIT_INPUT
-
-
-def dump(data: object) -> None:
-    json.dump(data, sys.stdout, indent=2, default=str)
-    sys.stdout.write("\n")
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ from agent.config import AgentConfig
 from agent.controlplane_client import ControlPlaneClient, ControlPlaneSource
 from agent.errors import DesiredStateError, InputError
 from agent.health import HealthReport, probe
-from agent.http import serve
+from agent.http import Endpoints, serve
 from agent.models import DesiredState
 from agent.profiles.appliers.base import ApplierError
 from agent.profiles.engine import Engine
@@ -30,6 +30,7 @@ from agent.report import machine_info, task_reports
 from agent.runtime.base import ContainerInfo, ContainerRuntime, ImageNotFound, RuntimeUnavailable
 from agent.runtime.docker_runtime import DockerRuntime
 from agent.sdnotify import Notifier, host_rebooting
+from agent.status import status
 from agent.tls import client_context
 
 # container starts (and replacements) a reconcile pass runs at once: each holds a thread of the
@@ -94,7 +95,7 @@ class Agent:
             log.error("%s; will keep trying", e)
 
     async def run(self) -> None:
-        runner = await serve(self)
+        runner = await serve(self.config.listen, Endpoints(lambda: status(self), lambda: self.health))
         self.notifier.ready(f"machine {self.config.machine_id}: {len(self.adopted)} task container(s) adopted")
         stop_watch = self._watch_containers()
         try:

@@ -6,7 +6,7 @@ import json
 import sys
 import urllib.request
 
-from agent.cli import EXIT_OK, EXIT_UNAVAILABLE, dump
+from agent.console import EXIT_OK, EXIT_UNAVAILABLE, dump
 from agent.config import AgentConfig
 
 

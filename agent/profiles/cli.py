@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from agent.cli import EXIT_FAILED, EXIT_OK, dump
+from agent.console import EXIT_FAILED, EXIT_OK, dump
 from agent.config import AgentConfig
 from agent.profiles.engine import Engine
 from agent.profiles.model import Outcome, Report

@@ -21,7 +21,7 @@ import re
 import secrets
 import time
 from dataclasses import replace
-from typing import Callable
+from typing import TYPE_CHECKING, Callable, Protocol
 
 from controlplane.broker.reboots import Reboots
 from controlplane.store.records import ApiError, MachineRec
@@ -30,6 +30,9 @@ from controlplane.security.secretfile import owner_only, tokens_in
 from controlplane.store.state import RegionState
 from controlplane.store import Store
 from controlplane.store.keys import Keys
+
+if TYPE_CHECKING:
+    from controlplane.coordination.coordinator import Coordinator
 
 log = logging.getLogger("twine.controld.agents")
 MACHINE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$(?!\n)")  # the end of the text (agent/models.py)
@@ -47,6 +50,16 @@ MAX_LABEL = 253  # characters of a label value, hostname, address or agent versi
 def sha256(text: str) -> str:
     # surrogateescape: a header's bytes that are not UTF-8 hash as they came (no 500 for them)
     return hashlib.sha256(text.encode(errors="surrogateescape")).hexdigest()
+
+
+class Relaying(Protocol):
+    """What the heartbeat path tells the relay to the other replicas (relay.py)."""
+
+    def heard(self, mid: str) -> None:
+        """A heartbeat: its machine's health owner, if another member, hears of it."""
+
+    def reported(self, mid: str) -> None:
+        """The machine's task report (or error) changed here: every other member gets it."""
 
 
 class BootstrapFile:
@@ -153,15 +166,15 @@ class AgentService:
                          "long_polls_refused": 0}
         self.closing = asyncio.Event()  # set at shutdown: long polls answer at once
         self.reboots = Reboots(state, store, keys, reboot_grace)
-        self.daemon = None  # the ControlDaemon, for its relay and coordinator (replicas)
-
-    def _relay(self):
-        return None if self.daemon is None else self.daemon.relay
+        # replicas (set by the daemon once it runs): heartbeats and reports other members need go
+        # through the relay; the coordinator says which member judges each machine's health
+        self.relay: Relaying | None = None
+        self.coordinator: "Coordinator | None" = None
 
     def _hint(self, mid: str) -> dict:
         """The heartbeat answer's `heartbeat_to`: the replica that owns the machine's health check,
         when it is another one."""
-        coord = None if self.daemon is None else self.daemon.coordinator
+        coord = self.coordinator
         if coord is None:
             return {}
         owner = coord.owner_of(mid)
@@ -303,7 +316,7 @@ class AgentService:
                 self.on_seen(mid)
 
     async def _heard(self, mid: str, body: dict) -> dict:
-        relay = self._relay()
+        relay = self.relay
         if relay is not None:
             relay.heard(mid)
         await self.reboots.seen(mid)
@@ -354,6 +367,14 @@ class AgentService:
         rev = await self.store.update([key], compute)
         await self.state.wait_for(rev)
         log.info("machine %s reports profile %s %s", mid, applied, "applied" if ok else f"failed: {error}")
+
+    def error_of(self, mid: str) -> str:
+        """Why the machine's agent rejected its desired state ("" if it did not)."""
+        return self.errors.get(mid, "")
+
+    def last_heartbeat(self, mid: str) -> float | None:
+        """When this process last heard the machine's agent (wall clock)."""
+        return self.last_seen_wall.get(mid)
 
     def report_of(self, mid: str) -> dict[tuple[str, int], dict] | None:
         return self.reports.get(mid)

@@ -18,21 +18,28 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import aiohttp
 
 if TYPE_CHECKING:
-    from controlplane.frontend.schema import Relay as RelayBody
-    from controlplane.daemon.controld import ControlDaemon
+    from controlplane.broker.agents import AgentService
+    from controlplane.coordination.coordinator import Coordinator
+    from controlplane.health.check import HealthService
+    from controlplane.store.state import RegionState
 
 log = logging.getLogger("twine.controld.relay")
 INTERVAL = 0.2
 
 
 class Relay:
-    def __init__(self, daemon: "ControlDaemon", interval: float = INTERVAL):
-        self.d = daemon
+    def __init__(self, state: "RegionState", agents: "AgentService", health: "HealthService",
+                 coordinator: "Coordinator", http: Callable[[], aiohttp.ClientSession], token: str,
+                 interval: float = INTERVAL):
+        self.state, self.agents, self.health = state, agents, health
+        self.coordinator = coordinator
+        self.http = http  # the daemon's session to the other replicas (it verifies them with --tls-ca)
+        self.token = token  # an API token of this region's: the other replicas' API takes it
         self.interval = interval
         self.seen: dict[str, set[str]] = {}  # member -> machines heard from since the last send
         self.reports: dict[str, dict[str, dict]] = {}  # member -> machine -> its latest report
@@ -43,40 +50,40 @@ class Relay:
     # -- from the heartbeat path -----------------------------------------------------------------
 
     def heard(self, mid: str) -> None:
-        coord = self.d.coordinator
+        coord = self.coordinator
         owner = coord.owner_of(mid) if coord else None
         if owner is not None and owner != coord.id:
             self.seen.setdefault(owner, set()).add(mid)
 
     def reported(self, mid: str) -> None:
         """The machine's report (or error) changed here: every other member gets it."""
-        coord = self.d.coordinator
+        coord = self.coordinator
         if coord is None:
             return
         rec = self._report(mid)
-        for member in self.d.state.members:
+        for member in self.state.members:
             if member != coord.id:
                 self.reports.setdefault(member, {})[mid] = rec
 
     def _report(self, mid: str) -> dict:
-        report = self.d.agents.reports.get(mid)
-        return {"tasks": None if report is None else list(report.values()), "error": self.d.agents.errors.get(mid, ""),
-                "at": self.d.agents.report_at.get(mid)}
+        report = self.agents.reports.get(mid)
+        return {"tasks": None if report is None else list(report.values()), "error": self.agents.errors.get(mid, ""),
+                "at": self.agents.report_at.get(mid)}
 
     # -- received ----------------------------------------------------------------------------
 
-    def receive(self, body: RelayBody) -> dict:
-        """A peer's relay, decoded into schema.Relay (app.py)."""
+    def receive(self, body) -> dict:
+        """A peer's relay, decoded into frontend/schema.py's Relay (its fields: seen, reports)."""
         self.counters["received"] += 1
-        agents, now, wall = self.d.agents, time.monotonic(), time.time()
+        agents, now, wall = self.agents, time.monotonic(), time.time()
         for mid in body.seen:
-            if mid in self.d.state.machines:
+            if mid in self.state.machines:
                 agents.last_seen[mid] = now
                 agents.last_seen_wall[mid] = wall
-                self.d.health.seen(mid)
+                self.health.seen(mid)
         changed: set[str] = set()
         for mid, rec in body.reports.items():
-            if mid not in self.d.state.machines:
+            if mid not in self.state.machines:
                 continue
             if rec.tasks is not None:
                 report = {(str(t["job"]), int(t["index"])): t for t in rec.tasks if "job" in t and "index" in t}
@@ -84,13 +91,13 @@ class Relay:
                     agents.report_at[mid] = float(rec.at)  # when the receiving member had it from the agent
                 if agents.reports.get(mid) != report:
                     agents.reports[mid] = report
-                    changed |= self.d.state.jobs_on(mid) | {job for job, _ in report}
-                    self.d.health.reported(mid)
+                    changed |= self.state.jobs_on(mid) | {job for job, _ in report}
+                    self.health.reported(mid)
             error = rec.error or ""
             if agents.errors.get(mid, "") != error:
                 agents.errors[mid] = error
-                changed |= self.d.state.jobs_on(mid)
-        self.d.state.changed.set(changed)
+                changed |= self.state.jobs_on(mid)
+        self.state.changed.set(changed)
         return {"ok": True}
 
     # -- sending -----------------------------------------------------------------------------
@@ -104,25 +111,25 @@ class Relay:
                 await asyncio.gather(*(self._send(p) for p in sorted(peers)))
 
     def _greet_new_members(self) -> None:
-        coord = self.d.coordinator
-        members = set(self.d.state.members)
+        coord = self.coordinator
+        members = set(self.state.members)
         for member in members - self._members:
             if coord is not None and member != coord.id:
-                self.reports.setdefault(member, {}).update({mid: self._report(mid) for mid in self.d.agents.reports})
+                self.reports.setdefault(member, {}).update({mid: self._report(mid) for mid in self.agents.reports})
         for gone in self._members - members:
             self.seen.pop(gone, None)
             self.reports.pop(gone, None)
         self._members = members
 
     async def _send(self, member: str) -> None:
-        url = self.d.coordinator.member_url(member) if self.d.coordinator else None
+        url = self.coordinator.member_url(member) if self.coordinator else None
         seen, reports = self.seen.pop(member, set()), self.reports.pop(member, {})
         if url is None or not (seen or reports):
             return
-        body = {"from": self.d.coordinator.id, "seen": sorted(seen), "reports": reports}
-        token = min(self.d.api_tokens)
+        body = {"from": self.coordinator.id, "seen": sorted(seen), "reports": reports}
+        token = self.token
         try:  # the daemon's session to the other replicas (it verifies them with --tls-ca)
-            async with self.d.http().post(url + "/v1/internal/relay", json=body, timeout=aiohttp.ClientTimeout(total=2),
+            async with self.http().post(url + "/v1/internal/relay", json=body, timeout=aiohttp.ClientTimeout(total=2),
                                        headers={"Authorization": f"Bearer {token}"}) as r:
                 if r.status != 200:
                     raise ValueError(f"HTTP {r.status}: {(await r.text())[:200]}")

@@ -1,5 +1,5 @@
 import sys
 
-from controlplane.daemon.controld import main
+from controlplane.daemon.main import main
 
 sys.exit(main())

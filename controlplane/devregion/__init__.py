@@ -45,10 +45,9 @@ from controlplane.devregion.network import (FIRST_HOST, MAX_AGENTS, NAME_RE, SUB
 from controlplane.devregion.procs import REPO, ProcRef, child_env, log_tail, spawn, stop_process
 from controlplane.devregion.region import (AGENT_LISTEN, CONTROLD_PORT, DEFAULT_AGENTS, JOB_LABEL, MACHINE_LABEL,
                                            STATE_FILE, AgentSpec, Region, default_agents)
-from controlplane.devregion.cli import main
 
 __all__ = [
     "AGENT_LISTEN", "CONTROLD_PORT", "DEFAULT_AGENTS", "FIRST_HOST", "JOB_LABEL", "MACHINE_LABEL", "MAX_AGENTS", "NAME_RE",
     "REPO", "STATE_FILE", "SUBNET_POOL", "AgentSpec", "Network", "NsInfo", "ProcRef", "Region", "child_env",
-    "default_agents", "in_netns", "log_tail", "main", "ns_http_get", "ns_socket", "spawn", "stop_process",
+    "default_agents", "in_netns", "log_tail", "ns_http_get", "ns_socket", "spawn", "stop_process",
 ]

@@ -152,6 +152,12 @@ class RegionState:
         watch being re-established): the API marks its answers with it."""
         return self.store.unavailable or self.index.stale
 
+    async def write(self, guards: list[Versioned], puts: dict[str, Any], deletes: list[str] | tuple = ()) -> int:
+        """Commit one guarded transaction and wait until this view has it (read-your-writes)."""
+        rev = await self.store.commit(guards, puts, deletes)
+        await self.wait_for(rev)
+        return rev
+
     def guard(self, key: str) -> Versioned:
         """A transaction guard: `key` must still be at the revision this view has (0: absent)."""
         return Versioned(key, None, self.revs.get(key, 0))

@@ -135,7 +135,7 @@ def test_without_a_bootstrap_token_file_it_serves(tmp_path, etcd_server):
 
 def test_bootstrap_token_ttl_in_the_file_is_a_number_checked_as_the_flag_is(tmp_path):
     from controlplane.daemon import config as daemon_config
-    from controlplane.daemon.controld import parser
+    from controlplane.daemon.main import parser
 
     conf = tmp_path / "controld.toml"
     for value, want in (("3600", 3600.0), ("0", 0.0), ('"90"', 90.0)):

@@ -20,7 +20,7 @@ from controlplane.store.keys import Keys
 
 @pytest.mark.parametrize("deposed", ["its leader key is gone", ""], ids=["deposed", "cancelled-only"])
 def test_a_deposed_or_cancelled_scheduler_stops_even_if_its_pass_swallows_the_cancel(deposed):
-    """Deposed: ControlDaemon.depose says why, then cancels. Cancelled only: the daemon stopping."""
+    """Deposed: ShardHost.depose says why, then cancels. Cancelled only: the daemon stopping."""
     keys = Keys("dp" + uuid.uuid4().hex[:8])
     state = RegionState(types.SimpleNamespace(unavailable=""), keys)  # no etcd call is made: pass_jobs is replaced
     sched = Scheduler(state, None, keys, reports=lambda mid: {})

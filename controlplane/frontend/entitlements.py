@@ -1,0 +1,86 @@
+"""/v1/entitlements: quota-backed pseudo clusters (paper 2.2). An admin creates them with a
+machine type, a quota and a host profile; each lives in one scheduler shard."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+from aiohttp import web
+
+from agent.errors import InputError
+from controlplane.frontend import schema as S
+from controlplane.frontend.body import body, reply
+from controlplane.frontend.views import entitlement_view
+from controlplane.store import Versioned
+from controlplane.store.records import ApiError, EntitlementRec
+from controlplane.store.state import RegionState
+
+
+def entitlement_of(state: RegionState, name: str) -> EntitlementRec:
+    e = state.entitlements.get(name)
+    if e is None:
+        raise ApiError("not_found", "entitlement", f"no entitlement {name!r}")
+    return e
+
+
+class Entitlements:
+    def __init__(self, state: RegionState, profile_search: tuple[Path, ...] | None):
+        self.state = state
+        self.profile_search = profile_search  # where a profile named by an entitlement must load from
+
+    def _check_profile(self, e: EntitlementRec) -> None:
+        if e.profile is None:
+            return
+        from agent.profiles.loader import ProfileName, load
+
+        try:
+            load(ProfileName(e.profile), self.profile_search)
+        except InputError as err:
+            raise ApiError("unprocessable", "profile", f"{e.profile!r}: {err.why}") from None
+
+    async def create(self, request: web.Request) -> web.Response:
+        st = self.state
+        e = EntitlementRec.parse(await body(request, schema=S.EntitlementSpec))
+        e = replace(e, shard=st.least_loaded_shard())
+        if e.name in st.entitlements:
+            raise ApiError("exists", "name", f"entitlement {e.name!r} exists")
+        self._check_profile(e)
+        key = st.keys.entitlement(e.name)
+        await st.write([st.guard(key)], {key: e.to_json()})
+        return reply(entitlement_view(st, e.name, detail=True), 201)
+
+    async def modify(self, request: web.Request) -> web.Response:
+        st = self.state
+        old = entitlement_of(st, request.match_info["name"])
+        key = st.keys.entitlement(old.name)
+        read_revision = st.revs[key]
+        new = old.modified(await body(request, schema=S.EntitlementPatch))
+        held = sum(1 for m in st.machines.values() if m.entitlement == old.name)
+        if new.quota < held:
+            raise ApiError("quota", "quota", f"{new.quota} is below the {held} machines {old.name} holds now; "
+                           "shrink its jobs first")
+        self._check_profile(new)
+        await st.write([Versioned(key, None, read_revision)], {key: new.to_json()})
+        return reply(entitlement_view(st, new.name, detail=True))
+
+    async def move(self, request: web.Request) -> web.Response:
+        """Give the entitlement to another scheduler shard. Nothing of its jobs is restarted: the new
+        shard's leader takes over their records; the old one's commits, fenced by the entitlement's
+        record, fail from this write on."""
+        st = self.state
+        old = entitlement_of(st, request.match_info["name"])
+        shard = (await body(request, schema=S.EntitlementMove))["shard"]  # an integer >= 0 (the schema)
+        if shard >= st.shard_count:
+            raise ApiError("unprocessable", "shard", f"{shard!r}: the region's shards are 0-{st.shard_count - 1}")
+        if shard != old.shard:
+            key = st.keys.entitlement(old.name)
+            await st.write([st.guard(key)], {key: replace(old, shard=shard).to_json()})
+        return reply(entitlement_view(st, old.name, detail=True))
+
+    async def list(self, request: web.Request) -> web.Response:
+        return reply({"entitlements": [entitlement_view(self.state, n) for n in sorted(self.state.entitlements)]})
+
+    async def show(self, request: web.Request) -> web.Response:
+        return reply(entitlement_view(self.state, entitlement_of(self.state, request.match_info["name"]).name,
+                                      detail=True))

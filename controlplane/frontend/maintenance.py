@@ -1,0 +1,38 @@
+"""/v1/maintenance: planned maintenance, the ops planner's (opsplanner/)."""
+
+from __future__ import annotations
+
+import time
+
+from aiohttp import web
+
+from controlplane.frontend import schema as S
+from controlplane.frontend.body import body, reply
+from controlplane.opsplanner.planner import OpsPlanner
+from controlplane.store.records import ApiError
+
+
+class Maintenance:
+    def __init__(self, ops: OpsPlanner):
+        self.ops = ops
+
+    async def schedule(self, request: web.Request) -> web.Response:
+        now = time.time()
+        e = await self.ops.schedule(await body(request, schema=S.MaintenanceSpec), now)
+        return reply(self.ops.view(e, now), 201)
+
+    async def list(self, request: web.Request) -> web.Response:
+        now = time.time()
+        every = request.query.get("all", "0")
+        if every not in S.ALL:
+            raise ApiError("invalid", "all", f"{every[:80]!r}: 1 (or true) for all, 0 (or false) for those not over")
+        events = self.ops.listing(every in ("1", "true"), now)
+        return reply({"maintenance": [self.ops.view(e, now) for e in events]})
+
+    async def show(self, request: web.Request) -> web.Response:
+        return reply(self.ops.view(self.ops.get(request.match_info["id"]), time.time()))
+
+    async def end(self, request: web.Request) -> web.Response:
+        now = time.time()
+        e = await self.ops.end(request.match_info["id"], now)
+        return reply(self.ops.view(e, now))

@@ -1,0 +1,117 @@
+"""Around every handler: authentication and authorization, the roles this process serves, errors
+made into answers (a 4xx naming the field; 503 naming why etcd cannot be reached), the audit log,
+and the marks of an answer from a view that may be behind etcd.
+
+While etcd is unreachable the API keeps answering: reads from the daemon's cache, marked
+`X-Twine-Stale: <why>`; a request that needs etcd, and /healthz, answer 503 `unavailable` naming
+the cause (docs/api.md, "When etcd is unreachable").
+"""
+
+from __future__ import annotations
+
+from typing import Awaitable, Callable
+
+from aiohttp import web
+
+from controlplane.frontend.auth import MACHINE, PRINCIPAL, Authenticator
+from controlplane.frontend.body import reply
+from controlplane.frontend.forward import FORWARDED, FORWARDED_TO
+from controlplane.security import tokens
+from controlplane.store import Conflict, TooLarge, Unavailable
+from controlplane.store.etcd import UNREACHABLE
+from controlplane.store.records import ApiError
+from controlplane.store.state import RegionState
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+PUBLIC = ("/v1/openapi.json", "/healthz")
+SERVED_BY_EVERY_ROLE = (*PUBLIC, "/v1/metrics", "/v1/cluster", "/v1/internal/relay")
+# a member with the health role takes the heartbeats of the machines it judges: their agents send
+# them there (the answer's heartbeat_to), so a health check in a process of its own hears them
+# whatever the frontend and the schedulers are doing
+SERVED_BY_HEALTH = ("/v1/agent/heartbeat",)
+STALE = "X-Twine-Stale"  # on an answer from the cache while etcd is unreachable: why it may be behind
+NOT_AUDITED = ("/v1/agent/heartbeat", "/v1/internal/relay")  # changes of state every second, not of intent
+
+
+class Gate:
+    def __init__(self, state: RegionState, auth: Authenticator, roles: tuple[str, ...]):
+        self.state = state
+        self.auth = auth
+        self.roles = roles
+
+    @web.middleware
+    async def middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        response = await self._answer(request, handler)
+        # a forwarded change is written to the audit log by the replica that acts on it, not twice
+        if request.method not in ("GET", "HEAD", "OPTIONS") and request.path not in NOT_AUDITED \
+                and not request.get(FORWARDED_TO):
+            who = request.get(PRINCIPAL)
+            tokens.audit.info("%s %s %s -> %d", who.name if who else (f"machine {request[MACHINE]}" if request.get(MACHINE)
+                              else "unauthenticated"), request.method, request.path_qs, response.status)
+        return response
+
+    async def _caught_up(self) -> bool:
+        """Whether this view was behind etcd's current revision, and has now seen it (a 404 is then
+        asked again: every replica answers as etcd holds the region, not as its watch has it so far).
+        False when it was not behind, or etcd cannot say: the 404 stands."""
+        st = self.state
+        seen = st.revision  # what the 404 was answered from
+        try:
+            _, revision = await st.store.range(st.keys.settings())
+            if revision <= seen:
+                return False
+            await st.wait_for(revision, timeout=5)
+            return True
+        except Exception:  # noqa: BLE001 - etcd away or the watch slow: the answer is the view's
+            return False
+
+    async def _answer(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        st, roles = self.state, self.roles
+        try:
+            if request.path not in PUBLIC:
+                self.auth.authenticate(request)
+            if "frontend" not in roles and request.path not in SERVED_BY_EVERY_ROLE and FORWARDED not in request.headers \
+                    and not ("health" in roles and request.path in SERVED_BY_HEALTH):
+                raise ApiError("unavailable", None, f"this process serves no API (roles: {','.join(roles)}); "
+                               "ask a replica with the frontend role (GET /v1/cluster lists them)")
+            try:
+                response = await handler(request)
+            except ApiError as e:
+                # (not while etcd is unreachable: the view is all there is, and the answer says so)
+                if e.kind != "not_found" or st.stale or not await self._caught_up():
+                    raise
+                # this view was behind etcd: what the request names may have just been written through
+                # another replica (created there, then asked for here): asked again, now caught up
+                response = await handler(request)
+            if stale := st.stale:
+                response.headers[STALE] = _header(stale)
+            return response
+        except ApiError as e:
+            response = reply(e.to_json(), e.status)
+            if e.kind == "timeout":
+                response.force_close()  # the rest of the body is not waited for
+            return response
+        except Conflict:
+            return reply(ApiError("conflict", None, "a concurrent change won; retry").to_json(), 409)
+        except TooLarge as e:
+            return reply(ApiError("unavailable", None, str(e)).to_json(), 503)
+        except (Unavailable, *UNREACHABLE) as e:
+            why = str(e) if isinstance(e, Unavailable) else f"etcd unreachable at {st.store.endpoint}: {e}"
+            return reply(ApiError("unavailable", None, why).to_json(), 503)
+        except TimeoutError:
+            if not (stale := st.stale):
+                raise
+            # written, but the cache cannot show it yet: waiting for the watch (read-your-writes) timed out
+            return reply(ApiError("unavailable", None, f"{stale} (this request's change may have been "
+                                  "written: read it again once etcd answers)").to_json(), 503)
+        except web.HTTPNotFound:
+            return reply(ApiError("not_found", "path", f"no such endpoint {request.path}").to_json(), 404)
+        except web.HTTPMethodNotAllowed as e:
+            response = reply({"error": "invalid", "field": "method", "why": f"{request.method} is not allowed; "
+                              f"allowed: {', '.join(sorted(e.allowed_methods))}"}, 405)
+            response.headers["Allow"] = ", ".join(sorted(e.allowed_methods))
+            return response
+
+
+def _header(text: str) -> str:
+    return " ".join(text.split()).encode("latin-1", "replace").decode("latin-1")[:1000]

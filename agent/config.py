@@ -25,10 +25,16 @@ import socket
 import tomllib
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Callable
+from typing import Annotated, Callable, Literal
 from urllib.parse import urlsplit
 
+import msgspec
+from msgspec import Meta
+
+from agent.decoding import field_and_why, value_at
 from agent.errors import InputError
+
+Seconds = Annotated[float, Meta(gt=0, description="a positive number of seconds")]
 
 DEFAULT_CONFIG = "/etc/twine/agent.toml"
 
@@ -56,16 +62,17 @@ class AgentConfig:
     # sysctls whose guard (values that can take a host down) this host's operator lifts: profiles may
     # then set them to anything the allow-list allows. Only from the agent's own config file.
     sysctl_unguarded: tuple[str, ...] = ()
-    reconcile_interval: float = 2.0
-    stop_grace: float = 10.0
-    health_interval: float = 5.0
-    image_pull: str = "if-not-present"  # or "never": use only images already on the host
+    reconcile_interval: Seconds = 2.0
+    stop_grace: Seconds = 10.0
+    health_interval: Seconds = 5.0
+    image_pull: Literal["if-not-present", "never"] = "if-not-present"  # never: use only images already on the host
     control_plane: tuple[str, ...] = ()  # URLs of twine-controld replicas of one region; exclusive with `desired`
     bootstrap_token_file: Path | None = None
     control_plane_ca: Path | None = None  # the CA an https control plane's certificate chains to
-    heartbeat_interval: float = 1.0
-    cpus: float | None = None  # capacity overrides for registration (default: the host's)
-    memory_mb: int | None = None
+    heartbeat_interval: Seconds = 1.0
+    # capacity overrides for registration (default: the host's)
+    cpus: Annotated[float, Meta(gt=0, description="a positive number of CPUs")] | None = None
+    memory_mb: Annotated[int, Meta(gt=0, description="MiB")] | None = None
     address: str = ""  # advertised to the control plane; default: listen
 
     def bootstrap_token(self) -> str:
@@ -154,63 +161,42 @@ def _positive(kind: type) -> Callable[[str], float]:
     return parse
 
 
-def _typed(path: str, data: dict) -> dict:
-    """Check names and types of the config file's keys against AgentConfig."""
-    out: dict = {}
-    known = {f.name: f for f in fields(AgentConfig)}
-    for key, value in data.items():
-        if key == "labels":
-            if not isinstance(value, dict):
-                raise InputError(path, "labels", value, "must be a table")
-            label_names = {f.name for f in fields(Labels)}
-            for k, v in value.items():
-                if k not in label_names or not isinstance(v, str):
-                    raise InputError(path, f"labels.{k}", v, f"unknown label or not a string; known: {', '.join(sorted(label_names))}")
-            out["labels"] = Labels(**value)
-        elif key not in known:
-            raise InputError(path, key, value, f"unknown setting; known: {', '.join(sorted(known))}")
-        elif key in ("state_dir", "desired", "bootstrap_token_file", "control_plane_ca"):
-            if not isinstance(value, str):
-                raise InputError(path, key, value, "must be a path")
-            out[key] = Path(value)
-        elif key == "control_plane":
-            out[key] = control_plane_urls(path, key, value)
-        elif key == "profiles_path":
-            out[key] = tuple(Path(p) for p in (value if isinstance(value, list) else [value]))
-        elif key in ("reconcile_interval", "stop_grace", "health_interval", "heartbeat_interval"):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-                raise InputError(path, key, value, "must be a positive number of seconds")
-            out[key] = float(value)
-        elif key == "cpus":
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-                raise InputError(path, key, value, "must be a positive number of CPUs")
-            out[key] = float(value)
-        elif key == "memory_mb":
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise InputError(path, key, value, "must be a positive integer (MiB)")
-            out[key] = value
-        elif key == "image_pull":
-            if value not in ("if-not-present", "never"):
-                raise InputError(path, key, value, "must be if-not-present or never")
-            out[key] = value
-        elif key == "owns_kernel":
-            if not isinstance(value, bool):
-                raise InputError(path, key, value, "must be true or false")
-            out[key] = value
-        elif key == "sysctl_unguarded":
-            from agent.profiles.appliers.sysctl import GUARDED_NAMES, is_guarded
+def _path(type_: type, value: object) -> object:
+    """msgspec's hook for the config's paths: given as strings."""
+    if type_ is Path and isinstance(value, str):
+        return Path(value)
+    raise NotImplementedError
 
-            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-                raise InputError(path, key, value, "must be a list of sysctl names")
-            unknown = [v for v in value if not is_guarded(v)]
-            if unknown:
-                raise InputError(path, key, unknown[0], f"not a guarded sysctl; guarded: {GUARDED_NAMES}")
-            out[key] = tuple(value)
-        else:
-            if not isinstance(value, str):
-                raise InputError(path, key, value, "must be a string")
-            out[key] = value
-    return out
+
+def _typed(path: str, data: dict) -> AgentConfig:
+    """The config file's keys decoded into AgentConfig by its fields' types and bounds (msgspec);
+    InputError names the key that is unknown or wrong."""
+    known = {f.name for f in fields(AgentConfig)}
+    label_names = {f.name for f in fields(Labels)}
+    for key, value in data.items():
+        if key not in known:
+            raise InputError(path, key, value, f"unknown setting; known: {', '.join(sorted(known))}")
+    labels = data.get("labels", {})
+    for k, v in labels.items() if isinstance(labels, dict) else ():
+        if k not in label_names:
+            raise InputError(path, f"labels.{k}", v, f"unknown label; known: {', '.join(sorted(label_names))}")
+    given = dict(data)
+    if "control_plane" in given:  # one URL, or a list of them: each checked (control_plane_urls)
+        given["control_plane"] = control_plane_urls(path, "control_plane", given["control_plane"])
+    if isinstance(given.get("profiles_path"), str):
+        given["profiles_path"] = [given["profiles_path"]]
+    try:
+        cfg = msgspec.convert(given, AgentConfig, strict=True, dec_hook=_path)
+    except msgspec.ValidationError as e:
+        key, why = field_and_why(given, e)
+        raise InputError(path, key or "(top level)", value_at(given, key), why) from None
+    if cfg.sysctl_unguarded:
+        from agent.profiles.appliers.sysctl import GUARDED_NAMES, is_guarded
+
+        unknown = [v for v in cfg.sysctl_unguarded if not is_guarded(v)]
+        if unknown:
+            raise InputError(path, "sysctl_unguarded", unknown[0], f"not a guarded sysctl; guarded: {GUARDED_NAMES}")
+    return cfg
 
 
 def add_run_arguments(p: argparse.ArgumentParser) -> None:
@@ -237,12 +223,11 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
 
 def load_config(args: argparse.Namespace) -> AgentConfig:
     path = Path(args.config)
-    data: dict = {}
+    cfg = AgentConfig()
     if path.exists():
-        data = _typed(str(path), _from_file(path))
+        cfg = _typed(str(path), _from_file(path))
     elif args.config != DEFAULT_CONFIG:
         raise InputError(str(path), "--config", str(path), "no such file")
-    cfg = replace(AgentConfig(), **data)
     flags: dict = {}
     if getattr(args, "state_dir", None):
         flags["state_dir"] = Path(args.state_dir)

@@ -12,8 +12,12 @@ import re
 import tomllib
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal, Union
 
+import msgspec
+from msgspec import Meta
+
+from agent.decoding import field_and_why, value_at
 from agent.errors import DesiredStateError
 
 _HANDLE = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}/[a-z0-9][a-z0-9_.-]{0,62}$(?!\n)")
@@ -31,6 +35,39 @@ IMAGE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/:@+-]{0,511}$(?!\n)")  # [registry
 MAX_CPUS = 1024
 MEMORY_MB = (4, 4_194_304)  # MiB, from and to
 PIDS = (1, 4_194_304)
+
+
+Handle = Annotated[str, Meta(pattern=_HANDLE.pattern, description="a job handle <entitlement>/<name>")]
+EnvName = Annotated[str, Meta(pattern=_ENV.pattern)]
+EnvValue = Union[Annotated[str, Meta(max_length=MAX_ENV_SIZE)], int, float]
+Env = Annotated[dict[EnvName, EnvValue], Meta(max_length=MAX_ENV, description=f"at most {MAX_ENV} variables "
+                                              f"of {MAX_ENV_SIZE} characters in all")]
+
+
+class TaskBody(msgspec.Struct, forbid_unknown_fields=True):
+    """What a task runs and what it may use, declared once: the API's schema takes a job's task
+    template as this (with secret_env: controlplane/frontend/schema.py's TaskTemplate), and the
+    agent reads each task of its desired state as this (with its job, index and version: TaskWire).
+    What a schema cannot say (the command's and the environment's sizes in all) TaskSpec.from_json
+    checks after."""
+
+    image: Annotated[str, Meta(pattern=IMAGE.pattern, description="an image reference: [registry/]name[:tag][@digest]")]
+    command: Union[Annotated[list[Annotated[str, Meta(max_length=MAX_COMMAND)]], Meta(max_length=MAX_ARGS)],
+                   Annotated[str, Meta(max_length=MAX_COMMAND)]] = []
+    env: Env = {}
+    cpus: Annotated[float, Meta(gt=0, le=MAX_CPUS)] = 0.5
+    memory_mb: Annotated[int, Meta(ge=MEMORY_MB[0], le=MEMORY_MB[1], description="MiB")] = 128
+    pids: Annotated[int, Meta(ge=PIDS[0], le=PIDS[1])] = 256
+    network_mode: Annotated[Literal[NETWORK_MODES],  # type: ignore[valid-type]
+                            Meta(description="host: only in an entitlement with allow_host_network")] = "bridge"
+
+
+class TaskWire(TaskBody, kw_only=True):
+    """A task as the agent's desired state carries it."""
+
+    job: Handle
+    index: Annotated[int, Meta(ge=0, lt=1_000_000)]
+    spec_version: Annotated[int, Meta(ge=0)] = 1
 
 
 @dataclass(frozen=True)
@@ -72,53 +109,25 @@ class TaskSpec:
 
     @classmethod
     def from_json(cls, d: Any, where: str, field_: str) -> "TaskSpec":
+        """A task of a desired state (decoded as TaskWire), its command and environment bounded in
+        all; DesiredStateError names the field (`tasks[0].memory_mb`) and the value."""
         if not isinstance(d, dict):
             raise DesiredStateError(where, field_, d, "a task must be a table")
-        known = {"job", "index", "spec_version", "image", "command", "env", "cpus", "memory_mb", "pids", "network_mode"}
-        for k in d:
-            if k not in known:
-                raise DesiredStateError(where, f"{field_}.{k}", d[k], f"unknown field; known: {', '.join(sorted(known))}")
-
-        def need(name: str, typ: type | tuple, check=lambda v: True, why: str = "") -> Any:
-            if name not in d:
-                raise DesiredStateError(where, f"{field_}.{name}", None, "missing")
-            v = d[name]
-            if isinstance(v, bool) or not isinstance(v, typ) or not check(v):
-                raise DesiredStateError(where, f"{field_}.{name}", v, why or f"must be {typ}")
-            return v
-
-        def opt(name: str, default: Any, typ: type | tuple, check=lambda v: True, why: str = "") -> Any:
-            return need(name, typ, check, why) if name in d else default
-
-        command = opt("command", [], (list, str), why="must be a list of strings or one string")
-        if isinstance(command, str):
-            command = ["sh", "-c", command]
-        if not all(isinstance(c, str) for c in command):
-            raise DesiredStateError(where, f"{field_}.command", command, "must be a list of strings")
+        try:
+            w = msgspec.convert(d, TaskWire, strict=True)
+        except msgspec.ValidationError as e:
+            path, why = field_and_why(d, e)
+            raise DesiredStateError(where, f"{field_}.{path}" if path else field_, value_at(d, path), why) from None
+        command = ["sh", "-c", w.command] if isinstance(w.command, str) else w.command
         if len(command) > MAX_ARGS or sum(len(c) for c in command) > MAX_COMMAND:
             raise DesiredStateError(where, f"{field_}.command", f"{len(command)} arguments", f"at most {MAX_ARGS} "
                                     f"arguments of {MAX_COMMAND} characters in all")
-        env = opt("env", {}, dict, why="must be a table of strings")
-        if len(env) > MAX_ENV or sum(len(k) + len(str(v)) for k, v in env.items()) > MAX_ENV_SIZE:
-            raise DesiredStateError(where, f"{field_}.env", f"{len(env)} variables", f"at most {MAX_ENV} variables "
+        if sum(len(k) + len(str(v)) for k, v in w.env.items()) > MAX_ENV_SIZE:
+            raise DesiredStateError(where, f"{field_}.env", f"{len(w.env)} variables", f"at most {MAX_ENV} variables "
                                     f"of {MAX_ENV_SIZE} characters in all")
-        for k, v in env.items():
-            if not _ENV.fullmatch(k) or not isinstance(v, (str, int, float)) or isinstance(v, bool):
-                raise DesiredStateError(where, f"{field_}.env.{k}", v, "names are [A-Za-z_][A-Za-z0-9_]*, values strings")
-        return cls(
-            job=need("job", str, _HANDLE.fullmatch, "must be a job handle <entitlement>/<name> (lower case, digits, _.-)"),
-            index=need("index", int, lambda v: 0 <= v < 1_000_000, "must be an integer >= 0"),
-            spec_version=opt("spec_version", 1, int, lambda v: v >= 0, "must be an integer >= 0"),
-            image=need("image", str, IMAGE.fullmatch, "must be an image reference [registry/]name[:tag][@digest] "
-                       "(letters, digits, '._/:@+-'; at most 512 characters)"),
-            command=tuple(command),
-            env=tuple(sorted((k, str(v)) for k, v in env.items())),
-            cpus=float(opt("cpus", 0.5, (int, float), lambda v: 0 < v <= MAX_CPUS, f"must be > 0 and <= {MAX_CPUS}")),
-            memory_mb=opt("memory_mb", 128, int, lambda v: MEMORY_MB[0] <= v <= MEMORY_MB[1],
-                          f"must be an integer from {MEMORY_MB[0]} to {MEMORY_MB[1]} (MiB)"),
-            pids=opt("pids", 256, int, lambda v: PIDS[0] <= v <= PIDS[1], f"must be an integer from {PIDS[0]} to {PIDS[1]}"),
-            network_mode=opt("network_mode", "bridge", str, lambda v: v in NETWORK_MODES, f"must be one of {', '.join(NETWORK_MODES)}"),
-        )
+        return cls(job=w.job, index=w.index, spec_version=w.spec_version, image=w.image, command=tuple(command),
+                   env=tuple(sorted((k, str(v)) for k, v in w.env.items())), cpus=float(w.cpus),
+                   memory_mb=w.memory_mb, pids=w.pids, network_mode=w.network_mode)
 
 
 def profile_hash(sections: dict) -> str:

@@ -63,7 +63,7 @@ def _gauge(name: str, help_: str, value: float) -> GaugeMetricFamily:
     return GaugeMetricFamily(name, help_, value=value)
 
 
-Running = tuple["Coordinator | None", "Relay | None", "Listener | None"]
+Running = tuple[Coordinator | None, Relay | None, Listener | None]
 
 
 class DaemonCollector(Collector):

@@ -33,7 +33,8 @@ host ends do not forward (`net.ipv4.conf.<if>.forwarding=0`, whatever the host's
 and have IPv6 off; no NAT is set up. etcd stays on 127.0.0.1: only controld (on the host) uses it.
 
 The package: `procs` (starting, recording and stopping processes), `network` (the bridge and the
-namespaces), `region` (the Region: etcd, controld, agents; kill, restart, partition, heal), `cli`.
+namespaces), `spec` (an agent's AgentSpec), `region` (the Region: etcd, controld, agents), `layout` (its
+paths and names), `faults` (kill, restart, partition, heal), `cli`.
 
 Processes are started in their own session (setsid), logged to `DIR/logs/`, and recorded by PID
 and start time in `DIR/region.json`, which is rewritten on every change: `down` (or
@@ -43,8 +44,9 @@ and start time in `DIR/region.json`, which is rewritten on every change: `down` 
 from controlplane.devregion.network import (FIRST_HOST, MAX_AGENTS, NAME_RE, SUBNET_POOL, Network, NsInfo, in_netns,
                                             ns_http_get, ns_socket)
 from controlplane.devregion.procs import REPO, ProcRef, child_env, log_tail, spawn, stop_process
-from controlplane.devregion.region import (AGENT_LISTEN, CONTROLD_PORT, DEFAULT_AGENTS, JOB_LABEL, MACHINE_LABEL,
-                                           STATE_FILE, AgentSpec, Region, default_agents)
+from controlplane.devregion.layout import STATE_FILE
+from controlplane.devregion.region import AGENT_LISTEN, CONTROLD_PORT, JOB_LABEL, MACHINE_LABEL, Region
+from controlplane.devregion.spec import DEFAULT_AGENTS, AgentSpec, default_agents
 
 __all__ = [
     "AGENT_LISTEN", "CONTROLD_PORT", "DEFAULT_AGENTS", "FIRST_HOST", "JOB_LABEL", "MACHINE_LABEL", "MAX_AGENTS", "NAME_RE",

@@ -10,7 +10,9 @@ import signal
 import sys
 from pathlib import Path
 
-from controlplane.devregion.region import STATE_FILE, AgentSpec, Region, default_agents
+from controlplane.devregion.layout import STATE_FILE
+from controlplane.devregion.region import Region
+from controlplane.devregion.spec import AgentSpec, default_agents
 
 
 def _load_agents(arg: str, kernel_owner: str | None) -> list[AgentSpec]:

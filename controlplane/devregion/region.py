@@ -1,5 +1,5 @@
-"""The dev region itself: etcd, twine-controld and the agents, started, rehearsed (kill, restart,
-partition, heal) and stopped."""
+"""The dev region itself: etcd, twine-controld and the agents, started and stopped; its paths and
+names are layout.py's, its rehearsed failures (kill, restart, partition, heal) faults.py's."""
 
 from __future__ import annotations
 
@@ -8,69 +8,36 @@ import json
 import logging
 import os
 import secrets
-import shlex
 import shutil
 import signal
 import socket
-import ssl
 import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Self
 
 import psutil
 
 from controlplane.store.etcdproc import EtcdServer
-from controlplane.security.pki import CA
 from controlplane.security.sealing import Sealer
+from controlplane.devregion.faults import Faults
+from controlplane.devregion.layout import ETCD_USER, STATE_FILE, Layout
 from controlplane.devregion.network import MAX_AGENTS, NAME_RE, Network, ip_binary, ns_http_get
 from controlplane.devregion.procs import REPO, ProcRef, child_env, log_tail, spawn, stop_process
+from controlplane.devregion.spec import AgentSpec
 
 log = logging.getLogger("twine.devregion")
 
 AGENT_LISTEN = "127.0.0.1:7070"
 CONTROLD_PORT = 7080  # preferred; another free port on the bridge address if taken
-STATE_FILE = "region.json"
 PROFILE_APPLIED = "profile-applied.json"  # agent/profiles/engine.py APPLIED
 MACHINE_LABEL = "twine.machine"  # agent/runtime/base.py L_MACHINE
 JOB_LABEL = "twine.job"
-ETCD_USER = "controld-etcd-client"  # controld's etcd client certificate's common name: its etcd user
-
-
-# --------------------------------------------------------------------------------------------
-# the region
-
-
-@dataclass(frozen=True)
-class AgentSpec:
-    name: str
-    dc: str
-    msb: str
-    rack: str
-    machine_type: str = "generic"
-    cpus: float = 4.0
-    memory_mb: int = 4096
-    owns_kernel: bool = False
-
-
-DEFAULT_AGENTS = (
-    AgentSpec("m1", "dc1", "msb1", "rack1", cpus=2.0, memory_mb=2048),
-    AgentSpec("m2", "dc1", "msb2", "rack2", cpus=2.0, memory_mb=2048),
-    AgentSpec("m3", "dc2", "msb3", "rack3", cpus=2.0, memory_mb=2048),
-)
-
-
-def default_agents(kernel_owner: str | None = None) -> list[AgentSpec]:
-    from dataclasses import replace
-
-    if kernel_owner is not None and kernel_owner not in {a.name for a in DEFAULT_AGENTS}:
-        raise ValueError(f"--kernel-owner {kernel_owner}: not one of {[a.name for a in DEFAULT_AGENTS]}")
-    return [replace(a, owns_kernel=a.name == kernel_owner) for a in DEFAULT_AGENTS]
 
 
 def _write_secret(path: Path, text: str) -> None:
@@ -80,7 +47,7 @@ def _write_secret(path: Path, text: str) -> None:
     os.chmod(path, 0o600)
 
 
-class Region:
+class Region(Layout, Faults):
     """etcd + one twine-controld + one agent per AgentSpec, each agent in its own netns.
 
     `start()` brings it all up and returns once controld answers and every agent's /status
@@ -116,115 +83,6 @@ class Region:
         self._etcd_info: dict | None = None
         self.stopped = False
         self.partitioned: set[str] = set()  # names cut off by partition(), until heal()
-
-    # paths and names ----------------------------------------------------------------------
-    @property
-    def state_file(self) -> Path:
-        return self.workdir / STATE_FILE
-
-    @property
-    def log_dir(self) -> Path:
-        return self.workdir / "logs"
-
-    @property
-    def api_token_file(self) -> Path:
-        return self.workdir / "api-token"
-
-    @property
-    def bootstrap_token_file(self) -> Path:
-        return self.workdir / "bootstrap-token"
-
-    @property
-    def secret_key_file(self) -> Path:
-        return self.workdir / "secret-keys"
-
-    @property
-    def api_token(self) -> str:
-        return self.api_token_file.read_text().strip()
-
-    @property
-    def url(self) -> str:
-        if self.controld_listen is None:
-            raise RuntimeError("the region is not started")
-        return f"https://{self.controld_listen}"
-
-    @property
-    def pki_dir(self) -> Path:
-        """The region's own CA and certificates: controld serves https, etcd TLS with client
-        certificates; agents, twinectl and the tests verify against ca.pem."""
-        return self.workdir / "pki"
-
-    @property
-    def ca_file(self) -> Path:
-        return self.pki_dir / "ca.pem"
-
-    def tls_context(self) -> ssl.SSLContext:
-        """For a client of the region's API (verifies controld's certificate against the CA)."""
-        return ssl.create_default_context(cafile=str(self.ca_file))
-
-    def opener(self) -> urllib.request.OpenerDirector:
-        """urllib for the region's API: https verified against its CA, no proxy from the environment."""
-        return urllib.request.build_opener(urllib.request.ProxyHandler({}),
-                                           urllib.request.HTTPSHandler(context=self.tls_context()))
-
-    def _pki(self, name: str) -> tuple[str, str]:
-        return str(self.pki_dir / f"{name}.pem"), str(self.pki_dir / f"{name}-key.pem")
-
-    def _make_pki(self) -> None:
-        """A new CA for this region; controld's certificate for the bridge address the agents use
-        and for loopback; etcd's; controld's client certificate for etcd (its common name is
-        controld's etcd user) and etcd's admin's (root: it sets up etcd's auth)."""
-        assert self.network is not None
-        if self.pki_dir.exists():
-            shutil.rmtree(self.pki_dir)
-        ca = CA(self.pki_dir, name=f"devregion {self.region} CA", days=30)
-        ca.issue("controld", client=True, ips=(self.network.bridge_ip, "127.0.0.1"))
-        ca.issue("etcd", ips=("127.0.0.1",))
-        ca.issue(ETCD_USER, server=False)
-        ca.issue("root", server=False)
-
-    @property
-    def prefix(self) -> str:
-        if self.network is None or self.network.prefix is None:
-            raise RuntimeError("the region is not started")
-        return self.network.prefix
-
-    def machine_id(self, name: str) -> str:
-        self._spec(name)
-        return f"{self.prefix}-{name}"
-
-    def netns(self, name: str) -> str:
-        self._spec(name)
-        return f"{self.prefix}-{name}"
-
-    def agent_ip(self, name: str) -> str:
-        assert self.network is not None
-        return self.network.ip(name)
-
-    def agent_dir(self, name: str) -> Path:
-        return self.workdir / "agents" / name
-
-    def state_dir(self, name: str) -> Path:
-        return self.agent_dir(name) / "state"
-
-    def log_path(self, name: str) -> Path:
-        if name in ("etcd", "controld"):
-            return self.log_dir / f"{name}.log"
-        self._spec(name)
-        return self.log_dir / f"agent-{name}.log"
-
-    def logs(self, name: str) -> str:
-        """The log of `etcd`, `controld` or an agent (by name)."""
-        try:
-            return self.log_path(name).read_text(errors="replace")
-        except FileNotFoundError:
-            return ""
-
-    def _spec(self, name: str) -> AgentSpec:
-        try:
-            return self.specs[name]
-        except KeyError:
-            raise KeyError(f"no agent {name!r} in this region (agents: {', '.join(self.specs)})") from None
 
     # persisted state -----------------------------------------------------------------------
     def to_dict(self) -> dict:
@@ -526,117 +384,6 @@ class Region:
         self.procs[key] = None
         self.save()
         return code
-
-    # rehearsing failures ----------------------------------------------------------------------
-    def _key(self, name: str) -> str:
-        if name in ("etcd", "controld"):
-            return name
-        self._spec(name)
-        return f"agent:{name}"
-
-    def kill(self, name: str, sig: int = signal.SIGKILL, timeout: float = 30.0) -> int | None:
-        """Signal etcd, controld or an agent and wait until it has exited; its data stays."""
-        return self._kill(self._key(name), sig, timeout)
-
-    def restart(self, name: str) -> None:
-        """Stop it (SIGTERM, SIGKILL after 30 s) if it runs, and start it again, on the same data,
-        ports and address; returns once it answers. etcd and controld not while either is cut off:
-        etcd's start is judged through its port (which controld's partition cuts too), controld's
-        through its API and it reads etcd before it serves. An agent's start is judged on its own
-        namespace's loopback, which its partition leaves alone."""
-        key = self._key(name)
-        cut = {"etcd", "controld"} & self.partitioned if name in ("etcd", "controld") else set()
-        if cut:
-            raise RuntimeError(f"{name} cannot be restarted while {' and '.join(sorted(cut))} is partitioned: heal first")
-        ref = self.procs.get(key)
-        if ref is not None and ref.alive():
-            self._kill(key, signal.SIGTERM, 30.0)
-        if name == "etcd":
-            self.start_etcd()
-        elif name == "controld":
-            self.start_controld()
-        else:
-            self.start_agent(name)
-
-    def _rules(self, name: str) -> list[tuple[str | None, list[str]]]:
-        """The iptables rules that cut `name` off: (the agent's namespace, or None: the host's; rule)."""
-        self._key(name)
-        assert self._etcd_info is not None and self.controld_listen is not None and self.network is not None
-        tag = ["-m", "comment", "--comment", self._tag(name), "-j", "DROP"]
-        if name in ("etcd", "controld"):
-            etcd = str(self._etcd_info["port"])  # controld is etcd's only client
-            rules = [["INPUT", "-i", "lo", "-p", "tcp", "--dport", etcd, *tag],
-                     ["OUTPUT", "-o", "lo", "-p", "tcp", "--sport", etcd, *tag]]
-            if name == "controld":
-                host, port = self.controld_listen.rsplit(":", 1)
-                rules += [["INPUT", "-d", host, "-p", "tcp", "--dport", port, *tag],
-                          ["OUTPUT", "-s", host, "-p", "tcp", "--sport", port, *tag]]
-            return [(None, r) for r in rules]
-        ns, bridge = self.netns(name), self.network.bridge_ip
-        return [(ns, ["OUTPUT", "-d", bridge, *tag]), (ns, ["INPUT", "-s", bridge, *tag])]
-
-    def _tag(self, name: str) -> str:
-        """The comment every rule of partition(name) carries: how heal() finds them."""
-        return f"twine-devregion-{self.prefix}-{name}"
-
-    def _iptables(self, ns: str | None, *args: str) -> subprocess.CompletedProcess:
-        argv = [shutil.which("iptables") or "/usr/sbin/iptables", "-w", "5", *args]
-        if ns is not None:
-            argv = [ip_binary(), "netns", "exec", ns, *argv]
-        return subprocess.run(argv, capture_output=True, text=True, timeout=30, env=child_env())
-
-    def partition(self, name: str) -> None:
-        """Cut `name` off while it keeps running: its connections go silent (DROP, not refused)."""
-        rules = self._rules(name)  # an unknown name is refused before anything is recorded
-        if name in self.partitioned:
-            return
-        self.partitioned.add(name)
-        self.save()  # recorded before the rules exist: heal() and down remove them whatever happens
-        for ns, rule in rules:
-            try:
-                r = self._iptables(ns, "-I", *rule)
-                why = r.stderr.strip() if r.returncode != 0 else ""
-            except (OSError, subprocess.TimeoutExpired) as e:
-                why = str(e)
-            if why:  # half-way: take back what was put
-                problems = self.heal(name)
-                raise RuntimeError(f"partition {name}: iptables -I {' '.join(rule)}: {why}"
-                                   + (f"; and healing it: {'; '.join(problems)}" if problems else ""))
-
-    def heal(self, name: str | None = None) -> list[str]:
-        """Remove every rule of partition(`name`) (None: of every partition), found by its comment
-        in the chains where it was put (not rebuilt from the region's state, nor judged by
-        iptables' error words); a name stays recorded until none of its rules is left. Returns the
-        problems met."""
-        problems = []
-        names = sorted(self.partitioned) if name is None else [name]
-        # once, and only with something to heal: it lists every link and namespace
-        namespaces = self.network.leftovers()["netns"] if names and self.network is not None else []
-        for n in names:
-            tag = self._tag(n)
-            left = 0
-            for ns in {ns for ns, _ in self._rules(n)}:  # _rules refuses an unknown name
-                if ns is not None and ns not in namespaces:
-                    continue  # its namespace is gone, and its rules with it
-                try:
-                    listed = self._iptables(ns, "-S")
-                    if listed.returncode != 0:
-                        raise RuntimeError(listed.stderr.strip())
-                    for line in listed.stdout.splitlines():
-                        words = shlex.split(line)  # "-A CHAIN ...": deleted by the same words after -D
-                        if words[:1] != ["-A"] or tag not in words:
-                            continue
-                        r = self._iptables(ns, "-D", *words[1:])
-                        if r.returncode != 0:
-                            left += 1
-                            problems.append(f"heal {n}: iptables -D {' '.join(words[1:])}: {r.stderr.strip()}")
-                except (OSError, RuntimeError, subprocess.TimeoutExpired) as e:
-                    left += 1
-                    problems.append(f"heal {n}: listing the rules{f' in netns {ns}' if ns else ''}: {e}")
-            if not left:
-                self.partitioned.discard(n)
-        self.save()
-        return problems
 
     # tools ---------------------------------------------------------------------------------
     def twinectl(self, *args: str, input: str | None = None, timeout: float = 60) -> subprocess.CompletedProcess:

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from controlplane.devregion import AgentSpec, Region
-from controlplane.devregion.region import ETCD_USER
+from controlplane.devregion.layout import ETCD_USER
 from controlplane.security.pki import CA, Pair
 from tests.conftest import TEST_IMAGE
 from tests.etcd_server import read_as

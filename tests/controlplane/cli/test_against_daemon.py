@@ -10,8 +10,8 @@ import json
 
 import pytest
 
-from controlplane.cli import twinectl
-from controlplane.cli.twinectl import EXIT_FAILED, EXIT_INPUT, EXIT_OK, EXIT_UNAUTHORIZED
+from controlplane.cli import twinectl, wait
+from controlplane.cli.api import EXIT_FAILED, EXIT_INPUT, EXIT_OK, EXIT_UNAUTHORIZED
 from tests.controlplane.cli.test_specfile import TOML_SPEC, YAML_SPEC
 from tests.controlplane.controld_proc import API_TOKEN, daemon_with_sim_agents
 
@@ -38,7 +38,7 @@ def each_test_stops_its_jobs(daemon):
 def ctl(daemon, monkeypatch):
     for name in ("TWINE_URL", "TWINE_TOKEN", "TWINE_TOKEN_FILE"):
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.setattr(twinectl, "POLL_INTERVAL", 0.05)
+    monkeypatch.setattr(wait, "POLL_INTERVAL", 0.05)
 
     def run(*argv: str, token: str | None = API_TOKEN) -> int:
         return twinectl.main(["--url", daemon.url, *(["--token", token] if token else []), *argv])

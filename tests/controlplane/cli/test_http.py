@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from controlplane.cli import twinectl
-from controlplane.cli.twinectl import (
+from controlplane.cli import twinectl, wait
+from controlplane.cli.api import (
     EXIT_FAILED,
     EXIT_INPUT,
     EXIT_OK,
@@ -39,7 +39,7 @@ def server(_server, monkeypatch):
     twinectl environment pointing at it with the right token."""
     for name in ("TWINE_URL", "TWINE_TOKEN", "TWINE_TOKEN_FILE"):
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.setattr(twinectl, "POLL_INTERVAL", 0.02)
+    monkeypatch.setattr(wait, "POLL_INTERVAL", 0.02)
     _server.reset()
     return _server
 

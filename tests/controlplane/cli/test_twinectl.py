@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from controlplane.cli import twinectl
-from controlplane.cli.twinectl import (
+from controlplane.cli.api import (
     EXIT_FAILED,
     EXIT_INPUT,
     EXIT_OK,
@@ -13,10 +13,9 @@ from controlplane.cli.twinectl import (
     ApiError,
     error_message,
     exit_code_for_status,
-    rollout_progress,
     split_handle,
-    stop_progress,
 )
+from controlplane.cli.wait import rollout_progress, stop_progress
 from tests.controlplane.cli import samples
 
 

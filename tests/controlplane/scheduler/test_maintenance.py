@@ -158,11 +158,11 @@ def test_a_bad_maintenance_request_names_its_field(body, field, status):
 
 
 def test_twinectl_times_share_one_now():
-    from controlplane.cli import twinectl
+    from controlplane.cli import values
 
-    twinectl._NOW.clear()  # noqa: SLF001
-    start, deadline = twinectl._when("+1h"), twinectl._when("+1h")  # noqa: SLF001
-    assert start == deadline and twinectl._duration("90s") == 90 and twinectl._duration("2h") == 7200  # noqa: SLF001
+    values.NOW.clear()
+    start, deadline = values.when("+1h"), values.when("+1h")
+    assert start == deadline and values.duration("90s") == 90 and values.duration("2h") == 7200
     for bad in ("inf", "soon", "-5"):
         with pytest.raises(Exception):
-            twinectl._when(bad)  # noqa: SLF001
+            values.when(bad)

@@ -1,0 +1,218 @@
+"""twinectl's commands: each builds its request from its arguments, calls the daemon, prints the
+answer (output.py), and returns an exit code."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from controlplane.cli import render
+from controlplane.cli.api import EXIT_INPUT, EXIT_OK, Api, CliError, quoted, split_handle
+from controlplane.cli.output import Out
+from controlplane.cli.values import nullable
+from controlplane.cli.wait import rollout_progress, show_or_wait, stop_progress
+
+DEFAULT_SPREAD = ["dc", "msb"]  # the daemon's default spread, sent when only --pin-dc is given
+Command = Callable[[Api, argparse.Namespace, Out], Awaitable[int]]
+
+
+async def ent_create(api: Api, args, out: Out) -> int:
+    body: dict[str, Any] = {"name": args.name, "machine_type": args.machine_type, "quota": args.quota}
+    if args.profile is not None:
+        body["profile"] = nullable(args.profile)
+    if args.owner is not None:
+        body["owner"] = args.owner
+    if args.spread is not None or args.pin_dc is not None:
+        body["spread"] = {"properties": DEFAULT_SPREAD if args.spread is None else args.spread, "pinned_dc": args.pin_dc}
+    out(await api.call("POST", "/v1/entitlements", body), render.entitlement_show)
+    return EXIT_OK
+
+
+async def ent_modify(api: Api, args, out: Out) -> int:
+    body: dict[str, Any] = {}
+    if args.quota is not None:
+        body["quota"] = args.quota
+    if hasattr(args, "profile"):
+        body["profile"] = args.profile
+    if args.owner is not None:
+        body["owner"] = args.owner
+    if args.spread is not None or hasattr(args, "pin_dc"):
+        if args.spread is not None and hasattr(args, "pin_dc"):
+            body["spread"] = {"properties": args.spread, "pinned_dc": args.pin_dc}
+        else:  # one half given: keep the other as the daemon has it
+            spread = dict((await api.call("GET", f"/v1/entitlements/{quoted(args.name)}")).get("spread") or {})
+            spread.setdefault("properties", DEFAULT_SPREAD)
+            spread.setdefault("pinned_dc", None)
+            if args.spread is not None:
+                spread["properties"] = args.spread
+            else:
+                spread["pinned_dc"] = args.pin_dc
+            body["spread"] = spread
+    if not body:
+        raise CliError(EXIT_INPUT, "entitlement modify: nothing to change; give --quota, --profile, --owner, --spread or --pin-dc")
+    out(await api.call("PATCH", f"/v1/entitlements/{quoted(args.name)}", body), render.entitlement_show)
+    return EXIT_OK
+
+
+async def ent_list(api: Api, args, out: Out) -> int:
+    out(await api.call("GET", "/v1/entitlements"), render.entitlement_list)
+    return EXIT_OK
+
+
+async def ent_show(api: Api, args, out: Out) -> int:
+    out(await api.call("GET", f"/v1/entitlements/{quoted(args.name)}"), render.entitlement_show)
+    return EXIT_OK
+
+
+def _handle_of(job: Any, fallback: str) -> str:
+    h = job.get("handle") if isinstance(job, dict) else None
+    return h if isinstance(h, str) and h else fallback
+
+
+async def job_run(api: Api, args, out: Out) -> int:
+    spec = args.spec
+    job = await api.call("POST", "/v1/jobs", spec)
+    handle = _handle_of(job, f"{spec.get('entitlement')}/{spec.get('name')}")
+    return await show_or_wait(api, args, out, job, handle, rollout_progress, "running")
+
+
+async def job_update(api: Api, args, out: Out) -> int:
+    job = await api.call("PUT", f"/v1/jobs/{split_handle(args.handle)}", args.spec)
+    return await show_or_wait(api, args, out, job, _handle_of(job, args.handle), rollout_progress, "running")
+
+
+async def job_status(api: Api, args, out: Out) -> int:
+    out(await api.call("GET", f"/v1/jobs/{split_handle(args.handle)}"), render.job_status)
+    return EXIT_OK
+
+
+async def job_list(api: Api, args, out: Out) -> int:
+    params = {"entitlement": args.entitlement} if args.entitlement else None
+    out(await api.call("GET", "/v1/jobs", params=params), render.job_list)
+    return EXIT_OK
+
+
+async def job_resize(api: Api, args, out: Out) -> int:
+    job = await api.call("POST", f"/v1/jobs/{split_handle(args.handle)}/resize", {"count": args.count})
+    return await show_or_wait(api, args, out, job, args.handle, rollout_progress, "running")
+
+
+async def job_stop(api: Api, args, out: Out) -> int:
+    job = await api.call("DELETE", f"/v1/jobs/{split_handle(args.handle)}")
+    return await show_or_wait(api, args, out, job, args.handle, stop_progress, "stopped")
+
+
+async def machine_list(api: Api, args, out: Out) -> int:
+    out(await api.call("GET", "/v1/machines"), render.machine_list)
+    return EXIT_OK
+
+
+async def machine_show(api: Api, args, out: Out) -> int:
+    out(await api.call("GET", f"/v1/machines/{quoted(args.id)}"), render.machine_show)
+    return EXIT_OK
+
+
+async def machine_release(api: Api, args, out: Out) -> int:
+    out(await api.call("POST", f"/v1/machines/{quoted(args.id)}/release"), render.machine_show)
+    return EXIT_OK
+
+
+async def machine_clean(api: Api, args, out: Out) -> int:
+    out(await api.call("POST", f"/v1/machines/{quoted(args.id)}/clean"), render.machine_show)
+    return EXIT_OK
+
+
+async def events(api: Api, args, out: Out) -> int:
+    out(await api.call("GET", "/v1/events"), render.event_list)
+    return EXIT_OK
+
+
+async def maintenance_schedule(api: Api, args, out: Out) -> int:
+    body: dict[str, Any] = {"start": args.start, "duration": args.duration, "reason": args.reason}
+    for k in ("dc", "msb", "rack", "deadline", "policy"):
+        if getattr(args, k) is not None:
+            body[k] = getattr(args, k)
+    if args.machine:
+        body["machines"] = args.machine
+    if not (args.machine or args.dc or args.msb or args.rack):
+        raise CliError(EXIT_INPUT, "name the machines: --machine ID (repeatable), --dc, --msb or --rack")
+    out(await api.call("POST", "/v1/maintenance", body), render.maintenance_show)
+    return EXIT_OK
+
+
+async def maintenance_list(api: Api, args, out: Out) -> int:
+    out(await api.call("GET", "/v1/maintenance", params={"all": "1"} if args.all else None), render.maintenance_list)
+    return EXIT_OK
+
+
+async def maintenance_show(api: Api, args, out: Out) -> int:
+    out(await api.call("GET", f"/v1/maintenance/{quoted(args.id)}"), render.maintenance_show)
+    return EXIT_OK
+
+
+async def maintenance_end(api: Api, args, out: Out) -> int:
+    out(await api.call("POST", f"/v1/maintenance/{quoted(args.id)}/end"), render.maintenance_show)
+    return EXIT_OK
+
+
+async def ent_move(api: Api, args, out: Out) -> int:
+    out(await api.call("POST", f"/v1/entitlements/{quoted(args.name)}/move", {"shard": args.shard}), render.entitlement_show)
+    return EXIT_OK
+
+
+async def token_create(api: Api, args, out: Out) -> int:
+    body: dict[str, Any] = {"role": args.role, "entitlements": args.entitlement or [], "description": args.description}
+    if args.expires is not None:
+        body["expires_in"] = args.expires
+    out(await api.call("POST", "/v1/tokens", body), render.token_created)
+    return EXIT_OK
+
+
+async def token_list(api: Api, args, out: Out) -> int:
+    out(await api.call("GET", "/v1/tokens"), render.token_list)
+    return EXIT_OK
+
+
+async def token_revoke(api: Api, args, out: Out) -> int:
+    out(await api.call("DELETE", f"/v1/tokens/{quoted(args.id)}"), lambda b: f"token {b['revoked']} revoked")
+    return EXIT_OK
+
+
+async def cluster(api: Api, args, out: Out) -> int:
+    out(await api.call("GET", "/v1/cluster"), render.cluster)
+    return EXIT_OK
+
+
+async def discovery(api: Api, args, out: Out) -> int:
+    out(await api.call("GET", f"/v1/discovery/{split_handle(args.handle)}"), render.discovery)
+    return EXIT_OK
+
+
+COMMANDS: dict[tuple[str, str | None], Command] = {
+    ("entitlement", "create"): ent_create,
+    ("entitlement", "modify"): ent_modify,
+    ("entitlement", "list"): ent_list,
+    ("entitlement", "show"): ent_show,
+    ("entitlement", "move"): ent_move,
+    ("cluster", None): cluster,
+    ("token", "create"): token_create,
+    ("token", "list"): token_list,
+    ("token", "revoke"): token_revoke,
+    ("job", "run"): job_run,
+    ("job", "status"): job_status,
+    ("job", "list"): job_list,
+    ("job", "update"): job_update,
+    ("job", "resize"): job_resize,
+    ("job", "stop"): job_stop,
+    ("machine", "list"): machine_list,
+    ("machine", "show"): machine_show,
+    ("machine", "release"): machine_release,
+    ("machine", "clean"): machine_clean,
+    ("maintenance", "schedule"): maintenance_schedule,
+    ("maintenance", "list"): maintenance_list,
+    ("maintenance", "show"): maintenance_show,
+    ("maintenance", "end"): maintenance_end,
+    ("events", None): events,
+    ("discovery", None): discovery,
+}

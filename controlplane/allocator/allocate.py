@@ -5,7 +5,7 @@ requirements, take the bin the soft preferences score best; within equally good 
 entitlement's own machines come before the free pool (tasks of one entitlement stack on its
 machines, and free machines are taken only when needed or when the spread asks for a bin the
 entitlement has no room in); among those, the best fit (least free cpu, then memory, then id).
-After each pick the view consumes the task, so the next task sees it (consume-after-pick).
+After each pick the overlay consumes the task, so the next task sees it (consume-after-pick).
 
 The candidate bins and the pick live in candidates.py: a task costs a bisect in the bin it went
 to and a score over a few dozen bins, not a pass over every machine.
@@ -22,7 +22,7 @@ from .model import JobRequest, Placement
 from .preferences import BinCounts
 from .request import Requirements, build_placement, resolve, split_tasks
 from .snapshot import Snapshot
-from .view import View
+from .overlay import Overlay
 
 if TYPE_CHECKING:
     from .cache import AllocationCache
@@ -45,42 +45,42 @@ def allocate(snapshot: Snapshot, request: JobRequest, *, cache: AllocationCache 
 def place(snapshot: Snapshot, req: Requirements) -> Placement:
     r = req.request
     kept, to_place = split_tasks(snapshot, req)
-    view = View(snapshot, req.entitlement.name)
+    overlay = Overlay(snapshot, req.entitlement.name)
     counts = BinCounts(req.preferences)
     task_machines = [""] * r.count
     for i, mid in kept.items():
         task_machines[i] = mid
         counts.add(snapshot.machines[mid])
-    candidates = Candidates(snapshot, req, view, {snapshot.machines[mid].path(req.level) for mid in kept.values()},
+    candidates = Candidates(snapshot, req, overlay, {snapshot.machines[mid].path(req.level) for mid in kept.values()},
                             counts)
     filters = req.filters(allow_free=True)
     for i in to_place:
         mid = candidates.pick()
         if mid is None:
-            raise no_fit(snapshot, req, view, i)
+            raise no_fit(snapshot, req, overlay, i)
         m = snapshot.machines[mid]
-        assert all(f.passes(m, view) for f in filters), f"picked {mid} against a filter"
+        assert all(f.passes(m, overlay) for f in filters), f"picked {mid} against a filter"
         path = m.path(req.level)
-        view.consume(m, r.cpus, r.memory_mb, path)
+        overlay.consume(m, r.cpus, r.memory_mb, path)
         counts.add(m)
         candidates.after_pick(path)
         task_machines[i] = mid
     return build_placement(snapshot, req, task_machines, to_place)
 
 
-def no_fit(snapshot: Snapshot, req: Requirements, view: View, task: int) -> AllocationError:
+def no_fit(snapshot: Snapshot, req: Requirements, overlay: Overlay, task: int) -> AllocationError:
     """Why task `task` has nowhere to go. The rare path, so it runs the filters over every
     machine and reports how many each left."""
     r, ent = req.request, req.entitlement
     total = len(snapshot.machines)
     machines = snapshot.machines.values()
-    quota_open = view.held() < ent.quota
+    quota_open = overlay.held() < ent.quota
     if not quota_open:
-        would_fit = count_survivors(req.filters(allow_free=True), machines, view, total)
+        would_fit = count_survivors(req.filters(allow_free=True), machines, overlay, total)
         if would_fit[-1][1]:
-            return QuotaExceeded(r.job, task, ent.name, ent.quota, view.held())
+            return QuotaExceeded(r.job, task, ent.name, ent.quota, overlay.held())
     filters = req.filters(allow_free=quota_open)
-    survivors = count_survivors(filters, machines, view, total)
+    survivors = count_survivors(filters, machines, overlay, total)
     assert survivors[-1][1] == 0, f"the index found no machine, the filters found {survivors[-1][1]}"
     field = next(f.field for f, (_, left) in zip(filters, survivors[1:]) if left == 0)
     return NoPlacement(r.job, task, survivors, field)

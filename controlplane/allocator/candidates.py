@@ -28,7 +28,7 @@ from .model import EPSILON, LEVELS, Machine
 from .preferences import BinCounts, Scorer
 from .request import Requirements
 from .snapshot import Snapshot
-from .view import View
+from .overlay import Overlay
 
 OWNED, FREE = 0, 1  # tiers: within a bin, the entitlement's machines come before the free pool
 MSB = LEVELS.index("msb") + 1  # the length of an msb's path
@@ -51,11 +51,11 @@ class _InOccupiedRack:
 
 
 class Candidates:
-    def __init__(self, snapshot: Snapshot, req: Requirements, view: View, occupied: set[Path],
+    def __init__(self, snapshot: Snapshot, req: Requirements, overlay: Overlay, occupied: set[Path],
                  counts: BinCounts) -> None:
         self.req = req
         self.scorer = Scorer(req.preferences, counts)  # this job's tasks per bin, as the picks add them
-        self.view = view
+        self.overlay = overlay
         self.machines = snapshot.machines
         ent = req.entitlement
         index = snapshot.index
@@ -63,7 +63,7 @@ class Candidates:
         self.pool = index.bins(req.level, req.machine_type, None)
         self.owned_msb = index.bins("msb", req.machine_type, ent.name)
         self.pool_msb = index.bins("msb", req.machine_type, None)
-        self.quota_open = view.held() < ent.quota
+        self.quota_open = overlay.held() < ent.quota
         self.occupied = occupied  # bins holding tasks of this job: scored one by one
         # Racks as bins: a quiet candidate is no machine of an occupied rack. Msbs as bins: an
         # occupied msb has no quiet candidate (and every consumed machine is in an occupied bin).
@@ -90,15 +90,15 @@ class Candidates:
 
     def _refresh(self, p: Path) -> None:
         """The best candidate of an occupied bin."""
-        r, view = self.req.request, self.view
-        owned = first_fit(self.owned.get(p, ()), r.cpus, r.memory_mb, view.consumed)
-        for mid in view.touched_in(p):  # every touched machine is the entitlement's by now
-            c, mem = view.free(mid)
+        r, overlay = self.req.request, self.overlay
+        owned = first_fit(self.owned.get(p, ()), r.cpus, r.memory_mb, overlay.consumed)
+        for mid in overlay.touched_in(p):  # every touched machine is the entitlement's by now
+            c, mem = overlay.free(mid)
             if c >= r.cpus - EPSILON and mem >= r.memory_mb and (owned is None or (c, mem, mid) < owned):
                 owned = (c, mem, mid)
         if owned is not None:
             self.best[p] = (OWNED, owned)
-        elif self.quota_open and (free := first_fit(self.pool.get(p, ()), r.cpus, r.memory_mb, view.consumed)):
+        elif self.quota_open and (free := first_fit(self.pool.get(p, ()), r.cpus, r.memory_mb, overlay.consumed)):
             self.best[p] = (FREE, free)
         else:
             self.best.pop(p, None)  # for good: room only shrinks during one allocation
@@ -158,7 +158,7 @@ class Candidates:
 
     def after_pick(self, path: Path) -> None:
         self.occupied.add(path)
-        if self.quota_open and self.view.held() >= self.req.entitlement.quota:
+        if self.quota_open and self.overlay.held() >= self.req.entitlement.quota:
             self.quota_open = False  # the free pool is closed to this entitlement from now on
             self.best = {p: k for p, k in self.best.items() if k[0] == OWNED}
             if self.by_msb:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import ClassVar, Protocol
 
 from .model import EPSILON, Machine
-from .view import View
+from .overlay import Overlay
 
 
 class Filter(Protocol):
@@ -22,7 +22,7 @@ class Filter(Protocol):
     @property
     def name(self) -> str: ...
 
-    def passes(self, machine: Machine, view: View) -> bool: ...
+    def passes(self, machine: Machine, overlay: Overlay) -> bool: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,7 +35,7 @@ class MachineTypeFilter:
     def name(self) -> str:
         return f"type={self.machine_type}"
 
-    def passes(self, machine: Machine, view: View) -> bool:
+    def passes(self, machine: Machine, overlay: Overlay) -> bool:
         return machine.machine_type == self.machine_type
 
 
@@ -48,7 +48,7 @@ class HealthyFilter:
     def name(self) -> str:
         return "healthy"
 
-    def passes(self, machine: Machine, view: View) -> bool:
+    def passes(self, machine: Machine, overlay: Overlay) -> bool:
         return machine.healthy
 
 
@@ -65,7 +65,7 @@ class CordonFilter:
     def name(self) -> str:
         return "not in maintenance"
 
-    def passes(self, machine: Machine, view: View) -> bool:
+    def passes(self, machine: Machine, overlay: Overlay) -> bool:
         return not machine.cordoned
 
 
@@ -81,7 +81,7 @@ class DcFilter:
     def name(self) -> str:
         return f"dc={self.dc}"
 
-    def passes(self, machine: Machine, view: View) -> bool:
+    def passes(self, machine: Machine, overlay: Overlay) -> bool:
         return machine.dc == self.dc
 
 
@@ -100,8 +100,8 @@ class EntitlementFilter:
             return f"entitlement={self.entitlement} or free"
         return f"entitlement={self.entitlement} (quota reached)"
 
-    def passes(self, machine: Machine, view: View) -> bool:
-        owner = view.owner(machine.id)
+    def passes(self, machine: Machine, overlay: Overlay) -> bool:
+        owner = overlay.owner(machine.id)
         return owner == self.entitlement or (self.allow_free and owner is None)
 
 
@@ -115,8 +115,8 @@ class FreeCpuFilter:
     def name(self) -> str:
         return f"cpu>={self.cpus:g}"
 
-    def passes(self, machine: Machine, view: View) -> bool:
-        return view.free(machine.id)[0] >= self.cpus - EPSILON
+    def passes(self, machine: Machine, overlay: Overlay) -> bool:
+        return overlay.free(machine.id)[0] >= self.cpus - EPSILON
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,16 +129,16 @@ class FreeMemoryFilter:
     def name(self) -> str:
         return f"memory>={self.memory_mb}MB"
 
-    def passes(self, machine: Machine, view: View) -> bool:
-        return view.free(machine.id)[1] >= self.memory_mb
+    def passes(self, machine: Machine, overlay: Overlay) -> bool:
+        return overlay.free(machine.id)[1] >= self.memory_mb
 
 
-def count_survivors(filters: Iterable[Filter], machines: Iterable[Machine], view: View,
+def count_survivors(filters: Iterable[Filter], machines: Iterable[Machine], overlay: Overlay,
                     total: int) -> tuple[tuple[str, int], ...]:
     """("all", total) followed by (filter name, machines left after it), filters in order."""
     survivors = list(machines)
     counts = [("all", total)]
     for f in filters:
-        survivors = [m for m in survivors if f.passes(m, view)]
+        survivors = [m for m in survivors if f.passes(m, overlay)]
         counts.append((f.name, len(survivors)))
     return tuple(counts)

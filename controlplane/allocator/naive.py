@@ -11,14 +11,14 @@ from .model import EPSILON, JobRequest, Placement
 from .preferences import BinCounts, bin_scores, bin_ties
 from .request import build_placement, resolve, split_tasks
 from .snapshot import Snapshot
-from .view import View
+from .overlay import Overlay
 
 
 def allocate_naive(snapshot: Snapshot, request: JobRequest) -> Placement:
     req = resolve(snapshot, request)
     r, ent = req.request, req.entitlement
     kept, to_place = split_tasks(snapshot, req)
-    view = View(snapshot, ent.name)
+    overlay = Overlay(snapshot, ent.name)
     counts = BinCounts(req.preferences)
     task_machines = [""] * r.count
     for i, mid in kept.items():
@@ -27,24 +27,24 @@ def allocate_naive(snapshot: Snapshot, request: JobRequest) -> Placement:
     dcs = {f.dc for f in req.dcs}
     need_cpus, need_mem = r.cpus - EPSILON, r.memory_mb
     for i in to_place:
-        allow_free = view.held() < ent.quota
+        allow_free = overlay.held() < ent.quota
         survivors = []  # (bin, tier, free cpus, free memory, machine id, machine)
         for m in snapshot.machines.values():
             if m.machine_type != req.machine_type or not m.schedulable or (dcs and (len(dcs) > 1 or m.dc not in dcs)):
                 continue
-            owner = view.owner(m.id)
+            owner = overlay.owner(m.id)
             if owner != ent.name and not (allow_free and owner is None):
                 continue
-            c, mem = view.free(m.id)
+            c, mem = overlay.free(m.id)
             if c >= need_cpus and mem >= need_mem:
                 survivors.append((m.path(req.level), 0 if owner == ent.name else 1, c, mem, m.id, m))
         if not survivors:
-            raise no_fit(snapshot, req, view, i)
+            raise no_fit(snapshot, req, overlay, i)
         paths = sorted({s[0] for s in survivors})
         score = dict(zip(paths, bin_scores(req.preferences, counts, paths)))
         tie = dict(zip(paths, bin_ties(req.preferences, counts, paths)))
         m = min(survivors, key=lambda s: (-score[s[0]], tie[s[0]], s[1], s[2], s[3], s[4]))[5]
-        view.consume(m, r.cpus, r.memory_mb, m.path(req.level))
+        overlay.consume(m, r.cpus, r.memory_mb, m.path(req.level))
         counts.add(m)
         task_machines[i] = m.id
     return build_placement(snapshot, req, task_machines, to_place)

@@ -74,7 +74,7 @@ def split_tasks(snapshot: Snapshot, req: Requirements) -> tuple[dict[int, str], 
 
 
 class _Static:
-    """The view with nothing placed yet: enough for the non-resource filters."""
+    """The overlay with nothing placed yet: enough for the non-resource filters."""
 
     __slots__ = ("snapshot",)
 

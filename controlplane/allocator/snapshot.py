@@ -1,4 +1,4 @@
-"""The allocator's view of the region: machines, entitlements, the tasks that hold resources, and
+"""The allocator's picture of the region: machines, entitlements, the tasks that hold resources, and
 the machine index. The caller builds one from its etcd-backed caches and moves it forward in place
 with `apply` as watch events arrive: a change costs the machines and tasks it touches, not the
 region (DESIGN.md, "cost follows the change").

@@ -183,7 +183,7 @@ class Coordinator:
         m = self.state.members.get(member_id)
         return None if m is None else m.get("url")
 
-    def view(self) -> dict:
+    def answer(self) -> dict:
         return {"member": self.id, "url": self.url, "roles": list(self.roles), "shards": list(self.shards),
                 "leading": sorted(self.leading), "lease_valid_for": round(max(0.0, self.valid_until - time.monotonic()), 3)}
 

@@ -108,7 +108,7 @@ class ControlDaemon:
     def metrics_text(self) -> str:
         return metrics.text(self.registry)
 
-    async def _settle_shard_count(self) -> None:
+    async def _agree_shard_count(self) -> None:
         """The region's shard count lives in etcd: the first daemon writes its --shard-count; the
         others take the region's (and say so when theirs differs)."""
         key, count = self.keys.settings(), self.settings.shard_count
@@ -159,7 +159,7 @@ class ControlDaemon:
             # machines), before this process holds a lease: built at its first leadership, it kept
             # the event loop from the lease's keep-alive for longer than the lease lasts
             self.state.snapshot()
-        await self._settle_shard_count()
+        await self._agree_shard_count()
         self._start_replication(host, port)
         runner = web.AppRunner(self._app(), access_log=None, shutdown_timeout=2.0, **s.conn_limits.runner_kwargs())
         await runner.setup()

@@ -11,7 +11,7 @@ from aiohttp import web
 from agent.errors import InputError
 from controlplane.frontend import schema as S
 from controlplane.frontend.body import body, reply
-from controlplane.frontend.views import entitlement_view
+from controlplane.frontend.answering import entitlement_answer
 from controlplane.store import Versioned
 from controlplane.store.records import ApiError, EntitlementRec
 from controlplane.store.state import RegionState
@@ -48,7 +48,7 @@ class Entitlements:
         self._check_profile(e)
         key = st.keys.entitlement(e.name)
         await st.write([st.guard(key)], {key: e.to_json()})
-        return reply(entitlement_view(st, e.name, detail=True), 201)
+        return reply(entitlement_answer(st, e.name, detail=True), 201)
 
     async def modify(self, request: web.Request) -> web.Response:
         st = self.state
@@ -62,7 +62,7 @@ class Entitlements:
                            "shrink its jobs first")
         self._check_profile(new)
         await st.write([Versioned(key, None, read_revision)], {key: new.to_json()})
-        return reply(entitlement_view(st, new.name, detail=True))
+        return reply(entitlement_answer(st, new.name, detail=True))
 
     async def move(self, request: web.Request) -> web.Response:
         """Give the entitlement to another scheduler shard. Nothing of its jobs is restarted: the new
@@ -76,11 +76,11 @@ class Entitlements:
         if shard != old.shard:
             key = st.keys.entitlement(old.name)
             await st.write([st.guard(key)], {key: replace(old, shard=shard).to_json()})
-        return reply(entitlement_view(st, old.name, detail=True))
+        return reply(entitlement_answer(st, old.name, detail=True))
 
     async def list(self, request: web.Request) -> web.Response:
-        return reply({"entitlements": [entitlement_view(self.state, n) for n in sorted(self.state.entitlements)]})
+        return reply({"entitlements": [entitlement_answer(self.state, n) for n in sorted(self.state.entitlements)]})
 
     async def show(self, request: web.Request) -> web.Response:
-        return reply(entitlement_view(self.state, entitlement_of(self.state, request.match_info["name"]).name,
+        return reply(entitlement_answer(self.state, entitlement_of(self.state, request.match_info["name"]).name,
                                       detail=True))

@@ -17,7 +17,7 @@ from controlplane.frontend.body import allocation_error, body, reply
 from controlplane.frontend.entitlements import entitlement_of
 from controlplane.frontend.forward import Forwarder
 from controlplane.frontend.services import Shards
-from controlplane.frontend.views import job_view
+from controlplane.frontend.answering import job_answer
 from controlplane.scheduler.placement import job_request
 from controlplane.security import tokens
 from controlplane.security.sealing import SealingError, field_of
@@ -40,9 +40,9 @@ class Jobs:
         self.shards = shards  # where a job's create goes when this process leads its shard
         self.forwarder = forwarder  # where it goes otherwise
 
-    def view(self, job: JobRec) -> dict:
+    def answer(self, job: JobRec) -> dict:
         sched = self.shards.scheduler_for(job.handle)  # None: another replica leads the job's shard
-        return job_view(self.state, job, sched.status(job.handle) if sched else None)
+        return job_answer(self.state, job, sched.status(job.handle) if sched else None)
 
     def _job(self, request: web.Request) -> JobRec:
         handle = f"{request.match_info['ent']}/{request.match_info['name']}"
@@ -113,7 +113,7 @@ class Jobs:
             raise ApiError("exists", "name", f"job {job.handle!r} was created or changed concurrently") from None
         except AllocationError as e:
             raise allocation_error(e) from None
-        return reply(self.view(st.jobs[job.handle]), 201)
+        return reply(self.answer(st.jobs[job.handle]), 201)
 
     async def update(self, request: web.Request) -> web.Response:
         st = self.state
@@ -132,7 +132,7 @@ class Jobs:
                 or (new.machine_type, new.dc) != (old.machine_type, old.dc):
             await self._fits(new)  # what the update asks for must fit; a task already without room is not its fault
         await self._put(new, read_revision)
-        return reply(self.view(st.jobs[new.handle]))
+        return reply(self.answer(st.jobs[new.handle]))
 
     async def resize(self, request: web.Request) -> web.Response:
         st = self.state
@@ -147,19 +147,19 @@ class Jobs:
         if count > old.count:
             await self._fits(new)
         await self._put(new, read_revision)
-        return reply(self.view(st.jobs[new.handle]))
+        return reply(self.answer(st.jobs[new.handle]))
 
     async def stop(self, request: web.Request) -> web.Response:
         old, read_revision = self._read(request)
         if old.state == "active":
             await self._put(replace(old, state="stopping", updated_at=time.time()), read_revision)
-        return reply(self.view(self.state.jobs[old.handle]), 202)
+        return reply(self.answer(self.state.jobs[old.handle]), 202)
 
     async def list(self, request: web.Request) -> web.Response:
         ent = request.query.get("entitlement")
         if ent is not None and not NAME.fullmatch(ent):
             raise ApiError("invalid", "entitlement", f"{ent[:80]!r} is not an entitlement name")
-        jobs = [self.view(j) for h, j in sorted(self.state.jobs.items()) if ent is None or j.entitlement == ent]
+        jobs = [self.answer(j) for h, j in sorted(self.state.jobs.items()) if ent is None or j.entitlement == ent]
         for j in jobs:
             j.pop("tasks")
         return reply({"jobs": jobs})
@@ -172,7 +172,7 @@ class Jobs:
                 return await self.forwarder.forward(request, self.state.shard_of_job(job.handle))
             except ApiError:
                 pass  # no leader, or it does not answer (it died; its lease has not run out): our own view
-        return reply(self.view(job))
+        return reply(self.answer(job))
 
     async def discovery(self, request: web.Request) -> web.Response:
         job = self._job(request)

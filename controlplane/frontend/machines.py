@@ -9,7 +9,7 @@ from aiohttp import web
 
 from controlplane.broker.agents import AgentService
 from controlplane.frontend.body import reply
-from controlplane.frontend.views import machine_view
+from controlplane.frontend.answering import machine_answer
 from controlplane.store.records import ApiError
 from controlplane.store.state import RegionState
 
@@ -27,21 +27,21 @@ class Machines:
         return mid
 
     async def list(self, request: web.Request) -> web.Response:
-        return reply({"machines": [machine_view(self.state, self.agents, mid) for mid in sorted(self.state.machines)]})
+        return reply({"machines": [machine_answer(self.state, self.agents, mid) for mid in sorted(self.state.machines)]})
 
     async def show(self, request: web.Request) -> web.Response:
-        return reply(machine_view(self.state, self.agents, self._machine(request), detail=True))
+        return reply(machine_answer(self.state, self.agents, self._machine(request), detail=True))
 
     async def release(self, request: web.Request) -> web.Response:
         """An admin's action on one machine; the answer is the machine as it is after."""
         mid = self._machine(request)
         await self.agents.release(mid)
-        return reply(machine_view(self.state, self.agents, mid, detail=True))
+        return reply(machine_answer(self.state, self.agents, mid, detail=True))
 
     async def clean(self, request: web.Request) -> web.Response:
         mid = self._machine(request)
         await self.clean_machine(mid)
-        return reply(machine_view(self.state, self.agents, mid, detail=True))
+        return reply(machine_answer(self.state, self.agents, mid, detail=True))
 
     async def events(self, request: web.Request) -> web.Response:
         events = sorted(self.state.events.values(), key=lambda e: e.start)

@@ -19,7 +19,7 @@ class Maintenance:
     async def schedule(self, request: web.Request) -> web.Response:
         now = time.time()
         e = await self.ops.schedule(await body(request, schema=S.MaintenanceSpec), now)
-        return reply(self.ops.view(e, now), 201)
+        return reply(self.ops.answer(e, now), 201)
 
     async def list(self, request: web.Request) -> web.Response:
         now = time.time()
@@ -27,12 +27,12 @@ class Maintenance:
         if every not in S.ALL:
             raise ApiError("invalid", "all", f"{every[:80]!r}: 1 (or true) for all, 0 (or false) for those not over")
         events = self.ops.listing(every in ("1", "true"), now)
-        return reply({"maintenance": [self.ops.view(e, now) for e in events]})
+        return reply({"maintenance": [self.ops.answer(e, now) for e in events]})
 
     async def show(self, request: web.Request) -> web.Response:
-        return reply(self.ops.view(self.ops.get(request.match_info["id"]), time.time()))
+        return reply(self.ops.answer(self.ops.get(request.match_info["id"]), time.time()))
 
     async def end(self, request: web.Request) -> web.Response:
         now = time.time()
         e = await self.ops.end(request.match_info["id"], now)
-        return reply(self.ops.view(e, now))
+        return reply(self.ops.answer(e, now))

@@ -52,7 +52,7 @@ class Meta:
                            "entitlements": sorted(by_shard.get(n, [])), "tasks": loads.get(n, 0),
                            **({"elected_at": local.elected_at, "first_commit_at": local.first_commit_at}
                               if local else {})})
-        return reply({"region": st.keys.region, "self": self.coordinator.view() if self.coordinator else None,
+        return reply({"region": st.keys.region, "self": self.coordinator.answer() if self.coordinator else None,
                       "members": sorted(st.members.values(), key=lambda m: m["id"]), "shards": shards})
 
     async def relay_in(self, request: web.Request) -> web.Response:

@@ -23,10 +23,10 @@ class Tokens:
         token_id, secret, record = tokens.parse_new(await body(request, schema=S.TokenSpec), time.time())
         key = self.state.keys.token(token_id)
         await self.state.write([Versioned(key, None, 0)], {key: record})
-        return reply({**tokens.view(record), "token": secret}, 201)
+        return reply({**tokens.answer(record), "token": secret}, 201)
 
     async def list(self, request: web.Request) -> web.Response:
-        return reply({"tokens": [tokens.view(r) for _, r in sorted(self.state.tokens.items())]})
+        return reply({"tokens": [tokens.answer(r) for _, r in sorted(self.state.tokens.items())]})
 
     async def revoke(self, request: web.Request) -> web.Response:
         token_id = request.match_info["id"]

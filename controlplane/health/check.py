@@ -46,7 +46,7 @@ def _recoverable(m: MachineRec) -> bool:
     return not m.healthy and m.health_reason.startswith((NO_HEARTBEAT, tombstones.STALE))
 
 
-def settled(rec: MachineRec, report: Report | None, at: float | None, forget: bool = False) -> MachineRec:
+def cleared(rec: MachineRec, report: Report | None, at: float | None, forget: bool = False) -> MachineRec:
     """The record of a machine just heard from (`report`: its agent's latest task report, None if
     this process has none yet; `at`: when it was last known current): the tombstones the report no
     longer lists dropped (tombstones.gone); healthy again if it was unhealthy for silence or
@@ -125,7 +125,7 @@ class HealthService:
         key = (members, self.state.machines_version)
         if key == self._owned_key:  # nothing changed who owns what: no pass over the region
             return True
-        known = set(self.state.machines)  # the machines whose owner this pass settles
+        known = set(self.state.machines)  # the machines whose owner this pass computes
         if self._owned_key and self._owned_key[0] == members:
             # machines came or went, the owners did not change: only those are looked at
             owned = (self._owned & known) | set(coord.owned_among(list(known - self._known), members))
@@ -225,9 +225,9 @@ class HealthService:
             if m.healthy and silent > limit:
                 failing.append((m.id, f"{NO_HEARTBEAT} for {silent:.1f}s", silent, seen))
             elif _recoverable(m) and seen is not None and now - seen <= self.timeout \
-                    and settled(m, *self.report_of(mid)) != m:
+                    and cleared(m, *self.report_of(mid)) != m:
                 try:
-                    await self._settle(m.id)
+                    await self._clear(m.id)
                 except Exception as e:  # the machines found silent in this pass still fail now
                     error = error or e
             elif not m.healthy and m.health_reason.startswith(tombstones.STALE) and silent > limit:
@@ -262,11 +262,11 @@ class HealthService:
 
     def reported(self, mid: str) -> None:
         """Called on a heartbeat and when the machine's task report changed (here or relayed): the
-        machine's owner settles its record when that would change it (settled()), which a
+        machine's owner clears its record when that would change it (cleared()), which a
         heartbeat of a healthy machine without tombstones never does (a dict lookup)."""
         m = self.state.machines.get(mid)
         if m is None or mid not in self._owned or mid in self._returning or not _recoverable(m) \
-                or settled(m, *self.report_of(mid)) == m:
+                or cleared(m, *self.report_of(mid)) == m:
             return
         self._returning.add(mid)
         task = asyncio.get_running_loop().create_task(self._recover(mid))
@@ -275,7 +275,7 @@ class HealthService:
 
     async def _recover(self, mid: str) -> None:
         try:
-            await self._settle(mid)
+            await self._clear(mid)
             m = self.state.machines.get(mid)
             if mid in self._owned and m is not None and m.healthy:
                 # judged again from its heartbeat on, not a fallback's timeout later
@@ -286,10 +286,10 @@ class HealthService:
     async def clean(self, mid: str) -> None:
         """An admin's `machine clean`: the machine runs none of its tombstones (it was wiped, or is
         gone for good): they are dropped and their resources freed."""
-        await self._settle(mid, forget=True)
+        await self._clear(mid, forget=True)
 
-    async def _settle(self, mid: str, forget: bool = False) -> None:
-        """Write settled(): tombstones dropped (their resources freed; the machine back in the free
+    async def _clear(self, mid: str, forget: bool = False) -> None:
+        """Write cleared(): tombstones dropped (their resources freed; the machine back in the free
         pool when it holds nothing more, its entitlement's record rewritten like the scheduler's),
         health back, the failure event ended."""
         m = self.state.machines.get(mid)
@@ -308,8 +308,8 @@ class HealthService:
                 return {}, []
             rec = MachineRec.from_json(cur)
             if rec.entitlement != m.entitlement:
-                return {}, []  # this view is behind etcd: the next heartbeat settles it
-            new = settled(rec, report, at, forget)
+                return {}, []  # this view is behind etcd: the next heartbeat clears it
+            new = cleared(rec, report, at, forget)
             if new == rec:
                 return {}, []
             done.update(old=rec, new=new)

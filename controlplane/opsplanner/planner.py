@@ -46,7 +46,7 @@ class OpsPlanner:
         self.state.changed.set()
         return self.state.events[e.id]
 
-    def view(self, e: EventRec, now: float) -> dict:
+    def answer(self, e: EventRec, now: float) -> dict:
         tasks = [{"job": t.job, "index": t.index, "machine": t.machine, "state": t.state}
                  for mid in e.machines for t in self.state.tasks_on(mid)]
         return {**e.to_json(), "phase": e.phase(now), "until": e.until,

@@ -51,7 +51,7 @@ class Lifecycle:
         # start was not seen here, and a rollout or a failure of yesterday would count a day
         self.since = time.time() if now is None else now
         self.rollouts: dict[str, float] = {}  # job -> the updated_at of a rollout seen not yet all running
-        self.settled: dict[str, float] = {}  # job -> the updated_at of its last rollout seen all running
+        self.finished: dict[str, float] = {}  # job -> the updated_at of its last rollout seen all running
         # job -> task index -> (the failed machine, failed at): a job's pass looks at its own only
         self.lost: dict[str, dict[int, tuple[str, float]]] = {}
 
@@ -64,8 +64,8 @@ class Lifecycle:
         if all(t is not None and t.state == "running" and t.spec_version == job.spec_version for t in live):
             if self.rollouts.pop(handle, None) == since:
                 self.metrics.submit_to_running.observe(max(now - since, 0.0))
-            self.settled[handle] = since
-        elif self.settled.get(handle) != since and since >= self.since:
+            self.finished[handle] = since
+        elif self.finished.get(handle) != since and since >= self.since:
             self.rollouts[handle] = since  # updated again before it was all running: the new one counts
         lost_of = self.lost.get(handle, {})  # kept below only when it holds a task
         for i, t in enumerate(live):
@@ -90,6 +90,6 @@ class Lifecycle:
     def forget(self, handle: str) -> None:
         """The job is stopped or gone, or another shard schedules it now."""
         self.rollouts.pop(handle, None)
-        self.settled.pop(handle, None)
+        self.finished.pop(handle, None)
         self.lost.pop(handle, None)
 

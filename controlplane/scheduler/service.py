@@ -321,7 +321,7 @@ class Scheduler:
                 "waiting": list(plan.waiting) if plan else [],
                 "rate_limited": plan.rate_limited if plan else 0,
             },
-            "taskcontrol": session.view() if session is not None else None,
+            "taskcontrol": session.answer() if session is not None else None,
         }
 
     def rate_limit_note(self, handle: str) -> str:

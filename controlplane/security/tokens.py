@@ -86,7 +86,7 @@ def parse_new(data: dict, now: float) -> tuple[str, str, dict]:
     return token_id, f"{token_id}.{secret}", record
 
 
-def view(record: dict) -> dict:
+def answer(record: dict) -> dict:
     """A token's record as the API shows it: never the hash."""
     return {k: v for k, v in record.items() if k != "sha256"}
 

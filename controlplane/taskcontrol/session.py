@@ -178,7 +178,7 @@ class TaskControlSession:
             if op_id in by_id:
                 self.in_flight[op_id] = by_id[op_id]
 
-    def view(self) -> dict:
+    def answer(self) -> dict:
         return {"url": self.url, **self.status, "pending": sorted(self.pending), "approved": sorted(self.approved),
                 "in_flight": sorted(self.in_flight), "withdrawn": self.withdrawn,
                 "recent_calls": list(self.calls)[-10:]}

@@ -202,6 +202,27 @@ def test_health_and_metrics_endpoints(tmp_path, agent):
     assert 'twine_agent_tasks{state="running"} 1' in body and "twine_agent_docker_up 1" in body
 
 
+def test_metrics_are_prometheus_families_with_types_and_help(tmp_path, agent):
+    """The agent's /metrics come from prometheus_client (issue #23): parsed by its parser, every
+    family has a type and a help text, and the numbers are the agent's status."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    a = agent(desired(tmp_path, {"index": 0}, {"index": 1})).start()
+    a.wait_for(lambda s: len(running(s)) == 2 and s["health"])
+    code, body = a.get("/metrics")
+    assert code == 200
+    families = {f.name: f for f in text_string_to_metric_families(body)}
+    assert {n: f.type for n, f in families.items() if f.type not in ("counter", "gauge") or not f.documentation} == {}
+    kinds = {n: f.type for n, f in families.items()}
+    assert kinds["twine_agent_reconcile_passes"] == "counter" and kinds["twine_agent_tasks"] == "gauge"
+    tasks = {s.labels["state"]: s.value for s in families["twine_agent_tasks"].samples}
+    assert tasks["running"] == 2 and tasks["failed"] == 0
+    restarts = {(s.labels["job"], s.labels["index"]) for s in families["twine_agent_task_restarts"].samples}
+    assert len(restarts) == 2
+    assert families["twine_agent_docker_up"].samples[0].value == 1
+    assert families["twine_agent_reconcile_passes"].samples[0].value >= 1
+
+
 def test_profile_drift_is_reported_by_health(tmp_path, agent):
     (tmp_path / "p.toml").write_text('[sysctl]\n"vm.swappiness" = 31\n')
     a = agent(desired(tmp_path, {"index": 0}, profile=str(tmp_path / "p.toml")), "--health-interval", "0.2").start()

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from controlplane.health.check import NO_HEARTBEAT, settled
+from controlplane.health.check import NO_HEARTBEAT, cleared
 from controlplane.broker.pool import back_to_pool
 from controlplane.store.records import MachineRec
 from controlplane.health.tombstones import STALE, gone
@@ -130,19 +130,19 @@ def test_only_a_report_newer_than_a_tombstone_speaks_for_it():
 
 def test_a_machine_heard_from_is_healthy_only_once_its_tombstones_are_gone():
     rec = machine_with([("a/svc", 0, 1.0, 64, 100.0)], 2)  # one task still placed there, one tombstone
-    back = settled(rec, {("a/svc", 0): {}}, 300.0)
+    back = cleared(rec, {("a/svc", 0): {}}, 300.0)
     assert not back.healthy and back.health_reason.startswith(STALE) and back.tombstones == rec.tombstones
-    clean = settled(back, {}, 300.0)
+    clean = cleared(back, {}, 300.0)
     assert clean.healthy and clean.health_reason == "" and clean.tombstones == ()
     assert (clean.alloc_tasks, clean.alloc_cpus, clean.alloc_memory_mb, clean.entitlement) == (1, 1.0, 64, "a"), \
         "the task still placed there keeps the machine in its entitlement"
     only = machine_with([("a/svc", 0, 1.0, 64, 100.0)], 1)
-    freed = settled(only, {}, 300.0)
+    freed = cleared(only, {}, 300.0)
     assert freed.healthy and (freed.entitlement, freed.alloc_tasks, freed.alloc_cpus) == (None, 0, 0.0), "back to the pool"
     # an admin's clean of a silent machine frees it, but it stays unhealthy until it is heard from
-    forgotten = settled(only, None, None, forget=True)
+    forgotten = cleared(only, None, None, forget=True)
     assert forgotten.tombstones == () and forgotten.entitlement is None and not forgotten.healthy
-    assert settled(machine_with([], 1, reason="profile failed"), {}, 300.0).health_reason == "profile failed", \
+    assert cleared(machine_with([], 1, reason="profile failed"), {}, 300.0).health_reason == "profile failed", \
         "only silence and tombstones are ended by a report"
 
 

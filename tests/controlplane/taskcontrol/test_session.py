@@ -325,7 +325,7 @@ def test_a_garbage_answer_acks_nothing(case):
     assert s.approved == set()
     assert s.status["ok"] is False and why in s.status["error"], s.status
     assert s.calls[-1]["ack"] == [] and s.calls[-1]["error"] == s.status["error"]
-    assert s.view()["ok"] is False and s.view()["pending"] == ["restart/0/v2", "restart/1/v2"]
+    assert s.answer()["ok"] is False and s.answer()["pending"] == ["restart/0/v2", "restart/1/v2"]
 
 
 def test_an_unreachable_controller_acks_nothing():

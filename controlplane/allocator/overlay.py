@@ -9,7 +9,7 @@ from .model import Machine
 from .snapshot import Snapshot
 
 
-class View:
+class Overlay:
     __slots__ = ("snapshot", "entitlement", "consumed", "taken", "_touched_bins")
 
     def __init__(self, snapshot: Snapshot, entitlement: str) -> None:

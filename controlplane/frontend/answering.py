@@ -10,14 +10,14 @@ from controlplane.store.state import RegionState
 NO_WORK = {"message": "", "operations": {"held": [], "waiting": [], "rate_limited": 0}, "taskcontrol": None}
 
 
-def task_view(state: RegionState, t: TaskRec) -> dict:
+def task_answer(state: RegionState, t: TaskRec) -> dict:
     m = state.machines.get(t.machine) if t.machine else None
     where = {k: m.labels[k] for k in ("dc", "msb", "rack")} if m else None
     return {"job": t.job, "index": t.index, "spec_version": t.spec_version, "machine": t.machine, "where": where,
             "state": t.state, "reason": t.reason, "discovery": t.discovery, "since": t.since}
 
 
-def job_view(state: RegionState, job: JobRec, work: dict | None) -> dict:
+def job_answer(state: RegionState, job: JobRec, work: dict | None) -> dict:
     """`work`: the job's status at the leader of its shard (Scheduler.status); None in a process
     that does not lead it."""
     tasks = sorted(state.tasks.get(job.handle, {}).values(), key=lambda t: t.index)
@@ -28,10 +28,10 @@ def job_view(state: RegionState, job: JobRec, work: dict | None) -> dict:
     view["task"] = redact_task(view["task"])  # secret values go to the agent alone
     view["controller_token"] = None  # and the controller's token to the controller alone
     view["controller_token_set"] = job.controller_token is not None
-    return {**view, "summary": summary, **(work or NO_WORK), "tasks": [task_view(state, t) for t in tasks]}
+    return {**view, "summary": summary, **(work or NO_WORK), "tasks": [task_answer(state, t) for t in tasks]}
 
 
-def entitlement_view(state: RegionState, name: str, detail: bool = False) -> dict:
+def entitlement_answer(state: RegionState, name: str, detail: bool = False) -> dict:
     e = state.entitlements[name]
     machines = sorted(m.id for m in state.machines.values() if m.entitlement == name)
     out = {**e.to_json(), "held": len(machines)}
@@ -41,7 +41,7 @@ def entitlement_view(state: RegionState, name: str, detail: bool = False) -> dic
     return out
 
 
-def machine_view(state: RegionState, agents: AgentService, mid: str, detail: bool = False) -> dict:
+def machine_answer(state: RegionState, agents: AgentService, mid: str, detail: bool = False) -> dict:
     m = state.machines[mid]
     out = {
         "id": m.id, "hostname": m.hostname, "labels": m.labels, "capacity": m.capacity, "entitlement": m.entitlement,
@@ -54,6 +54,6 @@ def machine_view(state: RegionState, agents: AgentService, mid: str, detail: boo
         "last_heartbeat": agents.last_heartbeat(mid),
     }
     if detail:
-        out["tasks"] = [task_view(state, t) for t in state.tasks_on(mid)]
+        out["tasks"] = [task_answer(state, t) for t in state.tasks_on(mid)]
         out["desired_version"] = state.desired_for(mid, open_secrets=False)["version"]
     return out

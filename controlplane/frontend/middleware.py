@@ -65,15 +65,20 @@ class Gate:
         except Exception:  # noqa: BLE001 - etcd away or the watch slow: the answer is the view's
             return False
 
+    def _admit(self, request: web.Request) -> None:
+        """Authenticate the request, and refuse what this process's roles do not serve."""
+        roles = self.roles
+        if request.path not in PUBLIC:
+            self.auth.authenticate(request)
+        if "frontend" not in roles and request.path not in SERVED_BY_EVERY_ROLE and FORWARDED not in request.headers \
+                and not ("health" in roles and request.path in SERVED_BY_HEALTH):
+            raise ApiError("unavailable", None, f"this process serves no API (roles: {','.join(roles)}); "
+                           "ask a replica with the frontend role (GET /v1/cluster lists them)")
+
     async def _answer(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        st, roles = self.state, self.roles
+        st = self.state
         try:
-            if request.path not in PUBLIC:
-                self.auth.authenticate(request)
-            if "frontend" not in roles and request.path not in SERVED_BY_EVERY_ROLE and FORWARDED not in request.headers \
-                    and not ("health" in roles and request.path in SERVED_BY_HEALTH):
-                raise ApiError("unavailable", None, f"this process serves no API (roles: {','.join(roles)}); "
-                               "ask a replica with the frontend role (GET /v1/cluster lists them)")
+            self._admit(request)
             try:
                 response = await handler(request)
             except ApiError as e:
@@ -86,31 +91,42 @@ class Gate:
             if stale := st.stale:
                 response.headers[STALE] = _header(stale)
             return response
-        except ApiError as e:
+        except Exception as e:
+            answer = self._error(request, e)
+            if answer is None:
+                raise
+            return answer
+
+    def _error(self, request: web.Request, e: Exception) -> web.Response | None:
+        """The answer to a request that raised `e`: a 4xx naming the field, 409 for a lost race, 503
+        naming why etcd cannot take it; None for a bug (the server's 500)."""
+        st = self.state
+        if isinstance(e, ApiError):
             response = reply(e.to_json(), e.status)
             if e.kind == "timeout":
                 response.force_close()  # the rest of the body is not waited for
             return response
-        except Conflict:
+        if isinstance(e, Conflict):
             return reply(ApiError("conflict", None, "a concurrent change won; retry").to_json(), 409)
-        except TooLarge as e:
+        if isinstance(e, TooLarge):
             return reply(ApiError("unavailable", None, str(e)).to_json(), 503)
-        except (Unavailable, *UNREACHABLE) as e:
+        if isinstance(e, (Unavailable, *UNREACHABLE)):
             why = str(e) if isinstance(e, Unavailable) else f"etcd unreachable at {st.store.endpoint}: {e}"
             return reply(ApiError("unavailable", None, why).to_json(), 503)
-        except TimeoutError:
+        if isinstance(e, TimeoutError):
             if not (stale := st.stale):
-                raise
+                return None
             # written, but the cache cannot show it yet: waiting for the watch (read-your-writes) timed out
             return reply(ApiError("unavailable", None, f"{stale} (this request's change may have been "
                                   "written: read it again once etcd answers)").to_json(), 503)
-        except web.HTTPNotFound:
+        if isinstance(e, web.HTTPNotFound):
             return reply(ApiError("not_found", "path", f"no such endpoint {request.path}").to_json(), 404)
-        except web.HTTPMethodNotAllowed as e:
+        if isinstance(e, web.HTTPMethodNotAllowed):
             response = reply({"error": "invalid", "field": "method", "why": f"{request.method} is not allowed; "
                               f"allowed: {', '.join(sorted(e.allowed_methods))}"}, 405)
             response.headers["Allow"] = ", ".join(sorted(e.allowed_methods))
             return response
+        return None
 
 
 def _header(text: str) -> str:

@@ -12,7 +12,7 @@ What is measured, per size, in one Python process on one core (no etcd anywhere)
               RegionState.snapshot() makes. The next job sees this one. "commit" is building those
               changes and the apply.
     (2)       allocate + the daemon's whole commit path, etcd left out: allocate() on RegionState's
-              snapshot with the scheduler's allocation cache (as Scheduler.create), then
+              snapshot (as Scheduler.create), then
               Scheduler.commit_placement builds the transaction (task, machine, discovery, job and
               entitlement records), an in-memory store checks its guards, encodes every value as
               etcd.py does and hands each change to RegionState as its watch would (which decodes
@@ -263,7 +263,7 @@ async def through_the_daemon(state: RegionState, jobs: list[JobRec]) -> Run:
         t_start, c_start = time.perf_counter(), time.process_time()
         for job in jobs:
             try:
-                placement = allocate(state.snapshot(), job_request(job), cache=scheduler.cache)
+                placement = allocate(state.snapshot(), job_request(job))
             except AllocationError:
                 failed += 1
                 continue

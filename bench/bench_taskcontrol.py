@@ -170,7 +170,7 @@ async def scenario(args: argparse.Namespace, controlled: bool, max_unavailable: 
                 mid, mid, {"region": "bench", "dc": "dc1", "msb": msbs[mid], "rack": f"r{int(mid[1:]) // 10}",
                            "machine_type": "generic"}, {"cpus": 1.0, "memory_mb": 1024}).to_json()
                 for mid in mids[i:i + 200]})
-        await store.commit([], {keys.entitlement("cache"): EntitlementRec("cache", "generic", args.tasks).to_json()})
+        await store.commit([], {keys.entitlement("cache"): EntitlementRec("cache", "generic", args.tasks, allow_controller_networks=("127.0.0.0/8",)).to_json()})
         await state.start()
         watch = asyncio.create_task(state.index.watching())
         runtime = FakeRuntime(state, mids, (args.restart * 0.8, args.restart * 1.2), seed=args.seed)

@@ -13,8 +13,6 @@ to and a score over a few dozen bins, not a pass over every machine.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from .candidates import Candidates
 from .errors import AllocationError, NoPlacement, QuotaExceeded
 from .filters import count_survivors
@@ -24,22 +22,11 @@ from .request import Requirements, build_placement, resolve, split_tasks
 from .snapshot import Snapshot
 from .overlay import Overlay
 
-if TYPE_CHECKING:
-    from .cache import AllocationCache
 
-
-def allocate(snapshot: Snapshot, request: JobRequest, *, cache: AllocationCache | None = None) -> Placement:
+def allocate(snapshot: Snapshot, request: JobRequest) -> Placement:
     """Place tasks 0..count-1 of `request.job`. Raises InvalidRequest, NoPlacement or
     QuotaExceeded (all AllocationError, each naming the request field at fault)."""
-    req = resolve(snapshot, request)
-    if cache is not None:
-        hit = cache.lookup(snapshot, req)
-        if hit is not None:
-            return hit
-    placement = place(snapshot, req)
-    if cache is not None:
-        cache.store(snapshot, req, placement)
-    return placement
+    return place(snapshot, resolve(snapshot, request))
 
 
 def place(snapshot: Snapshot, req: Requirements) -> Placement:

@@ -4,7 +4,7 @@ concurrent allocations, and a Placement is handed to the caller's commit transac
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from .errors import InvalidRequest
 
@@ -152,7 +152,6 @@ class Placement:
     claims: tuple[MachineClaim, ...]  # one per machine that receives new tasks
     cpus: float  # per task
     memory_mb: int  # per task
-    cached: bool = field(default=False, compare=False)  # served by the allocation cache
 
     def machine_of(self, index: int) -> str:
         return self.task_machines[index]

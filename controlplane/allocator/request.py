@@ -86,7 +86,7 @@ class _Static:
 
 
 def build_placement(snapshot: Snapshot, req: Requirements, task_machines: list[str] | tuple[str, ...],
-                    new_tasks: list[int], cached: bool = False) -> Placement:
+                    new_tasks: list[int]) -> Placement:
     """The Placement with, per machine that gets new tasks, what the commit must re-check."""
     r = req.request
     per_machine = Counter(task_machines[i] for i in new_tasks)
@@ -100,4 +100,4 @@ def build_placement(snapshot: Snapshot, req: Requirements, task_machines: list[s
         claims.append(MachineClaim(mid, m.version, round(n * r.cpus, 9), n * r.memory_mb, free_c, free_mem,
                                    m.entitlement is None))
     return Placement(r.job, req.entitlement.name, snapshot.revision, tuple(task_machines), tuple(new_tasks),
-                     tuple(taken), tuple(claims), r.cpus, r.memory_mb, cached)
+                     tuple(taken), tuple(claims), r.cpus, r.memory_mb)

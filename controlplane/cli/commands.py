@@ -25,6 +25,8 @@ async def ent_create(api: Api, args, out: Out) -> int:
         body["owner"] = args.owner
     if args.spread is not None or args.pin_dc is not None:
         body["spread"] = {"properties": DEFAULT_SPREAD if args.spread is None else args.spread, "pinned_dc": args.pin_dc}
+    if args.allow_controller_network:
+        body["allow_controller_networks"] = args.allow_controller_network
     out(await api.call("POST", "/v1/entitlements", body), render.entitlement_show)
     return EXIT_OK
 
@@ -49,8 +51,11 @@ async def ent_modify(api: Api, args, out: Out) -> int:
             else:
                 spread["pinned_dc"] = args.pin_dc
             body["spread"] = spread
+    if args.allow_controller_network:
+        body["allow_controller_networks"] = [n for n in args.allow_controller_network if nullable(n) is not None]
     if not body:
-        raise CliError(EXIT_INPUT, "entitlement modify: nothing to change; give --quota, --profile, --owner, --spread or --pin-dc")
+        raise CliError(EXIT_INPUT, "entitlement modify: nothing to change; give --quota, --profile, --owner, --spread, "
+                                   "--pin-dc or --allow-controller-network")
     out(await api.call("PATCH", f"/v1/entitlements/{quoted(args.name)}", body), render.entitlement_show)
     return EXIT_OK
 

@@ -74,6 +74,9 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--owner", metavar="O")
     c.add_argument("--spread", type=spread, metavar="dc,msb", help="properties its jobs spread over by default")
     c.add_argument("--pin-dc", type=nullable, metavar="DC", help="keep its jobs in this dc")
+    c.add_argument("--allow-controller-network", action="append", metavar="CIDR",
+                   help="a network its jobs' TaskControllers may be at although controld refuses it otherwise "
+                        "(loopback, link-local, the control plane's own); repeat for more")
     m = leaf(ent_sub, "modify", "change an entitlement (PATCH); '' or none clears --profile / --pin-dc")
     m.add_argument("name", metavar="NAME")
     m.add_argument("--quota", type=count, metavar="N")
@@ -81,6 +84,8 @@ def parser() -> argparse.ArgumentParser:
     m.add_argument("--owner", metavar="O")
     m.add_argument("--spread", type=spread, metavar="dc,msb")
     m.add_argument("--pin-dc", type=nullable, default=argparse.SUPPRESS, metavar="DC")
+    m.add_argument("--allow-controller-network", action="append", metavar="CIDR",
+                   help="replaces the networks its TaskControllers may be at (repeat for more; none: no network)")
     mv = leaf(ent_sub, "move", "give an entitlement to another scheduler shard (no task restarts)")
     mv.add_argument("name", metavar="NAME")
     mv.add_argument("--shard", type=int, required=True, metavar="N", help="the shard to move it to")

@@ -103,6 +103,8 @@ def entitlement_show(e: dict) -> str:
         ("pinned dc", cell(_get(e, "spread", "pinned_dc"))),
         ("shard", cell(e.get("shard"))),
     ]
+    if e.get("allow_controller_networks"):
+        pairs.append(("controller networks", cell(e["allow_controller_networks"])))
     for key in ("machines", "jobs"):  # only `show` carries them
         if isinstance(e.get(key), list):
             pairs.append((f"{key} ({len(e[key])})", cell(e[key])))

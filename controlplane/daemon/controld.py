@@ -14,6 +14,7 @@ import logging
 import ssl
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import aiohttp
 from aiohttp import web
@@ -38,6 +39,7 @@ from controlplane.sidekick.documents import ProfileDocuments
 from controlplane.store import Conflict, Store, Versioned
 from controlplane.store.keys import Keys
 from controlplane.store.state import RegionState
+from controlplane.taskcontrol.reach import Reach
 
 log = logging.getLogger("twine.controld")
 
@@ -89,8 +91,11 @@ class ControlDaemon:
         self.agents.on_report = self.health.reported
         self.health.report_of = self.agents.report_with_time
         self.registry = metrics.registry()
+        # the control plane's own hosts, where no TaskController may be: its members' and etcd's
+        self.reach = Reach(lambda: [*(urlsplit(m.get("url", "")).hostname or "" for m in self.state.members.values()),
+                                    *(host for host, _ in store.endpoints)])
         self.shards = ShardHost(self.state, store, self.agents, LifecycleMetrics(self.registry), s.limits,
-                                s.taskcontrol_interval, s.maintenance_policy, s.max_txn_ops)
+                                s.taskcontrol_interval, s.maintenance_policy, s.max_txn_ops, self.reach)
         self.registry.register(metrics.DaemonCollector(self.state, self.shards, self.agents, self.health,
                                                        lambda: (self.coordinator, self.relay, self.listener)))
         self.ops = OpsPlanner(self.state, s.maintenance_policy)
@@ -142,7 +147,7 @@ class ControlDaemon:
                                       s.profile_search),
             state=self.state, shards=self.shards, agents=self.agents, ops=self.ops, clean=self.health.clean,
             forwarder=Forwarder(self.coordinator, self.http), coordinator=self.coordinator, relay=self.relay,
-            metrics=self.metrics_text))
+            reach=self.reach, metrics=self.metrics_text))
 
     async def run(self, host: str, port: int, stop: asyncio.Event, notifier: Notifier | None = None) -> None:
         s = self.settings

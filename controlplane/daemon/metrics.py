@@ -84,8 +84,6 @@ class DaemonCollector(Collector):
         yield _counter("twine_ratelimit_held_operations", "stop and move operations held by a rate limit",
                        counted["scheduler"].get("rate_limited", 0))
         scheds = list(self.shards.schedulers.values())
-        hits = sum(sc.cache.stats().hits for sc in scheds)
-        misses = sum(sc.cache.stats().misses for sc in scheds)
         yield _gauge("twine_shards_led", "scheduler shards this process leads", len(scheds))
         yield _gauge("twine_connections_open", "API connections open", listener.total if listener else 0)
         yield _counter("twine_connections_refused", "API connections refused (connection limits)",
@@ -94,10 +92,6 @@ class DaemonCollector(Collector):
                      sum(len(sc.sessions) for sc in scheds))
         yield _gauge("twine_taskcontrol_failing", "TaskControl sessions whose controller's last call failed",
                      sum(sc.sessions.failing() for sc in scheds))
-        yield _gauge("twine_allocation_cache_hit_ratio", "the allocation caches' hits over lookups, shards led now",
-                     round(hits / (hits + misses), 4) if hits + misses else 0.0)
-        yield _counter("twine_allocation_cache_hits", "allocation cache hits, shards led now", hits)
-        yield _counter("twine_allocation_cache_misses", "allocation cache misses, shards led now", misses)
         yield from self._region()
 
     def _region(self) -> Iterator[Metric]:

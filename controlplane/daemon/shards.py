@@ -12,6 +12,7 @@ from controlplane.scheduler.ratelimit import Limits
 from controlplane.scheduler.service import Scheduler
 from controlplane.store import Store
 from controlplane.store.state import RegionState
+from controlplane.taskcontrol.reach import Reach
 
 # what the shards this process led counted, kept when their leadership ends
 RETIRED = {"passes": 0, "commits": 0, "conflicts": 0, "placements": 0, "errors": 0, "rate_limited": 0}
@@ -20,7 +21,7 @@ RETIRED = {"passes": 0, "commits": 0, "conflicts": 0, "placements": 0, "errors":
 class ShardHost:
     def __init__(self, state: RegionState, store: Store, agents: AgentService, metrics: LifecycleMetrics,
                  limits: Limits = Limits(), taskcontrol_interval: float = 1.0, maintenance_policy: str = "move",
-                 max_txn_ops: int = 128):
+                 max_txn_ops: int = 128, reach: Reach | None = None):
         self.state, self.store = state, store
         self.agents = agents  # the task reports and desired-state errors its schedulers read
         self.metrics = metrics
@@ -28,6 +29,7 @@ class ShardHost:
         self.taskcontrol_interval = taskcontrol_interval
         self.maintenance_policy = maintenance_policy
         self.max_txn_ops = max_txn_ops
+        self.reach = reach  # where TaskControllers may be
         self.schedulers: dict[int, Scheduler] = {}  # the shards this process leads now
         self._loops: dict[int, asyncio.Task] = {}
         self.retired = dict(RETIRED)
@@ -54,7 +56,8 @@ class ShardHost:
         await self.state.wait_for(fence.epoch)
         sched = Scheduler(self.state, self.store, self.state.keys, self.agents.report_of, self.agents.errors,
                           self.limits, self.taskcontrol_interval, maintenance_policy=self.maintenance_policy,
-                          shard=fence.shard, fence=fence, max_txn_ops=self.max_txn_ops, metrics=self.metrics)
+                          shard=fence.shard, fence=fence, max_txn_ops=self.max_txn_ops, metrics=self.metrics,
+                          reach=self.reach)
         self.state.snapshot()  # the allocator's index is built now, not by the first job's request
         self.schedulers[fence.shard] = sched
         self._loops[fence.shard] = asyncio.get_running_loop().create_task(sched.run())

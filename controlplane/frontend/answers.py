@@ -54,6 +54,7 @@ class Entitlement(Answer):
     shard: int
     created_at: Time
     allow_host_network: bool
+    allow_controller_networks: Strings
     held: Annotated[int, Meta(description="machines it holds")]
     machines: Union[Strings, msgspec.UnsetType] = msgspec.UNSET  # one entitlement's view
     jobs: Union[Strings, msgspec.UnsetType] = msgspec.UNSET
@@ -209,7 +210,8 @@ class Revoked(Answer):
 
 class Event(Answer):
     id: str
-    kind: Literal["failure", "maintenance"]
+    kind: Annotated[Literal["failure", "maintenance", "controller"],
+                    Meta(description="controller: a job's TaskController was not called at a refused address")]
     machines: Strings
     start: Time
     reason: str

@@ -65,7 +65,7 @@ ROUTES = [
 def make_app(s: Services) -> web.Application:
     groups = [
         Entitlements(s.state, s.settings.profile_search),
-        Jobs(s.state, s.shards, s.forwarder),
+        Jobs(s.state, s.shards, s.forwarder, s.reach),
         Machines(s.state, s.agents, s.clean),
         Tokens(s.state),
         Maintenance(s.ops),

@@ -57,6 +57,8 @@ async def body(request: web.Request, limit: int = MAX_BODY, schema: type | None 
         return S.decoded(raw, schema)
     try:
         data = msgspec.json.decode(raw)
+    except UnicodeDecodeError as e:  # JSON is UTF-8, whatever charset the request claims
+        raise ApiError("invalid", "body", f"the body is not UTF-8 (JSON is): {e.reason} at byte {e.start}") from None
     except (msgspec.DecodeError, msgspec.ValidationError, RecursionError) as e:
         why = "nested too deep" if isinstance(e, RecursionError) else str(e)
         raise ApiError("invalid", "body", f"the body is not JSON within limits: {why}") from None

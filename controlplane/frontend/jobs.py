@@ -24,6 +24,7 @@ from controlplane.security.sealing import SealingError, field_of
 from controlplane.store import Conflict, Versioned
 from controlplane.store.records import NAME, ApiError, EntitlementRec, JobRec, check_job_size, keep_secrets
 from controlplane.store.state import RegionState
+from controlplane.taskcontrol.reach import Reach
 
 
 def confined(job: JobRec, ent: EntitlementRec) -> None:
@@ -35,10 +36,16 @@ def confined(job: JobRec, ent: EntitlementRec) -> None:
 
 
 class Jobs:
-    def __init__(self, state: RegionState, shards: Shards, forwarder: Forwarder):
+    def __init__(self, state: RegionState, shards: Shards, forwarder: Forwarder, reach: Reach):
         self.state = state
         self.shards = shards  # where a job's create goes when this process leads its shard
         self.forwarder = forwarder  # where it goes otherwise
+        self.reach = reach  # where a job's TaskController may be
+
+    async def _reachable(self, job: JobRec, ent: EntitlementRec) -> None:
+        """A controller at an address controld refuses to call (taskcontrol/reach.py) is a 422."""
+        if job.controller and (why := await self.reach.check_url(job.controller, ent.allow_controller_networks)):
+            raise ApiError("unprocessable", "controller", why)
 
     def answer(self, job: JobRec) -> dict:
         sched = self.shards.scheduler_for(job.handle)  # None: another replica leads the job's shard
@@ -96,7 +103,9 @@ class Jobs:
         job = JobRec.parse(await body(request, schema=S.JobSpec))
         if not request[PRINCIPAL].may_change_jobs_of(job.entitlement):
             raise tokens.forbidden(request[PRINCIPAL], "POST", request.path, f"owner of entitlement {job.entitlement}")
-        confined(job, entitlement_of(st, job.entitlement))
+        ent = entitlement_of(st, job.entitlement)
+        confined(job, ent)
+        await self._reachable(job, ent)
         old = st.jobs.get(job.handle)
         read_revision = st.revs.get(st.keys.job(job.handle), 0)
         if old is not None and old.state != "stopped":
@@ -123,7 +132,9 @@ class Jobs:
         if new.handle != old.handle:
             raise ApiError("unprocessable", "name", f"the spec is for {new.handle}, not {old.handle}")
         new = self._sealed(new, old)
-        confined(new, entitlement_of(st, new.entitlement))
+        ent = entitlement_of(st, new.entitlement)
+        confined(new, ent)
+        await self._reachable(new, ent)
         if old.state != "active":
             raise ApiError("conflict", "state", f"job {old.handle} is {old.state}; run it again instead")
         changed_task = new.task != old.task

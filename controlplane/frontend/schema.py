@@ -31,6 +31,9 @@ Name = Annotated[str, Meta(pattern=NAME.pattern, description="lower case letters
 Label = Annotated[str, Meta(min_length=1, max_length=253)]
 Count = Annotated[int, Meta(ge=0, le=10_000)]
 Seconds = Annotated[float, Meta(gt=0, lt=1e300)]
+Networks = Annotated[list[Annotated[str, Meta(min_length=1, max_length=64)]],
+                     Meta(max_length=64, description="networks (CIDR) its jobs' TaskControllers may be at although "
+                          "controld refuses them otherwise: loopback, link-local, the control plane's own (admin policy)")]
 Level = Literal[LEVELS]  # type: ignore[valid-type]
 
 
@@ -48,6 +51,7 @@ class EntitlementPatch(Struct, forbid_unknown_fields=True):
     owner: Union[Annotated[str, Meta(max_length=MAX_OWNER)], msgspec.UnsetType] = msgspec.UNSET
     spread: Union[Spread, msgspec.UnsetType] = msgspec.UNSET
     allow_host_network: Union[bool, msgspec.UnsetType] = msgspec.UNSET
+    allow_controller_networks: Union[Networks, msgspec.UnsetType] = msgspec.UNSET
 
 
 class EntitlementSpec(Struct, forbid_unknown_fields=True):
@@ -58,6 +62,7 @@ class EntitlementSpec(Struct, forbid_unknown_fields=True):
     owner: Annotated[str, Meta(max_length=MAX_OWNER)] = ""
     spread: Union[Spread, msgspec.UnsetType] = msgspec.UNSET
     allow_host_network: Annotated[bool, Meta(description="its jobs may use network_mode host (admin policy)")] = False
+    allow_controller_networks: Networks = []
 
 
 class EntitlementMove(Struct, forbid_unknown_fields=True):
@@ -237,6 +242,8 @@ def decoded(raw: bytes, schema: type) -> Any:
         raise ApiError("invalid", "body", "nested too deep") from None
     except msgspec.ValidationError as e:
         raise ApiError("invalid", error_path(str(e)), error_why(str(e))) from None
+    except UnicodeDecodeError as e:  # JSON is UTF-8, whatever charset the request claims
+        raise ApiError("invalid", "body", f"the body is not UTF-8 (JSON is): {e.reason} at byte {e.start}") from None
     except msgspec.DecodeError as e:
         raise ApiError("invalid", "body", f"the body is not JSON within limits: {e}") from None
 

@@ -15,6 +15,7 @@ from controlplane.frontend.forward import Forwarder
 from controlplane.opsplanner.planner import OpsPlanner
 from controlplane.scheduler.service import Scheduler
 from controlplane.store.state import RegionState
+from controlplane.taskcontrol.reach import Reach
 
 
 class Shards(Protocol):
@@ -47,4 +48,5 @@ class Services:
     forwarder: Forwarder
     coordinator: Coordinator | None
     relay: Relay | None
+    reach: Reach  # where TaskControllers may be
     metrics: Callable[[], str]  # the Prometheus text of /v1/metrics

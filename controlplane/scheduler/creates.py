@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import deque
 from typing import Awaitable, Callable
 
-from controlplane.allocator import AllocationCache, allocate
+from controlplane.allocator import Placement, Snapshot, allocate
 from controlplane.scheduler.placement import job_request, placement_changes
 from controlplane.scheduler.txn import Txn, task_bytes
 from controlplane.scheduler.writer import ShardWriter
@@ -30,10 +31,11 @@ Waiting = tuple[JobRec, int, asyncio.Future]  # a create: the job, the revision 
 
 
 class Creates:
-    def __init__(self, writer: ShardWriter, cache: AllocationCache, lock: asyncio.Lock, deposed: Callable[[], str]):
+    def __init__(self, writer: ShardWriter, lock: asyncio.Lock, deposed: Callable[[], str],
+                 allocated: Callable[[str, float], None] = lambda why, seconds: None):
         self.writer = writer
         self.state, self.keys = writer.state, writer.keys
-        self.cache = cache  # the shard's allocation cache
+        self.allocated = allocated  # observes each allocation: why, seconds
         self.lock = lock  # the shard's: its commits do not race each other
         self.deposed = deposed  # why this shard's leadership ended ("" while it leads)
         self.counters = writer.counters
@@ -47,6 +49,13 @@ class Creates:
         if self._batcher is None or self._batcher.done():
             self._batcher = asyncio.create_task(self._batches(), name=f"creates-{self.writer.shard}")
         return await fut
+
+    def _allocate(self, snap: Snapshot, job: JobRec) -> Placement:
+        began = time.perf_counter()
+        try:
+            return allocate(snap, job_request(job))
+        finally:
+            self.allocated("create", time.perf_counter() - began)
 
     def _beyond(self, job: JobRec) -> tuple[TaskRec, ...]:
         """A re-run job's tasks beyond its new count: its create deletes them."""
@@ -113,7 +122,7 @@ class Creates:
                     fut.set_exception(Conflict(f"job {job.handle} was written concurrently"))
                     continue
                 try:
-                    placement = allocate(snap, job_request(job), cache=self.cache)
+                    placement = self._allocate(snap, job)
                     changes, taken = placement_changes(self.state, job, placement, tuple(range(job.count)),
                                                        self._beyond(job))
                     txn.add(job, changes, job_put=job, taken=taken)
@@ -159,7 +168,7 @@ class Creates:
             async with self.lock:
                 if self.state.revs.get(self.keys.job(job.handle), 0) != read_revision:
                     raise Conflict(f"job {job.handle} was written concurrently")
-                placement = allocate(self.state.snapshot(), job_request(job), cache=self.cache)
+                placement = self._allocate(self.state.snapshot(), job)
                 try:
                     rev = await self.writer.commit_placement(job, placement, tuple(range(job.count)), job_put=job,
                                                              deletes=self._beyond(job))

@@ -1,5 +1,5 @@
-"""The scheduler's lifecycle histograms (prometheus_client), served at /v1/metrics with the daemon's
-other metrics (daemon/metrics.py).
+"""The scheduler's histograms (prometheus_client), served at /v1/metrics with the daemon's other
+metrics (daemon/metrics.py).
 
 - `twine_submit_to_running_seconds`: from a job's create or update (its record's updated_at) to the
   first pass that finds all of its tasks running at that version.
@@ -7,8 +7,10 @@ other metrics (daemon/metrics.py).
   when it was last heard from) to a task that ran there running on another machine, one
   observation a task; detection (the heartbeat timeout) included.
 - `twine_taskcontrol_round_trip_seconds`, by outcome (ok, error): a TaskControl call, sent to answer.
+- `twine_allocate_seconds`, by what asked (create; place: tasks of a job that need a machine): the
+  allocator's time for one job.
 
-Each histogram is observed by the shard leader that saw it happen, from the records it commits, so
+Each lifecycle histogram is observed by the shard leader that saw it happen, from the records it commits, so
 a rollout or a failure counts once in the region whatever the number of replicas; a leader that
 takes over a job in the middle of a rollout (or that restarts) does not count it (it did not see
 it start), rather than count it wrong.
@@ -25,6 +27,7 @@ from controlplane.store.records import EventRec, JobRec, MachineRec, TaskRec
 
 LIFECYCLE_BUCKETS = (0.5, 1, 2, 3, 4, 5, 7.5, 10, 15, 20, 30, 60, 120, 300)
 CALL_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5)
+ALLOCATE_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5)
 
 
 class LifecycleMetrics:
@@ -40,6 +43,9 @@ class LifecycleMetrics:
         self.taskcontrol_round_trip = Histogram(
             "twine_taskcontrol_round_trip_seconds", "A TaskControl call, sent to answered (or failed)",
             ["outcome"], buckets=CALL_BUCKETS, registry=self.registry)
+        self.allocate_seconds = Histogram(
+            "twine_allocate_seconds", "An allocation, by what asked: a create, or tasks that need a machine (place)",
+            ["why"], buckets=ALLOCATE_BUCKETS, registry=self.registry)
 
 
 class Lifecycle:

@@ -8,12 +8,21 @@ The buckets live in etcd too, so that neither a restart nor a change of shard le
 `take` returns the records (/twine/<region>/ratelimits/shard-NNNN with the shard's and its jobs'
 buckets; .../region) that the scheduler writes in the same transaction as the operations they pay
 for, and a new leader starts from them (`load`). Times there are wall-clock seconds.
+
+A job's and a shard's buckets have one writer, the shard's leader. The region's bucket is shared by
+every shard: the limiter reads it from the region's view at each use (`region`: the record and the
+revision it was read at), and the transaction that spends from it is guarded by that revision
+(`region_revision`), so two shards never spend the same tokens: the later commit conflicts, and
+its next pass reads what the other left.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Callable
+
+from controlplane.store import Conflict
 
 
 @dataclass
@@ -73,14 +82,31 @@ class Limits:
         return cls(**values)
 
 
+RegionRecord = Callable[[], tuple[dict | None, int]]  # the region bucket's record and its mod revision
+
+
 class Limiter:
-    def __init__(self, limits: Limits = Limits(), shard: int = 0):
+    def __init__(self, limits: Limits = Limits(), shard: int = 0, region: RegionRecord | None = None):
         self.limits = limits
         self.shard_id = shard
         self.jobs: dict[str, TokenBucket] = {}
         self.shard = TokenBucket(*limits.shard)
         self.region = TokenBucket(*limits.region)
+        # the region's bucket as the view has it (None: this limiter's own, a test's)
+        self.region_record = region
+        self.region_revision = 0  # the revision of the record self.region was read from
         self.held_total = 0  # operations held back by a limit (metric)
+
+    def _read_region(self) -> None:
+        """The region's bucket read again when the view's record changed (another shard spent, or
+        our own commit came back through the watch)."""
+        if self.region_record is None:
+            return
+        record, revision = self.region_record()
+        if revision != self.region_revision:
+            self.region = TokenBucket(*self.limits.region)
+            self.region.load(record)
+            self.region_revision = revision
 
     def _job(self, handle: str) -> TokenBucket:
         if handle not in self.jobs:
@@ -88,14 +114,23 @@ class Limiter:
         return self.jobs[handle]
 
     def available(self, handle: str) -> int:
+        self._read_region()
         return int(min(self._job(handle).available(), self.shard.available(), self.region.available()))
 
     def take(self, handle: str, n: int) -> dict[str, dict]:
-        """Take n tokens from each bucket; the records to write with the operations (scope -> record)."""
+        """Take n tokens from each bucket; the records to write with the operations (scope -> record),
+        the region's to be guarded by `region_revision`. Conflict when a bucket no longer holds n
+        (another shard spent from the region's since the operations were planned)."""
         if not n:
             return {}
-        for bucket in (self._job(handle), self.shard, self.region):
-            bucket.take(n)
+        self._read_region()
+        now = time.time()
+        buckets = {"job": self._job(handle), "shard": self.shard, "region": self.region}
+        short = [scope for scope, b in buckets.items() if b.available(now) < n - 1e-9]
+        if short:
+            raise Conflict(f"{handle}: the {short[0]} rate limit holds fewer than {n} token(s) now; planned again")
+        for bucket in buckets.values():
+            bucket.take(n, now)
         return self.records()
 
     def records(self) -> dict[str, dict]:
@@ -112,17 +147,20 @@ class Limiter:
         self.jobs.clear()
         self.shard = TokenBucket(*self.limits.shard)
         self.region = TokenBucket(*self.limits.region)
+        self.region_revision = 0
         mine = records.get(self.scope()) or {}
         self.shard.load(mine)
         self.region.load(records.get("region"))
         for h, d in (mine.get("jobs") or {}).items():
             self._job(h).load(d)
+        self._read_region()
 
     def forget(self, handle: str) -> None:
         self.jobs.pop(handle, None)
 
     def which(self, handle: str) -> str:
         """The scope that holds operations back now (for job status)."""
+        self._read_region()
         levels = {"job": self._job(handle).available(), "shard": self.shard.available(),
                   "region": self.region.available()}
         return min(levels, key=levels.get)

@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Mapping
 
-from controlplane.allocator import AllocationCache, AllocationError, Placement, allocate
+from controlplane.allocator import AllocationError, Placement, allocate
 from controlplane.opsplanner.notices import advance_notices, governing
 from controlplane.scheduler.creates import Creates
 from controlplane.scheduler.lifecycle import Lifecycle, LifecycleMetrics
@@ -32,6 +32,7 @@ from controlplane.store import Conflict, Store, TooLarge, Unavailable
 from controlplane.store.keys import Keys
 from controlplane.store.records import JobRec, TaskRec
 from controlplane.store.state import RegionState
+from controlplane.taskcontrol.reach import Reach
 from controlplane.taskcontrol.session import TaskControlSession, unhealthy
 from controlplane.taskcontrol.sessions import Sessions
 
@@ -61,7 +62,7 @@ class Scheduler:
                  agent_errors: Mapping[str, str] | None = None, limits: Limits = Limits(),
                  taskcontrol_interval: float = 1.0, taskcontrol_timeout: float = 2.0,
                  maintenance_policy: str = "move", shard: int = 0, fence: "Fence | None" = None,
-                 max_txn_ops: int = 128, metrics: LifecycleMetrics | None = None):
+                 max_txn_ops: int = 128, metrics: LifecycleMetrics | None = None, reach: Reach | None = None):
         self.state = state
         self.store = store
         self.keys = keys
@@ -73,16 +74,17 @@ class Scheduler:
         self.maintenance_policy = maintenance_policy  # for jobs without a TaskController, unless the event says
         self.metrics = metrics or LifecycleMetrics()
         self.lifecycle = Lifecycle(self.metrics)
-        self.limiter = Limiter(limits, shard)
+        rkey = keys.ratelimit("region")
+        self.limiter = Limiter(limits, shard, region=lambda: (state.ratelimits.get("region"), state.revs.get(rkey, 0)))
         self.limiter.load(state.ratelimits)
-        self.cache = AllocationCache()
         self.lock = asyncio.Lock()  # the shard's commits do not race each other
         self.counters = {"passes": 0, "job_passes": 0, "commits": 0, "batches": 0, "conflicts": 0, "placements": 0,
                          "errors": 0, "rate_limited": 0}
         self.writer = ShardWriter(state, store, keys, shard, self.owns, self.limiter, self.counters, fence, max_txn_ops)
-        self.creates = Creates(self.writer, self.cache, self.lock, lambda: self.deposed)
+        self.creates = Creates(self.writer, self.lock, lambda: self.deposed, self._allocated)
         self.sessions = Sessions(state, keys, taskcontrol_interval, taskcontrol_timeout, round_trip=lambda seconds, ok:
-                                 self.metrics.taskcontrol_round_trip.labels("ok" if ok else "error").observe(seconds))
+                                 self.metrics.taskcontrol_round_trip.labels("ok" if ok else "error").observe(seconds),
+                                 reach=reach)
         self.plans: dict[str, JobPlan] = {}
         self._held: dict[str, set[str]] = {}  # op ids the rate limit held in a job's last pass
         self.messages: dict[str, str] = {}  # why a job's tasks cannot be placed, for job status
@@ -96,6 +98,9 @@ class Scheduler:
     def first_commit_at(self) -> float | None:
         """Wall time of the first commit as leader."""
         return self.writer.first_commit_at
+
+    def _allocated(self, why: str, seconds: float) -> None:
+        self.metrics.allocate_seconds.labels(why).observe(seconds)
 
     def owns(self, handle: str) -> bool:
         return self.state.shard_of_job(handle) == self.shard
@@ -257,7 +262,11 @@ class Scheduler:
         elif plan.place:
             try:
                 moving = tuple(i for i in plan.place if i in seen.tasks and seen.tasks[i].machine)
-                placement = allocate(self.state.snapshot(), job_request(job, moving), cache=self.cache)
+                began = time.perf_counter()
+                try:
+                    placement = allocate(self.state.snapshot(), job_request(job, moving))
+                finally:
+                    self._allocated("place", time.perf_counter() - began)
             except AllocationError as e:
                 if self.messages.get(handle) != e.message:
                     log.warning("%s: %s", handle, e.message)

@@ -15,6 +15,7 @@ microseconds a record. The JSON is the same: the same keys, nested objects and v
 
 from __future__ import annotations
 
+import ipaddress
 import re
 import time
 from dataclasses import dataclass, fields, replace
@@ -101,6 +102,9 @@ class EntitlementRec:
     created_at: float = 0.0
     # admin policy: its jobs may put tasks on the host's network (which reaches all the host reaches)
     allow_host_network: bool = False
+    # admin policy: networks (CIDR) its jobs' TaskControllers may be at although controld refuses
+    # them otherwise: loopback, link-local, the control plane's own (taskcontrol/reach.py)
+    allow_controller_networks: tuple[str, ...] = ()
 
     def to_json(self) -> dict:
         d = _encode(self)
@@ -118,7 +122,8 @@ class EntitlementRec:
         name = data["name"]
         ent = cls(name=name, machine_type=data["machine_type"], quota=data["quota"], created_at=time.time(),
                   shard=sum(name.encode()) % max(shards, 1))
-        return ent.modified({k: v for k, v in data.items() if k in ("profile", "owner", "spread", "allow_host_network")})
+        return ent.modified({k: v for k, v in data.items()
+                             if k in ("profile", "owner", "spread", "allow_host_network", "allow_controller_networks")})
 
     def modified(self, data: dict) -> EntitlementRec:
         """The entitlement with the fields of a PATCH body (schema.EntitlementPatch) changed. A
@@ -126,7 +131,22 @@ class EntitlementRec:
         changes = {k: v for k, v in data.items() if k in ("quota", "profile", "owner", "allow_host_network")}
         if "spread" in data:
             changes["spread"] = Spread.parse(data["spread"])
+        if "allow_controller_networks" in data:
+            changes["allow_controller_networks"] = controller_networks(data["allow_controller_networks"])
         return replace(self, **changes)
+
+
+def controller_networks(texts: list[str]) -> tuple[str, ...]:
+    """An entitlement's allow_controller_networks as CIDR texts (normalised: 10.1.2.3/16 is
+    10.1.0.0/16), each checked; ApiError names the one that is not a network."""
+    out = []
+    for i, text in enumerate(texts):
+        try:
+            out.append(str(ipaddress.ip_network(text, strict=False)))
+        except ValueError as e:
+            raise ApiError("invalid", f"allow_controller_networks[{i}]", f"{text!r} is not a network "
+                           f"(CIDR, e.g. 10.20.0.0/16): {e}") from None
+    return tuple(dict.fromkeys(out))
 
 
 # -- jobs --------------------------------------------------------------------------------------
@@ -376,14 +396,14 @@ class EventRec:
     stopped; the machines are back at `start + duration` (or at `end`, if an operator ended it)."""
 
     id: str
-    kind: str  # failure | maintenance
+    kind: str  # failure | maintenance | controller (a TaskController not called at a refused address)
     machines: tuple[str, ...]
     start: float
     reason: str = ""
     duration: float | None = None
     deadline: float | None = None
     end: float | None = None
-    scope: str = ""  # maintenance: what the operator selected ("msb dc1/msb1", "3 machines")
+    scope: str = ""  # maintenance: what the operator selected ("msb dc1/msb1", "3 machines"); controller: the job
     policy: str | None = None  # maintenance: for jobs without a TaskController; None: the region default
     created: float = 0.0
 

@@ -18,12 +18,13 @@ import asyncio
 import logging
 import time
 from collections import deque
-from typing import Callable, Mapping
+from typing import Awaitable, Callable, Mapping
 
 import aiohttp
 
 from controlplane.store.records import TaskRec
 from controlplane.scheduler.reconcile import Op
+from controlplane.taskcontrol.reach import Refused
 
 log = logging.getLogger("twine.controld.taskcontrol")
 HISTORY = 50
@@ -57,7 +58,9 @@ class TaskControlSession:
                  interval: float = 1.0, timeout: float = 2.0, on_answer: Callable[[], None] | None = None,
                  epoch: Callable[[], int] | None = None, token: str | None = None,
                  round_trip: Callable[[float, bool], None] | None = None,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic,
+                 prepare: Callable[[], Awaitable[None]] | None = None,
+                 on_refused: Callable[[str], None] | None = None):
         self.handle = handle
         self.clock = clock  # when the periodic call is due (tests advance their own)
         self.round_trip = round_trip  # (seconds, answered ok): the daemon's histogram
@@ -65,6 +68,8 @@ class TaskControlSession:
         self.token = token  # the job's controller_token: the controller checks it
         self.sealed_token: str | None = None  # the token as the job's record holds it (sealed at rest)
         self.http = http
+        self.prepare = prepare  # awaited before each call (the addresses the controller may not be at)
+        self.on_refused = on_refused  # a call refused at the controller's address (reach.py): why
         self.interval = interval
         self.timeout = timeout
         self.on_answer = on_answer
@@ -223,6 +228,8 @@ class TaskControlSession:
         acked, error = [], ""
         sent = time.monotonic()
         try:
+            if self.prepare is not None:
+                await self.prepare()
             headers = {"Authorization": f"Bearer {self.token}"} if self.token else None
             async with self.http().post(self.url, json=body, headers=headers,
                                         timeout=aiohttp.ClientTimeout(total=self.timeout)) as r:
@@ -233,6 +240,9 @@ class TaskControlSession:
         except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, TypeError) as e:
             error = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
             acked = []
+            refused = getattr(e, "os_error", None)
+            if isinstance(refused, Refused) and self.on_refused is not None:
+                self.on_refused(refused.strerror)
         if self.round_trip is not None:
             self.round_trip(time.monotonic() - sent, not error)
         if error:

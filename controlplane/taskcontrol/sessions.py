@@ -9,7 +9,10 @@ daemon after a restart) takes them back, so the controller hears of their comple
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import secrets
+import time
 from typing import Callable
 
 import aiohttp
@@ -17,8 +20,9 @@ import aiohttp
 from controlplane.scheduler.reconcile import JobPlan, Op
 from controlplane.security.sealing import TOKEN, SealingError
 from controlplane.store.keys import Keys
-from controlplane.store.records import JobRec
+from controlplane.store.records import EventRec, JobRec
 from controlplane.store.state import RegionState
+from controlplane.taskcontrol.reach import Reach
 from controlplane.taskcontrol.session import TaskControlSession
 
 log = logging.getLogger("twine.controld.scheduler")
@@ -26,17 +30,47 @@ log = logging.getLogger("twine.controld.scheduler")
 
 class Sessions:
     def __init__(self, state: RegionState, keys: Keys, interval: float = 1.0, timeout: float = 2.0,
-                 round_trip: Callable[[float, bool], None] = lambda seconds, ok: None):
+                 round_trip: Callable[[float, bool], None] = lambda seconds, ok: None, reach: Reach | None = None):
         self.state, self.keys = state, keys
         self.interval, self.timeout = interval, timeout  # between calls while something is pending; of a call
         self.round_trip = round_trip  # observes each call: seconds, answered
+        self.reach = reach or Reach()  # which addresses a controller may be at
         self.by_job: dict[str, TaskControlSession] = {}
-        self._http: aiohttp.ClientSession | None = None
+        self._http: dict[tuple[str, ...], aiohttp.ClientSession] = {}  # by the networks an entitlement allows
+        self._refused: set[tuple[str, str]] = set()  # (job, why) said in an event already
+        self._writes: set[asyncio.Task] = set()
 
-    def http(self) -> aiohttp.ClientSession:
-        if self._http is None:
-            self._http = aiohttp.ClientSession()
-        return self._http
+    def http(self, handle: str) -> aiohttp.ClientSession:
+        """The HTTP session for calls to the job's controller: its connections refuse what the
+        job's entitlement does not allow (reach.py), at the address actually connected to."""
+        job = self.state.jobs.get(handle)
+        ent = self.state.entitlements.get(job.entitlement) if job is not None else None
+        allowed = ent.allow_controller_networks if ent is not None else ()
+        s = self._http.get(allowed)
+        if s is None:
+            s = self._http[allowed] = aiohttp.ClientSession(connector=self.reach.connector(allowed))
+        return s
+
+    def refused(self, handle: str, url: str, why: str) -> None:
+        """A call to the job's controller was refused at its address: an event says so, once a
+        job and reason while this leader runs (the job's status says it at every call)."""
+        if (handle, why) in self._refused:
+            return
+        self._refused.add((handle, why))
+        log.warning("job %s: its TaskController %s was not called: %s", handle, url, why)
+        now = time.time()
+        e = EventRec(f"controller-{int(now)}-{secrets.token_hex(3)}", "controller", (), now, why, scope=handle,
+                     created=now)
+        task = asyncio.get_running_loop().create_task(self._write_event(e))
+        self._writes.add(task)
+        task.add_done_callback(self._writes.discard)
+
+    async def _write_event(self, e: EventRec) -> None:
+        key = self.keys.event(e.id)
+        try:
+            await self.state.write([self.state.guard(key)], {key: e.to_json()})
+        except Exception as err:  # noqa: BLE001 - etcd away: the log line above and the job's status say it
+            log.warning("event %s not written: %s", e.id, err)
 
     def get(self, handle: str) -> TaskControlSession | None:
         return self.by_job.get(handle)
@@ -64,9 +98,10 @@ class Sessions:
             s = None
         if s is None and job.controller and job.state == "active":
             s = self.by_job[job.handle] = TaskControlSession(
-                job.handle, job.controller, self.http, self.interval, self.timeout,
+                job.handle, job.controller, lambda h=job.handle: self.http(h), self.interval, self.timeout,
                 on_answer=lambda h=job.handle: self.state.changed.set({h}), epoch=lambda: self.state.revision,
-                token=self._token(job), round_trip=self.round_trip)
+                token=self._token(job), round_trip=self.round_trip, prepare=self.reach.refresh,
+                on_refused=lambda why, h=job.handle, u=job.controller: self.refused(h, u, why))
             # operations a previous leader (or this daemon before a restart) started: the controller
             # approved them and waits to hear they completed
             for d in (self.state.taskcontrol.get(job.handle) or {}).get("in_flight", []):
@@ -95,8 +130,10 @@ class Sessions:
         """Deposed or stopping: no call to a TaskController goes on after the leadership."""
         for s in self.by_job.values():
             await s.close()
-        if self._http is not None:
-            await self._http.close()
+        for http in self._http.values():
+            await http.close()
+        for task in self._writes:
+            task.cancel()
 
     def in_flight_record(self, handle: str, session: TaskControlSession | None, plan: JobPlan,
                          started: list[str]) -> dict[str, dict]:

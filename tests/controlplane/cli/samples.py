@@ -11,13 +11,13 @@ T0 = 1714561200.0  # 2024-05-01T11:00:00Z
 ENTITLEMENT = {
     "name": "web", "owner": "team-web", "machine_type": "c2.large", "quota": 10, "profile": "web",
     "spread": {"properties": ["dc", "msb"], "pinned_dc": None}, "shard": 3, "created_at": T0,
-    "allow_host_network": False, "held": 4,
+    "allow_host_network": False, "allow_controller_networks": [], "held": 4,
 }
 ENTITLEMENT_DETAIL = dict(ENTITLEMENT, machines=["m-001", "m-002", "m-003", "m-004"], jobs=["web/frontend"])
 ENTITLEMENTS = {"entitlements": [
     ENTITLEMENT,
     {"name": "batch-analytics", "owner": "", "machine_type": "m5.xlarge", "quota": 200, "profile": None,
-     "spread": {"properties": ["msb"], "pinned_dc": "dc2"}, "shard": 0, "created_at": T0, "allow_host_network": False,
+     "spread": {"properties": ["msb"], "pinned_dc": "dc2"}, "shard": 0, "created_at": T0, "allow_host_network": False, "allow_controller_networks": [],
      "held": 0},
 ]}
 

@@ -101,7 +101,8 @@ def test_leader_killed_mid_update_a_follower_finishes_it_without_restarts(tmp_pa
         first = cs[0]
         creds = {f"m{i}": register(first, f"m{i}", f"dc{i % 2}", f"msb{i}", cpus=1, memory_mb=1024) for i in range(4)}
         with SimAgents(creds, [c.url for c in cs], interval=0.2) as agents:
-            assert first.call("POST", "/v1/entitlements", {"name": "web", "machine_type": "generic", "quota": 4})[0] == 201
+            assert first.call("POST", "/v1/entitlements", {"name": "web", "machine_type": "generic", "quota": 4,
+                                                           "allow_controller_networks": ["127.0.0.0/8"]})[0] == 201  # the controller runs here
             spec = {"entitlement": "web", "name": "api", "count": 4, "task": TASK, "controller": controller.url}
             status, body = cs[1].call("POST", "/v1/jobs", spec)  # a follower forwards it to the leader
             assert status == 201, body

@@ -119,3 +119,28 @@ def test_a_job_of_large_tasks_is_committed_in_batches_that_fit_etcds_default_req
     finally:
         c.close()
         etcd.stop()
+
+
+def test_bodies_that_are_not_utf8_are_a_400_naming_the_body(controld, etcd_server):
+    """JSON is UTF-8 (RFC 8259): a body in another encoding, whatever charset its Content-Type
+    claims, is malformed JSON, not a 500 (issue #24: UnicodeDecodeError in controld's log)."""
+    c = controld
+    cred = register(c, "m1", "dc1", "msb1")
+    assert c.call("POST", "/v1/entitlements", {"name": "web", "machine_type": "generic", "quota": 1})[0] == 201
+    before = etcd_revision(etcd_server.port)
+    job = json.dumps({"entitlement": "web", "name": "caf\u00e9", "count": 1, "task": TASK}, ensure_ascii=False)
+    latin1 = {"Content-Type": "application/json; charset=latin-1"}
+    cases = [
+        ("POST", "/v1/jobs", job.encode("latin-1"), API_TOKEN, {}),
+        ("POST", "/v1/jobs", job.encode("latin-1"), API_TOKEN, latin1),
+        ("POST", "/v1/jobs", b'{"entitlement": "web", "name": "\xff\xfe", "count": 1}', API_TOKEN, {}),
+        ("POST", "/v1/tokens", '{"role": "reader", "description": "\u00e9t\u00e9"}'.encode("utf-16"), API_TOKEN, {}),
+        ("POST", "/v1/entitlements", '{"name": "w", "owner": "J\u00fcrgen"}'.encode("latin-1"), API_TOKEN, latin1),
+        ("POST", "/v1/agent/heartbeat", '{"machine_id": "m\u00e9"}'.encode("latin-1"), cred, latin1),
+    ]
+    for method, path, data, token, headers in cases:
+        status, answer, _ = raw_call(c, method, path, data, token, headers)
+        assert (status, answer["error"], answer["field"]) == (400, "invalid", "body"), (path, data[:60], answer)
+    assert etcd_revision(etcd_server.port) == before, "a refused request wrote to etcd"
+    log = c.log.read_text()
+    assert "UnicodeDecodeError" not in log and "Traceback" not in log, log[-2000:]

@@ -230,7 +230,8 @@ def test_a_controller_token_is_sealed_in_etcd_and_reaches_its_controller_after_a
     token = "tc-" + SECRET
     with daemon_with_sim_agents(tmp_path, etcd_server.port, ("h1", "h2"), heartbeat_timeout=2.0) as (c, _agents), \
             Background(AckAll(), token=token) as url:
-        assert c.call("POST", "/v1/entitlements", {"name": "web", "machine_type": "generic", "quota": 2})[0] == 201
+        assert c.call("POST", "/v1/entitlements", {"name": "web", "machine_type": "generic", "quota": 2,
+                                                 "allow_controller_networks": ["127.0.0.0/8"]})[0] == 201
         spec = {**job_spec(), "count": 2, "controller": url, "controller_token": token}
         status, job = c.call("POST", "/v1/jobs", spec)
         assert status == 201 and job["controller_token"] is None and job["controller_token_set"] is True, job

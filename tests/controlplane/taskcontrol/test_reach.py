@@ -1,0 +1,96 @@
+"""Where controld may send a job's TaskControl calls (issue #24): loopback, link-local, unspecified
+and the control plane's own addresses are refused unless the entitlement allows the network, and
+the refusal is made on the address a connection is actually made to."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from controlplane.taskcontrol.reach import Reach, Refused
+
+CASES = [
+    ("127.0.0.1", (), "a loopback address"),
+    ("127.8.9.10", (), "a loopback address"),
+    ("::1", (), "a loopback address"),
+    ("::ffff:127.0.0.1", (), "a loopback address"),  # IPv4-mapped: the same address
+    ("169.254.169.254", (), "a link-local address"),
+    ("fe80::1", (), "a link-local address"),
+    ("fe80::1%eth0", (), "a link-local address"),
+    ("0.0.0.0", (), "an unspecified address"),
+    ("::", (), "an unspecified address"),
+    ("127.0.0.1", ("127.0.0.0/8",), None),
+    ("169.254.169.254", ("169.254.169.254/32",), None),
+    ("169.254.1.1", ("169.254.169.254/32",), "a link-local address"),
+    ("203.0.113.7", (), None),
+    ("2001:db8::7", (), None),
+]
+
+
+@pytest.mark.parametrize("address, allowed, why", CASES)
+def test_what_is_refused_unless_allowed(address, allowed, why):
+    got = Reach().refusal(address, allowed)
+    assert (got is None) if why is None else (why.removeprefix("an ").removeprefix("a ") in got), got
+
+
+def test_the_control_planes_own_addresses_are_refused_names_resolved():
+    reach = Reach(lambda: ["198.51.100.9", "localhost"])
+    asyncio.run(reach.refresh())
+    assert "the control plane itself" in reach.refusal("198.51.100.9")
+    assert reach.refusal("198.51.100.10") is None
+    own = next(a.address for addrs in __import__("psutil").net_if_addrs().values() for a in addrs
+               if a.family == socket.AF_INET and not a.address.startswith("127."))
+    assert "the control plane itself" in reach.refusal(own), "this host's own interfaces are the control plane's"
+    assert reach.refusal(own, (f"{own}/32",)) is None
+
+
+def test_a_url_is_checked_on_what_its_name_resolves_to():
+    reach = Reach()
+
+    async def check():
+        return [await reach.check_url("http://localhost:9/", ()), await reach.check_url("http://localhost:9/", ("127.0.0.0/8",)),
+                await reach.check_url("http://169.254.169.254/latest", ()),
+                await reach.check_url("http://no-such-name.invalid/", ())]
+
+    by_name, allowed, metadata, unresolved = asyncio.run(check())
+    assert "localhost resolves to 127.0.0.1, a loopback address" in by_name and "allow_controller_networks" in by_name
+    assert allowed is None and "169.254.169.254, a link-local address" in metadata
+    assert unresolved is None, "a name that does not resolve is checked at each call instead"
+
+
+def test_a_connection_is_refused_at_the_address_before_it_is_made():
+    """A real server on loopback: the connector refuses to connect to it (no request reaches it)
+    unless the network is allowed."""
+    got: list[str] = []
+
+    async def main():
+        app = web.Application()
+
+        async def hello(request):
+            got.append(request.path)
+            return web.Response(text="hi")
+
+        app.router.add_get("/", hello)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]
+        reach = Reach()
+        try:
+            async with aiohttp.ClientSession(connector=reach.connector(())) as s:
+                with pytest.raises(aiohttp.ClientConnectorError) as e:
+                    await s.get(f"http://localhost:{port}/")
+                assert isinstance(e.value.os_error, Refused) and "loopback" in str(e.value.os_error)
+            async with aiohttp.ClientSession(connector=reach.connector(("127.0.0.0/8",))) as s:
+                async with s.get(f"http://localhost:{port}/") as r:
+                    assert await r.text() == "hi"
+        finally:
+            await runner.cleanup()
+
+    asyncio.run(main())
+    assert got == ["/"], "the refused connection never reached the server"

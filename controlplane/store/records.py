@@ -144,7 +144,7 @@ def controller_networks(texts: list[str]) -> tuple[str, ...]:
         try:
             out.append(str(ipaddress.ip_network(text, strict=False)))
         except ValueError as e:
-            raise ApiError("invalid", f"allow_controller_networks[{i}]", f"{text!r} is not a network "
+            raise ApiError("unprocessable", f"allow_controller_networks[{i}]", f"{text!r} is not a network "
                            f"(CIDR, e.g. 10.20.0.0/16): {e}") from None
     return tuple(dict.fromkeys(out))
 

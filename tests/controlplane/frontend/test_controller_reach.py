@@ -26,7 +26,7 @@ def test_refused_controller_addresses(tmp_path, etcd_server):
     with daemon_with_sim_agents(tmp_path, etcd_server.port, ("h1", "h2"), heartbeat_timeout=2.0) as (c, _agents):
         status, e = c.call("POST", "/v1/entitlements", {"name": "web", "machine_type": "generic", "quota": 2,
                                                         "allow_controller_networks": ["10.1.2.3/8", "not-a-net"]})
-        assert (status, e["field"]) == (400, "allow_controller_networks[1]"), e
+        assert (status, e["field"]) == (422, "allow_controller_networks[1]"), e
         assert c.call("POST", "/v1/entitlements", {"name": "web", "machine_type": "generic", "quota": 2})[0] == 201
         spec = {"entitlement": "web", "name": "api", "count": 2, "task": TASK}
         for url, words in [("http://169.254.169.254/latest/meta-data", "169.254.169.254, a link-local address"),

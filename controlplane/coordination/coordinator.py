@@ -45,6 +45,7 @@ from controlplane.store.keys import Keys
 log = logging.getLogger("twine.controld.coordination")
 ROLES = ("frontend", "scheduler", "health")
 HELD = 0.05  # s: a keep-alive's timeout that ran this late ran after the loop was held
+SUSPECT_AFTER = 2  # keep-alives in a row unanswered before the etcd member in use is taken for cut off
 
 
 @dataclass(frozen=True)
@@ -231,6 +232,7 @@ class Coordinator:
 
     async def _keepalive(self) -> None:
         sent = time.monotonic()
+        unanswered = 0  # keep-alives in a row that timed out
         while not self.closing:
             # a quarter of the TTL after the last one was sent (at once when its answer was late)
             await asyncio.sleep(max(0.0, sent + self.ttl / 4 - time.monotonic()))
@@ -239,10 +241,14 @@ class Coordinator:
             sent = time.monotonic()
             try:
                 left = await self._refresh(sent)
+                unanswered = 0
             except Exception as e:
                 self.counters["lease_failures"] += 1
                 log.warning("lease keep-alive failed: %s: %s", type(e).__name__, e)
                 left = None
+                unanswered = unanswered + 1 if isinstance(e, TimeoutError) else 0
+                if unanswered == SUSPECT_AFTER:  # the member in use may be cut off: another one answers
+                    self.store.suspect(f"{unanswered} lease keep-alives unanswered")
             if left is not None and left > 0:
                 self.valid_until = sent + left
                 self.counters["lease_renewals"] += 1

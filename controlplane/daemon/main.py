@@ -28,6 +28,7 @@ from controlplane.scheduler.ratelimit import Limits
 from controlplane.security.sealing import Sealer
 from controlplane.security.secretfile import owner_only, tokens_in
 from controlplane.store import EtcdTls, Store
+from controlplane.store.etcd import WRITE_TIMEOUT
 
 log = logging.getLogger("twine.controld")
 EXIT_OK, EXIT_INPUT, EXIT_UNAVAILABLE = 0, 2, 3
@@ -109,6 +110,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--etcd-cert", help="this daemon's client certificate for etcd (PEM; with etcd's "
                                        "--client-cert-auth it is the credential); needs --etcd-key")
     p.add_argument("--etcd-key", help="the private key of --etcd-cert (PEM)")
+    p.add_argument("--etcd-write-timeout", type=float, default=WRITE_TIMEOUT,
+                   help="seconds a transaction may take before it is given up and the next etcd member is used: "
+                        "a write that a member proposed to a leader that died waits out etcd's own request timeout "
+                        "(7 s by default) otherwise (default %(default)s)")
     p.add_argument("--region", default="region1", help="the region this daemon serves (default %(default)s)")
     p.add_argument("--listen", default="127.0.0.1:8080", help="API address HOST:PORT (default %(default)s)")
     p.add_argument("--api-token-file", help="operator/job owner tokens, one per line (required)")
@@ -203,7 +208,7 @@ def settings_of(args: argparse.Namespace) -> DaemonSettings:
         if value < 1:
             raise SystemExit(_input_error(flag, f"{value}: at least 1"))
     for flag, value in (("--header-timeout", args.header_timeout), ("--body-timeout", args.body_timeout),
-                        ("--max-long-poll", args.max_long_poll)):
+                        ("--max-long-poll", args.max_long_poll), ("--etcd-write-timeout", args.etcd_write_timeout)):
         if not 0 < value <= 3600:
             raise SystemExit(_input_error(flag, f"{value}: seconds, more than 0 and at most 3600"))
     return DaemonSettings(
@@ -272,7 +277,7 @@ async def _main(args: argparse.Namespace) -> int:
     lhost, lport = _hostport(args.listen, "--listen", 8080)
     settings = settings_of(args)
     c = credentials_of(args)
-    store = Store(args.etcd, tls=c.etcd_tls)
+    store = Store(args.etcd, tls=c.etcd_tls, write_timeout=args.etcd_write_timeout)
     daemon = ControlDaemon(store, settings, c.api_tokens, c.bootstrap, c.tls, c.client_tls, c.sealer)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

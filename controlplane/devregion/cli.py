@@ -31,7 +31,7 @@ def _load_agents(arg: str, kernel_owner: str | None) -> list[AgentSpec]:
 def _cmd_up(args) -> int:
     agents = _load_agents(args.agents, args.kernel_owner)
     region = Region(args.dir, agents, region=args.region, heartbeat_timeout=args.heartbeat_timeout,
-                    start_timeout=args.timeout)
+                    start_timeout=args.timeout, etcd_members=args.etcd_members)
 
     def on_term(signum, frame):  # tear down what was started, as on Ctrl-C
         raise SystemExit(128 + signum)
@@ -46,7 +46,8 @@ def _cmd_up(args) -> int:
     py = sys.executable
     print(f"region {region.region} is up (prefix {region.prefix}, network {region.network.subnet}, bridge {region.network.bridge})")
     print(f"  controld   {region.url}   (log {region.log_path('controld')})")
-    print(f"  etcd       {region._etcd_info['endpoint']}")
+    members = "" if region.etcd_members == 1 else f"   ({', '.join(region.etcd_names())}: members of one cluster)"
+    print(f"  etcd       {','.join(region.etcd_endpoints())}{members}")
     for name, s in region.specs.items():
         kernel = ", owns the kernel" if s.owns_kernel else ""
         print(f"  agent {name:<4} machine {region.machine_id(name)}  {region.agent_ip(name)}  {s.dc}/{s.msb}/{s.rack}{kernel}")
@@ -57,7 +58,9 @@ def _cmd_up(args) -> int:
           f"--token-file {region.api_token_file} machine list")
     print(f"  (or: export TWINE_URL={region.url} TWINE_CA={region.ca_file} TWINE_TOKEN_FILE={region.api_token_file}; "
           ".venv/bin/twinectl machine list)")
-    print("status / rehearse a failure (NAME: etcd, controld, an agent) / stop:")
+    names = "etcd, controld, an agent" if region.etcd_members == 1 else \
+        f"etcd (all members), {', '.join(region.etcd_names())}, etcd-leader, controld, an agent"
+    print(f"status / rehearse a failure (NAME: {names}) / stop:")
     print(f"  {py} -m controlplane.devregion status --dir {region.workdir}")
     print(f"  {py} -m controlplane.devregion kill|restart|partition|heal NAME --dir {region.workdir}")
     print(f"  {py} -m controlplane.devregion down --dir {region.workdir}")
@@ -125,11 +128,15 @@ def _cmd_rehearse(args) -> int:
     try:
         if args.command == "kill":
             code = region.kill(name, getattr(signal, f"SIG{args.signal.upper().removeprefix('SIG')}"))
-            print(f"{name} stopped{f' (exit {code})' if code is not None else ''}")
+            print(f"{region.resolve(name) if name != 'etcd-leader' else 'the etcd leader'} stopped"
+                  f"{f' (exit {code})' if code is not None else ''}")
         elif args.command == "restart":
+            name = region.resolve(name)
             region.restart(name)
-            print(f"{name} running again, pid {region.procs[region._key(name)].pid}")
+            pids = [region.procs[k].pid for k in (region.etcd_names() if name == "etcd" else [region._key(name)])]
+            print(f"{name} running again, pid {', '.join(map(str, pids))}")
         elif args.command == "partition":
+            name = region.resolve(name)
             region.partition(name)
             print(f"{name} cut off (heal: python -m controlplane.devregion heal {name} --dir {region.workdir})")
         else:
@@ -158,12 +165,16 @@ def main(argv: list[str] | None = None) -> int:
     up.add_argument("--region", default="local")
     up.add_argument("--heartbeat-timeout", type=float, default=3.0)
     up.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for each process to answer")
+    up.add_argument("--etcd-members", type=int, choices=(1, 3, 5), default=1,
+                    help="etcd as one member (default) or a cluster of 3 or 5, each on a loopback address of its own "
+                         "(127.0.0.11, ...), with TLS to its peers")
     down = sub.add_parser("down", help="stop everything recorded in DIR/region.json")
     down.add_argument("--dir", required=True)
     st = sub.add_parser("status", help="what is running")
     st.add_argument("--dir", required=True)
     st.add_argument("--json", action="store_true")
-    what = "etcd, controld, or an agent's name"
+    what = "etcd (every member), etcd-N (one member of a cluster), etcd-leader (the member that leads now), " \
+           "controld, or an agent's name"
     k = sub.add_parser("kill", help="signal one process (SIGKILL by default) and wait for it to exit; its data stays")
     k.add_argument("name", metavar="NAME", help=what)
     k.add_argument("--signal", default="KILL", help="KILL (default), TERM, INT, ...")

@@ -9,6 +9,7 @@ import shutil
 import signal
 import subprocess
 
+from controlplane.devregion.layout import is_etcd_member
 from controlplane.devregion.network import ip_binary
 from controlplane.devregion.procs import child_env
 
@@ -18,15 +19,28 @@ class Faults:
     agent), its recorded partitions (`partitioned`, saved with the region's state)."""
 
     partitioned: set[str]
+    etcd_members: int
+
+    def resolve(self, name: str) -> str:
+        """`etcd-leader`: the etcd member that leads now (`etcd-N`); any other name as it is."""
+        return self.etcd_leader() if name == "etcd-leader" and self.etcd_members > 1 else name
 
     def _key(self, name: str) -> str:
         if name in ("etcd", "controld"):
+            return name
+        if is_etcd_member(name):
+            if name not in self.etcd_names():
+                raise KeyError(f"no etcd member {name!r} in this region (members: {', '.join(self.etcd_names())})")
             return name
         self._spec(name)
         return f"agent:{name}"
 
     def kill(self, name: str, sig: int = signal.SIGKILL, timeout: float = 30.0) -> int | None:
-        """Signal etcd, controld or an agent and wait until it has exited; its data stays."""
+        """Signal etcd (every member), an etcd member, controld or an agent and wait until it has
+        exited; its data stays."""
+        name = self.resolve(name)
+        if name == "etcd":
+            return self.kill_etcd(sig, timeout)
         return self._kill(self._key(name), sig, timeout)
 
     def restart(self, name: str) -> None:
@@ -35,25 +49,38 @@ class Faults:
         etcd's start is judged through its port (which controld's partition cuts too), controld's
         through its API and it reads etcd before it serves. An agent's start is judged on its own
         namespace's loopback, which its partition leaves alone."""
+        name = self.resolve(name)
         key = self._key(name)
-        cut = {"etcd", "controld"} & self.partitioned if name in ("etcd", "controld") else set()
+        stores = {"etcd", "controld", *self.etcd_names()}
+        cut = ({"etcd", "controld", name} & self.partitioned) if name in stores else set()
         if cut:
             raise RuntimeError(f"{name} cannot be restarted while {' and '.join(sorted(cut))} is partitioned: heal first")
-        ref = self.procs.get(key)
-        if ref is not None and ref.alive():
-            self._kill(key, signal.SIGTERM, 30.0)
-        if name == "etcd":
-            self.start_etcd()
+        for k in (self.etcd_names() if name == "etcd" else [key]):
+            ref = self.procs.get(k)
+            if ref is not None and ref.alive():
+                self._kill(k, signal.SIGTERM, 30.0)
+        if name == "etcd" or is_etcd_member(name):
+            self.start_etcd(name)
         elif name == "controld":
             self.start_controld()
         else:
             self.start_agent(name)
 
     def _rules(self, name: str) -> list[tuple[str | None, list[str]]]:
-        """The iptables rules that cut `name` off: (the agent's namespace, or None: the host's; rule)."""
+        """The iptables rules that cut `name` off: (the agent's namespace, or None: the host's; rule).
+        An etcd member of a cluster: whatever its processes send (matched by its cgroup: its
+        connections to its peers leave from 127.0.0.1 like anyone's), and whatever comes to its
+        address; the whole cluster (`etcd`): every member from controld and from each other."""
         self._key(name)
         assert self._etcd_info is not None and self.controld_listen is not None and self.network is not None
         tag = ["-m", "comment", "--comment", self._tag(name), "-j", "DROP"]
+        if is_etcd_member(name):
+            host = self._member(name)["host"]
+            cgroup = self._member(name)["cgroup"].rsplit("/", 1)[-1]  # relative to the cgroup v2 root
+            return [(None, ["OUTPUT", "-m", "cgroup", "--path", cgroup, *tag]),
+                    (None, ["INPUT", "-i", "lo", "-d", host, *tag])]
+        if name == "etcd" and self.etcd_members > 1:
+            return [(None, ["INPUT", "-i", "lo", "-d", m["host"], *tag]) for m in self._etcd_info["members"]]
         if name in ("etcd", "controld"):
             etcd = str(self._etcd_info["port"])  # controld is etcd's only client
             rules = [["INPUT", "-i", "lo", "-p", "tcp", "--dport", etcd, *tag],
@@ -78,6 +105,7 @@ class Faults:
 
     def partition(self, name: str) -> None:
         """Cut `name` off while it keeps running: its connections go silent (DROP, not refused)."""
+        name = self.resolve(name)
         rules = self._rules(name)  # an unknown name is refused before anything is recorded
         if name in self.partitioned:
             return

@@ -14,6 +14,16 @@ from controlplane.security.pki import CA
 
 STATE_FILE = "region.json"
 ETCD_USER = "controld-etcd-client"  # controld's etcd client certificate's common name: its etcd user
+MEMBER_COUNTS = (1, 3, 5)  # etcd members a region may have
+
+
+def member_host(i: int) -> str:
+    """The loopback address of etcd member i (1-based) of a region's cluster."""
+    return f"127.0.0.{10 + i}"
+
+
+def is_etcd_member(name: str) -> bool:
+    return name.startswith("etcd-") and name[5:].isdigit()
 
 
 class Layout:
@@ -22,6 +32,7 @@ class Layout:
 
     workdir: Path
     region: str
+    etcd_members: int
     specs: dict[str, AgentSpec]
     network: Network | None
     controld_listen: str | None
@@ -88,6 +99,8 @@ class Layout:
         ca = CA(self.pki_dir, name=f"devregion {self.region} CA", days=30)
         ca.issue("controld", client=True, ips=(self.network.bridge_ip, "127.0.0.1"))
         ca.issue("etcd", ips=("127.0.0.1",))
+        for i in range(1, self.etcd_members + 1 if self.etcd_members > 1 else 1):  # a cluster's: for clients and peers
+            ca.issue(f"etcd-{i}", ips=(member_host(i),))
         ca.issue(ETCD_USER, server=False)
         ca.issue("root", server=False)
 
@@ -116,7 +129,7 @@ class Layout:
         return self.agent_dir(name) / "state"
 
     def log_path(self, name: str) -> Path:
-        if name in ("etcd", "controld"):
+        if name in ("etcd", "controld") or is_etcd_member(name):
             return self.log_dir / f"{name}.log"
         self._spec(name)
         return self.log_dir / f"agent-{name}.log"

@@ -8,7 +8,6 @@ import json
 import logging
 import os
 import secrets
-import shutil
 import signal
 import socket
 import subprocess
@@ -25,8 +24,9 @@ import psutil
 
 from controlplane.store.etcdproc import EtcdServer
 from controlplane.security.sealing import Sealer
+from controlplane.devregion.etcd import Etcd
 from controlplane.devregion.faults import Faults
-from controlplane.devregion.layout import ETCD_USER, STATE_FILE, Layout
+from controlplane.devregion.layout import ETCD_USER, MEMBER_COUNTS, STATE_FILE, Layout, is_etcd_member
 from controlplane.devregion.network import MAX_AGENTS, NAME_RE, Network, ip_binary, ns_http_get
 from controlplane.devregion.procs import REPO, ProcRef, child_env, log_tail, spawn, stop_process
 from controlplane.devregion.spec import AgentSpec
@@ -47,7 +47,7 @@ def _write_secret(path: Path, text: str) -> None:
     os.chmod(path, 0o600)
 
 
-class Region(Layout, Faults):
+class Region(Layout, Etcd, Faults):
     """etcd + one twine-controld + one agent per AgentSpec, each agent in its own netns.
 
     `start()` brings it all up and returns once controld answers and every agent's /status
@@ -57,14 +57,14 @@ class Region(Layout, Faults):
 
     def __init__(self, workdir: str | Path, agents: Iterable[AgentSpec], region: str = "local",
                  heartbeat_timeout: float = 3.0, *, start_timeout: float = 60.0,
-                 controld_args: tuple[str, ...] = ()) -> None:
+                 controld_args: tuple[str, ...] = (), etcd_members: int = 1) -> None:
         self.workdir = Path(workdir).resolve()
         self.controld_args = tuple(controld_args)  # extra twine-controld flags (e.g. --rate-limits)
         self.specs: dict[str, AgentSpec] = {}
         for a in agents:
             if not NAME_RE.fullmatch(a.name):
                 raise ValueError(f"agent name {a.name!r}: 1-20 of a-z, 0-9, '-'")
-            if a.name in self.specs or a.name in ("etcd", "controld"):
+            if a.name in self.specs or a.name in ("etcd", "controld") or is_etcd_member(a.name):
                 raise ValueError(f"agent name {a.name!r} is used twice or reserved")
             self.specs[a.name] = a
         if len(self.specs) > MAX_AGENTS:
@@ -72,11 +72,15 @@ class Region(Layout, Faults):
         owners = [a.name for a in self.specs.values() if a.owns_kernel]
         if len(owners) > 1:
             raise ValueError(f"only one agent may own the kernel, not {owners}")
+        if etcd_members not in MEMBER_COUNTS:
+            raise ValueError(f"etcd members: {etcd_members}; one of {', '.join(map(str, MEMBER_COUNTS))}")
+        self.etcd_members = etcd_members
         self.region = region
         self.heartbeat_timeout = heartbeat_timeout
         self.start_timeout = start_timeout
         self.network: Network | None = None
-        self.etcd: EtcdServer | None = None
+        self.etcd: EtcdServer | None = None  # the single member's (etcd_members 1)
+        self.etcd_servers: dict[str, EtcdServer] = {}  # a cluster's members this process started, by name
         self.controld_listen: str | None = None
         self.procs: dict[str, ProcRef | None] = {}
         self._popen: dict[str, subprocess.Popen] = {}
@@ -105,7 +109,9 @@ class Region(Layout, Faults):
             "url": self.url if self.controld_listen else None,
             "api_token_file": str(self.api_token_file),
             "bootstrap_token_file": str(self.bootstrap_token_file),
-            "etcd": {**(self._etcd_info or {}), "proc": proc("etcd")},
+            "etcd_members": self.etcd_members,
+            "etcd": {**(self._etcd_info or {}), "proc": proc("etcd")} if self.etcd_members == 1 else
+                    {**(self._etcd_info or {}), "procs": {n: proc(n) for n in self.etcd_names()}},
             "controld": {"listen": self.controld_listen, "log": str(self.log_path("controld")), "proc": proc("controld")},
             "agents": {
                 name: {
@@ -135,7 +141,7 @@ class Region(Layout, Faults):
         d = json.loads((workdir / STATE_FILE).read_text())
         r = cls(workdir, [AgentSpec(**a["spec"]) for a in d["agents"].values()], region=d["region"],
                 heartbeat_timeout=d["heartbeat_timeout"], controld_args=tuple(d.get("controld_args", ())),
-                start_timeout=d.get("start_timeout", 60.0))
+                start_timeout=d.get("start_timeout", 60.0), etcd_members=d.get("etcd_members", 1))
         r.stopped = d.get("stopped", False)
         r.partitioned = set(d.get("partitioned", ()))
         if d.get("network"):
@@ -143,8 +149,9 @@ class Region(Layout, Faults):
         r.controld_listen = d["controld"]["listen"]
         etcd = dict(d.get("etcd") or {})
         p = etcd.pop("proc", None)
+        for name, p_ in (etcd.pop("procs", None) or {"etcd": p}).items():
+            r.procs[name] = ProcRef(**p_) if p_ else None
         r._etcd_info = etcd or None
-        r.procs["etcd"] = ProcRef(**p) if p else None
         p = d["controld"].get("proc")
         r.procs["controld"] = ProcRef(**p) if p else None
         for name, a in d["agents"].items():
@@ -188,58 +195,12 @@ class Region(Layout, Faults):
                     e.add_note("teardown after the failed start: " + "; ".join(problems))
             raise
 
-    def _start_etcd(self) -> None:
-        self.etcd = EtcdServer(host="127.0.0.1", data_dir=self.workdir / "etcd", log_file=self.log_path("etcd"),
-                               log_level="warn", new_session=True, name=f"devregion-{self.prefix}",
-                               tls=(*self._pki("etcd"), self.ca_file))
-        self._etcd_info = {"endpoint": self.etcd.endpoint, "port": self.etcd.port, "peer_port": self.etcd.peer_port,
-                           "data_dir": self.etcd.data_dir, "log": str(self.log_path("etcd"))}
-        self.save()
-        self.start_etcd()
-        self._etcd_auth()
-
-    def _etcd_auth(self) -> None:
-        """etcd's auth on, as an operator would (`python -m controlplane.security.etcdauth`): controld's
-        certificate may read and write the region's keys, any other the CA signed nothing."""
-        assert self.etcd is not None
-        root_cert, root_key = self._pki("root")
-        done = subprocess.run(
-            [sys.executable, "-m", "controlplane.security.etcdauth", "--endpoint", self.etcd.endpoint, "--ca", str(self.ca_file),
-             "--cert", root_cert, "--key", root_key, "--user", ETCD_USER],
-            capture_output=True, text=True, timeout=60, env=child_env(), cwd=REPO)
-        if done.returncode != 0:
-            raise RuntimeError(f"etcd's auth could not be set up: {done.stderr.strip()[-500:]}")
-
-    def start_etcd(self) -> None:
-        """Start the region's etcd: at region start, or again after `kill_etcd()` (same data dir,
-        same port: an outage over), also from another process than the one that started it."""
-        if self.etcd is None:
-            if not self._etcd_info:
-                raise RuntimeError("the region's etcd was never started")
-            info = self._etcd_info
-            self.etcd = EtcdServer(host=info["endpoint"].rsplit(":", 1)[0], data_dir=info["data_dir"],
-                                   log_file=info["log"], log_level="warn", new_session=True,
-                                   name=f"devregion-{self.prefix}", tls=(*self._pki("etcd"), self.ca_file))
-            self.etcd.port, self.etcd.peer_port = info["port"], info["peer_port"]
-        try:
-            self.etcd.start()
-        finally:
-            if self.etcd.proc is not None:
-                self._popen["etcd"] = self.etcd.proc
-                with contextlib.suppress(psutil.NoSuchProcess):
-                    self.procs["etcd"] = ProcRef.of(self.etcd.proc.pid)
-                self.save()
-
-    def kill_etcd(self, sig: int = signal.SIGTERM, timeout: float = 30.0) -> int | None:
-        """Signal etcd and wait until it has exited, keeping its data: an etcd outage."""
-        return self._kill("etcd", sig, timeout)
-
     # commands (separate methods so tests can stand in for the processes) ----------------------
     def controld_command(self) -> list[str]:
         assert self._etcd_info is not None and self.controld_listen is not None
         return [
             sys.executable, "-m", "controlplane.daemon",
-            "--etcd", self._etcd_info["endpoint"], "--region", self.region, "--listen", self.controld_listen,
+            "--etcd", ",".join(self.etcd_endpoints()), "--region", self.region, "--listen", self.controld_listen,
             "--api-token-file", str(self.api_token_file), "--bootstrap-token-file", str(self.bootstrap_token_file),
             "--secret-key-file", str(self.secret_key_file), "--heartbeat-timeout", f"{self.heartbeat_timeout:g}", "--log-level", "info",
             "--tls-cert", self._pki("controld")[0], "--tls-key", self._pki("controld")[1], "--tls-ca", str(self.ca_file),
@@ -438,14 +399,7 @@ class Region(Layout, Faults):
         if self.network is not None and self.network.prefix is not None:
             attempt("remove containers", self._remove_containers)
             attempt("network teardown", lambda: problems.extend(self.network.destroy()))
-        # etcd
-        if self.procs.get("etcd") is not None:
-            attempt("stop etcd", lambda: self._kill("etcd", signal.SIGTERM, 10.0))
-        if self.etcd is not None and self.etcd.proc is not None and self.etcd.proc.stderr is not None:
-            self.etcd.proc.stderr.close()
-        data_dir = (self._etcd_info or {}).get("data_dir")
-        if data_dir:
-            shutil.rmtree(data_dir, ignore_errors=True)
+        attempt("stop etcd", lambda: self._stop_etcd(attempt))
         self.stopped = True
         if self.workdir.exists():
             attempt("save region.json", self.save)

@@ -45,6 +45,7 @@ CHANNEL_OPTIONS = {
 # leader), DEADLINE_EXCEEDED (no answer in time), a watch whose creation was not answered.
 UNREACHABLE = (ConnectionFailedError, ConnectionTimeoutError, WatchTimeoutError)
 PROBE_INTERVAL = 1.0  # seconds between looks while unreachable
+WRITE_TIMEOUT = 3.0  # seconds a transaction may take (Store.write_timeout)
 RANGE_PAGE = 5000  # keys per range read
 
 
@@ -57,11 +58,11 @@ async def _range_page(c: aetcd.Client, start: bytes, end: bytes, limit: int, rev
 
 
 @aetcd.client._handle_errors
-async def _txn(c: aetcd.Client, request: aetcd.rpc.TxnRequest):
+async def _txn(c: aetcd.Client, request: aetcd.rpc.TxnRequest, timeout: float):
     """A Txn request built here from etcd's messages: aetcd's transaction() builds each operation
     through several layers of helpers, a cost that showed per job in the scheduler's commits."""
     await c.connect()
-    return await c.kvstub.Txn(request, timeout=c._timeout, metadata=c.metadata)
+    return await c.kvstub.Txn(request, timeout=timeout, metadata=c.metadata)
 
 
 def txn_request(reads: list[Versioned], puts: dict[str, Any], deletes) -> aetcd.rpc.TxnRequest:
@@ -246,17 +247,23 @@ class _TlsClient(aetcd.Client):
 
 class Store:
     def __init__(self, endpoints: Sequence[Endpoint] = (("127.0.0.1", 2379),), timeout: float = 10,
+                 write_timeout: float = WRITE_TIMEOUT,
                  tls: EtcdTls | None = None):
         if not endpoints:
             raise ValueError("etcd: no endpoint")
         self.endpoints = [(str(h), int(p)) for h, p in endpoints]
         self.timeout = timeout
+        # a transaction unanswered this long is given up (and the next member used): one a member
+        # proposed to a leader that died waits out etcd's own request timeout (5 s + two election
+        # timeouts: 7 s by default) before etcd says so
+        self.write_timeout = min(write_timeout, timeout)
         self.tls = tls
         self.unavailable = ""  # "" while etcd answers; else which endpoints failed and how
         self._at = 0  # the endpoint in use
         self.client = self._client()
         self._retiring: set[asyncio.Task] = set()
         self._probe: asyncio.Task | None = None
+        self._moved = asyncio.Event()  # set (and replaced) when the store moves to another member
 
     def _client(self) -> aetcd.Client:
         host, port = self.endpoints[self._at]
@@ -283,16 +290,29 @@ class Store:
             self._at = (self._at + 1) % len(self.endpoints)
             log.warning("etcd at %s: moving to %s", why, self.endpoint)
             self.client = self._client()
+            self._moved.set()
+            self._moved = asyncio.Event()
             task = asyncio.get_running_loop().create_task(self._retire(client))
             self._retiring.add(task)
             task.add_done_callback(self._retiring.discard)
         return why
 
+    def moved(self) -> asyncio.Event:
+        """Set when the store moves to another member (an event each time: take it anew)."""
+        return self._moved
+
+    def suspect(self, why: str) -> None:
+        """A caller's word that the member in use does not answer (a lease keep-alive unanswered,
+        say): the store moves to the next member, as after a call of its own that timed out."""
+        self._failed(self.client, self.endpoint, TimeoutError(why))
+
     async def _retire(self, client: aetcd.Client) -> None:
-        """Close a client the store moved away from, once the calls in flight on it are done
-        (closing cancels them); its watches end then, and their owners read afresh."""
+        """Close a client the store moved away from, once the writes in flight on it have had their
+        time (closing cancels them); its watches end then, and their owners read afresh from the
+        member the store uses now (a watch on a member cut off would otherwise wait for gRPC's
+        keep-alive to notice, about 15 s)."""
         try:
-            await asyncio.sleep(self.timeout)
+            await asyncio.sleep(self.write_timeout)
         finally:
             await client.close()
 
@@ -387,7 +407,7 @@ class Store:
         Returns the new revision; raises Conflict otherwise."""
         request = txn_request(reads, puts, deletes)
         try:
-            got = await self._call(lambda c: _txn(c, request), retry_timeouts=False)
+            got = await self._call(lambda c: _txn(c, request, self.write_timeout), retry_timeouts=False)
         except aetcd.exceptions.ClientError as e:
             # etcd's words: "too many operations in txn request", "request is too large"; its gRPC
             # server's: "received message larger than max" (RESOURCE_EXHAUSTED)

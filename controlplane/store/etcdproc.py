@@ -1,7 +1,11 @@
-"""A real etcd (Debian's `etcd`) on free loopback ports with its own data dir.
+"""A real etcd (Debian's `etcd`) on free loopback ports with its own data dir, or a cluster of them.
 
 Used by the tests (`tests/etcd_server.py` re-exports it) and by the local dev region
 (`controlplane/devregion/`). The data dir belongs to the server: `stop()` removes it.
+
+An EtcdCluster is 3 (or 5) members of one etcd cluster, each an EtcdServer on a loopback address
+of its own (127.0.0.11, .12, ...: a member can be cut off by its address alone), speaking TLS to
+its peers when given certificates, as a replicated store runs in production.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import tempfile
 import time
 import urllib.request
 from pathlib import Path
+from typing import Callable
 
 from controlplane.store.etcd import ETCD_FLAGS
 
@@ -45,9 +50,18 @@ class EtcdServer:
         raised_limits: bool = True,
         extra_flags: tuple[str, ...] = (),
         tls: tuple[str | Path, str | Path, str | Path] | None = None,
+        peer_tls: tuple[str | Path, str | Path, str | Path] | None = None,
+        cgroup: str | Path | None = None,
     ) -> None:
         # (cert, key, ca): clients speak TLS and must show a certificate the CA signed
         self.tls = tuple(map(str, tls)) if tls is not None else None
+        # the same for the other members of its cluster (EtcdCluster)
+        self.peer_tls = tuple(map(str, peer_tls)) if peer_tls is not None else None
+        self.initial_cluster: str | None = None  # name=peer URL,...: its cluster's members (None: itself alone)
+        # a cgroup (v2 directory) the process runs in from its start: every socket it makes belongs to
+        # it, so that iptables can cut off exactly this member (`-m cgroup --path`)
+        self.cgroup = str(cgroup) if cgroup is not None else None
+        self.cluster_token = "twine"
         self.extra_flags = tuple(extra_flags)  # more etcd flags (a benchmark's larger backend quota)
         self.raised_limits = raised_limits  # False: etcd's default limits (128 operations a transaction)
         self.host = host
@@ -76,19 +90,26 @@ class EtcdServer:
         return f"{'https' if self.tls else 'http'}://{self.host}:{self.port}"
 
     @property
+    def peer_url(self) -> str:
+        return f"{'https' if self.peer_tls else 'http'}://{self.host}:{self.peer_port}"
+
+    @property
     def pid(self) -> int | None:
         return self.proc.pid if self.proc is not None else None
 
     def command(self) -> list[str]:
-        client, peer = self.url, f"http://{self.host}:{self.peer_port}"
+        client, peer = self.url, self.peer_url
         return [
             "etcd", "--name", self.name, "--data-dir", self.data_dir,
             "--listen-client-urls", client, "--advertise-client-urls", client,
             "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
-            "--initial-cluster", f"{self.name}={peer}", "--log-level", self.log_level, "--logger", "zap",
+            "--initial-cluster", self.initial_cluster or f"{self.name}={peer}",
+            "--initial-cluster-token", self.cluster_token, "--log-level", self.log_level, "--logger", "zap",
             *(ETCD_FLAGS if self.raised_limits else ()), *self.extra_flags,
             *(("--cert-file", self.tls[0], "--key-file", self.tls[1], "--trusted-ca-file", self.tls[2],
                 "--client-cert-auth") if self.tls else ()),
+            *(("--peer-cert-file", self.peer_tls[0], "--peer-key-file", self.peer_tls[1],
+               "--peer-trusted-ca-file", self.peer_tls[2], "--peer-client-cert-auth") if self.peer_tls else ()),
         ]
 
     def _opener(self) -> urllib.request.OpenerDirector:
@@ -118,13 +139,28 @@ class EtcdServer:
         raise AssertionError("unreachable")
 
     def _start(self, timeout: float) -> EtcdServer:
+        self.launch()
+        return self.wait_healthy(timeout)
+
+    def launch(self) -> None:
+        """The process, without waiting for it: a cluster's members are launched together (none is
+        healthy before a quorum runs)."""
         if self.log_file is not None:
             self.log_file.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_file, "ab") if self.log_file is not None else contextlib.nullcontext(subprocess.PIPE) as out:
             self.proc = subprocess.Popen(
                 self.command(), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=out,
-                start_new_session=self.new_session,
+                start_new_session=self.new_session, preexec_fn=self._join_cgroup if self.cgroup else None,
             )
+
+    def _join_cgroup(self) -> None:
+        """In the child, before etcd runs: into its cgroup (made if needed)."""
+        os.makedirs(self.cgroup, exist_ok=True)
+        with open(os.path.join(self.cgroup, "cgroup.procs"), "w") as f:
+            f.write("0")
+
+    def wait_healthy(self, timeout: float) -> EtcdServer:
+        """Until /health says true (for a cluster's member: a leader is elected and it follows)."""
         deadline = time.monotonic() + timeout
         opener = self._opener()
         while time.monotonic() < deadline:
@@ -165,6 +201,117 @@ class EtcdServer:
     def stop(self) -> None:
         self.halt()
         shutil.rmtree(self.data_dir, ignore_errors=True)
+
+    def status(self, timeout: float = 2.0) -> dict:
+        """Its maintenance status over gRPC: {"member_id", "leader", "revision", "raft_index"}
+        (its own certificate as the client's: etcd's JSON gateway refuses certificates once its
+        auth is on). OSError when it does not answer."""
+        import grpc
+        from aetcd.rpc import rpc_pb2, rpc_pb2_grpc
+
+        if self.tls is not None:
+            creds = grpc.ssl_channel_credentials(*(Path(f).read_bytes() for f in (self.tls[2], self.tls[1], self.tls[0])))
+            channel = grpc.secure_channel(self.endpoint, creds)
+        else:
+            channel = grpc.insecure_channel(self.endpoint)
+        try:
+            s = rpc_pb2_grpc.MaintenanceStub(channel).Status(rpc_pb2.StatusRequest(), timeout=timeout)
+        except grpc.RpcError as e:
+            raise OSError(f"etcd {self.name} at {self.endpoint}: {e.code().name}: {e.details()}") from None
+        finally:
+            channel.close()
+        return {"member_id": s.header.member_id, "leader": s.leader, "revision": s.header.revision,
+                "raft_index": s.raftIndex}
+
+
+class EtcdCluster:
+    """`EtcdCluster(3).start()` ... `.stop()`: `n` members of one cluster, member i on 127.0.0.1(10+i)
+    with free ports; clients use `.endpoints` (every member's host:port, for controld's --etcd).
+    `tls(name)`/`peer_tls(name)` give a member's (cert, key, ca) for clients/peers (None: plain)."""
+
+    def __init__(self, n: int = 3, *, data_root: str | Path | None = None, log_dir: str | Path | None = None,
+                 name: str = "test", log_level: str = "error", new_session: bool = False,
+                 tls: Callable[[str], tuple] | None = None, peer_tls: Callable[[str], tuple] | None = None,
+                 hosts: list[str] | None = None, raised_limits: bool = True,
+                 cgroups: Callable[[str], str] | None = None) -> None:
+        self._root = None if data_root is not None else tempfile.mkdtemp(prefix="twine-etcd-cluster-")
+        root = Path(data_root if data_root is not None else self._root)
+        self.hosts = hosts or [f"127.0.0.{11 + i}" for i in range(n)]
+        self.members = [
+            EtcdServer(host, data_dir=root / f"{name}-{i + 1}",
+                       log_file=Path(log_dir) / f"etcd-{i + 1}.log" if log_dir is not None else None,
+                       log_level=log_level, new_session=new_session, name=f"{name}-{i + 1}",
+                       raised_limits=raised_limits, tls=tls(f"etcd-{i + 1}") if tls else None,
+                       peer_tls=peer_tls(f"etcd-{i + 1}") if peer_tls else None,
+                       cgroup=cgroups(f"etcd-{i + 1}") if cgroups else None)
+            for i, host in enumerate(self.hosts)]
+        self.join()
+
+    def join(self) -> None:
+        """Each member told of all (their names and peer URLs)."""
+        everyone = ",".join(f"{m.name}={m.peer_url}" for m in self.members)
+        for m in self.members:
+            m.initial_cluster = everyone
+            m.cluster_token = self.members[0].name
+
+    @property
+    def endpoints(self) -> list[str]:
+        return [m.endpoint for m in self.members]
+
+    def start(self, timeout: float = 30.0) -> EtcdCluster:
+        for m in self.members:
+            m.launch()
+        try:
+            for m in self.members:
+                m.wait_healthy(timeout)
+                m._chosen_ports = None
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def leader(self, timeout: float = 10.0) -> int:
+        """The index of the member that leads now (waiting for an election while there is none)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            ids: dict[int, int] = {}
+            leader = 0
+            for i, m in enumerate(self.members):
+                if m.proc is None or m.proc.poll() is not None:
+                    continue
+                try:
+                    s = m.status()
+                except (OSError, ValueError):
+                    continue
+                ids[s["member_id"]] = i
+                leader = s["leader"] or leader
+            if leader in ids:
+                return ids[leader]
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"no leader among the etcd members that answer ({len(ids)} of {len(self.members)})")
+            time.sleep(0.1)
+
+    def stop(self) -> None:
+        for m in self.members:
+            m.stop()
+            if m.cgroup:
+                with contextlib.suppress(OSError):
+                    os.rmdir(m.cgroup)
+        if self._root is not None:
+            shutil.rmtree(self._root, ignore_errors=True)
+
+
+def cgroup2_root() -> Path | None:
+    """Where the cgroup v2 hierarchy is mounted (/sys/fs/cgroup, or /sys/fs/cgroup/unified on a
+    hybrid host), or None."""
+    try:
+        for line in Path("/proc/mounts").read_text().splitlines():
+            fields = line.split()
+            if len(fields) > 2 and fields[2] == "cgroup2":
+                return Path(fields[1])
+    except OSError:
+        pass
+    return None
 
 
 def terminate(proc: subprocess.Popen, timeout: float = 10) -> None:

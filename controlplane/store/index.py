@@ -84,9 +84,15 @@ class Index:
 
     async def _follow(self) -> None:
         delay = RESYNC_FIRST
+        start = self._start_revision + 1
         while True:
             began = time.monotonic()
-            why = await self._watch(self._start_revision + 1)
+            why = await self._watch_until_moved(start)
+            if why is None:  # the store moved to another member: the watch goes on there, read nothing again
+                start = self.revision  # its events again (applied twice they change nothing): none is missed
+                log.warning("%s: watching from revision %d on %s", self.prefix, start, self.store.endpoint)
+                continue
+            start = self._start_revision + 1
             if time.monotonic() - began > RESYNC_MAX:
                 delay = RESYNC_FIRST  # it followed for a while: a new outage starts quick
             self.stale = self.store.unavailable or why  # the cause, when etcd is it
@@ -101,6 +107,26 @@ class Index:
                     self.stale = self.store.unavailable or f"reading {self.prefix} failed: {e}"
                     log.debug("%s", self.stale)
             await self._resync(items, revision)
+            start = self._start_revision + 1
+
+    async def _watch_until_moved(self, start: int) -> str | None:
+        """_watch, ended when the store moves to another member (None then): a watch on a member
+        cut off by a partition would go on waiting in silence until gRPC's keep-alive noticed."""
+        moved = asyncio.ensure_future(self.store.moved().wait())
+        watching = asyncio.ensure_future(self._watch(start))
+        try:
+            await asyncio.wait({moved, watching}, return_when=asyncio.FIRST_COMPLETED)
+            if watching.done():
+                return watching.result()
+            watching.cancel()
+            try:
+                await watching
+            except asyncio.CancelledError:
+                pass
+            return None
+        finally:
+            moved.cancel()
+            watching.cancel()
 
     async def _watch(self, start: int) -> str:
         """Apply the watch's changes until it ends; returns why it ended. An exception from

@@ -4,7 +4,21 @@
 #   install-controld.sh [--listen HOST:PORT] [--region R] [--heartbeat-timeout S]
 #                       [--api-token-file F] [--bootstrap-token-file F] [--wheelhouse DIR]
 #                       [--etcd-data-dir DIR] [--tls-cert F --tls-key F [--tls-ca F]]
+#                       [--etcd-peer-ip IP] [--etcd-endpoints HOST:PORT,...]
+#   install-controld.sh --etcd-add-member NAME=IP --etcd-bundle FILE     (on a host of the cluster)
+#   install-controld.sh --etcd-join --etcd-bundle FILE --etcd-peer-ip IP [the options above]
 #   install-controld.sh --uninstall [--purge]
+#
+# A replicated store: with --etcd-peer-ip the first control host's etcd also listens on IP (clients
+# on 2379, its peers on 2380, TLS with the region's etcd CA both ways), a member that other control
+# hosts can join. To add one: on a host of the cluster, --etcd-add-member NAME=IP tells the cluster
+# of the new member and writes FILE (mode 0600: the member's certificate, controld's client
+# certificate for etcd, the API and bootstrap tokens and the sealing key, which every replica of a
+# region shares); copy FILE to the new host and run --etcd-join there: its etcd joins the cluster,
+# its controld lists every member. Grow one member at a time, to 3 or 5. Then give the hosts that
+# were there before every member too: re-run it on each with --etcd-endpoints (a member's client
+# addresses, IP:2379 each). What a host is in the cluster (its name, IP, certificate, the members
+# its controld uses) is kept in /etc/twine/etcd-member: a re-run (an upgrade) keeps it.
 #
 # etcd (Debian's etcd-server) listens on 127.0.0.1:2379 only, configured in /etc/default/etcd
 # with room for one job's transaction, over TLS with client certificates and its auth on: only
@@ -27,6 +41,7 @@ src=$(cd "$(dirname "$0")/.." && pwd)
 
 listen=0.0.0.0:7080 region=region1 heartbeat_timeout=5 api_file="" boot_file="" wheelhouse=""
 etcd_data=/var/lib/etcd/twine uninstall=0 purge=0 tls_cert="" tls_key="" tls_ca=""
+peer_ip="" add_member="" bundle="" join=0 endpoints=""
 max_txn_ops=65536  # etcd's limit and controld's batch size: a job in one transaction
 while [ $# -gt 0 ]; do
   case $1 in
@@ -40,6 +55,11 @@ while [ $# -gt 0 ]; do
     --tls-cert) tls_cert=${2:?}; shift 2;;
     --tls-key) tls_key=${2:?}; shift 2;;
     --tls-ca) tls_ca=${2:?}; shift 2;;
+    --etcd-peer-ip) peer_ip=${2:?}; shift 2;;
+    --etcd-add-member) add_member=${2:?}; shift 2;;
+    --etcd-bundle) bundle=${2:?}; shift 2;;
+    --etcd-join) join=1; shift;;
+    --etcd-endpoints) endpoints=${2:?}; shift 2;;
     --uninstall) uninstall=1; shift;;
     --purge) purge=1; shift;;
     -h|--help) sed -n '2,/^set -e/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0;;
@@ -57,6 +77,48 @@ if [ $uninstall = 1 ]; then
   exit 0
 fi
 
+py=/opt/twine/venv/bin/python
+etcd_pki=/etc/twine/etcd-pki etcd_tls=/etc/twine/etcd-tls
+valid_ip() { "${PYTHON:-python3}" -c 'import ipaddress, sys; ipaddress.ip_address(sys.argv[1])' "$1" 2>/dev/null; }
+
+if [ -n "$add_member" ]; then
+  # on a host of the cluster: tell it of a new member, and write what the new host needs
+  name=${add_member%%=*} ip=${add_member#*=}
+  case $add_member in *=*) ;; *) usage_error "--etcd-add-member $add_member: must be NAME=IP";; esac
+  valid_ip "$ip" || usage_error "--etcd-add-member $add_member: $ip is not an IP address"
+  [ -n "$bundle" ] || usage_error "--etcd-add-member needs --etcd-bundle FILE: where to write what the new host needs"
+  [ -x "$py" ] && [ -e "$etcd_pki/ca-key.pem" ] || die "no region's etcd CA here ($etcd_pki): run it on a host that installed the cluster's etcd with --etcd-peer-ip"
+  admin=(--endpoint 127.0.0.1:2379 --ca "$etcd_pki/ca.pem" --cert "$etcd_pki/root.pem" --key "$etcd_pki/root-key.pem")
+  "$py" -m controlplane.security.pki "$etcd_pki" --server "member-$name-$ip" --ip "$ip" --ip 127.0.0.1 >/dev/null \
+    || die "could not issue the member's certificate in $etcd_pki"
+  clients=$("$py" -m controlplane.store.members "${admin[@]}" list | sed -n 's/.* clients=//p' | tr ',' '\n' \
+            | sed -n 's|^https://||p' | grep -v '^127\.' | paste -sd, -) || die "could not list etcd's members"
+  cluster=$("$py" -m controlplane.store.members "${admin[@]}" add "$name" "https://$ip:2380" | sed -n 's/^ETCD_INITIAL_CLUSTER=//p')
+  [ -n "$cluster" ] || die "etcd did not take the member $name (https://$ip:2380)"
+  work=$(mktemp -d)
+  trap 'rm -rf "$work"' EXIT
+  cp "$etcd_pki/ca.pem" "$work/ca.pem"
+  cp "$etcd_pki/member-$name-$ip.pem" "$work/member.pem"
+  cp "$etcd_pki/member-$name-$ip-key.pem" "$work/member-key.pem"
+  cp "$etcd_pki/twine-controld.pem" "$etcd_pki/twine-controld-key.pem" "$work/"
+  cp /etc/twine/api-tokens /etc/twine/bootstrap-tokens /etc/twine/secret-keys "$work/"
+  printf '%s\n' "$name" > "$work/name"
+  printf '%s\n' "$cluster" > "$work/cluster"
+  printf '%s\n' "${clients:+$clients,}$ip:2379" > "$work/clients"
+  (umask 077; tar -C "$work" -czf "$bundle" .)
+  chmod 0600 "$bundle"
+  echo "install-controld: etcd knows of member $name (https://$ip:2380) now; it counts toward the quorum from"
+  echo "  now on: start it soon. Copy $bundle to it (it holds secrets) and run there:"
+  echo "  install-controld.sh --etcd-join --etcd-bundle FILE --etcd-peer-ip $ip [--listen ... --tls-cert ... as here]"
+  echo "  (taken back, if it never starts: python -m controlplane.store.members ... remove $name)"
+  exit 0
+fi
+
+if [ $join = 1 ]; then
+  [ -n "$bundle" ] && [ -r "$bundle" ] || usage_error "--etcd-join needs --etcd-bundle FILE (made by --etcd-add-member on a host of the cluster)"
+  [ -n "$peer_ip" ] || usage_error "--etcd-join needs --etcd-peer-ip IP: this host's address, as given to --etcd-add-member"
+fi
+[ -z "$peer_ip" ] || valid_ip "$peer_ip" || usage_error "--etcd-peer-ip $peer_ip: not an IP address"
 case $listen in *:[0-9]*) ;; *) usage_error "--listen $listen: must be HOST:PORT";; esac
 if [ -n "$tls_cert$tls_key" ] && { [ -z "$tls_cert" ] || [ -z "$tls_key" ]; }; then
   usage_error "--tls-cert and --tls-key go together"
@@ -66,37 +128,87 @@ command -v etcd >/dev/null || die "etcd is missing: apt-get install etcd-server"
 install_code "$src" "$wheelhouse"
 getent passwd twine >/dev/null || useradd --system --home-dir /nonexistent --shell /usr/sbin/nologin twine
 
-# etcd: loopback only, TLS, and only clients with a certificate of its own CA; with its auth on,
-# controld's (common name twine-controld) is the one that reaches the region's keys. The CA and
-# etcd's admin's certificate (root) stay in /etc/twine/etcd-pki, root's alone; a re-run keeps them.
-py=/opt/twine/venv/bin/python
-etcd_pki=/etc/twine/etcd-pki etcd_tls=/etc/twine/etcd-tls
+# etcd: loopback only (and IP with --etcd-peer-ip), TLS, and only clients with a certificate of its
+# own CA; with its auth on, controld's (common name twine-controld) is the one that reaches the
+# region's keys. The CA and etcd's admin's certificate (root) stay in /etc/twine/etcd-pki, root's
+# alone; a re-run keeps them. A joining host has no CA key: its certificates come in the bundle.
 etcd_group=$(id -gn etcd 2>/dev/null || echo root)
 install -d -m 0700 "$etcd_pki"
-"$py" -m controlplane.security.pki "$etcd_pki" --server etcd --ip 127.0.0.1 --client twine-controld --client root \
-  || die "could not make etcd's certificates in $etcd_pki"
+name=$(hostname -s) cert=etcd members=""
+member_state=/etc/twine/etcd-member  # what an earlier run made this host in the cluster
+if [ $join = 0 ] && [ -r "$member_state" ]; then
+  kept_name=$name kept_peer_ip="" kept_cert=etcd kept_members=""
+  # shellcheck source=/dev/null
+  . "$member_state"
+  peer_ip=${peer_ip:-$kept_peer_ip} name=$kept_name cert=$kept_cert members=$kept_members
+fi
+if [ $join = 1 ]; then
+  work=$(mktemp -d)
+  trap 'rm -rf "$work"' EXIT
+  tar -C "$work" -xzf "$bundle" || die "$bundle: not a bundle made by --etcd-add-member"
+  name=$(cat "$work/name") cert=member
+  install -m 0644 "$work/ca.pem" "$work/member.pem" "$work/twine-controld.pem" "$etcd_pki/"
+  install -m 0600 "$work/member-key.pem" "$work/twine-controld-key.pem" "$etcd_pki/"
+  # the region's tokens and sealing key: every replica of a region has the same
+  [ -n "$api_file" ] || put_secret "$work/api-tokens" /etc/twine/api-tokens twine
+  [ -n "$boot_file" ] || put_secret "$work/bootstrap-tokens" /etc/twine/bootstrap-tokens twine
+  [ -s /etc/twine/secret-keys ] || put_secret "$work/secret-keys" /etc/twine/secret-keys twine
+  members="127.0.0.1:2379,$(tr ',' '\n' < "$work/clients" | grep -vx "$peer_ip:2379" | paste -sd, -)"
+elif [ -n "$peer_ip" ] && [ "$cert" != member ]; then  # a member others can join: its certificate for both addresses
+  cert=member-$name-$peer_ip
+  "$py" -m controlplane.security.pki "$etcd_pki" --server "$cert" --ip 127.0.0.1 --ip "$peer_ip" >/dev/null \
+    || die "could not make etcd's certificate in $etcd_pki"
+fi
+if [ -e "$etcd_pki/ca-key.pem" ] || [ ! -e "$etcd_pki/ca.pem" ]; then  # not on a joined host: its CA key is elsewhere
+  "$py" -m controlplane.security.pki "$etcd_pki" --server etcd --ip 127.0.0.1 --client twine-controld \
+    --client root || die "could not make etcd's certificates in $etcd_pki"
+fi
+members=${endpoints:+127.0.0.1:2379,$endpoints}${endpoints:-${members:-127.0.0.1:2379}}
+cat > "$member_state" <<STATE
+# Written by install-controld.sh: this host in the region's etcd (re-runs keep it).
+kept_name=$name
+kept_peer_ip=$peer_ip
+kept_cert=$cert
+kept_members=$members
+STATE
 install -d -m 0750 -o root -g "$etcd_group" "$etcd_tls"
 install -m 0644 "$etcd_pki/ca.pem" "$etcd_tls/ca.pem"
-install -m 0644 "$etcd_pki/etcd.pem" "$etcd_tls/etcd.pem"
-install -m 0640 -o root -g "$etcd_group" "$etcd_pki/etcd-key.pem" "$etcd_tls/etcd-key.pem"
+install -m 0644 "$etcd_pki/$cert.pem" "$etcd_tls/etcd.pem"
+install -m 0640 -o root -g "$etcd_group" "$etcd_pki/$cert-key.pem" "$etcd_tls/etcd-key.pem"
 install -d -m 0750 -o root -g twine /etc/twine/tls
 install -m 0644 "$etcd_pki/ca.pem" /etc/twine/tls/etcd-ca.pem
 install -m 0644 "$etcd_pki/twine-controld.pem" /etc/twine/tls/etcd-client.pem
 install -m 0600 -o twine -g twine "$etcd_pki/twine-controld-key.pem" /etc/twine/tls/etcd-client-key.pem
-# Debian's unit reads /etc/default/etcd.
+# Debian's unit reads /etc/default/etcd. Alone: clients and peers on loopback; a member of a
+# cluster: clients also on its IP, peers on its IP, TLS between members with the region's CA.
+if [ -n "$peer_ip" ]; then
+  clients_at=https://127.0.0.1:2379,https://$peer_ip:2379 advertised=https://$peer_ip:2379 peers=https://$peer_ip:2380
+  cluster=$name=$peers state=new
+  [ $join = 0 ] || { cluster=$(cat "$work/cluster"); state=existing; }
+  peer_tls="ETCD_PEER_CERT_FILE=$etcd_tls/etcd.pem
+ETCD_PEER_KEY_FILE=$etcd_tls/etcd-key.pem
+ETCD_PEER_TRUSTED_CA_FILE=$etcd_tls/ca.pem
+ETCD_PEER_CLIENT_CERT_AUTH=true"
+else
+  clients_at=https://127.0.0.1:2379 advertised=https://127.0.0.1:2379 peers=http://127.0.0.1:2380
+  cluster=$name=$peers state=new peer_tls=""
+fi
 cat > /etc/default/etcd.new <<ETCD
 # Written by install-controld.sh.
-ETCD_NAME=$(hostname -s)
+ETCD_NAME=$name
 ETCD_DATA_DIR=$etcd_data
-ETCD_LISTEN_CLIENT_URLS=https://127.0.0.1:2379
-ETCD_ADVERTISE_CLIENT_URLS=https://127.0.0.1:2379
+ETCD_LISTEN_CLIENT_URLS=$clients_at
+ETCD_ADVERTISE_CLIENT_URLS=$advertised
 ETCD_CERT_FILE=$etcd_tls/etcd.pem
 ETCD_KEY_FILE=$etcd_tls/etcd-key.pem
 ETCD_TRUSTED_CA_FILE=$etcd_tls/ca.pem
 ETCD_CLIENT_CERT_AUTH=true
-ETCD_LISTEN_PEER_URLS=http://127.0.0.1:2380
-ETCD_INITIAL_ADVERTISE_PEER_URLS=http://127.0.0.1:2380
-ETCD_INITIAL_CLUSTER=$(hostname -s)=http://127.0.0.1:2380
+ETCD_LISTEN_PEER_URLS=$peers
+ETCD_INITIAL_ADVERTISE_PEER_URLS=$peers
+ETCD_INITIAL_CLUSTER=$cluster
+ETCD_INITIAL_CLUSTER_STATE=$state
+ETCD_INITIAL_CLUSTER_TOKEN=twine-$region
+$peer_tls
 # Larger transactions than etcd's default 128 operations: a job in one (controld's max_txn_ops).
 ETCD_MAX_TXN_OPS=$max_txn_ops
 ETCD_MAX_REQUEST_BYTES=33554432
@@ -140,9 +252,11 @@ if [ -e /etc/twine/tls/controld.pem ] && [ -e /etc/twine/tls/controld-key.pem ];
   tls_conf=$'tls_cert = "/etc/twine/tls/controld.pem"\ntls_key = "/etc/twine/tls/controld-key.pem"'
   [ ! -e /etc/twine/tls/ca.pem ] || tls_conf+=$'\ntls_ca = "/etc/twine/tls/ca.pem"'
 fi
+# controld talks to its own host's member first, then to the other members it knows of
+etcd_members=${members%,}
 cat > /etc/twine/controld.toml.new <<CONF
 # Written by install-controld.sh; see /opt/twine/README.md and twine-controld --help.
-etcd = "127.0.0.1:2379"
+etcd = "$etcd_members"
 etcd_ca = "/etc/twine/tls/etcd-ca.pem"
 etcd_cert = "/etc/twine/tls/etcd-client.pem"
 etcd_key = "/etc/twine/tls/etcd-client-key.pem"
@@ -165,7 +279,9 @@ if have_systemd; then
 fi
 etcd_auth=("$py" -m controlplane.security.etcdauth --endpoint 127.0.0.1:2379 --ca "$etcd_pki/ca.pem"
            --cert "$etcd_pki/root.pem" --key "$etcd_pki/root-key.pem" --user twine-controld)
-if have_systemd; then
+if [ "$cert" = member ]; then
+  echo "install-controld: etcd is the cluster's member $name; its auth is the cluster's (on already)"
+elif have_systemd; then
   for try in 1 2 3 4 5 6 7 8 9 10; do  # etcd may take a moment to take clients after its restart
     rc=0; out=$("${etcd_auth[@]}" 2>&1) || rc=$?
     [ $rc = 0 ] && break

@@ -58,6 +58,7 @@ class EtcdServer:
         # the same for the other members of its cluster (EtcdCluster)
         self.peer_tls = tuple(map(str, peer_tls)) if peer_tls is not None else None
         self.initial_cluster: str | None = None  # name=peer URL,...: its cluster's members (None: itself alone)
+        self.initial_state = "new"  # "existing": a member joining a running cluster (members.py add)
         # a cgroup (v2 directory) the process runs in from its start: every socket it makes belongs to
         # it, so that iptables can cut off exactly this member (`-m cgroup --path`)
         self.cgroup = str(cgroup) if cgroup is not None else None
@@ -104,7 +105,8 @@ class EtcdServer:
             "--listen-client-urls", client, "--advertise-client-urls", client,
             "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
             "--initial-cluster", self.initial_cluster or f"{self.name}={peer}",
-            "--initial-cluster-token", self.cluster_token, "--log-level", self.log_level, "--logger", "zap",
+            "--initial-cluster-token", self.cluster_token, "--initial-cluster-state", self.initial_state,
+            "--log-level", self.log_level, "--logger", "zap",
             *(ETCD_FLAGS if self.raised_limits else ()), *self.extra_flags,
             *(("--cert-file", self.tls[0], "--key-file", self.tls[1], "--trusted-ca-file", self.tls[2],
                 "--client-cert-auth") if self.tls else ()),

@@ -1,0 +1,116 @@
+"""The members of a region's etcd cluster, for an operator growing it host by host (as
+`etcdctl member add|list|remove` would: etcdctl is not among etcd-server's files).
+
+A new control host joins in two steps: an existing member is told of it (`add`, which prints the
+cluster it will join), then the new host's etcd starts with that cluster and
+`--initial-cluster-state existing` (scripts/install-controld.sh --etcd-join does both halves). A
+member added but never started leaves the cluster one vote short: remove it (`remove`).
+
+    python -m controlplane.store.members --endpoint 127.0.0.1:2379 --ca CA --cert ROOT.pem --key ROOT-key.pem \\
+        list | add NAME https://IP:2380 | remove NAME
+
+With etcd's auth on, the admin's certificate (common name root) is the one that may change members.
+Exit codes: 0 done, 2 bad input (a file, a name, a URL), 3 etcd unreachable or refusing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+import grpc
+from aetcd.rpc import rpc_pb2, rpc_pb2_grpc
+
+from agent.errors import InputError
+from controlplane.store.etcd import EtcdTls
+
+
+@dataclass(frozen=True)
+class Member:
+    id: int
+    name: str  # "" for a member added that has not started yet
+    peer_urls: tuple[str, ...]
+    client_urls: tuple[str, ...]
+
+
+def _member(m) -> Member:
+    return Member(m.ID, m.name, tuple(m.peerURLs), tuple(m.clientURLs))
+
+
+async def _cluster(endpoint: str, admin: EtcdTls | None, call, timeout: float):
+    channel = grpc.aio.secure_channel(endpoint, admin.credentials()) if admin else grpc.aio.insecure_channel(endpoint)
+    async with channel:
+        return await call(rpc_pb2_grpc.ClusterStub(channel), timeout)
+
+
+async def members(endpoint: str, admin: EtcdTls | None = None, timeout: float = 10.0) -> list[Member]:
+    got = await _cluster(endpoint, admin, lambda s, t: s.MemberList(rpc_pb2.MemberListRequest(), timeout=t), timeout)
+    return [_member(m) for m in got.members]
+
+
+async def add(endpoint: str, name: str, peer_url: str, admin: EtcdTls | None = None,
+              timeout: float = 10.0) -> str:
+    """Tell the cluster of a new member at `peer_url`; the initial cluster it is to start with
+    (NAME=PEER_URL,... with its own name for the new one)."""
+    parts = urlsplit(peer_url)
+    if parts.scheme not in ("http", "https") or not parts.hostname or not parts.port:
+        raise InputError("command line", "PEER_URL", peer_url, "must be http(s)://HOST:PORT")
+    got = await _cluster(endpoint, admin, lambda s, t: s.MemberAdd(rpc_pb2.MemberAddRequest(peerURLs=[peer_url]),
+                                                                  timeout=t), timeout)
+    everyone = []
+    for m in map(_member, got.members):
+        who = name if m.id == got.member.ID else m.name
+        everyone += [f"{who}={url}" for url in m.peer_urls]
+    return ",".join(sorted(everyone))
+
+
+async def remove(endpoint: str, name: str, admin: EtcdTls | None = None, timeout: float = 10.0) -> Member:
+    found = [m for m in await members(endpoint, admin, timeout) if m.name == name or str(m.id) == name]
+    if not found:
+        raise InputError("command line", "NAME", name, "no such member (list them: members list)")
+    await _cluster(endpoint, admin, lambda s, t: s.MemberRemove(rpc_pb2.MemberRemoveRequest(ID=found[0].id),
+                                                                timeout=t), timeout)
+    return found[0]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m controlplane.store.members", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--endpoint", default="127.0.0.1:2379", help="a member's client address HOST:PORT")
+    p.add_argument("--ca", help="etcd serves TLS: its CA (PEM)")
+    p.add_argument("--cert", help="the admin's client certificate (PEM; common name root once auth is on)")
+    p.add_argument("--key", help="its private key (PEM)")
+    sub = p.add_subparsers(dest="command", required=True)
+    sub.add_parser("list", help="the members: id, name, peer and client URLs")
+    a = sub.add_parser("add", help="tell the cluster of a new member; prints the cluster it is to start with")
+    a.add_argument("name")
+    a.add_argument("peer_url", metavar="PEER_URL", help="https://HOST:2380")
+    r = sub.add_parser("remove", help="take a member out of the cluster (by name or id)")
+    r.add_argument("name")
+    args = p.parse_args(argv)
+    try:
+        admin = EtcdTls.load(args.ca, args.cert, args.key) if args.ca else None
+        if args.command == "list":
+            for m in asyncio.run(members(args.endpoint, admin)):
+                print(f"{m.id:x} {m.name or '(not started)'} peers={','.join(m.peer_urls)} "
+                      f"clients={','.join(m.client_urls) or '-'}")
+        elif args.command == "add":
+            print(f"ETCD_INITIAL_CLUSTER={asyncio.run(add(args.endpoint, args.name, args.peer_url, admin))}")
+            print("ETCD_INITIAL_CLUSTER_STATE=existing")
+        else:
+            m = asyncio.run(remove(args.endpoint, args.name, admin))
+            print(f"removed {m.id:x} {m.name}")
+    except InputError as e:
+        print(f"members: {e}", file=sys.stderr)
+        return 2
+    except grpc.aio.AioRpcError as e:
+        print(f"members: etcd at {args.endpoint}: {e.code().name}: {e.details()}", file=sys.stderr)
+        return 3
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

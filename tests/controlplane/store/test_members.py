@@ -1,0 +1,67 @@
+"""Growing a region's etcd by a member (issue #24: a new control host joins the cluster): real etcd
+processes with TLS to clients and peers and etcd's auth on, the admin's certificate telling the
+cluster of the new member (controlplane/store/members.py), the new member starting with the
+cluster it was given, and the data written before it joined there."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import grpc
+
+from controlplane.security.etcdauth import enable
+from controlplane.security.pki import CA
+from controlplane.store import members
+from controlplane.store.etcd import EtcdTls
+from controlplane.store.etcdproc import EtcdServer
+from tests.etcd_server import kv_as
+
+
+def test_a_member_joins_a_running_cluster_and_has_its_data(tmp_path):
+    ca = CA(tmp_path / "pki")
+    pairs = {n: ca.issue(n, ips=(ip,)) for n, ip in (("etcd-1", "127.0.0.11"), ("etcd-2", "127.0.0.12"))}
+    root = ca.issue("root", server=False)
+    admin = EtcdTls.load(str(ca.cert), str(root.cert), str(root.key))
+
+    def server(name: str, host: str) -> EtcdServer:
+        tls = (pairs[name].cert, pairs[name].key, ca.cert)
+        return EtcdServer(host, data_dir=tmp_path / name, name=name, tls=tls, peer_tls=tls)
+
+    first = server("etcd-1", "127.0.0.11").start()
+    second = server("etcd-2", "127.0.0.12")
+    try:
+        asyncio.run(enable(first.endpoint, admin, "controld"))
+        assert kv_as(first.endpoint, ca.cert, root, b"/twine/kept", b"before") == []
+        cluster = asyncio.run(members.add(first.endpoint, "etcd-2", second.peer_url, admin))
+        assert cluster == f"etcd-1={first.peer_url},etcd-2={second.peer_url}", cluster
+        listed = asyncio.run(members.members(first.endpoint, admin))
+        assert sorted(m.name for m in listed) == ["", "etcd-1"], "added, not started yet"
+        second.initial_cluster, second.initial_state = cluster, "existing"
+        second.cluster_token = first.cluster_token
+        second.start()
+        assert kv_as(second.endpoint, ca.cert, root, b"/twine/kept") == [b"before"], "it has what was written before"
+        assert sorted(m.name for m in asyncio.run(members.members(second.endpoint, admin))) == ["etcd-1", "etcd-2"]
+        assert first.status()["leader"] == second.status()["leader"] != 0
+        for _ in range(100):  # etcd takes a member out once it has been in touch with the others a while
+            try:
+                gone = asyncio.run(members.remove(first.endpoint, "etcd-2", admin))
+                break
+            except grpc.aio.AioRpcError as e:
+                assert "unhealthy cluster" in (e.details() or ""), e
+                time.sleep(0.2)
+        assert gone.name == "etcd-2"
+        assert [m.name for m in asyncio.run(members.members(first.endpoint, admin))] == ["etcd-1"]
+    finally:
+        second.stop()
+        first.stop()
+
+
+def test_an_unknown_member_or_a_bad_url_is_refused_naming_it(tmp_path):
+    first = EtcdServer(name="solo").start()
+    try:
+        assert members.main(["--endpoint", first.endpoint, "add", "x", "ftp://nowhere"]) == 2
+        assert members.main(["--endpoint", first.endpoint, "remove", "nobody"]) == 2
+        assert members.main(["--endpoint", first.endpoint, "list"]) == 0
+    finally:
+        first.stop()

@@ -19,7 +19,7 @@ def kv_as(endpoint: str, ca: str | Path, pair, key: bytes, value: bytes | None =
     import grpc
     from aetcd.rpc import rpc_pb2, rpc_pb2_grpc
 
-    from controlplane.store.etcd import EtcdTls
+    from controlplane.store.etcdtls import EtcdTls
 
     async def call() -> list[bytes] | str:
         creds = EtcdTls.load(str(ca), str(pair.cert), str(pair.key)).credentials()

@@ -29,7 +29,7 @@ import grpc
 from aetcd.rpc import auth_pb2, rpc_pb2, rpc_pb2_grpc
 
 from controlplane.store.records import InputError
-from controlplane.store.etcd import EtcdTls
+from controlplane.store.etcdtls import EtcdTls
 
 ROLE = "twine"
 PREFIX = b"/twine"  # the region's records (/twine/REGION/...) and the store's probe key (/twine-probe)

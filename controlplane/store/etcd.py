@@ -17,11 +17,10 @@ from dataclasses import dataclass
 from typing import NamedTuple, Any, AsyncIterator, Awaitable, Callable, Sequence, TypeVar
 
 import aetcd
-import grpc
 from aetcd.exceptions import ConnectionFailedError, ConnectionTimeoutError, WatchTimeoutError
 import msgspec
 
-from agent.errors import InputError
+from controlplane.store.etcdtls import EtcdTls, TlsClient
 
 log = logging.getLogger("twine.store")
 T = TypeVar("T")
@@ -182,69 +181,6 @@ Plan = tuple[dict[str, Any], list[str]]  # (puts, deletes)
 Endpoint = tuple[str, int]
 
 
-@dataclass(frozen=True)
-class EtcdTls:
-    """How the store reaches an etcd that serves TLS: the CA its certificate chains to, and this
-    client's certificate and key (etcd's --client-cert-auth: the certificate is the credential,
-    its common name the user when etcd's auth is on). PEM bytes, read once at start."""
-
-    ca: bytes
-    cert: bytes | None = None
-    key: bytes | None = None
-
-    @classmethod
-    def load(cls, ca: str, cert: str | None, key: str | None) -> "EtcdTls":
-        """From files; InputError names the flag and the file that cannot be used."""
-        if (cert is None) != (key is None):
-            raise InputError("command line", "--etcd-cert/--etcd-key", f"{cert} / {key}", "give both or neither")
-        out = []
-        for flag, path in (("--etcd-ca", ca), ("--etcd-cert", cert), ("--etcd-key", key)):
-            if path is None:
-                out.append(None)
-                continue
-            try:
-                data = open(path, "rb").read(1024 * 1024)
-            except OSError as e:
-                raise InputError("command line", flag, path, e.strerror or str(e)) from None
-            if b"-----BEGIN " not in data:
-                raise InputError("command line", flag, path, "not a PEM file")
-            out.append(data)
-        return cls(*out)
-
-    def credentials(self) -> grpc.ChannelCredentials:
-        return grpc.ssl_channel_credentials(self.ca, self.key, self.cert)
-
-
-class _TlsClient(aetcd.Client):
-    """aetcd's client over a TLS channel: aetcd opens only plain ones. The same connection set-up
-    as aetcd.Client.connect (stubs, watcher), on grpc's secure channel."""
-
-    def __init__(self, *args: Any, tls: EtcdTls, **kwargs: Any):
-        super().__init__(*args, **kwargs)
-        self._tls = tls
-
-    @aetcd.client._handle_errors
-    async def connect(self) -> None:
-        if self._connected.is_set():
-            return
-        if self._is_connecting:
-            await asyncio.wait_for(self._connected.wait(), self._connect_wait_timeout)
-            return
-        try:
-            self._is_connecting = True
-            self.channel = aetcd.rpc.secure_channel(f"{self._host}:{self._port}", self._tls.credentials(),
-                                                    options=self._options.items())
-            self.kvstub = aetcd.rpc.KVStub(self.channel)
-            self.clusterstub = aetcd.rpc.ClusterStub(self.channel)
-            self.leasestub = aetcd.rpc.LeaseStub(self.channel)
-            self.maintenancestub = aetcd.rpc.MaintenanceStub(self.channel)
-            self._watcher = aetcd.watcher.Watcher(aetcd.rpc.WatchStub(self.channel), timeout=self._timeout,
-                                                  metadata=self.metadata)
-            self._connected.set()
-        finally:
-            self._is_connecting = False
-
-
 class Store:
     def __init__(self, endpoints: Sequence[Endpoint] = (("127.0.0.1", 2379),), timeout: float = 10,
                  write_timeout: float = WRITE_TIMEOUT,
@@ -268,7 +204,7 @@ class Store:
     def _client(self) -> aetcd.Client:
         host, port = self.endpoints[self._at]
         if self.tls is not None:
-            return _TlsClient(host=host, port=port, timeout=self.timeout, options=CHANNEL_OPTIONS, tls=self.tls)
+            return TlsClient(host=host, port=port, timeout=self.timeout, options=CHANNEL_OPTIONS, tls=self.tls)
         return aetcd.Client(host=host, port=port, timeout=self.timeout, options=CHANNEL_OPTIONS)
 
     @property

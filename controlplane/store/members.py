@@ -25,7 +25,7 @@ import grpc
 from aetcd.rpc import rpc_pb2, rpc_pb2_grpc
 
 from agent.errors import InputError
-from controlplane.store.etcd import EtcdTls
+from controlplane.store.etcdtls import EtcdTls
 
 
 @dataclass(frozen=True)

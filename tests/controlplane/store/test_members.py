@@ -13,7 +13,7 @@ import grpc
 from controlplane.security.etcdauth import enable
 from controlplane.security.pki import CA
 from controlplane.store import members
-from controlplane.store.etcd import EtcdTls
+from controlplane.store.etcdtls import EtcdTls
 from controlplane.store.etcdproc import EtcdServer
 from tests.etcd_server import kv_as
 

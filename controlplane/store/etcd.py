@@ -45,6 +45,7 @@ CHANNEL_OPTIONS = {
 UNREACHABLE = (ConnectionFailedError, ConnectionTimeoutError, WatchTimeoutError)
 PROBE_INTERVAL = 1.0  # seconds between looks while unreachable
 WRITE_TIMEOUT = 3.0  # seconds a transaction may take (Store.write_timeout)
+PICK_TIMEOUT = 1.0  # seconds the other members are given to answer, when the store moves
 RANGE_PAGE = 5000  # keys per range read
 
 
@@ -62,6 +63,13 @@ async def _txn(c: aetcd.Client, request: aetcd.rpc.TxnRequest, timeout: float):
     through several layers of helpers, a cost that showed per job in the scheduler's commits."""
     await c.connect()
     return await c.kvstub.Txn(request, timeout=timeout, metadata=c.metadata)
+
+
+async def _status(c: aetcd.Client, timeout: float) -> int:
+    """The member's leader's id (0: it knows none), asked of its maintenance service."""
+    await c.connect()
+    answer = await c.maintenancestub.Status(aetcd.rpc.StatusRequest(), timeout=timeout, metadata=c.metadata)
+    return answer.leader
 
 
 def txn_request(reads: list[Versioned], puts: dict[str, Any], deletes) -> aetcd.rpc.TxnRequest:
@@ -200,9 +208,10 @@ class Store:
         self._retiring: set[asyncio.Task] = set()
         self._probe: asyncio.Task | None = None
         self._moved = asyncio.Event()  # set (and replaced) when the store moves to another member
+        self._moving = asyncio.Lock()  # one move at a time: calls failing together move once
 
-    def _client(self) -> aetcd.Client:
-        host, port = self.endpoints[self._at]
+    def _client(self, at: int | None = None) -> aetcd.Client:
+        host, port = self.endpoints[self._at if at is None else at]
         if self.tls is not None:
             return TlsClient(host=host, port=port, timeout=self.timeout, options=CHANNEL_OPTIONS, tls=self.tls)
         return aetcd.Client(host=host, port=port, timeout=self.timeout, options=CHANNEL_OPTIONS)
@@ -218,14 +227,17 @@ class Store:
         await asyncio.gather(*self._retiring, *([self._probe] if self._probe else []), return_exceptions=True)
         await self.client.close()
 
-    def _failed(self, client: aetcd.Client, at: str, e: Exception) -> str:
-        """A call on `client` could not reach its endpoint `at`: move on to the next endpoint
+    async def _failed(self, client: aetcd.Client, at: str, e: Exception) -> str:
+        """A call on `client` could not reach its endpoint `at`: move on to another endpoint
         (unless another call has moved already). Returns the failure, for the message."""
         why = f"{at}: {e}"
-        if client is self.client and len(self.endpoints) > 1:
-            self._at = (self._at + 1) % len(self.endpoints)
+        if len(self.endpoints) == 1:
+            return why
+        async with self._moving:
+            if client is not self.client:
+                return why  # another call moved already
+            self._at, self.client = await self._pick()
             log.warning("etcd at %s: moving to %s", why, self.endpoint)
-            self.client = self._client()
             self._moved.set()
             self._moved = asyncio.Event()
             task = asyncio.get_running_loop().create_task(self._retire(client))
@@ -233,14 +245,36 @@ class Store:
             task.add_done_callback(self._retiring.discard)
         return why
 
+    async def _pick(self) -> tuple[int, aetcd.Client]:
+        """The member to move to: of the others, asked at once for their status, the first in turn
+        that answers within PICK_TIMEOUT and knows a leader, else the first that answers at all,
+        else the next in turn. (Taking the next in turn blindly, a store leaving a member that lost
+        its leader could land on that leader, cut off by a partition: its connection then hangs
+        until gRPC gives up, 5 s and more.)"""
+        n = len(self.endpoints)
+        order = [(self._at + k) % n for k in range(1, n)]
+        clients = {i: self._client(i) for i in order}
+        asks = {i: asyncio.ensure_future(_status(c, PICK_TIMEOUT)) for i, c in clients.items()}
+        await asyncio.wait(asks.values(), timeout=PICK_TIMEOUT)
+        answered = {i: t.result() for i, t in asks.items() if t.done() and not t.exception()}
+        for t in asks.values():
+            t.cancel()
+        await asyncio.gather(*asks.values(), return_exceptions=True)  # a member that did not answer is no news
+        with_leader = [i for i in order if answered.get(i)]
+        pick = (with_leader or [i for i in order if i in answered] or order)[0]
+        for i, c in clients.items():
+            if i != pick:
+                await c.close()
+        return pick, clients[pick]
+
     def moved(self) -> asyncio.Event:
         """Set when the store moves to another member (an event each time: take it anew)."""
         return self._moved
 
-    def suspect(self, why: str) -> None:
+    async def suspect(self, why: str) -> None:
         """A caller's word that the member in use does not answer (a lease keep-alive unanswered,
-        say): the store moves to the next member, as after a call of its own that timed out."""
-        self._failed(self.client, self.endpoint, TimeoutError(why))
+        say): the store moves to another member, as after a call of its own that timed out."""
+        await self._failed(self.client, self.endpoint, TimeoutError(why))
 
     async def _retire(self, client: aetcd.Client) -> None:
         """Close a client the store moved away from, once the writes in flight on it have had their
@@ -288,7 +322,7 @@ class Store:
                 if (me := asyncio.current_task()) is not None and me.cancelling():
                     raise asyncio.CancelledError(f"cancelled during an etcd call ({type(e).__name__}: {e})") from e
                 if isinstance(e, UNREACHABLE):
-                    failures.append(self._failed(client, at, e))
+                    failures.append(await self._failed(client, at, e))
                     if isinstance(e, ConnectionTimeoutError) and not retry_timeouts:
                         break  # it may have been applied: the caller decides
                     continue
@@ -388,7 +422,7 @@ class Store:
         try:
             watch = await self._call(lambda c: c.watch_prefix(prefix.encode(), start_revision=start_revision))
         except aetcd.exceptions.InternalError as e:  # its creation met the stream's end (below)
-            raise self._unreachable(f"etcd unreachable at {self._failed(client, at, e)}") from None
+            raise self._unreachable(f"etcd unreachable at {await self._failed(client, at, e)}") from None
         client, at = self.client, self.endpoint
         try:
             async for event in watch:
@@ -398,7 +432,7 @@ class Store:
         except (*UNREACHABLE, aetcd.exceptions.InternalError) as e:
             # a stream cut by a dying peer may end as gRPC INTERNAL ("Internal error from Core")
             # rather than UNAVAILABLE: for a watch, it is the same loss of etcd (seen under load)
-            raise self._unreachable(f"etcd unreachable at {self._failed(client, at, e)}") from None
+            raise self._unreachable(f"etcd unreachable at {await self._failed(client, at, e)}") from None
         finally:
             if client is self.client:
                 try:

@@ -11,14 +11,13 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import psutil
 
 from controlplane.devregion.layout import ETCD_USER, member_host
 from controlplane.devregion.procs import REPO, ProcRef, child_env
-from controlplane.store.etcdproc import EtcdServer, cgroup2_root
+from controlplane.store.etcdproc import EtcdServer, cgroup2_root, leader_of
 
 class Etcd:
     """The etcd part of a Region: `etcd_members`, `_etcd_info` (saved with the region's state) and
@@ -151,24 +150,9 @@ class Etcd:
         """The member that leads now (`etcd-N`), waiting for an election while there is none."""
         if self.etcd_members == 1:
             return "etcd"
-        servers = {n: self.etcd_servers.get(n) or self._member_server(self._member(n)) for n in self.etcd_names()}
-        deadline = time.monotonic() + timeout
-        while True:
-            ids, leader = {}, 0
-            for n, s in servers.items():
-                if not (self.procs.get(n) and self.procs[n].alive()):
-                    continue
-                try:
-                    st = s.status()
-                except (OSError, ValueError):
-                    continue
-                ids[st["member_id"]] = n
-                leader = st["leader"] or leader
-            if leader in ids:
-                return ids[leader]
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"no etcd leader among the members that answer ({sorted(ids.values())})")
-            time.sleep(0.1)
+        servers = {n: self.etcd_servers.get(n) or self._member_server(self._member(n)) for n in self.etcd_names()
+                   if self.procs.get(n) and self.procs[n].alive()}
+        return leader_of(servers, timeout)
 
     def etcd_status(self, name: str) -> dict:
         """A member's status: {"member_id", "leader", "revision", "raft_index"}."""

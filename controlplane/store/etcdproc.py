@@ -20,7 +20,7 @@ import tempfile
 import time
 import urllib.request
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from controlplane.store.etcd import ETCD_FLAGS
 
@@ -272,27 +272,6 @@ class EtcdCluster:
             raise
         return self
 
-    def leader(self, timeout: float = 10.0) -> int:
-        """The index of the member that leads now (waiting for an election while there is none)."""
-        deadline = time.monotonic() + timeout
-        while True:
-            ids: dict[int, int] = {}
-            leader = 0
-            for i, m in enumerate(self.members):
-                if m.proc is None or m.proc.poll() is not None:
-                    continue
-                try:
-                    s = m.status()
-                except (OSError, ValueError):
-                    continue
-                ids[s["member_id"]] = i
-                leader = s["leader"] or leader
-            if leader in ids:
-                return ids[leader]
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"no leader among the etcd members that answer ({len(ids)} of {len(self.members)})")
-            time.sleep(0.1)
-
     def stop(self) -> None:
         for m in self.members:
             m.stop()
@@ -301,6 +280,27 @@ class EtcdCluster:
                     os.rmdir(m.cgroup)
         if self._root is not None:
             shutil.rmtree(self._root, ignore_errors=True)
+
+
+def leader_of(members: dict[Any, "EtcdServer"], timeout: float = 10.0) -> Any:
+    """The key of the member that leads now, of `members` (those running), asking each its
+    status, waiting for an election while there is none."""
+    deadline = time.monotonic() + timeout
+    while True:
+        ids: dict[int, Any] = {}
+        leader = 0
+        for key, m in members.items():
+            try:
+                s = m.status()
+            except (OSError, ValueError):
+                continue
+            ids[s["member_id"]] = key
+            leader = s["leader"] or leader
+        if leader in ids:
+            return ids[leader]
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"no leader among the etcd members that answer ({len(ids)} of {len(members)})")
+        time.sleep(0.1)
 
 
 def cgroup2_root() -> Path | None:

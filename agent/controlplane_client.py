@@ -310,6 +310,8 @@ class ControlPlaneClient:
         }
         if digest != self._accepted_digest:
             body["tasks"] = report["tasks"]
+        if report.get("usage") is not None:  # every heartbeat: not part of the digest
+            body["usage"] = report["usage"]
         hinted = self.heartbeat_to
         try:
             try:

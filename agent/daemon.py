@@ -32,6 +32,7 @@ from agent.runtime.docker_runtime import DockerRuntime
 from agent.sdnotify import Notifier, host_rebooting
 from agent.status import status
 from agent.tls import client_context
+from agent.usage import Running, Sampler
 
 # container starts (and replacements) a reconcile pass runs at once: each holds a thread of the
 # default executor (6 on a 2-core host) for its Docker calls, which the health probe shares
@@ -56,6 +57,7 @@ class Agent:
         self.profile_report: Report | None = None
         self._profile_failed_at: tuple[str | None, str, float] | None = None
         self.containers: list[ContainerInfo] = []
+        self.sampler = Sampler()  # what the tasks and the host use, sent with each heartbeat
         self.last_plan = Plan()
         self.task_errors: dict[str, str] = {}
         self.last_exit: dict[str, dict] = {}
@@ -374,6 +376,8 @@ class Agent:
                 "error": self.profile_report.error if failed else "",
             },
             "tasks": task_reports(self.containers, self.desired.tasks, self.task_errors),
+            "usage": self.sampler.sample(Running(c.id, c.pid, c.task.job, c.task.index)
+                                         for c in self.containers if c.running and c.pid > 0),
         }
 
 

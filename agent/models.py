@@ -44,6 +44,48 @@ Env = Annotated[dict[EnvName, EnvValue], Meta(max_length=MAX_ENV, description=f"
                                               f"of {MAX_ENV_SIZE} characters in all")]
 
 
+MAX_HOST_CPUS = 16384  # a host's CPUs, at most, in a usage report
+MAX_HOST_MEMORY_MB = 1 << 32  # MiB (4 PiB)
+
+
+class TaskUsage(msgspec.Struct, array_like=True, forbid_unknown_fields=True):
+    """One task's usage in a heartbeat, as an array: [job, index, cpu cores, memory MiB]."""
+
+    job: Handle
+    index: Annotated[int, Meta(ge=0, le=1_000_000)]
+    cpu: Annotated[float, Meta(ge=0, le=MAX_HOST_CPUS, description="cores used over the window")]
+    memory_mb: Annotated[float, Meta(ge=0, le=MAX_HOST_MEMORY_MB, description="working set, MiB")]
+
+
+class Usage(msgspec.Struct, forbid_unknown_fields=True):
+    """What a host and its tasks used over the window before a heartbeat (agent/usage.py)."""
+
+    window: Annotated[float, Meta(gt=0, le=3600, description="seconds the CPU figures are averaged over")]
+    cpus: Annotated[int, Meta(ge=1, le=MAX_HOST_CPUS, description="the host's CPUs")]
+    cpu: Annotated[float, Meta(ge=0, le=MAX_HOST_CPUS, description="the host's cores in use")]
+    memory_mb: Annotated[float, Meta(ge=0, le=MAX_HOST_MEMORY_MB, description="the host's memory in use, MiB")]
+    memory_total_mb: Annotated[float, Meta(gt=0, le=MAX_HOST_MEMORY_MB)]
+    power_w: Union[Annotated[float, Meta(ge=0, le=1_000_000)], None] = None  # None: not measured (no RAPL)
+    tasks: Annotated[list[TaskUsage], Meta(max_length=100_000)] = []
+
+
+def usage_beyond(usage: dict) -> tuple[str, str] | None:
+    """(field, why) of a figure of a usage report (as decoded, checked against Usage) larger than
+    the host it describes, else None."""
+    cpus, total = usage["cpus"], usage["memory_total_mb"]
+    slack = cpus * 1.05 + 0.05  # the two reads that make a window are not quite at once
+    if usage["cpu"] > slack:
+        return "usage.cpu", f"{usage['cpu']} cores in use on a host of {cpus}"
+    if usage["memory_mb"] > total:
+        return "usage.memory_mb", f"{usage['memory_mb']} MiB in use of the host's {total}"
+    for i, (_, _, cpu, memory) in enumerate(usage.get("tasks") or ()):
+        if cpu > slack:
+            return f"usage.tasks[{i}]", f"{cpu} cores used on a host of {cpus}"
+        if memory > total:
+            return f"usage.tasks[{i}]", f"{memory} MiB used of the host's {total}"
+    return None
+
+
 class TaskBody(msgspec.Struct, forbid_unknown_fields=True):
     """What a task runs and what it may use, declared once: the API's schema takes a job's task
     template as this (with secret_env: controlplane/frontend/schema.py's TaskTemplate), and the

@@ -49,6 +49,7 @@ def status(agent: Any) -> dict:
         "stopping": [c.id for c in agent.containers if c.task not in {t.key for t in agent.desired.tasks}],
         "adopted": agent.adopted,
         "health": agent.health.to_json() if agent.health else None,
+        "usage": agent.sampler.usage,  # as the last heartbeat carried it (agent/usage.py); None before a window
         "counters": agent.counters,
         "uptime_seconds": round(time.time() - agent.started_at, 3),
         # Only when the desired state comes from twine-controld: {url, urls, heartbeat_to, registered,

@@ -44,6 +44,7 @@ class ContainerInfo:
     finished_at: str
     oom_killed: bool = False
     error: str = ""
+    pid: int = 0  # its first process on the host, while it runs (its cgroup tells what it uses: agent/usage.py)
 
     @property
     def task(self) -> TaskKey:

@@ -43,6 +43,7 @@ def _info(c: Any) -> ContainerInfo:
         finished_at=state.get("FinishedAt", ""),
         oom_killed=bool(state.get("OOMKilled")),
         error=state.get("Error", ""),
+        pid=int(state.get("Pid") or 0),
     )
 
 

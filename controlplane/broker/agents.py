@@ -163,7 +163,7 @@ class AgentService:
         self.errors: dict[str, str] = {}  # machine id -> why its agent rejected its desired state
         self._unopened: dict[str, str] = {}  # machine id -> the secret its desired state could not open (said once)
         self.counters = {"heartbeats": 0, "heartbeat_reports": 0, "registrations": 0, "long_polls": 0,
-                         "long_polls_refused": 0}
+                         "long_polls_refused": 0, "usage_refused": 0}
         self.closing = asyncio.Event()  # set at shutdown: long polls answer at once
         self.reboots = Reboots(state, store, keys, reboot_grace)
         # replicas (set by the daemon once it runs): heartbeats and reports other members need go

@@ -37,6 +37,7 @@ COUNTED = {
         "heartbeats": "heartbeats received", "heartbeat_reports": "heartbeats that carried a task report",
         "registrations": "machines registered", "long_polls": "desired-state long polls",
         "long_polls_refused": "desired-state long polls refused (--max-long-polls)",
+        "usage_refused": "heartbeats refused for a usage figure beyond their host (negative, too large)",
     },
     "health": {
         "failures": "machines failed for silence", "recoveries": "machines healthy again",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from agent.models import usage_beyond
 from controlplane.broker.agents import CREDENTIAL_HEADER, AgentService
 from controlplane.frontend import schema as S
 from controlplane.frontend.auth import MACHINE
@@ -33,7 +34,11 @@ class Agents:
         return reply(await self.agents.desired(request[MACHINE], version, wait))
 
     async def heartbeat(self, request: web.Request) -> web.Response:
-        return reply(await self.agents.heartbeat(request[MACHINE], await body(request, schema=S.Heartbeat)))
+        data = await body(request, schema=S.Heartbeat)
+        if (usage := data.get("usage")) is not None and (bad := usage_beyond(usage)) is not None:
+            self.agents.counters["usage_refused"] += 1  # refused as the rest of a bad heartbeat
+            raise ApiError("unprocessable", *bad)  # the schema allows it; the host it describes does not
+        return reply(await self.agents.heartbeat(request[MACHINE], data))
 
     async def shutdown(self, request: web.Request) -> web.Response:
         return reply(await self.agents.reboots.announce(request[MACHINE], await body(request, schema=S.Shutdown)))

@@ -20,7 +20,7 @@ from msgspec import Meta, Struct
 
 from agent.decoding import error_path, error_why, field_and_why
 from controlplane.frontend.answers import ANSWERS, answers_markdown  # noqa: F401 - the document's, with the bodies
-from agent.models import MAX_ENV, MAX_ENV_SIZE, EnvName, TaskBody
+from agent.models import MAX_ENV, MAX_ENV_SIZE, EnvName, TaskBody, Usage
 from controlplane.broker.agents import MACHINE_ID, MAX_LABEL
 from controlplane.allocator.model import LEVELS, STRATEGIES
 from controlplane.opsplanner.maintenance import MAX_DURATION as MAX_MAINTENANCE
@@ -189,6 +189,7 @@ class Heartbeat(Struct):
     digest: Union[Annotated[str, Meta(max_length=128)], None] = None
     tasks: Union[Annotated[list[TaskReport], Meta(max_length=100_000, description="left out when the digest is "
                                                   "the one last accepted")], None] = None
+    usage: Union[Usage, None] = None  # absent: not measured (an older agent, or no window yet)
 
 
 class Shutdown(Struct, forbid_unknown_fields=True):

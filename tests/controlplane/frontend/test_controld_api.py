@@ -185,3 +185,23 @@ def test_a_large_job_commits_in_one_transaction(controld):
                                                      "task": {**TASK, "cpus": 1, "memory_mb": 64}})
     assert status == 201, job
     assert len(job["tasks"]) == 600 and len({t["machine"] for t in job["tasks"]}) == 10
+
+
+def test_a_usage_report_beyond_its_host_is_refused_and_counted(controld):
+    """Issue #25: usage travels with heartbeats, checked by the schema (no negative figure) and
+    against the host it describes (no more cores than it has); a bad one is refused, as the rest
+    of a bad heartbeat is, and counted."""
+    cred = register(controld, "m1", "dc1", "msb1")
+    usage = {"window": 1.0, "cpus": 2, "cpu": 1.2, "memory_mb": 900.0, "memory_total_mb": 2048.0, "power_w": None,
+             "tasks": [["web/api", 0, 1.01, 60.5]]}
+    beat = {"machine_id": "m1", "digest": "a", "tasks": [], "profile": {"name": None, "ok": True}}
+    assert controld.call("POST", "/v1/agent/heartbeat", {**beat, "usage": usage}, token=cred)[0] == 200
+    # 400: what the schema refuses; 422: what it allows but the host it describes cannot have
+    for bad, field, code in (({"cpu": -0.5}, "usage.cpu", 400), ({"tasks": [["web/api", 0, 2.5, 1.0]]}, "usage.tasks[0]", 422),
+                             ({"memory_mb": 4096.0}, "usage.memory_mb", 422), ({"tasks": [["web/api", 0, 0.1]]}, "usage.tasks[0]", 400),
+                             ({"cpus": 0}, "usage.cpus", 400), ({"tasks": [["web/api", 0, 0.1, 9999.0]]}, "usage.tasks[0]", 422)):
+        status, answer = controld.call("POST", "/v1/agent/heartbeat", {**beat, "usage": {**usage, **bad}}, token=cred)
+        assert status == code and answer["field"] == field, (bad, answer)
+    metrics = controld.metrics()
+    assert metrics["twine_agents_usage_refused_total"] == 3, {k: v for k, v in metrics.items() if "refused" in k}
+    assert metrics["twine_agents_heartbeats_total"] == 1  # the refused ones were not heard

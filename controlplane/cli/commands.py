@@ -4,6 +4,7 @@ answer (output.py), and returns an exit code."""
 from __future__ import annotations
 
 import argparse
+import string
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -15,6 +16,19 @@ from controlplane.cli.wait import rollout_progress, show_or_wait, stop_progress
 
 DEFAULT_SPREAD = ["dc", "msb"]  # the daemon's default spread, sent when only --pin-dc is given
 Command = Callable[[Api, argparse.Namespace, Out], Awaitable[int]]
+
+
+def _one_call(method: str, path: str, shown: Callable[[Any], str]) -> Command:
+    """A command that is one API call, its answer shown: `path`'s {id} and {name} are those
+    arguments, quoted for a URL; {handle} is a job handle's two parts."""
+    names = [f for _, f, _, _ in string.Formatter().parse(path) if f]
+
+    async def command(api: Api, args, out: Out) -> int:
+        parts = {n: split_handle(getattr(args, n)) if n == "handle" else quoted(getattr(args, n)) for n in names}
+        out(await api.call(method, path.format(**parts)), shown)
+        return EXIT_OK
+
+    return command
 
 
 async def ent_create(api: Api, args, out: Out) -> int:
@@ -60,16 +74,6 @@ async def ent_modify(api: Api, args, out: Out) -> int:
     return EXIT_OK
 
 
-async def ent_list(api: Api, args, out: Out) -> int:
-    out(await api.call("GET", "/v1/entitlements"), render.entitlement_list)
-    return EXIT_OK
-
-
-async def ent_show(api: Api, args, out: Out) -> int:
-    out(await api.call("GET", f"/v1/entitlements/{quoted(args.name)}"), render.entitlement_show)
-    return EXIT_OK
-
-
 def _handle_of(job: Any, fallback: str) -> str:
     h = job.get("handle") if isinstance(job, dict) else None
     return h if isinstance(h, str) and h else fallback
@@ -87,11 +91,6 @@ async def job_update(api: Api, args, out: Out) -> int:
     return await show_or_wait(api, args, out, job, _handle_of(job, args.handle), rollout_progress, "running")
 
 
-async def job_status(api: Api, args, out: Out) -> int:
-    out(await api.call("GET", f"/v1/jobs/{split_handle(args.handle)}"), render.job_status)
-    return EXIT_OK
-
-
 async def job_list(api: Api, args, out: Out) -> int:
     params = {"entitlement": args.entitlement} if args.entitlement else None
     out(await api.call("GET", "/v1/jobs", params=params), render.job_list)
@@ -106,31 +105,6 @@ async def job_resize(api: Api, args, out: Out) -> int:
 async def job_stop(api: Api, args, out: Out) -> int:
     job = await api.call("DELETE", f"/v1/jobs/{split_handle(args.handle)}")
     return await show_or_wait(api, args, out, job, args.handle, stop_progress, "stopped")
-
-
-async def machine_list(api: Api, args, out: Out) -> int:
-    out(await api.call("GET", "/v1/machines"), render.machine_list)
-    return EXIT_OK
-
-
-async def machine_show(api: Api, args, out: Out) -> int:
-    out(await api.call("GET", f"/v1/machines/{quoted(args.id)}"), render.machine_show)
-    return EXIT_OK
-
-
-async def machine_release(api: Api, args, out: Out) -> int:
-    out(await api.call("POST", f"/v1/machines/{quoted(args.id)}/release"), render.machine_show)
-    return EXIT_OK
-
-
-async def machine_clean(api: Api, args, out: Out) -> int:
-    out(await api.call("POST", f"/v1/machines/{quoted(args.id)}/clean"), render.machine_show)
-    return EXIT_OK
-
-
-async def events(api: Api, args, out: Out) -> int:
-    out(await api.call("GET", "/v1/events"), render.event_list)
-    return EXIT_OK
 
 
 async def maintenance_schedule(api: Api, args, out: Out) -> int:
@@ -151,16 +125,6 @@ async def maintenance_list(api: Api, args, out: Out) -> int:
     return EXIT_OK
 
 
-async def maintenance_show(api: Api, args, out: Out) -> int:
-    out(await api.call("GET", f"/v1/maintenance/{quoted(args.id)}"), render.maintenance_show)
-    return EXIT_OK
-
-
-async def maintenance_end(api: Api, args, out: Out) -> int:
-    out(await api.call("POST", f"/v1/maintenance/{quoted(args.id)}/end"), render.maintenance_show)
-    return EXIT_OK
-
-
 async def ent_move(api: Api, args, out: Out) -> int:
     out(await api.call("POST", f"/v1/entitlements/{quoted(args.name)}/move", {"shard": args.shard}), render.entitlement_show)
     return EXIT_OK
@@ -174,50 +138,30 @@ async def token_create(api: Api, args, out: Out) -> int:
     return EXIT_OK
 
 
-async def token_list(api: Api, args, out: Out) -> int:
-    out(await api.call("GET", "/v1/tokens"), render.token_list)
-    return EXIT_OK
-
-
-async def token_revoke(api: Api, args, out: Out) -> int:
-    out(await api.call("DELETE", f"/v1/tokens/{quoted(args.id)}"), lambda b: f"token {b['revoked']} revoked")
-    return EXIT_OK
-
-
-async def cluster(api: Api, args, out: Out) -> int:
-    out(await api.call("GET", "/v1/cluster"), render.cluster)
-    return EXIT_OK
-
-
-async def discovery(api: Api, args, out: Out) -> int:
-    out(await api.call("GET", f"/v1/discovery/{split_handle(args.handle)}"), render.discovery)
-    return EXIT_OK
-
-
 COMMANDS: dict[tuple[str, str | None], Command] = {
     ("entitlement", "create"): ent_create,
     ("entitlement", "modify"): ent_modify,
-    ("entitlement", "list"): ent_list,
-    ("entitlement", "show"): ent_show,
+    ("entitlement", "list"): _one_call("GET", "/v1/entitlements", render.entitlement_list),
+    ("entitlement", "show"): _one_call("GET", "/v1/entitlements/{name}", render.entitlement_show),
     ("entitlement", "move"): ent_move,
-    ("cluster", None): cluster,
+    ("cluster", None): _one_call("GET", "/v1/cluster", render.cluster),
     ("token", "create"): token_create,
-    ("token", "list"): token_list,
-    ("token", "revoke"): token_revoke,
+    ("token", "list"): _one_call("GET", "/v1/tokens", render.token_list),
+    ("token", "revoke"): _one_call("DELETE", "/v1/tokens/{id}", lambda b: f"token {b['revoked']} revoked"),
     ("job", "run"): job_run,
-    ("job", "status"): job_status,
+    ("job", "status"): _one_call("GET", "/v1/jobs/{handle}", render.job_status),
     ("job", "list"): job_list,
     ("job", "update"): job_update,
     ("job", "resize"): job_resize,
     ("job", "stop"): job_stop,
-    ("machine", "list"): machine_list,
-    ("machine", "show"): machine_show,
-    ("machine", "release"): machine_release,
-    ("machine", "clean"): machine_clean,
+    ("machine", "list"): _one_call("GET", "/v1/machines", render.machine_list),
+    ("machine", "show"): _one_call("GET", "/v1/machines/{id}", render.machine_show),
+    ("machine", "release"): _one_call("POST", "/v1/machines/{id}/release", render.machine_show),
+    ("machine", "clean"): _one_call("POST", "/v1/machines/{id}/clean", render.machine_show),
     ("maintenance", "schedule"): maintenance_schedule,
     ("maintenance", "list"): maintenance_list,
-    ("maintenance", "show"): maintenance_show,
-    ("maintenance", "end"): maintenance_end,
-    ("events", None): events,
-    ("discovery", None): discovery,
+    ("maintenance", "show"): _one_call("GET", "/v1/maintenance/{id}", render.maintenance_show),
+    ("maintenance", "end"): _one_call("POST", "/v1/maintenance/{id}/end", render.maintenance_show),
+    ("events", None): _one_call("GET", "/v1/events", render.event_list),
+    ("discovery", None): _one_call("GET", "/v1/discovery/{handle}", render.discovery),
 }

@@ -148,3 +148,19 @@ def test_machine_release_posts_to_the_machine_and_shows_it(server, capsys):
     assert ctl(server, "machine", "release", "m-001") == EXIT_OK
     assert (server.requests[-1].method, server.requests[-1].path) == ("POST", "/v1/machines/m-001/release")
     assert "m-001" in capsys.readouterr().out
+
+
+def test_the_one_call_commands_send_their_method_and_path_with_the_argument(server, capsys):
+    """twinectl's commands that are one API call each (commands.py _one_call): the method, and
+    the path with the argument put into it; the answer shown."""
+    cases = [
+        (("machine", "clean", "m-002"), "POST", "/v1/machines/m-002/clean", samples.MACHINE_DETAIL),
+        (("machine", "show", "m-001"), "GET", "/v1/machines/m-001", samples.MACHINE_DETAIL),
+        (("token", "revoke", "tok1"), "DELETE", "/v1/tokens/tok1", {"revoked": "tok1"}),
+        (("maintenance", "end", "mx1"), "POST", "/v1/maintenance/mx1/end", None),
+    ]
+    for argv, method, path, answer in cases:
+        server.reply(method, path, 200, answer if answer is not None else {"id": "mx1"})
+        ctl(server, *argv)
+        assert (server.requests[-1].method, server.requests[-1].path) == (method, path), argv
+    assert "token tok1 revoked" in capsys.readouterr().out

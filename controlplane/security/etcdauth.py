@@ -29,7 +29,7 @@ import grpc
 from aetcd.rpc import auth_pb2, rpc_pb2, rpc_pb2_grpc
 
 from controlplane.store.records import InputError
-from controlplane.store.etcdtls import EtcdTls
+from controlplane.store.etcdtls import EtcdTls, admin_command
 
 ROLE = "twine"
 PREFIX = b"/twine"  # the region's records (/twine/REGION/...) and the store's probe key (/twine-probe)
@@ -98,19 +98,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--key", required=True, help="the admin's private key (PEM)")
     p.add_argument("--user", required=True, help="the control plane's user: its etcd client certificate's common name")
     args = p.parse_args(argv)
-    try:
+    def act() -> None:
         admin = EtcdTls.load(args.ca, args.cert, args.key)
-        done = asyncio.run(enable(args.endpoint, admin, args.user))
-    except InputError as e:
-        print(f"etcdauth: {e}", file=sys.stderr)
-        return 2
-    except grpc.aio.AioRpcError as e:
-        print(f"etcdauth: etcd at {args.endpoint}: {e.code().name}: {e.details()}", file=sys.stderr)
-        return 3
-    for line in done:
-        print(f"etcdauth: {line}")
-    return 0
+        for line in asyncio.run(enable(args.endpoint, admin, args.user)):
+            print(f"etcdauth: {line}")
 
+    return admin_command("etcdauth", args.endpoint, act)
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -4,8 +4,9 @@ aetcd's client over a TLS channel (aetcd opens only plain ones)."""
 from __future__ import annotations
 
 import asyncio
+import sys
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import aetcd
 import grpc
@@ -74,3 +75,17 @@ class TlsClient(aetcd.Client):
             self._connected.set()
         finally:
             self._is_connecting = False
+
+
+def admin_command(prog: str, endpoint: str, act: Callable[[], None]) -> int:
+    """An etcd admin command's exit code (controlplane.store.members, controlplane.security.etcdauth):
+    0 when `act` ran, 2 for input it could not use (named), 3 when etcd refused (its words)."""
+    try:
+        act()
+    except InputError as e:
+        print(f"{prog}: {e}", file=sys.stderr)
+        return 2
+    except grpc.aio.AioRpcError as e:
+        print(f"{prog}: etcd at {endpoint}: {e.code().name}: {e.details()}", file=sys.stderr)
+        return 3
+    return 0

@@ -25,7 +25,7 @@ import grpc
 from aetcd.rpc import rpc_pb2, rpc_pb2_grpc
 
 from agent.errors import InputError
-from controlplane.store.etcdtls import EtcdTls
+from controlplane.store.etcdtls import EtcdTls, admin_command
 
 
 @dataclass(frozen=True)
@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     r = sub.add_parser("remove", help="take a member out of the cluster (by name or id)")
     r.add_argument("name")
     args = p.parse_args(argv)
-    try:
+    def act() -> None:
         admin = EtcdTls.load(args.ca, args.cert, args.key) if args.ca else None
         if args.command == "list":
             for m in asyncio.run(members(args.endpoint, admin)):
@@ -103,14 +103,8 @@ def main(argv: list[str] | None = None) -> int:
         else:
             m = asyncio.run(remove(args.endpoint, args.name, admin))
             print(f"removed {m.id:x} {m.name}")
-    except InputError as e:
-        print(f"members: {e}", file=sys.stderr)
-        return 2
-    except grpc.aio.AioRpcError as e:
-        print(f"members: etcd at {args.endpoint}: {e.code().name}: {e.details()}", file=sys.stderr)
-        return 3
-    return 0
 
+    return admin_command("members", args.endpoint, act)
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import functools
 import ipaddress
 import socket
 import time
@@ -27,12 +28,7 @@ import aiohttp
 import psutil
 
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
-REFUSED = {
-    "loopback": ("127.0.0.0/8", "::1/128"),
-    "link-local": ("169.254.0.0/16", "fe80::/10"),
-    "unspecified": ("0.0.0.0/32", "::/128"),
-}
-NETWORKS = {why: tuple(ipaddress.ip_network(n) for n in nets) for why, nets in REFUSED.items()}
+KINDS = (("loopback", "is_loopback"), ("link-local", "is_link_local"), ("unspecified", "is_unspecified"))
 OWN_TTL = 30.0  # seconds the control plane's own addresses are kept before they are resolved again
 ALLOW_HINT = "an admin may allow its network on the entitlement (allow_controller_networks)"
 
@@ -46,15 +42,11 @@ def _address(text: str) -> Address:
     return a.ipv4_mapped if isinstance(a, ipaddress.IPv6Address) and a.ipv4_mapped else a
 
 
-def networks(texts: Iterable[str]) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
-    """CIDR texts as networks (host bits allowed: 10.1.2.3/16 is 10.1.0.0/16). ValueError names the bad one."""
-    out = []
-    for text in texts:
-        try:
-            out.append(ipaddress.ip_network(text, strict=False))
-        except ValueError as e:
-            raise ValueError(f"{text!r} is not a network (CIDR, e.g. 10.20.0.0/16): {e}") from None
-    return tuple(out)
+@functools.lru_cache(maxsize=256)
+def networks(texts: tuple[str, ...]) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
+    """An entitlement's allowed networks (CIDR texts, checked and normalised when they were
+    stored: store/records.py controller_networks), parsed once for every connection made."""
+    return tuple(ipaddress.ip_network(t, strict=False) for t in texts)
 
 
 class Reach:
@@ -62,23 +54,30 @@ class Reach:
         self.own_hosts = own_hosts  # the control plane's hosts (members' and etcd's), names or addresses
         self._own: frozenset[Address] = frozenset()
         self._own_at = -OWN_TTL
+        self._resolving: asyncio.Future | None = None
 
     def refusal(self, address: str, allowed: Iterable[str] = ()) -> str | None:
         """Why a connection to `address` is refused, or None when it may be made."""
         a = _address(address)
-        if any(a in n for n in networks(allowed)):
+        if any(a in n for n in networks(tuple(allowed))):
             return None
-        for why, nets in NETWORKS.items():
-            if any(a in n for n in nets):
+        for why, test in KINDS:
+            if getattr(a, test):
                 return f"{a}, {'an' if why[0] in 'aeiou' else 'a'} {why} address"
         if a in self._own:
             return f"{a}, an address of the control plane itself"
         return None
 
     async def refresh(self) -> None:
-        """The control plane's own addresses, resolved again when they are older than OWN_TTL."""
+        """The control plane's own addresses, resolved again when they are older than OWN_TTL (one
+        resolution at a time, which every caller of the moment waits for)."""
         if time.monotonic() - self._own_at < OWN_TTL:
             return
+        if self._resolving is None or self._resolving.done():
+            self._resolving = asyncio.ensure_future(self._resolve())
+        await asyncio.shield(self._resolving)
+
+    async def _resolve(self) -> None:
         found: set[Address] = set()
         for addrs in psutil.net_if_addrs().values():  # this host's: controld runs here
             for a in addrs:

@@ -226,10 +226,10 @@ class TaskControlSession:
                            self._notices_key())
         self._last_call_at = self.clock()
         acked, error = [], ""
-        sent = time.monotonic()
+        if self.prepare is not None:
+            await self.prepare()
+        sent = time.monotonic()  # the round trip is the call's, not the preparation's
         try:
-            if self.prepare is not None:
-                await self.prepare()
             headers = {"Authorization": f"Bearer {self.token}"} if self.token else None
             async with self.http().post(self.url, json=body, headers=headers,
                                         timeout=aiohttp.ClientTimeout(total=self.timeout)) as r:

@@ -37,15 +37,40 @@ def test_what_is_refused_unless_allowed(address, allowed, why):
     assert (got is None) if why is None else (why.removeprefix("an ").removeprefix("a ") in got), got
 
 
+class Resolver(asyncio.SelectorEventLoop):
+    """The event loop's resolver, answering for one made-up name of a control host: no test
+    sends a DNS query off this machine, and its /etc/hosts names only loopback addresses."""
+
+    async def getaddrinfo(self, host, *args, **kwargs):
+        if host == "control-1.example":
+            return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("198.51.100.20", 0))]
+        return await super().getaddrinfo(host, *args, **kwargs)
+
+
 def test_the_control_planes_own_addresses_are_refused_names_resolved():
-    reach = Reach(lambda: ["198.51.100.9", "localhost"])
-    asyncio.run(reach.refresh())
+    reach = Reach(lambda: ["198.51.100.9", "control-1.example"])
+    with asyncio.Runner(loop_factory=Resolver) as runner:
+        runner.run(reach.refresh())
     assert "the control plane itself" in reach.refusal("198.51.100.9")
+    assert "the control plane itself" in reach.refusal("198.51.100.20"), "a member's name, resolved"
     assert reach.refusal("198.51.100.10") is None
-    own = next(a.address for addrs in __import__("psutil").net_if_addrs().values() for a in addrs
-               if a.family == socket.AF_INET and not a.address.startswith("127."))
+    own = next((a.address for addrs in __import__("psutil").net_if_addrs().values() for a in addrs
+                if a.family == socket.AF_INET and not a.address.startswith("127.")), None)
+    assert own is not None, "this host has an IPv4 address besides loopback (the test needs one)"
     assert "the control plane itself" in reach.refusal(own), "this host's own interfaces are the control plane's"
     assert reach.refusal(own, (f"{own}/32",)) is None
+
+
+def test_concurrent_callers_share_one_resolution_of_the_control_planes_addresses():
+    asked = []
+    reach = Reach(lambda: asked.append(1) or ["control-1.example"])  # a name: resolving it waits
+
+    async def main():
+        await asyncio.gather(*(reach.refresh() for _ in range(5)))
+
+    with asyncio.Runner(loop_factory=Resolver) as runner:
+        runner.run(main())
+    assert asked == [1] and "the control plane itself" in reach.refusal("198.51.100.20")
 
 
 def test_a_url_is_checked_on_what_its_name_resolves_to():
@@ -57,7 +82,8 @@ def test_a_url_is_checked_on_what_its_name_resolves_to():
                 await reach.check_url("http://169.254.169.254/latest", ())]
 
     by_name, allowed, metadata = asyncio.run(check())
-    assert "localhost resolves to 127.0.0.1, a loopback address" in by_name and "allow_controller_networks" in by_name
+    # localhost is 127.0.0.1 or ::1, whichever the host's resolver gives first
+    assert "localhost resolves to" in by_name and "a loopback address" in by_name and "allow_controller_networks" in by_name
     assert allowed is None and "169.254.169.254, a link-local address" in metadata
 
 

@@ -11,9 +11,9 @@ for, and a new leader starts from them (`load`). Times there are wall-clock seco
 
 A job's and a shard's buckets have one writer, the shard's leader. The region's bucket is shared by
 every shard: the limiter reads it from the region's view at each use (`region`: the record and the
-revision it was read at), and the transaction that spends from it is guarded by that revision
-(`region_revision`), so two shards never spend the same tokens: the later commit conflicts, and
-its next pass reads what the other left.
+revision it was read at), and the transaction that spends from it is guarded by that revision,
+so two shards never spend the same tokens: the later commit conflicts, and its next pass reads
+what the other left.
 """
 
 from __future__ import annotations
@@ -94,7 +94,7 @@ class Limiter:
         self.region = TokenBucket(*limits.region)
         # the region's bucket as the view has it (None: this limiter's own, a test's)
         self.region_record = region
-        self.region_revision = 0  # the revision of the record self.region was read from
+        self._region_revision = 0  # the revision of the record self.region was read from
         self.held_total = 0  # operations held back by a limit (metric)
 
     def _read_region(self) -> None:
@@ -103,10 +103,10 @@ class Limiter:
         if self.region_record is None:
             return
         record, revision = self.region_record()
-        if revision != self.region_revision:
+        if revision != self._region_revision:
             self.region = TokenBucket(*self.limits.region)
             self.region.load(record)
-            self.region_revision = revision
+            self._region_revision = revision
 
     def _job(self, handle: str) -> TokenBucket:
         if handle not in self.jobs:
@@ -119,7 +119,7 @@ class Limiter:
 
     def take(self, handle: str, n: int) -> dict[str, dict]:
         """Take n tokens from each bucket; the records to write with the operations (scope -> record),
-        the region's to be guarded by `region_revision`. Conflict when a bucket no longer holds n
+        the region's to be guarded by the view's revision of it (just read). Conflict when a bucket no longer holds n
         (another shard spent from the region's since the operations were planned)."""
         if not n:
             return {}
@@ -147,7 +147,7 @@ class Limiter:
         self.jobs.clear()
         self.shard = TokenBucket(*self.limits.shard)
         self.region = TokenBucket(*self.limits.region)
-        self.region_revision = 0
+        self._region_revision = 0
         mine = records.get(self.scope()) or {}
         self.shard.load(mine)
         self.region.load(records.get("region"))

@@ -16,7 +16,7 @@ from controlplane.allocator import Placement
 from controlplane.scheduler.placement import placement_changes
 from controlplane.scheduler.ratelimit import Limiter
 from controlplane.scheduler.txn import MAX_TXN_BYTES, Change, Txn, task_bytes
-from controlplane.store import Store, Versioned
+from controlplane.store import Store
 from controlplane.store.keys import Keys
 from controlplane.store.records import JobRec, TaskRec
 from controlplane.store.state import RegionState
@@ -98,9 +98,9 @@ class ShardWriter:
         if destructive:
             for scope, record in self.limiter.take(job.handle, destructive).items():
                 rkey = self.keys.ratelimit(scope)
-                # the region's bucket is shared by every shard: guarded by the revision it was read at
-                txn.guards[rkey] = Versioned(rkey, None, self.limiter.region_revision) if scope == "region" \
-                    and self.limiter.region_record is not None else self.state.guard(rkey)
+                # guarded as the view has it, which take() has just read: the region's bucket, shared
+                # by every shard, is spent once (a shard that spent it since makes this a conflict)
+                txn.guards[rkey] = self.state.guard(rkey)
                 txn.puts[rkey] = record
         try:
             return await self.send(txn)

@@ -247,7 +247,7 @@ class Coordinator:
                 log.warning("lease keep-alive failed: %s: %s", type(e).__name__, e)
                 left = None
                 unanswered = unanswered + 1 if isinstance(e, TimeoutError) else 0
-                if unanswered % SUSPECT_AFTER == 0:  # the member in use may be cut off: another one answers
+                if unanswered and unanswered % SUSPECT_AFTER == 0:  # the member in use may be cut off: another one answers
                     await self.store.suspect(f"{unanswered} lease keep-alives unanswered")
             if left is not None and left > 0:
                 self.valid_until = sent + left

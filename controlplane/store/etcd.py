@@ -255,16 +255,19 @@ class Store:
         order = [(self._at + k) % n for k in range(1, n)]
         clients = {i: self._client(i) for i in order}
         asks = {i: asyncio.ensure_future(_status(c, PICK_TIMEOUT)) for i, c in clients.items()}
-        await asyncio.wait(asks.values(), timeout=PICK_TIMEOUT)
-        answered = {i: t.result() for i, t in asks.items() if t.done() and not t.exception()}
-        for t in asks.values():
-            t.cancel()
-        await asyncio.gather(*asks.values(), return_exceptions=True)  # a member that did not answer is no news
-        with_leader = [i for i in order if answered.get(i)]
-        pick = (with_leader or [i for i in order if i in answered] or order)[0]
-        for i, c in clients.items():
-            if i != pick:
-                await c.close()
+        pick = order[0]
+        try:
+            await asyncio.wait(asks.values(), timeout=PICK_TIMEOUT)
+            answered = {i: t.result() for i, t in asks.items() if t.done() and not t.exception()}
+            with_leader = [i for i in order if answered.get(i)]
+            pick = (with_leader or [i for i in order if i in answered] or order)[0]
+        finally:  # cancelled meanwhile too: no client is left open but the one returned
+            for t in asks.values():
+                t.cancel()
+            await asyncio.gather(*asks.values(), return_exceptions=True)  # a member that did not answer is no news
+            for i, c in clients.items():
+                if i != pick or asyncio.current_task().cancelling():
+                    await c.close()
         return pick, clients[pick]
 
     def moved(self) -> asyncio.Event:
@@ -277,12 +280,11 @@ class Store:
         await self._failed(self.client, self.endpoint, TimeoutError(why))
 
     async def _retire(self, client: aetcd.Client) -> None:
-        """Close a client the store moved away from, once the writes in flight on it have had their
-        time (closing cancels them); its watches end then, and their owners read afresh from the
-        member the store uses now (a watch on a member cut off would otherwise wait for gRPC's
-        keep-alive to notice, about 15 s)."""
+        """Close a client the store moved away from, once the calls in flight on it have had their
+        time (closing cancels them: such a call is tried again on the member in use, `_call`). The
+        index's watch does not wait for this: it ends at the move (store/index.py)."""
         try:
-            await asyncio.sleep(self.write_timeout)
+            await asyncio.sleep(self.timeout)
         finally:
             await client.close()
 
@@ -314,7 +316,10 @@ class Store:
             try:
                 result = await op(client)
             except asyncio.CancelledError:
-                raise
+                if client is self.client or ((me := asyncio.current_task()) is not None and me.cancelling()):
+                    raise
+                failures.append(f"{at}: closed under the call")  # the store moved on and retired it
+                continue
             except Exception as e:
                 # A cancel that reaches the call can come back as the call's own error (grpc's
                 # CANCELLED), which a caller would take for etcd's answer and retry: a loop

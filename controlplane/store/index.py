@@ -90,6 +90,7 @@ class Index:
             why = await self._watch_until_moved(start)
             if why is None:  # the store moved to another member: the watch goes on there, read nothing again
                 start = self.revision  # its events again (applied twice they change nothing): none is missed
+                self._events.pop(start, None)  # counted afresh as they come again (wait_for counts them)
                 log.warning("%s: watching from revision %d on %s", self.prefix, start, self.store.endpoint)
                 continue
             start = self._start_revision + 1
@@ -122,7 +123,8 @@ class Index:
             try:
                 await watching
             except asyncio.CancelledError:
-                pass
+                if (me := asyncio.current_task()) is not None and me.cancelling():
+                    raise  # the index itself is stopped
             return None
         finally:
             moved.cancel()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import socket
 import time
 import uuid
 
@@ -44,3 +45,29 @@ def test_a_store_leaving_a_member_passes_over_one_that_does_not_answer(tmp_path)
     finally:
         os.kill(hung.pid, signal.SIGCONT)
         cluster.stop()
+
+
+def test_a_read_in_flight_on_the_member_left_behind_is_answered_by_the_next(etcd_server):
+    """The store moves while a read waits on a member that answers nothing (a listening socket that
+    never speaks): the read ends with the value from the member moved to, not cancelled when the
+    old member's client is closed under it."""
+    keys = Keys(f"test-{uuid.uuid4().hex[:8]}")
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(5)
+
+        async def body():
+            writer = Store([("127.0.0.1", etcd_server.port)])
+            await writer.commit([], {keys.machine("a"): {"n": 7}})
+            await writer.close()
+            store = Store([("127.0.0.1", silent.getsockname()[1]), ("127.0.0.1", etcd_server.port)], timeout=4)
+            since = time.monotonic()
+            read = asyncio.ensure_future(store.read(keys.machine("a")))
+            await asyncio.sleep(0.2)
+            await store.suspect("taken for cut off by the test")
+            assert store.endpoint == f"127.0.0.1:{etcd_server.port}"
+            got = await read
+            assert got.value == {"n": 7} and time.monotonic() - since < 7
+            await store.close()
+
+        asyncio.run(body())

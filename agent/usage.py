@@ -6,8 +6,8 @@ heartbeat: not through Docker's stats API, which takes a second or more per cont
   `memory.stat`; v1: `cpuacct.usage` (ns), `memory.usage_in_bytes` less `total_inactive_file`.
   Memory is the working set (what kubelet and cAdvisor call it: page cache the kernel can drop
   is not counted);
-- the host: /proc/stat (the time its CPUs were not idle) and /proc/meminfo (MemTotal less
-  MemAvailable); power from RAPL's `energy_uj` under /sys/class/powercap where the host has it,
+- the host: psutil's CPU times (the time its CPUs were not idle, from /proc/stat) and memory
+  (MemTotal less MemAvailable, from /proc/meminfo); power from RAPL's `energy_uj` under /sys/class/powercap where the host has it,
   else None: unmeasured, never made up.
 
 CPU is in cores used over the window since the last sample (a counter's difference over the
@@ -22,6 +22,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
+
+import psutil
 
 log = logging.getLogger("twine.agent.usage")
 MIN_WINDOW = 0.5  # seconds: a sample asked for sooner than this after the last returns the last
@@ -49,14 +51,6 @@ def _field(text: bytes, name: bytes) -> int:
         start = at + 1 + len(key)
     end = text.find(b"\n", start)
     return int(text[start:end] if end >= 0 else text[start:])
-
-
-def _meminfo(text: bytes, name: bytes) -> int:
-    """kB of /proc/meminfo's `name` ("MemTotal")."""
-    at = text.find(name + b":")
-    if at < 0:
-        raise ValueError(f"/proc/meminfo has no {name.decode()}")
-    return int(text[at + len(name) + 1:text.find(b"\n", at)].split()[0])
 
 
 def mounts(mountinfo: str = "/proc/self/mountinfo") -> tuple[dict[str, str], str | None]:
@@ -125,43 +119,26 @@ def counters_of(pid: int, v1: dict[str, str], v2: str | None, proc: Path = PROC)
         found = Counters(d + "/cpu.stat", d + "/memory.current", d + "/memory.stat", True)
     else:
         return None
-    try:
-        found.read()
-    except (OSError, ValueError):
-        return None
     return found
 
 
 class Host:
     """The host's CPU, memory and (where RAPL is) power, each a difference since the last read."""
 
-    def __init__(self, proc: Path = PROC, powercap: Path = POWERCAP):
-        self.proc, self.ncpu = proc, os.cpu_count() or 1
+    def __init__(self, powercap: Path = POWERCAP):
+        self.ncpu = psutil.cpu_count() or 1
         self.zones = rapl_zones(powercap)
-        self._cpu: tuple[int, int] | None = None  # (busy, total) jiffies
+        self._cpu: tuple[float, float] | None = None  # (busy, total) CPU seconds
         self._energy: list[int] | None = None
-
-    def cpu_times(self) -> tuple[int, int]:
-        first = _read(str(self.proc / "stat")).split(b"\n", 1)[0].split()[1:]
-        times = [int(x) for x in first[:8]]  # user nice system idle iowait irq softirq steal
-        total = sum(times)
-        return total - times[3] - times[4], total
-
-    def memory(self) -> tuple[float, float]:
-        """(used, total) MiB: MemTotal less MemAvailable."""
-        info = _read(str(self.proc / "meminfo"))
-        total, available = _meminfo(info, b"MemTotal"), _meminfo(info, b"MemAvailable")
-        return (total - available) / 1024, total / 1024
-
-    def energy(self) -> list[int]:
-        return [int(_read(str(z / "energy_uj"))) for z, _ in self.zones]
 
     def sample(self, window: float) -> tuple[float | None, float | None]:
         """(cores in use, watts) over the window since the last call; None for a first call or no RAPL."""
-        busy, total = self.cpu_times()
+        t = psutil.cpu_times()
+        total = sum(t) - getattr(t, "guest", 0.0) - getattr(t, "guest_nice", 0.0)  # guest time is in user's
+        busy = total - t.idle - getattr(t, "iowait", 0.0)
         cores = None
-        if self._cpu is not None:  # (no jiffy gone by: none used)
-            cores = max(0, busy - self._cpu[0]) / max(1, total - self._cpu[1]) * self.ncpu
+        if self._cpu is not None:  # (no tick gone by: none used)
+            cores = max(0.0, busy - self._cpu[0]) / max(1e-9, total - self._cpu[1]) * self.ncpu
         self._cpu = (busy, total)
         watts = None
         if self.zones:
@@ -170,21 +147,39 @@ class Host:
             except (OSError, ValueError):
                 now = None
             if now is not None and self._energy is not None and window > 0:
-                joules = sum((b - a) % (rng or 2**64) for a, b, (_, rng) in zip(self._energy, now, self.zones)) / 1e6
-                watts = joules / window
+                joules = 0.0
+                for a, b, (_, rng) in zip(self._energy, now, self.zones):
+                    if b < a and not rng:  # wrapped, by an unknown range: this window is not measured
+                        joules = None
+                        break
+                    joules += ((b - a) % rng if rng else b - a) / 1e6
+                watts = None if joules is None else joules / window
             self._energy = now
         return cores, watts
 
+    def energy(self) -> list[int]:
+        return [int(_read(str(z / "energy_uj"))) for z, _ in self.zones]
+
+    @staticmethod
+    def memory() -> tuple[float, float]:
+        """(used, total) MiB: MemTotal less MemAvailable."""
+        m = psutil.virtual_memory()
+        return (m.total - m.available) / 2**20, m.total / 2**20
+
 
 def rapl_zones(powercap: Path = POWERCAP) -> list[tuple[Path, int]]:
-    """The package zones of RAPL (intel-rapl:N, not their sub-zones) and each counter's range."""
+    """RAPL's package zones (intel-rapl:N named package-N) and each counter's range (0: unknown)."""
     out = []
     try:
         names = sorted(os.listdir(powercap))
     except OSError:
         return []
     for name in names:
-        if name.count(":") != 1 or not (powercap / name / "energy_uj").exists():
+        try:  # a package's own zone: not its sub-zones, nor psys or MMIO zones that count it again
+            if not (name.startswith("intel-rapl:") and name.count(":") == 1
+                    and _read(str(powercap / name / "name")).startswith(b"package-")):
+                continue
+        except OSError:
             continue
         try:
             rng = int(_read(str(powercap / name / "max_energy_range_uj")))
@@ -208,7 +203,7 @@ class Sampler:
     def __init__(self, proc: Path = PROC, powercap: Path = POWERCAP, mountinfo: str = "/proc/self/mountinfo"):
         self.proc = proc
         self.v1, self.v2 = mounts(mountinfo)
-        self.host = Host(proc, powercap)
+        self.host = Host(powercap)
         self._counters: dict[tuple[str, int], Counters | None] = {}  # (container, pid) -> where
         self._last: dict[str, int] = {}  # container -> CPU ns at the last sample
         self._at: float | None = None
@@ -234,7 +229,7 @@ class Sampler:
     def _sample(self, running: Iterable[Running], now: float) -> dict | None:
         window = None if self._at is None else now - self._at
         cores, watts = self.host.sample(window or 0.0)
-        used, total = self.host.memory()
+        used, total = Host.memory()
         tasks, last, seen = [], {}, set()
         for c in running:
             key = (c.id, c.pid)
@@ -257,7 +252,7 @@ class Sampler:
         if window is None or cores is None:
             self.usage = None
             return None
-        self.usage = {"window": round(window, 3), "cpus": self.host.ncpu, "cpu": round(max(0.0, cores), 3),
+        self.usage = {"window": round(window, 3), "cpus": self.host.ncpu, "cpu": round(cores, 3),
                       "memory_mb": round(used, 1), "memory_total_mb": round(total, 1),
                       "power_w": None if watts is None else round(watts, 1), "tasks": sorted(tasks)}
         return self.usage

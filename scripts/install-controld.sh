@@ -221,15 +221,15 @@ chmod 0700 "$etcd_data"
 # Tokens: the files given, else keep what is there, else new random ones. Bootstrap tokens expire
 # a day after their file is written (controld's --bootstrap-token-ttl): an older file is renewed.
 for pair in "api-tokens:$api_file" "bootstrap-tokens:$boot_file"; do
-  name=${pair%%:*} given=${pair#*:}
+  tokens=${pair%%:*} given=${pair#*:}
   if [ -n "$given" ]; then
-    put_secret "$given" "/etc/twine/$name" twine
-  elif [ ! -s "/etc/twine/$name" ] || { [ "$name" = bootstrap-tokens ] && [ -n "$(find "/etc/twine/$name" -mmin +1440)" ]; }; then
-    (umask 077; head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' > "/etc/twine/$name"; echo >> "/etc/twine/$name")
-    chown twine:twine "/etc/twine/$name"
-    echo "install-controld: made a new token in /etc/twine/$name"
+    put_secret "$given" "/etc/twine/$tokens" twine
+  elif [ ! -s "/etc/twine/$tokens" ] || { [ "$tokens" = bootstrap-tokens ] && [ -n "$(find "/etc/twine/$tokens" -mmin +1440)" ]; }; then
+    (umask 077; head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' > "/etc/twine/$tokens"; echo >> "/etc/twine/$tokens")
+    chown twine:twine "/etc/twine/$tokens"
+    echo "install-controld: made a new token in /etc/twine/$tokens"
   fi
-  chmod 0600 "/etc/twine/$name"
+  chmod 0600 "/etc/twine/$tokens"
 done
 
 # The key that seals secret task values in etcd (controld's --secret-key-file): kept when there.

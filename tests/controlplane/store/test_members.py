@@ -57,11 +57,14 @@ def test_a_member_joins_a_running_cluster_and_has_its_data(tmp_path):
         first.stop()
 
 
-def test_an_unknown_member_or_a_bad_url_is_refused_naming_it(tmp_path):
+def test_an_unknown_member_or_a_bad_url_is_refused_naming_it(tmp_path, capsys):
     first = EtcdServer(name="solo").start()
     try:
         assert members.main(["--endpoint", first.endpoint, "add", "x", "ftp://nowhere"]) == 2
+        assert "PEER_URL" in (err := capsys.readouterr().err) and "ftp://nowhere" in err, err
         assert members.main(["--endpoint", first.endpoint, "remove", "nobody"]) == 2
+        assert "NAME" in (err := capsys.readouterr().err) and "nobody" in err and "no such member" in err, err
         assert members.main(["--endpoint", first.endpoint, "list"]) == 0
+        assert " solo peers=" in capsys.readouterr().out
     finally:
         first.stop()

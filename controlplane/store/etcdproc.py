@@ -20,7 +20,7 @@ import tempfile
 import time
 import urllib.request
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from controlplane.store.etcd import ETCD_FLAGS
 
@@ -227,26 +227,15 @@ class EtcdServer:
 
 
 class EtcdCluster:
-    """`EtcdCluster(3).start()` ... `.stop()`: `n` members of one cluster, member i on 127.0.0.1(10+i)
-    with free ports; clients use `.endpoints` (every member's host:port, for controld's --etcd).
-    `tls(name)`/`peer_tls(name)` give a member's (cert, key, ca) for clients/peers (None: plain)."""
+    """`EtcdCluster(3).start()` ... `.stop()`: `n` plain members of one cluster, for tests, member i
+    on 127.0.0.1(10+i) with free ports; clients use `.endpoints` (every member's host:port, for
+    controld's --etcd). (The dev region runs its own, with TLS and a cgroup a member: devregion/etcd.py.)"""
 
-    def __init__(self, n: int = 3, *, data_root: str | Path | None = None, log_dir: str | Path | None = None,
-                 name: str = "test", log_level: str = "error", new_session: bool = False,
-                 tls: Callable[[str], tuple] | None = None, peer_tls: Callable[[str], tuple] | None = None,
-                 hosts: list[str] | None = None, raised_limits: bool = True,
-                 cgroups: Callable[[str], str] | None = None) -> None:
+    def __init__(self, n: int = 3, *, data_root: str | Path | None = None) -> None:
         self._root = None if data_root is not None else tempfile.mkdtemp(prefix="twine-etcd-cluster-")
         root = Path(data_root if data_root is not None else self._root)
-        self.hosts = hosts or [f"127.0.0.{11 + i}" for i in range(n)]
-        self.members = [
-            EtcdServer(host, data_dir=root / f"{name}-{i + 1}",
-                       log_file=Path(log_dir) / f"etcd-{i + 1}.log" if log_dir is not None else None,
-                       log_level=log_level, new_session=new_session, name=f"{name}-{i + 1}",
-                       raised_limits=raised_limits, tls=tls(f"etcd-{i + 1}") if tls else None,
-                       peer_tls=peer_tls(f"etcd-{i + 1}") if peer_tls else None,
-                       cgroup=cgroups(f"etcd-{i + 1}") if cgroups else None)
-            for i, host in enumerate(self.hosts)]
+        self.members = [EtcdServer(f"127.0.0.{11 + i}", data_dir=root / f"test-{i + 1}", name=f"test-{i + 1}")
+                        for i in range(n)]
         self.join()
 
     def join(self) -> None:
@@ -275,9 +264,6 @@ class EtcdCluster:
     def stop(self) -> None:
         for m in self.members:
             m.stop()
-            if m.cgroup:
-                with contextlib.suppress(OSError):
-                    os.rmdir(m.cgroup)
         if self._root is not None:
             shutil.rmtree(self._root, ignore_errors=True)
 

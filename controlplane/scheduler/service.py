@@ -262,9 +262,10 @@ class Scheduler:
         elif plan.place:
             try:
                 moving = tuple(i for i in plan.place if i in seen.tasks and seen.tasks[i].machine)
+                snap = self.state.snapshot()  # moved forward to the view first: not the allocator's time
                 began = time.perf_counter()
                 try:
-                    placement = allocate(self.state.snapshot(), job_request(job, moving))
+                    placement = allocate(snap, job_request(job, moving))
                 finally:
                     self._allocated("place", time.perf_counter() - began)
             except AllocationError as e:

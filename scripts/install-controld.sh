@@ -5,13 +5,13 @@
 #                       [--api-token-file F] [--bootstrap-token-file F] [--wheelhouse DIR]
 #                       [--etcd-data-dir DIR] [--tls-cert F --tls-key F [--tls-ca F]]
 #                       [--etcd-peer-ip IP] [--etcd-endpoints HOST:PORT,...]
-#   install-controld.sh --etcd-add-member NAME=IP --etcd-bundle FILE     (on a host of the cluster)
+#   install-controld.sh --etcd-add-member NAME=IP --etcd-bundle FILE     (on the first host: it holds the etcd CA's key)
 #   install-controld.sh --etcd-join --etcd-bundle FILE --etcd-peer-ip IP [the options above]
 #   install-controld.sh --uninstall [--purge]
 #
 # A replicated store: with --etcd-peer-ip the first control host's etcd also listens on IP (clients
 # on 2379, its peers on 2380, TLS with the region's etcd CA both ways), a member that other control
-# hosts can join. To add one: on a host of the cluster, --etcd-add-member NAME=IP tells the cluster
+# hosts can join. To add one: on the first host (the etcd CA's key is there), --etcd-add-member NAME=IP tells the cluster
 # of the new member and writes FILE (mode 0600: the member's certificate, controld's client
 # certificate for etcd, the API and bootstrap tokens and the sealing key, which every replica of a
 # region shares); copy FILE to the new host and run --etcd-join there: its etcd joins the cluster,
@@ -115,7 +115,7 @@ if [ -n "$add_member" ]; then
 fi
 
 if [ $join = 1 ]; then
-  [ -n "$bundle" ] && [ -r "$bundle" ] || usage_error "--etcd-join needs --etcd-bundle FILE (made by --etcd-add-member on a host of the cluster)"
+  [ -n "$bundle" ] && [ -r "$bundle" ] || usage_error "--etcd-join needs --etcd-bundle FILE (made by --etcd-add-member on the first host)"
   [ -n "$peer_ip" ] || usage_error "--etcd-join needs --etcd-peer-ip IP: this host's address, as given to --etcd-add-member"
 fi
 [ -z "$peer_ip" ] || valid_ip "$peer_ip" || usage_error "--etcd-peer-ip $peer_ip: not an IP address"

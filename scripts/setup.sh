@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # One idempotent set-up for a fresh Debian machine, used by the README and by CI:
-#   Debian packages (docker.io, etcd-server, busybox-static, iproute2, iptables, openssl), dockerd running,
+#   Debian packages (docker.io, etcd-server, busybox-static, iproute2, iptables, openssl; prometheus, whose
+#   server a test scrapes controld with), dockerd running,
 #   a virtualenv in .venv with this package installed (with test extras), local test images.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ "$(id -u)" = 0 ] || { echo "setup: run as root (the agent manages containers and kernel settings)" >&2; exit 1; }
 
-packages=(docker.io etcd-server busybox-static iproute2 iptables python3-venv irqbalance openssl)
+packages=(docker.io etcd-server busybox-static iproute2 iptables python3-venv irqbalance openssl prometheus)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -30,6 +30,7 @@ from controlplane.security.secretfile import owner_only, tokens_in
 from controlplane.store.state import RegionState
 from controlplane.store import Store
 from controlplane.store.keys import Keys
+from controlplane.usage.book import UsageBook, cell_of
 
 if TYPE_CHECKING:
     from controlplane.coordination.coordinator import Coordinator
@@ -166,6 +167,9 @@ class AgentService:
                          "long_polls_refused": 0, "usage_refused": 0}
         self.closing = asyncio.Event()  # set at shutdown: long polls answer at once
         self.reboots = Reboots(state, store, keys, reboot_grace)
+        # what the machines heartbeating here use (controlplane/usage/): a machine whose heartbeats
+        # went elsewhere leaves it after a few intervals
+        self.usage = UsageBook(stale=3 * heartbeat_interval + 1)
         # replicas (set by the daemon once it runs): heartbeats and reports other members need go
         # through the relay; the coordinator says which member judges each machine's health
         self.relay: Relaying | None = None
@@ -320,6 +324,8 @@ class AgentService:
         if relay is not None:
             relay.heard(mid)
         await self.reboots.seen(mid)
+        if (usage := body.get("usage")) is not None and (m := self.state.machines.get(mid)) is not None:
+            self.usage.note(mid, cell_of(m), usage, self.state.jobs, time.monotonic())
         error = str(body.get("desired_error") or "")
         if error != self.errors.get(mid, ""):
             self.errors[mid] = error

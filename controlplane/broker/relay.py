@@ -8,8 +8,12 @@ An agent heartbeats to one twine-controld process; the heartbeat's two uses live
   machine: a report that changed is sent to every other member, and a member that joins gets every
   report this process holds. Reports change when containers do, not with every heartbeat.
 
-One `POST /v1/internal/relay` per peer and interval carries both:
-    {"from": member, "seen": [machine id], "reports": {machine id: {"tasks": [...], "error": "", "at": when}}}
+- *usage* (controlplane/usage/) matters to every member: each sends the others its sums per job
+  and per fleet cell every `usage_every` seconds, whatever changed.
+
+One `POST /v1/internal/relay` per peer and interval carries them:
+    {"from": member, "seen": [machine id], "reports": {machine id: {"tasks": [...], "error": "", "at": when}},
+     "usage": {"jobs": {...}, "cells": [...]}}
 (`at`: when the member that had the report from the agent last knew it current, wall clock.)
 """
 
@@ -27,20 +31,24 @@ if TYPE_CHECKING:
     from controlplane.coordination.coordinator import Coordinator
     from controlplane.health.check import HealthService
     from controlplane.store.state import RegionState
+    from controlplane.usage.region import RegionUsage
 
 log = logging.getLogger("twine.controld.relay")
 INTERVAL = 0.2
+USAGE_EVERY = 1.0  # seconds between two usage partials to each member
 
 
 class Relay:
     def __init__(self, state: "RegionState", agents: "AgentService", health: "HealthService",
                  coordinator: "Coordinator", http: Callable[[], aiohttp.ClientSession], token: str,
-                 interval: float = INTERVAL):
+                 interval: float = INTERVAL, usage: "RegionUsage | None" = None, usage_every: float = USAGE_EVERY):
         self.state, self.agents, self.health = state, agents, health
         self.coordinator = coordinator
         self.http = http  # the daemon's session to the other replicas (it verifies them with --tls-ca)
         self.token = token  # an API token of this region's: the other replicas' API takes it
         self.interval = interval
+        self.usage, self.usage_every = usage, usage_every
+        self._usage_sent = 0.0  # monotonic time the last usage partials went
         self.seen: dict[str, set[str]] = {}  # member -> machines heard from since the last send
         self.reports: dict[str, dict[str, dict]] = {}  # member -> machine -> its latest report
         self._members: set[str] = set()
@@ -98,6 +106,8 @@ class Relay:
                 agents.errors[mid] = error
                 changed |= self.state.jobs_on(mid)
         self.state.changed.set(changed)
+        if body.usage is not None and self.usage is not None:
+            self.usage.receive(body.from_, body.usage, now)
         return {"ok": True}
 
     # -- sending -----------------------------------------------------------------------------
@@ -107,8 +117,13 @@ class Relay:
             await asyncio.sleep(self.interval)
             self._greet_new_members()
             peers = set(self.seen) | set(self.reports)
+            usage = None
+            if self.usage is not None and time.monotonic() - self._usage_sent >= self.usage_every:
+                self._usage_sent = time.monotonic()
+                usage = self.usage.partial()
+                peers |= self._members - {self.coordinator.id if self.coordinator else None}
             if peers:
-                await asyncio.gather(*(self._send(p) for p in sorted(peers)))
+                await asyncio.gather(*(self._send(p, usage) for p in sorted(peers)))
 
     def _greet_new_members(self) -> None:
         coord = self.coordinator
@@ -119,14 +134,18 @@ class Relay:
         for gone in self._members - members:
             self.seen.pop(gone, None)
             self.reports.pop(gone, None)
+            if self.usage is not None:
+                self.usage.forget(gone)
         self._members = members
 
-    async def _send(self, member: str) -> None:
+    async def _send(self, member: str, usage: dict | None = None) -> None:
         url = self.coordinator.member_url(member) if self.coordinator else None
         seen, reports = self.seen.pop(member, set()), self.reports.pop(member, {})
-        if url is None or not (seen or reports):
+        if url is None or not (seen or reports or usage):
             return
         body = {"from": self.coordinator.id, "seen": sorted(seen), "reports": reports}
+        if usage is not None:
+            body["usage"] = usage
         token = self.token
         try:  # the daemon's session to the other replicas (it verifies them with --tls-ca)
             async with self.http().post(url + "/v1/internal/relay", json=body, timeout=aiohttp.ClientTimeout(total=2),

@@ -40,6 +40,9 @@ from controlplane.store import Conflict, Store, Versioned
 from controlplane.store.keys import Keys
 from controlplane.store.state import RegionState
 from controlplane.taskcontrol.reach import Reach
+from controlplane.usage.metrics import UsageCollector
+from controlplane.usage.recorder import SAMPLE, Recorder
+from controlplane.usage.region import RegionUsage
 
 log = logging.getLogger("twine.controld")
 
@@ -66,6 +69,7 @@ class DaemonSettings:
     conn_limits: ConnLimits = field(default_factory=ConnLimits)
     max_long_polls: int = MAX_LONG_POLLS
     max_long_poll: float = MAX_WAIT
+    usage_sample: float = SAMPLE  # seconds between two samples of the usage history
 
 
 class ControlDaemon:
@@ -99,6 +103,10 @@ class ControlDaemon:
         self.registry.register(metrics.DaemonCollector(self.state, self.shards, self.agents, self.health,
                                                        lambda: (self.coordinator, self.relay, self.listener)))
         self.ops = OpsPlanner(self.state, s.maintenance_policy)
+        self.usage = RegionUsage(self.agents.usage)
+        self.registry.register(UsageCollector(self.state, self.usage))
+        self.recorder = Recorder(self.state, store, self.usage, lambda: self.shards.schedulers.keys(),
+                                 s.usage_sample, max_txn_ops=s.max_txn_ops) if "scheduler" in s.roles else None
         self.stalls = Stalls(self.registry, warn_after=s.lease_ttl / 3)
         self.coordinator: Coordinator | None = None
         self.relay: Relay | None = None
@@ -136,7 +144,8 @@ class ControlDaemon:
         url = s.advertise or f"{scheme}://{host if host not in ('0.0.0.0', '::', '') else '127.0.0.1'}:{port}"
         self.coordinator = Coordinator(self.store, self.keys, self.state, url, s.roles, shards, self.shards.lead,
                                        self.shards.depose, ttl=s.lease_ttl, member_id=s.member_id)
-        self.relay = Relay(self.state, self.agents, self.health, self.coordinator, self.http, min(self.api_tokens))
+        self.relay = Relay(self.state, self.agents, self.health, self.coordinator, self.http, min(self.api_tokens),
+                           usage=self.usage)
         self.health.coordinator = self.agents.coordinator = self.coordinator
         self.agents.relay = self.relay
 
@@ -147,7 +156,7 @@ class ControlDaemon:
                                       s.profile_search),
             state=self.state, shards=self.shards, agents=self.agents, ops=self.ops, clean=self.health.clean,
             forwarder=Forwarder(self.coordinator, self.http), coordinator=self.coordinator, relay=self.relay,
-            reach=self.reach, metrics=self.metrics_text))
+            reach=self.reach, metrics=self.metrics_text, usage=self.usage, recorder=self.recorder))
 
     async def run(self, host: str, port: int, stop: asyncio.Event, notifier: Notifier | None = None) -> None:
         s = self.settings
@@ -180,6 +189,8 @@ class ControlDaemon:
                          tg.create_task(self.stalls.run())]
                 if "health" in s.roles:
                     loops.append(tg.create_task(self.health.run()))
+                if self.recorder is not None:
+                    loops.append(tg.create_task(self.recorder.run()))
                 await stop.wait()
                 self.agents.closing.set()
                 await self.coordinator.resign()

@@ -29,6 +29,7 @@ from controlplane.security.sealing import Sealer
 from controlplane.security.secretfile import owner_only, tokens_in
 from controlplane.store import EtcdTls, Store
 from controlplane.store.etcd import WRITE_TIMEOUT
+from controlplane.usage.recorder import SAMPLE
 
 log = logging.getLogger("twine.controld")
 EXIT_OK, EXIT_INPUT, EXIT_UNAVAILABLE = 0, 2, 3
@@ -171,6 +172,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--max-long-poll", type=float, default=MAX_WAIT,
                    help="seconds an agent's desired-state long poll waits at most for a change; it may ask for "
                         "less (default %(default)s)")
+    p.add_argument("--usage-sample", type=float, default=SAMPLE,
+                   help="seconds between two samples of the jobs' and entitlements' usage history, kept by the "
+                        "leaders of their shards; a point a minute is their mean (default %(default)s)")
     p.add_argument("--header-timeout", type=float, default=ConnLimits.header_timeout,
                    help="seconds a connection has to send a request's head (and a TLS handshake), from its "
                         "opening or its last response; then it is closed (default %(default)s)")
@@ -211,6 +215,9 @@ def settings_of(args: argparse.Namespace) -> DaemonSettings:
                         ("--max-long-poll", args.max_long_poll), ("--etcd-write-timeout", args.etcd_write_timeout)):
         if not 0 < value <= 3600:
             raise SystemExit(_input_error(flag, f"{value}: seconds, more than 0 and at most 3600"))
+    if not 0.05 <= args.usage_sample <= 60:
+        raise SystemExit(_input_error("--usage-sample", f"{args.usage_sample}: seconds, from 0.05 to 60 (a point a "
+                                      "minute is the mean of its samples)"))
     return DaemonSettings(
         region=args.region, heartbeat_timeout=args.heartbeat_timeout, heartbeat_interval=args.heartbeat_interval,
         profile_search=(*map(Path, args.profiles), *default_search_path()), limits=limits,
@@ -219,7 +226,7 @@ def settings_of(args: argparse.Namespace) -> DaemonSettings:
         lease_ttl=args.lease_ttl, advertise=args.advertise, max_txn_ops=args.max_txn_ops,
         conn_limits=ConnLimits(args.max_connections_per_client, args.max_connections, args.header_timeout,
                                args.body_timeout),
-        max_long_polls=args.max_long_polls, max_long_poll=args.max_long_poll)
+        max_long_polls=args.max_long_polls, max_long_poll=args.max_long_poll, usage_sample=args.usage_sample)
 
 
 @dataclass

@@ -303,10 +303,85 @@ class Cluster(Answer):
     shards: list[ShardView]
 
 
+class Resources(Answer):
+    cpus: float
+    memory_mb: int
+
+
+class Used(Answer):
+    cpus: float  # cores, what the tasks used
+    memory_mb: int
+    machines_reporting: int
+
+
+class HostsUsed(Answer):
+    cpus: float  # cores, what the hosts used (their tasks, their daemons, the rest)
+    memory_mb: int
+    power_w: Union[float, None]  # None: no machine of the cell measures power
+    machines_with_power: int
+
+
+class FleetCell(Answer):
+    machines: int
+    healthy: int
+    maintenance: int  # in maintenance now
+    cpus: float
+    memory_mb: int
+    reserved: Resources
+    used: Used
+    hosts_used: HostsUsed
+    dc: Union[str, msgspec.UnsetType] = msgspec.UNSET  # the dimensions asked for (?by=)
+    msb: Union[str, msgspec.UnsetType] = msgspec.UNSET
+    entitlement: Union[str, msgspec.UnsetType] = msgspec.UNSET  # "": the free pool
+    profile: Union[str, msgspec.UnsetType] = msgspec.UNSET  # the profile applied ("": none)
+    type: Union[str, msgspec.UnsetType] = msgspec.UNSET
+
+
+class PoolCell(Answer):
+    type: str
+    dc: str
+    machines: int
+    usable: int  # healthy and not in maintenance
+
+
+class EntitlementFit(Answer):
+    held: int
+    quota: int
+    largest_task: Resources  # on a machine it holds, or one of the pool it may still take
+    largest_on_held: Resources
+
+
+class Fleet(Answer):
+    by: Strings
+    cells: list[FleetCell]
+    free_pool: list[PoolCell]
+    entitlements: dict[str, EntitlementFit]
+
+
+class CurrentUsage(Answer):
+    cpus: float
+    memory_mb: int
+    tasks_reporting: int
+
+
+class UsageHistory(Answer):
+    reserved: Resources
+    current: Union[CurrentUsage, None]  # None: no task reports usage now
+    since: int
+    step: int
+    fields: Strings
+    points: list[tuple[int, float, float, int, int]]  # as `fields` names them; steps with nothing measured left out
+    job: Union[str, msgspec.UnsetType] = msgspec.UNSET
+    count: Union[int, msgspec.UnsetType] = msgspec.UNSET
+    entitlement: Union[str, msgspec.UnsetType] = msgspec.UNSET
+    quota: Union[int, msgspec.UnsetType] = msgspec.UNSET
+    machine_type: Union[str, msgspec.UnsetType] = msgspec.UNSET
+
+
 ANSWERS: dict[str, type] = {t.__name__: t for t in (
     Error, Health, Entitlement, EntitlementList, Task, Job, JobList, Machine, MachineList, Token, TokenList, Revoked,
     Event, EventList, Maintenance, MaintenanceList, Discovery, Registration, DesiredState, HeartbeatReply,
-    ShutdownReply, Relayed, Cluster)}
+    ShutdownReply, Relayed, Cluster, Fleet, UsageHistory)}
 
 
 def answers_markdown() -> str:

@@ -24,6 +24,7 @@ from controlplane.frontend.meta import Meta
 from controlplane.frontend.middleware import Gate
 from controlplane.frontend.services import Services
 from controlplane.frontend.tokens import Tokens
+from controlplane.frontend.usage import Usage
 
 ROUTES = [
     ("POST", "/v1/entitlements", Entitlements.create),
@@ -31,12 +32,15 @@ ROUTES = [
     ("GET", "/v1/entitlements/{name}", Entitlements.show),
     ("PATCH", "/v1/entitlements/{name}", Entitlements.modify),
     ("POST", "/v1/entitlements/{name}/move", Entitlements.move),
+    ("GET", "/v1/entitlements/{name}/usage", Usage.entitlement),
     ("POST", "/v1/jobs", Jobs.create),
     ("GET", "/v1/jobs", Jobs.list),
     ("GET", "/v1/jobs/{ent}/{name}", Jobs.show),
     ("PUT", "/v1/jobs/{ent}/{name}", Jobs.update),
     ("POST", "/v1/jobs/{ent}/{name}/resize", Jobs.resize),
     ("DELETE", "/v1/jobs/{ent}/{name}", Jobs.stop),
+    ("GET", "/v1/jobs/{ent}/{name}/usage", Usage.job),
+    ("GET", "/v1/fleet", Usage.fleet),
     ("GET", "/v1/machines", Machines.list),
     ("GET", "/v1/machines/{id}", Machines.show),
     ("POST", "/v1/machines/{id}/release", Machines.release),
@@ -71,6 +75,7 @@ def make_app(s: Services) -> web.Application:
         Maintenance(s.ops),
         Agents(s.agents),
         Meta(s.state, s.shards, s.coordinator, s.relay, s.metrics),
+        Usage(s.state, s.usage, s.recorder, s.shards, s.forwarder),
     ]
     by_class = {type(g): g for g in groups}
     gate = Gate(s.state, Authenticator(s.state, s.agents, s.settings.api_tokens), s.settings.roles)

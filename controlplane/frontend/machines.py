@@ -27,7 +27,15 @@ class Machines:
         return mid
 
     async def list(self, request: web.Request) -> web.Response:
-        return reply({"machines": [machine_answer(self.state, self.agents, mid) for mid in sorted(self.state.machines)]})
+        """Every machine, or those of one dc and/or msb (?dc=, ?msb=: the fleet page opens one MSB)."""
+        where = {k: request.query[k] for k in ("dc", "msb") if k in request.query}
+        for k, v in where.items():
+            if not 0 < len(v) <= 253:
+                raise ApiError("invalid", k, "a label of 1 to 253 characters")
+        ms = self.state.machines
+        mids = sorted(mid for mid, m in ms.items() if all(m.labels.get(k) == v for k, v in where.items())) \
+            if where else sorted(ms)
+        return reply({"machines": [machine_answer(self.state, self.agents, mid) for mid in mids]})
 
     async def show(self, request: web.Request) -> web.Response:
         return reply(machine_answer(self.state, self.agents, self._machine(request), detail=True))

@@ -10,6 +10,7 @@ import re
 from functools import cache
 
 from controlplane.frontend import schema as schemas_of
+from controlplane.frontend import usage
 from controlplane.store.records import NAME
 
 
@@ -69,6 +70,13 @@ PATHS = {
         "delete": _op("stop a job", "stopping", "Job", status="202"),
     },
     "/v1/jobs/{ent}/{name}/resize": {"post": _op("change a job's task count", "the job", "Job", "Resize")},
+    "/v1/jobs/{ent}/{name}/usage": {"get": _op("a job's usage now and over time, against what it reserved",
+                                               "the usage", "UsageHistory")},
+    "/v1/entitlements/{name}/usage": {"get": _op("an entitlement's usage now and over time, against what its jobs "
+                                                 "reserved", "the usage", "UsageHistory")},
+    "/v1/fleet": {"get": _op("the region's machines summed per dc, msb, entitlement, profile and machine type: held, "
+                             "healthy, in maintenance, reserved, used; the free pool; what each entitlement can still "
+                             "fit", "the fleet", "Fleet")},
     "/v1/machines": {"get": _op("list machines", "the machines", "MachineList")},
     "/v1/machines/{id}": {"get": _op("show a machine with its tasks", "the machine", "Machine")},
     "/v1/machines/{id}/release": {"post": _op("end the machine's credential: a bootstrap token may register it again",
@@ -118,8 +126,19 @@ PATHS = {
 NAME_PARAM = {"type": "string", "pattern": NAME.pattern}
 ID_PARAM = {"type": "string", "minLength": 1, "maxLength": 253}
 PATH_PARAMS = {"name": NAME_PARAM, "ent": NAME_PARAM, "id": ID_PARAM}
+HISTORY_PARAMS = [("since", {"type": "integer", "minimum": 60, "maximum": usage.MAX_SINCE},
+                   "how far back, in seconds (8 weeks at most; an hour by default)"),
+                  ("step", {"type": "integer", "minimum": 60, "maximum": usage.MAX_STEP, "multipleOf": 60},
+                   "seconds a point covers: whole minutes; whole hours when since is beyond 48 h (else 422); at "
+                   "most 10,000 points (else 422)")]
 QUERY_PARAMS = {
     ("/v1/jobs", "get"): [("entitlement", NAME_PARAM, "only the jobs of this entitlement")],
+    ("/v1/jobs/{ent}/{name}/usage", "get"): HISTORY_PARAMS,
+    ("/v1/entitlements/{name}/usage", "get"): HISTORY_PARAMS,
+    ("/v1/machines", "get"): [("dc", {"type": "string", "minLength": 1, "maxLength": 253}, "only this dc's machines"),
+                              ("msb", {"type": "string", "minLength": 1, "maxLength": 253}, "only this MSB's machines")],
+    ("/v1/fleet", "get"): [("by", {"type": "string", "pattern": usage.BY.pattern}, "the dimensions to sum by, "
+                            "comma-separated: dc, msb, entitlement, profile, type (all by default)")],
     ("/v1/maintenance", "get"): [("all", {"type": "string", "enum": list(schemas_of.ALL)},
                                   "1: also the maintenance that is over")],
     ("/v1/agent/desired", "get"): [("version", {"type": "string", "maxLength": schemas_of.MAX_VERSION},

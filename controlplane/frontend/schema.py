@@ -202,10 +202,22 @@ class RelayReport(Struct):
     at: Union[float, None] = None  # when the relaying member last knew the report current (wall clock)
 
 
+Figure = Annotated[int, Meta(ge=-(1 << 62), le=1 << 62)]  # an integer sum (millicores, MiB, milliwatts, a count)
+
+
+class UsagePartial(Struct, forbid_unknown_fields=True):
+    """A replica's usage sums (controlplane/usage/region.py): per job [millicores, MiB, tasks],
+    per fleet cell [dc, msb, entitlement, profile, machine type, then usage.region.CELL_FIGURES]."""
+
+    jobs: dict[Label, tuple[Figure, Figure, Figure]] = {}
+    cells: list[tuple[str, str, str, str, str, Figure, Figure, Figure, Figure, Figure, Figure, Figure]] = []
+
+
 class Relay(Struct, forbid_unknown_fields=True, rename={"from_": "from"}):
     from_: Label
     seen: list[Label] = []
     reports: dict[Label, RelayReport] = {}
+    usage: Union[UsagePartial, None] = None  # the sender's usage sums, every second or so
 
 
 # query parameters, bounded here once (app.py checks them, openapi.py declares them)

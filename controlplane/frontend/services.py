@@ -16,6 +16,8 @@ from controlplane.opsplanner.planner import OpsPlanner
 from controlplane.scheduler.service import Scheduler
 from controlplane.store.state import RegionState
 from controlplane.taskcontrol.reach import Reach
+from controlplane.usage.recorder import Recorder
+from controlplane.usage.region import RegionUsage
 
 
 class Shards(Protocol):
@@ -50,3 +52,5 @@ class Services:
     relay: Relay | None
     reach: Reach  # where TaskControllers may be
     metrics: Callable[[], str]  # the Prometheus text of /v1/metrics
+    usage: RegionUsage  # what the region uses now
+    recorder: Recorder | None  # the usage history of the shards this process leads

@@ -73,13 +73,15 @@ async def _status(c: aetcd.Client, timeout: float) -> int:
 
 
 def txn_request(reads: list[Versioned], puts: dict[str, Any], deletes) -> aetcd.rpc.TxnRequest:
+    """deletes: keys, or (start, end) pairs: every key from start up to end (not included)."""
     rpc = aetcd.rpc
     equal, mod = rpc.Compare.EQUAL, rpc.Compare.MOD
     op, put, delete = rpc.RequestOp, rpc.PutRequest, rpc.DeleteRangeRequest
     return rpc.TxnRequest(
         compare=[rpc.Compare(result=equal, target=mod, key=r.key.encode(), mod_revision=r.mod_revision) for r in reads],
         success=[op(request_put=put(key=k.encode(), value=encode(v))) for k, v in puts.items()]
-        + [op(request_delete_range=delete(key=k.encode())) for k in deletes])
+        + [op(request_delete_range=delete(key=k.encode()) if isinstance(k, str) else
+              delete(key=k[0].encode(), range_end=k[1].encode())) for k in deletes])
 
 
 MAX_VALUE = 2 * 1024 * 1024  # bytes: a value larger than any record the API can make (a job: ~130 KiB)
@@ -377,9 +379,10 @@ class Store:
                 return items, revision
             start = got.kvs[-1].key + b"\0"
 
-    async def commit(self, reads: list[Versioned], puts: dict[str, Any], deletes: tuple[str, ...] | list[str] = ()) -> int:
-        """One transaction: apply puts and deletes only if every read is still current.
-        Returns the new revision; raises Conflict otherwise."""
+    async def commit(self, reads: list[Versioned], puts: dict[str, Any],
+                     deletes: Sequence[str | tuple[str, str]] = ()) -> int:
+        """One transaction: apply puts and deletes (keys, or (start, end) ranges) only if every read
+        is still current. Returns the new revision; raises Conflict otherwise."""
         request = txn_request(reads, puts, deletes)
         try:
             got = await self._call(lambda c: _txn(c, request, self.write_timeout), retry_timeouts=False)

@@ -46,6 +46,7 @@ class SimAgents:
         self.poll = True
         self.desired_profile: dict[str, str | None] = {}
         self.stop_delay = 0.0
+        self.task_cpu: float | None = None  # set: heartbeats carry usage, each running task using this many cores
         self.stale: dict[str, dict[tuple[str, int], tuple[int, float]]] = {m: {} for m in creds}  # -> (version, since)
 
     def __enter__(self) -> "SimAgents":
@@ -112,6 +113,10 @@ class SimAgents:
         tasks = [{"job": j, "index": i, "spec_version": v, "state": "running"} for (j, i), v in sorted(shown.items())]
         reported = {"name": profile, "ok": True}
         body = {"machine_id": mid, "digest": report_digest(reported, tasks), "tasks": tasks, "profile": reported}
+        if self.task_cpu is not None:  # as agent/usage.py measures it: cores over the window, MiB
+            used = [[j, i, self.task_cpu, 10.0] for (j, i) in sorted(shown)]
+            body["usage"] = {"window": self.interval, "cpus": 64, "cpu": self.task_cpu * len(used) + 0.1,
+                             "memory_mb": 100.0 + 10 * len(used), "memory_total_mb": 65536.0, "tasks": used}
         hinted = self.hints.get(mid) if self.follow_hint else None
         url, answer = self._any("POST", "/v1/agent/heartbeat", cred, body, first=hinted)
         self.sent[url] += 1

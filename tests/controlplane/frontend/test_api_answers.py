@@ -102,6 +102,17 @@ def test_every_answer_of_a_live_region_holds_to_the_documents_schema(tmp_path, e
         desired = a.call("GET", "/v1/agent/desired?wait=0", token=cred)
         assert desired["tasks"] and desired["tasks"][0]["env"] == {"A": "1", "S": "s"}, desired
         a.call("POST", "/v1/agent/heartbeat", {"digest": "other"}, token=cred)  # resend
+        usage = {"window": 1.0, "cpus": 2, "cpu": 0.5, "memory_mb": 500.0, "memory_total_mb": 2048.0,
+                 "tasks": [["web/api", on["tasks"][0]["index"], 0.25, 20.0]]}
+        a.call("POST", "/v1/agent/heartbeat", {"digest": "other", "usage": usage}, token=cred)
+        a.call("POST", "/v1/internal/relay", {"from": "elsewhere", "usage": {"jobs": {"web/api": [10, 1, 1]},
+                                              "cells": [["dc1", "msb1", "web", "", "generic", 10, 1, 20, 2, 0, 1, 0]]}})
+        fleet = a.call("GET", "/v1/fleet")
+        assert sum(c["used"]["cpus"] for c in fleet["cells"]) == 0.26, fleet["cells"]
+        a.call("GET", "/v1/fleet?by=entitlement,type")
+        assert a.call("GET", "/v1/jobs/web/api/usage?since=86400&step=3600")["current"]["cpus"] == 0.26
+        a.call("GET", "/v1/entitlements/web/usage?since=1209600")
+        a.call("GET", "/v1/jobs/web/api/usage?step=7", want=400)
         a.call("POST", "/v1/internal/relay", {"from": "elsewhere", "seen": ["m1"], "reports": {}})
         a.call("GET", "/v1/cluster")
         a.call("GET", "/healthz", token=None)

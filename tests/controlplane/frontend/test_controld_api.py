@@ -205,3 +205,56 @@ def test_a_usage_report_beyond_its_host_is_refused_and_counted(controld):
     metrics = controld.metrics()
     assert metrics["twine_agents_usage_refused_total"] == 3, {k: v for k, v in metrics.items() if "refused" in k}
     assert metrics["twine_agents_heartbeats_total"] == 1  # the refused ones were not heard
+
+
+def test_usage_reported_shows_in_the_fleet_and_the_jobs_and_entitlements_usage(controld):
+    """Issue #25: what heartbeats carry is summed per fleet cell, job and entitlement; the usage
+    endpoints bound since and step (a 400 naming the field)."""
+    cred = register(controld, "m1", "dc1", "msb1", cpus=4, memory_mb=4096)
+    register(controld, "m2", "dc1", "msb2", cpus=4, memory_mb=4096)
+    assert controld.call("POST", "/v1/entitlements", {"name": "web", "machine_type": "generic", "quota": 1})[0] == 201
+    status, job = controld.call("POST", "/v1/jobs", {"entitlement": "web", "name": "api", "count": 2, "task": TASK})
+    assert status == 201 and {t["machine"] for t in job["tasks"]} == {"m1"}, job
+    usage = {"window": 1.0, "cpus": 4, "cpu": 2.5, "memory_mb": 1500.0, "memory_total_mb": 4096.0, "power_w": 80.5,
+             "tasks": [["web/api", 0, 1.02, 60.6], ["web/api", 1, 0.004, 10.0], ["made/up", 0, 1.0, 1.0]]}
+    beat = {"machine_id": "m1", "digest": "a", "tasks": [], "profile": {"name": None, "ok": True}, "usage": usage}
+    assert controld.call("POST", "/v1/agent/heartbeat", beat, token=cred)[0] == 200
+
+    status, fleet = controld.call("GET", "/v1/fleet")
+    assert status == 200, fleet
+    cells = {(c["dc"], c["msb"], c["entitlement"], c["type"]): c for c in fleet["cells"]}
+    web = cells[("dc1", "msb1", "web", "generic")]
+    assert (web["machines"], web["healthy"], web["cpus"], web["reserved"]) == (1, 1, 4, {"cpus": 2, "memory_mb": 128})
+    assert web["used"] == {"cpus": 1.024, "memory_mb": 71, "machines_reporting": 1}  # made/up is no job here
+    assert web["hosts_used"] == {"cpus": 2.5, "memory_mb": 1500, "power_w": 80.5, "machines_with_power": 1}
+    pool = cells[("dc1", "msb2", "", "generic")]
+    assert pool["used"]["machines_reporting"] == 0 and pool["reserved"]["cpus"] == 0
+    assert fleet["free_pool"] == [{"type": "generic", "dc": "dc1", "machines": 1, "usable": 1}]
+    # web holds its quota (1 machine) with 2 of 4 cores reserved: the largest task it can still take
+    assert fleet["entitlements"]["web"]["largest_task"] == {"cpus": 2, "memory_mb": 4096 - 128}
+    status, by_dc = controld.call("GET", "/v1/fleet?by=dc")
+    assert [(c["dc"], c["machines"], c["used"]["cpus"]) for c in by_dc["cells"]] == [("dc1", 2, 1.024)]
+
+    status, ju = controld.call("GET", "/v1/jobs/web/api/usage?since=21600&step=300")
+    assert status == 200, ju
+    assert ju["current"] == {"cpus": 1.024, "memory_mb": 71, "tasks_reporting": 2}
+    assert ju["reserved"] == {"cpus": 2, "memory_mb": 128} and ju["step"] == 300 and ju["fields"][0] == "t"
+    status, eu = controld.call("GET", "/v1/entitlements/web/usage")
+    assert status == 200 and eu["current"] == {"cpus": 1.024, "memory_mb": 71, "tasks_reporting": 2}, eu
+    # each out of its bounds: a 400 naming it; within them but not together: a 422 naming step
+    for query, status_field in (("since=5443200", (400, "since")), ("since=10", (400, "since")),
+                                ("since=6h", (400, "since")), ("since=21600&step=90", (400, "step")),
+                                ("since=259200&step=300", (422, "step")), ("since=604800&step=60", (422, "step")),
+                                ("since=604800&step=3600&x=1", (200, None)), ("since=1209600&step=3600", (200, None)),
+                                ("since=3600&step=1209600", (400, "step"))):
+        status, answer = controld.call("GET", f"/v1/jobs/web/api/usage?{query}")
+        assert (status, answer.get("field")) == status_field, (query, answer)
+    assert controld.call("GET", "/v1/fleet?by=colour")[1]["field"] == "by"
+    m = controld.metrics()  # per job, entitlement, dc and type: no machine's or task's series
+    assert m['twine_job_cpu_used_cores{entitlement="web",handle="web/api"}'] == 1.024
+    assert m['twine_job_cpu_reserved_cores{entitlement="web",handle="web/api"}'] == 2
+    assert m['twine_entitlement_memory_used_bytes{entitlement="web"}'] == 71 * 2**20
+    assert m['twine_fleet_cpu_used_cores{dc="dc1",entitlement="web",machine_type="generic"}'] == 1.024
+    assert m['twine_free_pool_machines{dc="dc1",machine_type="generic"}'] == 1
+    assert not [k for k in m if "m1" in k or "index" in k]
+    assert controld.call("GET", "/v1/jobs/web/nope/usage")[0] == 404

@@ -1,0 +1,146 @@
+"""/v1/fleet and /v1/{jobs,entitlements}/.../usage (issue #25): what the region uses, now and over
+time. The fleet is summed by whichever replica is asked (controlplane/usage/fleet.py); a series'
+history lives at the leader of its shard (usage/recorder.py), where the request is forwarded."""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+
+from aiohttp import web
+
+from controlplane.frontend.body import reply
+from controlplane.frontend.forward import Forwarder
+from controlplane.frontend.services import Shards
+from controlplane.store.records import ApiError
+from controlplane.store.state import RegionState
+from controlplane.usage import history as H
+from controlplane.usage.fleet import DIMENSIONS, fleet
+from controlplane.usage.recorder import Recorder
+from controlplane.usage.region import RegionUsage
+
+SECONDS = re.compile(r"^[0-9]{1,9}$")
+MAX_SINCE = H.HOURS * 3600  # 8 weeks: the rollups' window
+MINUTES_SINCE = H.MINUTES * 60  # 48 hours: the points' window
+MAX_STEP = 7 * 86400
+MAX_POINTS = 10_000  # since / step
+BY = re.compile(f"^({'|'.join(DIMENSIONS)})(,({'|'.join(DIMENSIONS)}))*$")
+FIELDS = ["t", "cpu", "cpu_max", "memory_mb", "memory_mb_max"]
+
+
+def seconds(request: web.Request, field: str, default: int, low: int, high: int) -> int:
+    """A query parameter of whole seconds within [low, high]; a 400 naming it otherwise."""
+    text = request.query.get(field)
+    if text is None:
+        return default
+    if not SECONDS.match(text) or not low <= int(text) <= high:
+        raise ApiError("invalid", field, f"{text[:40]!r}: whole seconds from {low} to {high}")
+    return int(text)
+
+
+def window(request: web.Request) -> tuple[int, int]:
+    """(since, step) in seconds: each bounded (a 400 naming it), and together (a 422 naming step)."""
+    since = seconds(request, "since", 3600, 60, MAX_SINCE)
+    low = 60 if since <= MINUTES_SINCE else 3600
+    step = seconds(request, "step", max(low, math.ceil(since / 360 / low) * low), 60, MAX_STEP)
+    if step % 60:
+        raise ApiError("invalid", "step", f"{step}: whole minutes (a multiple of 60)")
+    if step % low:
+        raise ApiError("unprocessable", "step", f"{step} s: whole hours when since is beyond 48 h (older points are "
+                       "hourly rollups)")
+    if since / step > MAX_POINTS:
+        raise ApiError("unprocessable", "step", f"{step} s makes {since // step} points over {since} s; at most "
+                       f"{MAX_POINTS}")
+    return since, step
+
+
+def points(series: H.Series | None, since: int, step: int, now: float) -> list[list]:
+    """[t, cpu cores mean, max, memory MiB mean, max] per step over the last `since` seconds (steps
+    with nothing measured left out): minute points within 48 h, hourly rollups beyond."""
+    if series is None:
+        return []
+    start = int(now) - since
+    buckets: dict[int, list] = {}
+    if since <= MINUTES_SINCE:
+        rows = [(minute * 60, c, c, m, m, 1) for minute, c, m in series.minutes(start // 60, int(now) // 60 + 1)]
+    else:
+        rows = [(hour * 3600, v[0], v[2], v[3], v[5], 1) for hour, v in series.hours(start // 3600, int(now) // 3600 + 1)]
+    for t, c, cmax, m, mmax, n in rows:
+        if t < start - step:
+            continue
+        b = buckets.setdefault(t // step * step, [0, 0, 0, 0, 0])
+        b[0] += c
+        b[1] = max(b[1], cmax)
+        b[2] += m
+        b[3] = max(b[3], mmax)
+        b[4] += n
+    return [[t, round(b[0] / b[4] / 1000, 3), b[1] / 1000, round(b[2] / b[4]), b[3]] for t, b in sorted(buckets.items())]
+
+
+class Usage:
+    def __init__(self, state: RegionState, usage: RegionUsage, recorder: Recorder | None, shards: Shards,
+                 forwarder: Forwarder):
+        self.state, self.usage, self.recorder = state, usage, recorder
+        self.shards, self.forwarder = shards, forwarder
+
+    async def fleet(self, request: web.Request) -> web.Response:
+        by = request.query.get("by", ",".join(DIMENSIONS))
+        dims = by.split(",")
+        if BY.match(by) is None:
+            raise ApiError("invalid", "by", f"{by[:80]!r}: a comma-separated list of {', '.join(DIMENSIONS)}")
+        return reply(fleet(self.state, self.usage, [d for d in DIMENSIONS if d in dims]))
+
+    def _series(self, request: web.Request, key: tuple[str, str], shard: int) -> H.Series | None | bool:
+        """The series, None when it has no points, False when another replica leads the shard."""
+        if self.shards.local(shard) is None or self.recorder is None:
+            return False
+        return self.recorder.series.get(key)
+
+    async def job(self, request: web.Request) -> web.StreamResponse:
+        handle = f"{request.match_info['ent']}/{request.match_info['name']}"
+        job = self.state.jobs.get(handle)
+        if job is None:
+            raise ApiError("not_found", "job", f"no job {handle!r}")
+        since, step = window(request)
+        shard = self.state.shard_of_job(handle)
+        series = self._series(request, ("job", handle), shard)
+        if series is False:
+            return await self.forwarder.forward(request, shard)
+        now = time.time()
+        current = self.usage.job(handle)
+        cpus, mem = float(job.task.get("cpus", 0)), int(job.task.get("memory_mb", 0))
+        return reply({"job": handle, "count": job.count,
+                      "reserved": {"cpus": round(cpus * job.count, 3), "memory_mb": mem * job.count},
+                      "current": None if current is None else
+                      {"cpus": current[0] / 1000, "memory_mb": current[1], "tasks_reporting": current[2]},
+                      "since": int(now) - since, "step": step, "fields": FIELDS,
+                      "points": points(series, since, step, now)})
+
+    async def entitlement(self, request: web.Request) -> web.StreamResponse:
+        name = request.match_info["name"]
+        ent = self.state.entitlements.get(name)
+        if ent is None:
+            raise ApiError("not_found", "entitlement", f"no entitlement {name!r}")
+        since, step = window(request)
+        series = self._series(request, ("entitlement", name), ent.shard)
+        if series is False:
+            return await self.forwarder.forward(request, ent.shard)
+        now = time.time()
+        jobs = self.usage.jobs()
+        cpu = mem = n = 0
+        reserved_cpus, reserved_mem, reporting = 0.0, 0, False
+        for handle in sorted(self.state.jobs_by_ent.get(name, ())):
+            job = self.state.jobs.get(handle)
+            if job is None:
+                continue
+            reserved_cpus += float(job.task.get("cpus", 0)) * job.count
+            reserved_mem += int(job.task.get("memory_mb", 0)) * job.count
+            if (u := jobs.get(handle)) is not None:
+                reporting = True
+                cpu, mem, n = cpu + u[0], mem + u[1], n + u[2]
+        return reply({"entitlement": name, "quota": ent.quota, "machine_type": ent.machine_type,
+                      "reserved": {"cpus": round(reserved_cpus, 3), "memory_mb": reserved_mem},
+                      "current": {"cpus": cpu / 1000, "memory_mb": mem, "tasks_reporting": n} if reporting else None,
+                      "since": int(now) - since, "step": step, "fields": FIELDS,
+                      "points": points(series, since, step, now)})

@@ -1,0 +1,94 @@
+"""The region's current usage as one replica knows it: its own book (the machines whose heartbeats
+reach it) plus the partial sums the other replicas relay every second (broker/relay.py). A partial
+is sums per job and per fleet cell, never per machine: its size follows the jobs and the cells,
+not the machines. A partial not renewed within `stale` seconds is left out (its member went away;
+its machines' agents heartbeat to another member, whose partial counts them).
+
+A machine whose heartbeats move from one replica to another (a change of health owner) counts in
+both until the first replica's book lets it go (UsageBook.stale, a few heartbeat intervals)."""
+
+from __future__ import annotations
+
+import time
+from typing import Iterable
+
+from controlplane.usage.book import Cell, UsageBook
+
+CELL_FIGURES = 7  # tasks' millicores, tasks' MiB, hosts' millicores, hosts' MiB, milliwatts, machines, machines with power
+
+
+class RegionUsage:
+    def __init__(self, book: UsageBook, stale: float = 5.0):
+        self.book = book
+        self.stale = stale
+        self.peers: dict[str, tuple[float, dict[str, list[int]], dict[Cell, list[int]]]] = {}
+        self._swept = float("-inf")
+
+    def _sweep(self, now: float) -> None:
+        """The book lets go of machines gone silent: a pass over its machines, once a second at most."""
+        if now - self._swept >= 1.0:
+            self._swept = now
+            self.book.sweep(now)
+
+    # -- the partials --------------------------------------------------------------------------
+
+    def partial(self, now: float | None = None) -> dict:
+        """This replica's sums, as the relay sends them (frontend/schema.py UsagePartial)."""
+        self._sweep(time.monotonic() if now is None else now)
+        return {"jobs": self.book.jobs, "cells": [[*cell, *figures] for cell, figures in self.book.cells.items()]}
+
+    def receive(self, member: str, partial, now: float | None = None) -> None:
+        """A peer's partial (schema.UsagePartial) replaces its last."""
+        jobs = {handle: list(v) for handle, v in partial.jobs.items()}
+        cells = {tuple(c[:5]): list(c[5:]) for c in partial.cells}
+        self.peers[member] = (time.monotonic() if now is None else now, jobs, cells)
+
+    def forget(self, member: str) -> None:
+        self.peers.pop(member, None)
+
+    def _live(self, now: float | None) -> Iterable[tuple[dict[str, list[int]], dict[Cell, list[int]]]]:
+        now = time.monotonic() if now is None else now
+        self._sweep(now)
+        yield self.book.jobs, self.book.cells
+        for member, (at, jobs, cells) in list(self.peers.items()):
+            if now - at > self.stale:
+                del self.peers[member]
+                continue
+            yield jobs, cells
+
+    # -- what the region uses ------------------------------------------------------------------
+
+    def jobs(self, now: float | None = None) -> dict[str, list[int]]:
+        """Job handle -> [millicores, MiB, tasks reporting], summed over the replicas."""
+        out: dict[str, list[int]] = {}
+        for jobs, _ in self._live(now):
+            for handle, (cpu, mem, n) in jobs.items():
+                s = out.get(handle)
+                if s is None:
+                    out[handle] = [cpu, mem, n]
+                else:
+                    s[0] += cpu
+                    s[1] += mem
+                    s[2] += n
+        return out
+
+    def job(self, handle: str, now: float | None = None) -> list[int] | None:
+        out = None
+        for jobs, _ in self._live(now):
+            v = jobs.get(handle)
+            if v is not None:
+                out = list(v) if out is None else [a + b for a, b in zip(out, v)]
+        return out
+
+    def cells(self, now: float | None = None) -> dict[Cell, list[int]]:
+        """Cell -> its CELL_FIGURES, summed over the replicas."""
+        out: dict[Cell, list[int]] = {}
+        for _, cells in self._live(now):
+            for cell, figures in cells.items():
+                s = out.get(cell)
+                if s is None:
+                    out[cell] = list(figures)
+                else:
+                    for i, v in enumerate(figures):
+                        s[i] += v
+        return out

@@ -1,0 +1,58 @@
+"""A series' points and rollups (controlplane/usage/history.py) and their form in etcd."""
+
+from __future__ import annotations
+
+import pytest
+
+from controlplane.usage import history as H
+
+T0 = 1_800_000_000 // 3600 * 3600  # an hour's start
+
+
+def test_a_minutes_point_is_the_mean_of_its_samples_and_a_minute_without_any_has_none():
+    s = H.Series()
+    assert s.sample(T0, 1000, 100) is None
+    assert s.sample(T0 + 30, 2000, 300) is None
+    assert s.sample(T0 + 180, 500, 50) == T0 // 60  # the first minute closes when the fourth begins
+    assert s.close() == T0 // 60 + 3
+    assert s.minutes(T0 // 60, T0 // 60 + 60) == [(T0 // 60, 1500, 200), (T0 // 60 + 3, 500, 50)]
+
+
+def test_an_hours_rollup_is_mean_p95_and_max_of_its_points():
+    s = H.Series()
+    for i in range(60):
+        s.put_minute(T0 // 60 + i, 100 * (i + 1), 1000 + i)
+    assert s.close_hour(T0 // 3600) == (3050, 5700, 6000, 1030, 1056, 1059)
+    assert s.hours(T0 // 3600, T0 // 3600 + 1) == [(T0 // 3600, (3050, 5700, 6000, 1030, 1056, 1059))]
+    assert s.close_hour(T0 // 3600 + 1) is None and s.hours(T0 // 3600 + 1, T0 // 3600 + 2) == []
+
+
+def test_the_windows_are_bounded_older_points_give_way():
+    s = H.Series()
+    first = T0 // 60
+    for i in range(H.MINUTES + 10):  # 48 h and 10 minutes of points
+        s.put_minute(first + i, i, i)
+    kept = s.minutes(first, first + H.MINUTES + 10)
+    assert len(kept) == H.MINUTES and kept[0] == (first + 10, 10, 10)
+    s.put_minute(first, 5, 5)  # an old point never overwrites a newer one in its slot
+    assert s.minutes(first, first + 1) == []
+    for h in range(H.HOURS + 3):
+        s.put_hour(T0 // 3600 + h, (h,) * 6)
+    hours = s.hours(T0 // 3600, T0 // 3600 + H.HOURS + 3)
+    assert len(hours) == H.HOURS and hours[0][0] == T0 // 3600 + 3
+
+
+def test_records_round_trip_and_bad_ones_are_refused():
+    s = H.Series()
+    hour, day = T0 // 3600, T0 // 86400
+    for i in range(0, 60, 2):
+        s.put_minute(hour * 60 + i, 1000 + i, 2000 - i)
+    s.close_hour(hour)
+    again = H.Series()
+    H.load_hour(again, hour, H.hour_record(s, hour))
+    H.load_day(again, day, H.day_record(s, day))
+    assert again.minutes(hour * 60, hour * 60 + 60) == s.minutes(hour * 60, hour * 60 + 60)
+    assert again.hours(day * 24, day * 24 + 24) == s.hours(day * 24, day * 24 + 24)
+    for bad in ({"points": "not base64!"}, {"points": H.pack([1, 2])}, {}):
+        with pytest.raises((ValueError, KeyError)):
+            H.load_hour(H.Series(), hour, bad)

@@ -1,0 +1,43 @@
+"""The region's current usage: this replica's book plus the other replicas' partial sums
+(controlplane/usage/region.py), as the relay carries them (frontend/schema.py UsagePartial)."""
+
+from __future__ import annotations
+
+import msgspec
+
+from controlplane.frontend.schema import UsagePartial
+from controlplane.usage.book import UsageBook
+from controlplane.usage.region import RegionUsage
+
+CELL = ("dc1", "msb1", "web", "base", "generic")
+
+
+def report(cpu: float, tasks: list) -> dict:
+    return {"window": 1.0, "cpus": 8, "cpu": cpu, "memory_mb": 1000.0, "memory_total_mb": 8192.0, "power_w": None,
+            "tasks": tasks}
+
+
+def wire(partial: dict) -> UsagePartial:
+    """As the peer sends it and this replica decodes it."""
+    return msgspec.json.decode(msgspec.json.encode(partial), type=UsagePartial)
+
+
+def test_peers_partials_add_to_the_books_and_a_silent_peer_drops_out():
+    a, b = RegionUsage(UsageBook(stale=100), stale=5), RegionUsage(UsageBook(stale=100), stale=5)
+    a.book.note("m1", CELL, report(1.5, [["web/api", 0, 1.0, 100.0]]), {"web/api"}, 0)
+    b.book.note("m2", CELL, report(0.5, [["web/api", 1, 0.25, 50.0], ["web/db", 0, 0.1, 10.0]]), {"web/api", "web/db"}, 0)
+    a.receive("b", wire(b.partial(now=10)), now=10)
+    assert a.job("web/api", now=11) == [1250, 150, 2] and a.job("web/db", now=11) == [100, 10, 1]
+    assert a.jobs(now=11) == {"web/api": [1250, 150, 2], "web/db": [100, 10, 1]}
+    assert a.cells(now=11)[CELL] == [1350, 160, 2000, 2000, 0, 2, 0]
+    assert a.job("web/db", now=16) is None and a.cells(now=16)[CELL][5] == 1  # b's partial is 6 s old
+    assert list(a.peers) == []
+
+
+def test_a_partials_size_follows_jobs_and_cells_not_machines():
+    r = RegionUsage(UsageBook(stale=100))
+    for i in range(1000):
+        r.book.note(f"m{i}", CELL, report(1.0, [["web/api", i, 0.5, 10.0]]), {"web/api"}, 0)
+    partial = r.partial(now=1)
+    assert partial["jobs"] == {"web/api": [500_000, 10_000, 1000]} and len(partial["cells"]) == 1
+    assert len(msgspec.json.encode(partial)) < 200

@@ -3,6 +3,8 @@
   twinectl entitlement create|modify|list|show ...
   twinectl job run|update FILE [--wait [S]]   job status|resize|stop HANDLE ...   job list
   twinectl machine list|show ID|release ID|clean ID     twinectl events     twinectl discovery HANDLE
+  twinectl fleet [--by dc,msb,entitlement,profile,type]
+  twinectl job usage HANDLE | entitlement usage NAME  [--since DUR] [--step DUR]
   twinectl maintenance schedule (--machine ID ... | --dc DC | --msb MSB | --rack RACK) --start WHEN
            --duration DUR [--deadline WHEN] [--policy move|stop] [--reason TEXT]
   twinectl maintenance list [--all] | show ID | end ID
@@ -27,6 +29,7 @@ from __future__ import annotations
 import argparse
 
 from controlplane.cli.api import PROG
+from controlplane.cli.usage import window_options
 from controlplane.cli.values import count, duration, nullable, seconds, spread, when
 
 DEFAULT_URL = "http://127.0.0.1:8080"
@@ -91,6 +94,9 @@ def parser() -> argparse.ArgumentParser:
     mv.add_argument("--shard", type=int, required=True, metavar="N", help="the shard to move it to")
     leaf(ent_sub, "list", "list entitlements")
     leaf(ent_sub, "show", "show an entitlement with its machines and jobs").add_argument("name", metavar="NAME")
+    eu = leaf(ent_sub, "usage", "what an entitlement's jobs use, now and over time, against what they reserve")
+    eu.add_argument("name", metavar="NAME")
+    window_options(eu)
 
     job = sub.add_parser("job", help="run, inspect, update, resize and stop jobs")
     job_sub = job.add_subparsers(dest="action", required=True, metavar="ACTION")
@@ -98,6 +104,9 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("file", metavar="FILE")
     wait_option(r, "every task runs")
     leaf(job_sub, "status", "a job and its tasks").add_argument("handle", metavar="HANDLE")
+    ju = leaf(job_sub, "usage", "what a job's tasks use, now and over time, against what they reserve")
+    ju.add_argument("handle", metavar="HANDLE")
+    window_options(ju)
     leaf(job_sub, "list", "list jobs").add_argument("--entitlement", metavar="E", help="only this entitlement's jobs")
     u = leaf(job_sub, "update", "replace a job's spec (a changed task starts a rolling update)")
     u.add_argument("file", metavar="FILE")
@@ -154,5 +163,8 @@ def parser() -> argparse.ArgumentParser:
 
     leaf(sub, "cluster", "the region's control-plane replicas, shard leaders and the entitlements of each shard")
     leaf(sub, "events", "unavailability events (failures, maintenance)")
+    leaf(sub, "fleet", "the region's machines summed per dc, msb, entitlement, profile and type: held, healthy, "
+         "in maintenance, reserved and used; the free pool; what each entitlement can still fit").add_argument(
+        "--by", metavar="DIMS", help="sum by these only, comma-separated: dc, msb, entitlement, profile, type")
     leaf(sub, "discovery", "a job's endpoints").add_argument("handle", metavar="HANDLE")
     return p

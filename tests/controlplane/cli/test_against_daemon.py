@@ -19,7 +19,8 @@ from tests.controlplane.controld_proc import API_TOKEN, daemon_with_sim_agents
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory, etcd_server):
     with daemon_with_sim_agents(tmp_path_factory.mktemp("cli-daemon"), etcd_server.port, ("c1", "c2", "c3"),
-                                heartbeat_timeout=5.0, dcs=2, cpus=2) as (c, _):
+                                heartbeat_timeout=5.0, dcs=2, cpus=2) as (c, agents):
+        c.agents = agents
         yield c
 
 
@@ -168,3 +169,33 @@ def test_events_discovery_listing_by_entitlement_and_owner_and_profile(ctl, daem
     before = daemon.call("GET", "/v1/events")[1]  # an event may open between two reads: one of them
     assert ctl("--json", "events") == EXIT_OK
     assert json.loads(capsys.readouterr().out) in (before, daemon.call("GET", "/v1/events")[1])
+
+
+def test_fleet_and_job_usage_show_what_the_agents_report(ctl, daemon, capsys, tmp_path):
+    """Issue #25: `twinectl fleet` sums the machines per cell, `--by` fewer dimensions; `twinectl job
+    usage` shows what the tasks use against what they reserve."""
+    assert ctl("entitlement", "create", "fleetent", "--machine-type", "generic", "--quota", "1") == EXIT_OK
+    assert ctl("job", "run", str(spec(tmp_path, "fleetent")), "--wait", "20") == EXIT_OK
+    daemon.agents.task_cpu = 0.25
+    try:
+        daemon.wait_for("/v1/jobs/fleetent/frontend/usage", lambda u: (u["current"] or {}).get("tasks_reporting") == 3,
+                        what="the three tasks reporting usage")
+        capsys.readouterr()
+        assert ctl("job", "usage", "fleetent/frontend", "--since", "2h", "--step", "10m") == EXIT_OK
+        text = capsys.readouterr().out
+        assert "cpus used/reserved:" in text and "0.75/1.5" in text and "tasks reporting:" in text, text
+        assert ctl("fleet", "--by", "entitlement") == EXIT_OK
+        text = capsys.readouterr().out
+        row = next(line.split() for line in text.splitlines() if line.startswith("fleetent "))
+        assert row[1:4] == ["1", "1", "0"] and row[4].split("/")[:2] == ["1.5", "0.75"], text
+        assert "FREE POOL" in text and "LARGEST TASK" in text
+        assert ctl("--json", "fleet", "--by", "dc") == EXIT_OK
+        assert json.loads(capsys.readouterr().out)["by"] == ["dc"]
+        assert ctl("fleet", "--by", "colour") == EXIT_INPUT
+        assert "by" in capsys.readouterr().err
+        assert ctl("job", "usage", "fleetent/frontend", "--since", "63d") == EXIT_INPUT  # the daemon's 400
+        assert "since" in capsys.readouterr().err
+        assert ctl("job", "usage", "fleetent/frontend", "--since", "3d", "--step", "5m") == EXIT_FAILED  # its 422
+        assert "whole hours" in capsys.readouterr().err
+    finally:
+        daemon.agents.task_cpu = None

@@ -12,6 +12,12 @@ out=$(cd "$out" && pwd)
 python=${PYTHON:-python3}
 key=$( (cd "$src" && git ls-files -z agent controlplane pyproject.toml 2>/dev/null | xargs -0 sha256sum 2>/dev/null \
         || find agent controlplane pyproject.toml -name '*.py' -o -name '*.toml' | sort | xargs sha256sum) | sha256sum | cut -c1-16)
+# the fleet page's charting library (uPlot, from npm), for hosts that reach no npm registry: the
+# installers copy it to /usr/share/twine/ui/uplot
+dist=$src/ui/node_modules/uplot/dist
+[ -f "$dist/uPlot.iife.min.js" ] || (cd "$src/ui" && npm ci --no-audit --no-fund >/dev/null)
+mkdir -p "$out/ui-assets"
+cp "$dist/uPlot.iife.min.js" "$dist/uPlot.min.css" "$out/ui-assets/"
 if [ -e "$out/.built-$key" ]; then
   echo "build-wheelhouse: $out is up to date"
   exit 0

@@ -28,6 +28,15 @@ install_code() {
       || { cat "$log" >&2; rm -f "$log"; die "pip install failed (no internet? use --wheelhouse DIR)"; }
   fi
   rm -f "$log"
+  # the fleet page's charting library (uPlot): the wheelhouse's copy, or the checkout's (scripts/setup.sh)
+  local d
+  for d in "${wheelhouse:+$wheelhouse/ui-assets}" "$src/ui/node_modules/uplot/dist"; do
+    if [ -n "$d" ] && [ -f "$d/uPlot.iife.min.js" ]; then
+      install -d /usr/share/twine/ui/uplot
+      install -m 0644 "$d/uPlot.iife.min.js" "$d/uPlot.min.css" /usr/share/twine/ui/uplot/
+      break
+    fi
+  done
   rm -rf /opt/twine/profiles.new
   cp -r "$src/profiles" /opt/twine/profiles.new
   rm -rf /opt/twine/profiles

@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # One idempotent set-up for a fresh Debian machine, used by the README and by CI:
-#   Debian packages (docker.io, etcd-server, busybox-static, iproute2, iptables, openssl; prometheus, whose
-#   server a test scrapes controld with), dockerd running,
+#   Debian packages (docker.io, etcd-server, busybox-static, iproute2, iptables, openssl; for tests of the
+#   usage views: prometheus, chromium and chromium-driver; npm), dockerd running, the fleet page's charting
+#   library (uPlot, `npm ci` in ui/),
 #   a virtualenv in .venv with this package installed (with test extras), local test images.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ "$(id -u)" = 0 ] || { echo "setup: run as root (the agent manages containers and kernel settings)" >&2; exit 1; }
 
-packages=(docker.io etcd-server busybox-static iproute2 iptables python3-venv irqbalance openssl prometheus)
+packages=(docker.io etcd-server busybox-static iproute2 iptables python3-venv irqbalance openssl prometheus
+          chromium chromium-driver)
+command -v npm >/dev/null || packages+=(npm)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -45,6 +48,15 @@ if [ ! -e "$stamp" ]; then
   rm -f "$log"
   rm -f .venv/.installed-*
   touch "$stamp"
+fi
+
+# the fleet page's charting library, from the npm registry at the version ui/package-lock.json pins
+ui_stamp=ui/node_modules/.installed-$(sha256sum ui/package-lock.json | cut -c1-16)
+if [ ! -e "$ui_stamp" ]; then
+  log=$(mktemp)
+  (cd ui && npm ci --no-audit --no-fund) >"$log" 2>&1 || { cat "$log" >&2; rm -f "$log"; echo "setup: npm ci in ui/ failed" >&2; exit 1; }
+  rm -f "$log"
+  touch "$ui_stamp"
 fi
 
 scripts/build-images.sh

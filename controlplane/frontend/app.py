@@ -25,6 +25,7 @@ from controlplane.frontend.middleware import Gate
 from controlplane.frontend.services import Services
 from controlplane.frontend.tokens import Tokens
 from controlplane.frontend.usage import Usage
+from controlplane.frontend import ui
 
 ROUTES = [
     ("POST", "/v1/entitlements", Entitlements.create),
@@ -84,4 +85,5 @@ def make_app(s: Services) -> web.Application:
     for method, path, handler in ROUTES:
         group = by_class[next(c for c in by_class if handler.__qualname__.startswith(c.__qualname__ + "."))]
         app.router.add_route(method, path, handler.__get__(group))
+    ui.add_routes(app)  # the fleet page (not the API: static files, in no OpenAPI document)
     return app

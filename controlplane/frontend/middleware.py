@@ -24,6 +24,7 @@ from controlplane.store.state import RegionState
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 PUBLIC = ("/v1/openapi.json", "/healthz")
+PAGE = "/ui"  # the fleet page's static files (frontend/ui.py): no data, no token; it calls the API with one
 SERVED_BY_EVERY_ROLE = (*PUBLIC, "/v1/metrics", "/v1/cluster", "/v1/internal/relay")
 # a member with the health role takes the heartbeats of the machines it judges: their agents send
 # them there (the answer's heartbeat_to), so a health check in a process of its own hears them
@@ -68,7 +69,7 @@ class Gate:
     def _admit(self, request: web.Request) -> None:
         """Authenticate the request, and refuse what this process's roles do not serve."""
         roles = self.roles
-        if request.path not in PUBLIC:
+        if request.path not in PUBLIC and not (request.path == PAGE or request.path.startswith(PAGE + "/")):
             self.auth.authenticate(request)
         if "frontend" not in roles and request.path not in SERVED_BY_EVERY_ROLE and FORWARDED not in request.headers \
                 and not ("health" in roles and request.path in SERVED_BY_HEALTH):

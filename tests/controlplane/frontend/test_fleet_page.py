@@ -1,0 +1,164 @@
+"""The fleet page (/ui/, issue #25) in a real browser: Debian's headless Chromium driven by selenium
+through Debian's chromedriver, against a real twine-controld over TLS with heartbeats carrying usage.
+It logs in with a token, opens the region, an MSB, an entitlement and a job, and holds the numbers
+shown to the API's; a wrong token shows an error, not a blank page. Screenshots of each view are
+written under the test's temporary directory (printed with -s), not committed. (Served over plain
+HTTP on loopback: the browser would need our throwaway CA otherwise; TLS is the Prometheus test's.)"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import threading
+import time
+import urllib.request
+
+import pytest
+
+from controlplane.store import Store
+from controlplane.usage import history as H
+from controlplane.usage.recorder import UsageKeys
+from tests.controlplane.controld_proc import API_TOKEN, Controld
+from tests.controlplane.frontend.test_controld_api import TASK, register
+
+CHROMIUM, DRIVER = shutil.which("chromium"), shutil.which("chromedriver")
+MISSING = [n for n, p in (("chromium", CHROMIUM), ("chromium-driver", DRIVER)) if p is None]
+try:
+    import selenium  # noqa: F401
+except ImportError:
+    MISSING.append("selenium")
+
+pytestmark = pytest.mark.skipif(bool(MISSING) and os.environ.get("CI") != "true",
+                                reason=f"not installed: {', '.join(MISSING)} (scripts/setup.sh installs them)")
+
+
+async def last_hour(port: int, region: str) -> None:
+    """An hour of points for web/api and its entitlement, as a leader writes them at the hour's end."""
+    store = Store([("127.0.0.1", port)])
+    hour = int(time.time() // 3600) - 1
+    series = H.Series()
+    for i in range(60):
+        series.put_minute(hour * 60 + i, 1000 + 10 * i, 60 + i % 7)
+    keys = UsageKeys(region)
+    await store.commit([], {keys.minutes(k, hour): H.hour_record(series, hour)
+                            for k in (("job", "web/api"), ("entitlement", "web"))})
+    await store.close()
+
+
+@pytest.fixture
+def browser(tmp_path):
+    assert not MISSING, f"not installed: {', '.join(MISSING)} (scripts/setup.sh installs them)"
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = CHROMIUM
+    for a in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1280,900",
+              f"--user-data-dir={tmp_path / 'chromium'}", "--no-first-run", "--disable-background-networking",
+              "--disable-component-update", "--disable-sync", "--disable-default-apps", "--host-resolver-rules="
+              "MAP * ~NOTFOUND, EXCLUDE 127.0.0.1"):  # nothing but the daemon under test is reached
+        opts.add_argument(a)
+    driver = webdriver.Chrome(service=Service(executable_path=DRIVER, log_output=str(tmp_path / "chromedriver.log")),
+                              options=opts)
+    driver.set_page_load_timeout(30)
+    yield driver
+    driver.quit()
+
+
+def test_the_fleet_page_shows_what_the_api_says_and_a_wrong_token_an_error(tmp_path, etcd_server, browser):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as EC
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    c = Controld(tmp_path, etcd_server.port, extra=("--usage-sample", "0.2")).start()
+    stop = threading.Event()
+    shots = tmp_path / "screenshots"
+    shots.mkdir()
+    try:
+        creds = {m: register(c, m, dc, msb, cpus=4, memory_mb=4096)
+                 for m, dc, msb in (("m1", "dc1", "msb1"), ("m2", "dc1", "msb2"), ("m3", "dc2", "msb3"))}
+        assert c.call("POST", "/v1/entitlements", {"name": "web", "machine_type": "generic", "quota": 2})[0] == 201
+        asyncio.run(last_hour(etcd_server.port, c.region))  # the history a leader kept before: the chart's
+        status, job = c.call("POST", "/v1/jobs", {"entitlement": "web", "name": "api", "count": 2,
+                                                 "task": {**TASK, "cpus": 1.5}})
+        assert status == 201, job
+        on = {t["machine"]: t["index"] for t in job["tasks"]}
+
+        def heartbeats():
+            while not stop.is_set():
+                for mid, cred in creds.items():
+                    tasks = [["web/api", on[mid], 0.75, 40.0]] if mid in on else []
+                    usage = {"window": 1.0, "cpus": 4, "cpu": 0.2 + sum(t[2] for t in tasks), "memory_mb": 700.0,
+                             "memory_total_mb": 4096.0, "tasks": tasks}
+                    c.call("POST", "/v1/agent/heartbeat", {"digest": "a", "tasks": [], "usage": usage}, token=cred)
+                stop.wait(0.5)
+
+        threading.Thread(target=heartbeats, daemon=True).start()
+        c.wait_for("/v1/jobs/web/api/usage", lambda u: (u["current"] or {}).get("tasks_reporting") == 2,
+                   what="both tasks reporting")
+        wait = WebDriverWait(browser, 20)
+
+        def shown(k: str) -> str:
+            return wait.until(EC.visibility_of_element_located((By.CSS_SELECTOR, f'[data-k="{k}"]'))).text
+
+        def ready(view: str) -> None:
+            wait.until(EC.presence_of_element_located((By.CSS_SELECTOR, f'#view[data-ready="{view}"]')))
+
+        # a wrong token: the error says so, and the sign-in form is back
+        with urllib.request.urlopen(c.url + "/ui/", timeout=10) as r:  # no token: the page holds no data
+            assert r.status == 200 and "default-src 'none'" in r.headers["Content-Security-Policy"]
+        browser.get(c.url + "/ui/")
+        wait.until(EC.visibility_of_element_located((By.ID, "token"))).send_keys("not-the-token")
+        browser.find_element(By.ID, "login-button").click()
+        error = wait.until(EC.visibility_of_element_located((By.ID, "error")))
+        assert "token was refused (401)" in error.text, error.text
+        assert browser.find_element(By.ID, "token").is_displayed()
+        browser.save_screenshot(str(shots / "0-wrong-token.png"))
+
+        # the region: its totals are the API's
+        browser.find_element(By.ID, "token").send_keys(API_TOKEN)
+        browser.find_element(By.ID, "login-button").click()
+        ready("region")
+        fleet = c.call("GET", "/v1/fleet?by=dc,msb,entitlement")[1]
+        cells = fleet["cells"]
+        assert int(shown("machines")) == sum(x["machines"] for x in cells) == 3
+        assert float(shown("reserved")) == sum(x["reserved"]["cpus"] for x in cells) == 3
+        assert float(shown("used")) == pytest.approx(sum(x["used"]["cpus"] for x in cells)) and float(shown("used")) == 1.5
+        assert shown("held-web") == f"{fleet['entitlements']['web']['held']} / 2"
+        assert browser.execute_script("return sessionStorage.getItem('twine-token')") == API_TOKEN
+        assert API_TOKEN not in browser.current_url and not browser.get_cookies()
+        browser.save_screenshot(str(shots / "1-region.png"))
+
+        # one MSB: its machines, and no more
+        browser.get(c.url + "/ui/#/msb/dc1/msb1")
+        ready("msb")
+        assert int(shown("msb-machines")) == len(c.call("GET", "/v1/machines?dc=dc1&msb=msb1")[1]["machines"]) == 1
+        browser.save_screenshot(str(shots / "2-msb.png"))
+
+        # the entitlement and the job: used against reserved, as the API has them
+        browser.get(c.url + "/ui/#/entitlement/web")
+        ready("entitlement")
+        eu = c.call("GET", "/v1/entitlements/web/usage")[1]
+        assert float(shown("used-cpus")) == eu["current"]["cpus"] == 1.5
+        assert float(shown("reserved-cpus")) == eu["reserved"]["cpus"] == 3
+        assert shown("quota") == "2"
+        browser.save_screenshot(str(shots / "3-entitlement.png"))
+        browser.get(c.url + "/ui/#/job/web/api")
+        ready("job")
+        ju = c.call("GET", "/v1/jobs/web/api/usage")[1]
+        assert float(shown("used-cpus")) == ju["current"]["cpus"] and int(shown("count")) == 2
+        assert int(shown("used-memory")) == ju["current"]["memory_mb"] == 80
+        assert len(ju["points"]) >= 6 and browser.find_elements(By.CSS_SELECTOR, ".chart canvas")  # uPlot drew it
+        assert not browser.find_elements(By.CSS_SELECTOR, '[data-k="no-points"]')
+        browser.save_screenshot(str(shots / "4-job.png"))
+        browser.get(c.url + "/ui/#/events")
+        ready("events")
+        browser.save_screenshot(str(shots / "5-events.png"))
+        # nothing the page loaded came from anywhere but the daemon, and the CSP refused nothing
+        logs = browser.get_log("browser")
+        assert not [entry for entry in logs if "Content Security Policy" in entry["message"]], logs
+        print(f"\nscreenshots: {shots}")
+    finally:
+        stop.set()
+        c.close()

@@ -8,6 +8,7 @@ import json
 import logging
 import os
 import secrets
+import shlex
 import signal
 import socket
 import subprocess
@@ -45,6 +46,31 @@ def _write_secret(path: Path, text: str) -> None:
     with os.fdopen(fd, "w") as f:
         f.write(text + "\n")
     os.chmod(path, 0o600)
+
+
+def with_cgroups(argv: list[str], mountinfo: str = "/proc/self/mountinfo") -> list[str]:
+    """argv, run once the cgroup hierarchies an agent reads its tasks' usage from (agent/usage.py:
+    cpuacct, memory, the v2 one) are mounted again under the fresh /sys of `ip netns exec`, as on
+    the host: a v1 hierarchy mounted with the same controllers is the same hierarchy."""
+    steps = []
+    for line in Path(mountinfo).read_text().splitlines():
+        left, _, right = line.partition(" - ")
+        fields, kind = left.split(), right.split()
+        if len(fields) >= 5 and len(kind) >= 3 and fields[4] == "/sys/fs/cgroup" and kind[0] == "cgroup2":
+            return ["/bin/sh", "-c", 'mount -t cgroup2 cgroup2 /sys/fs/cgroup && exec "$@"', "sh", *argv]  # v2 alone
+        if len(fields) < 5 or len(kind) < 3 or not fields[4].startswith("/sys/fs/cgroup/"):
+            continue
+        where = shlex.quote(fields[4])
+        if kind[0] == "cgroup2":
+            steps.append(f"mkdir -p {where} && mount -t cgroup2 cgroup2 {where}")
+        elif kind[0] == "cgroup":
+            controllers = [o for o in kind[2].split(",") if o not in ("rw", "ro") and "=" not in o]
+            if {"cpuacct", "memory"} & set(controllers):
+                steps.append(f"mkdir -p {where} && mount -t cgroup -o {','.join(controllers)} cgroup {where}")
+    if not steps:
+        return argv
+    script = " && ".join(["mount -t tmpfs -o mode=755 cgroup /sys/fs/cgroup", *steps, 'exec "$@"'])
+    return ["/bin/sh", "-c", script, "sh", *argv]
 
 
 class Region(Layout, Etcd, Faults):
@@ -238,6 +264,9 @@ class Region(Layout, Etcd, Faults):
         return path
 
     def netns_command(self, name: str, argv: list[str]) -> list[str]:
+        """`ip netns exec`: the namespace's network, and a mount namespace of its own (slave to the
+        host's: nothing mounted there comes back) whose /sys is mounted afresh, for the namespace's
+        network devices, without the host's cgroup hierarchies (with_cgroups mounts them again)."""
         return [ip_binary(), "netns", "exec", self.netns(name), *argv]
 
     def netns_exec(self, name: str, *argv: str, timeout: float = 60, **kw) -> subprocess.CompletedProcess:
@@ -281,7 +310,7 @@ class Region(Layout, Etcd, Faults):
     # agents --------------------------------------------------------------------------------
     def _spawn_agent(self, name: str) -> None:
         self.state_dir(name).mkdir(parents=True, exist_ok=True)
-        popen, ref = spawn(self.netns_command(name, self.agent_command(name)), self.log_path(name))
+        popen, ref = spawn(self.netns_command(name, with_cgroups(self.agent_command(name))), self.log_path(name))
         self._popen[f"agent:{name}"], self.procs[f"agent:{name}"] = popen, ref
         self.save()
 

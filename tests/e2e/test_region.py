@@ -311,3 +311,64 @@ def _started_at(container_id: str) -> str:
     out = subprocess.run(["docker", "inspect", "-f", "{{.State.StartedAt}} {{.RestartCount}}", container_id],
                          capture_output=True, text=True, check=True)
     return out.stdout.strip()
+
+
+BURN = ["sh", "-c", "trap 'exit 0' TERM; while :; do :; done"]  # one core, busy
+
+
+def test_a_task_burning_a_core_shows_one_core_used_and_a_sleeping_one_none(region, api, tmp_path):
+    """Issue #25, for real: agents measure their containers' cgroups; a task that burns one CPU
+    shows ≈ 1 core used (within 15%) in `twinectl job usage`, in /v1/fleet and in Prometheus
+    (Debian's server, scraping controld over TLS with a token); a task that sleeps shows ≈ 0."""
+    from urllib.parse import urlsplit
+
+    from tests.promserver import PrometheusServer
+
+    api.ok("POST", "/v1/entitlements", {"name": "use", "machine_type": "generic", "quota": 2})
+    api.ok("POST", "/v1/jobs", job_spec("use", "burn", 1, cpus=1.0, task={"command": BURN}))
+    api.ok("POST", "/v1/jobs", job_spec("use", "sleep", 1, cpus=0.25))
+    api.wait_running("use/burn")
+    api.wait_running("use/sleep")
+
+    def settled(handle: str, low: float, high: float) -> dict:
+        deadline, seen = time.monotonic() + 60, []
+        while time.monotonic() < deadline:
+            u = api.ok("GET", f"/v1/jobs/{handle}/usage")
+            seen.append((u["current"] or {}).get("cpus"))
+            if seen[-1] is not None and low <= seen[-1] <= high and len(seen) >= 3:
+                return u
+            time.sleep(0.5)
+        raise AssertionError(f"{handle}: cores used {seen[-10:]}, not within {low}..{high}")
+
+    burn = settled("use/burn", 0.85, 1.15)
+    sleep = settled("use/sleep", 0.0, 0.05)
+    print(f"\nmeasured: burn {burn['current']}, sleep {sleep['current']}")
+    out = region.twinectl("job", "usage", "use/burn").stdout
+    used = float(next(line for line in out.splitlines() if line.startswith("cpus used/reserved:")).split()[-1]
+                 .split("/")[0])
+    assert 0.85 <= used <= 1.15, out
+    fleet = api.ok("GET", "/v1/fleet?by=entitlement")
+    cell = next(c for c in fleet["cells"] if c["entitlement"] == "use")
+    assert 0.85 <= cell["used"]["cpus"] <= 1.2 and cell["used"]["machines_reporting"] >= 1, cell
+    target = urlsplit(region.url).netloc
+    with PrometheusServer(tmp_path / "prometheus", target, region.api_token, region.ca_file) as prom:
+        got = prom.wait('twine_job_cpu_used_cores{handle="use/burn"}')
+        assert 0.85 <= float(got[0]["value"][1]) <= 1.15, got
+        got = prom.wait('twine_job_cpu_used_cores{handle="use/sleep"}')
+        assert float(got[0]["value"][1]) <= 0.05, got
+    # and on the fleet page, in Debian's headless Chromium (trusting controld's key alone)
+    from selenium.webdriver.common.by import By
+
+    from tests.controlplane.frontend.test_fleet_page import chrome, sign_in, spki_pin
+
+    pin = spki_pin((region.pki_dir / "controld.pem").read_bytes())
+    driver = chrome(tmp_path, f"--ignore-certificate-errors-spki-list={pin}", hosts=(urlsplit(region.url).hostname,))
+    try:
+        sign_in(driver, region.url, region.api_token, "job/use/burn")
+        shown = float(driver.find_element(By.CSS_SELECTOR, '[data-k="used-cpus"]').text)
+        driver.save_screenshot(str(tmp_path / "job-burn.png"))
+        assert 0.85 <= shown <= 1.15, shown
+    finally:
+        driver.quit()
+    api.stop("use/burn")
+    api.stop("use/sleep")

@@ -46,8 +46,9 @@ async def last_hour(port: int, region: str) -> None:
     await store.close()
 
 
-@pytest.fixture
-def browser(tmp_path):
+def chrome(tmp_path, *extra: str, hosts: tuple[str, ...] = ("127.0.0.1",)):
+    """Debian's headless Chromium through Debian's chromedriver (selenium finds and fetches nothing);
+    it reaches no host but `hosts`."""
     assert not MISSING, f"not installed: {', '.join(MISSING)} (scripts/setup.sh installs them)"
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
@@ -56,12 +57,45 @@ def browser(tmp_path):
     opts.binary_location = CHROMIUM
     for a in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1280,900",
               f"--user-data-dir={tmp_path / 'chromium'}", "--no-first-run", "--disable-background-networking",
-              "--disable-component-update", "--disable-sync", "--disable-default-apps", "--host-resolver-rules="
-              "MAP * ~NOTFOUND, EXCLUDE 127.0.0.1"):  # nothing but the daemon under test is reached
+              "--disable-component-update", "--disable-sync", "--disable-default-apps",
+              "--host-resolver-rules=MAP * ~NOTFOUND, " + ", ".join(f"EXCLUDE {h}" for h in hosts), *extra):
         opts.add_argument(a)
     driver = webdriver.Chrome(service=Service(executable_path=DRIVER, log_output=str(tmp_path / "chromedriver.log")),
                               options=opts)
     driver.set_page_load_timeout(30)
+    return driver
+
+
+def spki_pin(cert_pem: bytes) -> str:
+    """The certificate's public key as Chromium's --ignore-certificate-errors-spki-list takes it:
+    that one key is trusted (the region's throwaway CA is not the browser's)."""
+    import base64
+    import hashlib
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import serialization
+
+    key = x509.load_pem_x509_certificate(cert_pem).public_key()
+    der = key.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+    return base64.b64encode(hashlib.sha256(der).digest()).decode()
+
+
+def sign_in(driver, url: str, token: str, view: str) -> None:
+    """Open the page at `view` (#/...), give it the token, and wait until the view is drawn."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as EC
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    driver.get(f"{url}/ui/#/{view}")
+    wait = WebDriverWait(driver, 30)
+    wait.until(EC.visibility_of_element_located((By.ID, "token"))).send_keys(token)
+    driver.find_element(By.ID, "login-button").click()
+    wait.until(EC.presence_of_element_located((By.CSS_SELECTOR, f'#view[data-ready="{view.split("/")[0]}"]')))
+
+
+@pytest.fixture
+def browser(tmp_path):
+    driver = chrome(tmp_path)
     yield driver
     driver.quit()
 

@@ -11,7 +11,7 @@ from typing import Sequence
 
 from controlplane.store.state import RegionState
 from controlplane.usage.book import cell_of
-from controlplane.usage.region import RegionUsage
+from controlplane.usage.region import RegionUsage, add_into
 
 DIMENSIONS = ("dc", "msb", "entitlement", "profile", "type")  # a cell's, in order
 
@@ -67,13 +67,7 @@ def fleet(state: RegionState, usage: RegionUsage, by: Sequence[str] = DIMENSIONS
                                            mem - m.alloc_memory_mb)
     used: dict[tuple, list[int]] = {}
     for cell, figures in usage.cells().items():
-        key = tuple(cell[i] for i in keep)
-        u = used.get(key)
-        if u is None:
-            used[key] = list(figures)
-        else:
-            for i, v in enumerate(figures):
-                u[i] += v
+        add_into(used, tuple(cell[i] for i in keep), figures)
     cells = []
     for key in sorted(rows.keys() | used.keys()):
         r = rows.get(key) or [0, 0, 0, 0.0, 0, 0.0, 0]

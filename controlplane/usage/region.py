@@ -17,6 +17,16 @@ from controlplane.usage.book import Cell, UsageBook
 CELL_FIGURES = 7  # tasks' millicores, tasks' MiB, hosts' millicores, hosts' MiB, milliwatts, machines, machines with power
 
 
+def add_into(out: dict, key, figures) -> None:
+    """out[key] += figures, element by element (a copy when the key is new)."""
+    s = out.get(key)
+    if s is None:
+        out[key] = list(figures)
+    else:
+        for i, v in enumerate(figures):
+            s[i] += v
+
+
 class RegionUsage:
     def __init__(self, book: UsageBook, stale: float = 5.0):
         self.book = book
@@ -62,33 +72,21 @@ class RegionUsage:
         """Job handle -> [millicores, MiB, tasks reporting], summed over the replicas."""
         out: dict[str, list[int]] = {}
         for jobs, _ in self._live(now):
-            for handle, (cpu, mem, n) in jobs.items():
-                s = out.get(handle)
-                if s is None:
-                    out[handle] = [cpu, mem, n]
-                else:
-                    s[0] += cpu
-                    s[1] += mem
-                    s[2] += n
+            for handle, figures in jobs.items():
+                add_into(out, handle, figures)
         return out
 
     def job(self, handle: str, now: float | None = None) -> list[int] | None:
-        out = None
+        out: dict[str, list[int]] = {}
         for jobs, _ in self._live(now):
-            v = jobs.get(handle)
-            if v is not None:
-                out = list(v) if out is None else [a + b for a, b in zip(out, v)]
-        return out
+            if (v := jobs.get(handle)) is not None:
+                add_into(out, handle, v)
+        return out.get(handle)
 
     def cells(self, now: float | None = None) -> dict[Cell, list[int]]:
         """Cell -> its CELL_FIGURES, summed over the replicas."""
         out: dict[Cell, list[int]] = {}
         for _, cells in self._live(now):
             for cell, figures in cells.items():
-                s = out.get(cell)
-                if s is None:
-                    out[cell] = list(figures)
-                else:
-                    for i, v in enumerate(figures):
-                        s[i] += v
+                add_into(out, cell, figures)
         return out

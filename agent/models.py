@@ -51,7 +51,9 @@ MAX_HOST_MEMORY_MB = 1 << 32  # MiB (4 PiB)
 class TaskUsage(msgspec.Struct, array_like=True, forbid_unknown_fields=True):
     """One task's usage in a heartbeat, as an array: [job, index, cpu cores, memory MiB]."""
 
-    job: Handle
+    # bounded, not matched against a handle's pattern (20 tasks' regexes were most of a heartbeat's
+    # checking): controld counts only the tasks of jobs its region has, looked up by this string
+    job: Annotated[str, Meta(min_length=1, max_length=127, description="the task's job handle")]
     index: Annotated[int, Meta(ge=0, le=1_000_000)]
     cpu: Annotated[float, Meta(ge=0, le=MAX_HOST_CPUS, description="cores used over the window")]
     memory_mb: Annotated[float, Meta(ge=0, le=MAX_HOST_MEMORY_MB, description="working set, MiB")]

@@ -6,6 +6,10 @@ Baseline, in the same run and the same way: GET /healthz (no auth, no body, no s
 both rates, their ratio, controld's CPU time per heartbeat (what 100,000 agents at one heartbeat a
 second would need) and how many etcd writes the steady heartbeats caused (the design says none).
 
+A third round sends the same steady heartbeats with usage (issue #25): the host's figures and 20
+tasks' (of a job the region has, so that each counts in the sums), as agents send with every
+heartbeat; the last line is its cost against the heartbeats without (the issue asks <= 1.3).
+
     .venv/bin/python bench/bench_heartbeat.py [--machines 2000] [--beats 20000] [--concurrency 64]
 """
 
@@ -25,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from controlplane.store.etcdproc import EtcdServer  # noqa: E402
 from controlplane.store import Store  # noqa: E402
-from tests.controlplane.controld_proc import BOOTSTRAP_TOKEN, Controld  # noqa: E402
+from tests.controlplane.controld_proc import API_TOKEN, BOOTSTRAP_TOKEN, Controld  # noqa: E402
 
 
 async def etcd_revision(port: int) -> int:
@@ -63,6 +67,24 @@ async def run(args: argparse.Namespace, c: Controld, etcd_port: int) -> None:
                 await r.read()
 
         await gather_bounded([beat(m, cr, True) for m, cr in creds], args.concurrency)
+        admin = {"Authorization": f"Bearer {API_TOKEN}"}
+        async with http.post("/v1/entitlements", json={"name": "bench", "machine_type": "generic", "quota": 1},
+                             headers=admin) as r:
+            assert r.status == 201, await r.text()
+        async with http.post("/v1/jobs", json={"entitlement": "bench", "name": "svc", "count": 20, "task": {
+                "image": "twine/busybox:1", "command": ["sleep", "1"], "cpus": 0.1, "memory_mb": 64}},
+                headers=admin) as r:
+            assert r.status == 201, await r.text()
+        usage = {"window": 1.0, "cpus": 32, "cpu": 3.2, "memory_mb": 20480.0, "memory_total_mb": 131072.0,
+                 "power_w": 180.5, "tasks": [["bench/svc", i, 0.137 + i / 100, 90.5 + i] for i in range(20)]}
+
+        async def beat_usage(mid: str, cred: str) -> None:
+            body = {"machine_id": mid, "seq": 1, "desired_version": "v", "digest": "d1",
+                    "health": {"ok": True, "problems": []}, "profile": {"name": None, "ok": True, "error": ""},
+                    "usage": usage}
+            async with http.post("/v1/agent/heartbeat", json=body, headers={"Authorization": f"Bearer {cred}"}) as r:
+                assert r.status == 200, await r.text()
+                await r.read()
 
         async def healthz(_: int) -> None:
             async with http.get("/healthz") as r:
@@ -71,7 +93,8 @@ async def run(args: argparse.Namespace, c: Controld, etcd_port: int) -> None:
         proc = psutil.Process(c.proc.pid)
         rounds = {}
         for name, make in (("healthz", lambda i: healthz(i)),
-                           ("heartbeat", lambda i: beat(*creds[i % len(creds)], False))):
+                           ("heartbeat", lambda i: beat(*creds[i % len(creds)], False)),
+                           ("usage", lambda i: beat_usage(*creds[i % len(creds)]))):
             await gather_bounded([make(i) for i in range(min(2000, args.beats))], args.concurrency)  # warm up
             rev0 = await etcd_revision(etcd_port)
             cpu0 = sum(proc.cpu_times()[:2])
@@ -83,6 +106,7 @@ async def run(args: argparse.Namespace, c: Controld, etcd_port: int) -> None:
 
     hz, hz_cpu, _ = rounds["healthz"]
     hb, hb_cpu, writes = rounds["heartbeat"]
+    hu, hu_cpu, writes_u = rounds["usage"]
     print(f"{args.machines} machines registered; {args.beats} requests each round, concurrency {args.concurrency}")
     print(f"baseline GET /healthz:     {hz:8.0f} req/s   controld cpu {hz_cpu * 1e6:6.0f} us/req")
     print(f"heartbeat (digest same):   {hb:8.0f} req/s   controld cpu {hb_cpu * 1e6:6.0f} us/req")
@@ -90,6 +114,10 @@ async def run(args: argparse.Namespace, c: Controld, etcd_port: int) -> None:
     print(f"etcd writes caused by {args.beats} steady heartbeats: {writes}")
     print(f"100,000 agents at 1 heartbeat/s: {100_000 * hb_cpu:.1f} cores of controld (one Python process "
           f"serves {1 / hb_cpu:,.0f}/s)")
+    print(f"heartbeat with usage of 20 tasks: {hu:8.0f} req/s   controld cpu {hu_cpu * 1e6:6.0f} us/req   "
+          f"etcd writes {writes_u}")
+    print(f"heartbeat with usage / without: {hb / hu:.2f} x time per heartbeat, {hu_cpu / hb_cpu:.2f} x controld cpu "
+          "per heartbeat")
 
 
 async def gather_bounded(coros: list, limit: int) -> None:

@@ -20,7 +20,7 @@ class Held(NamedTuple):
     cpu_m: int  # the host's millicores in use
     memory_mb: int  # the host's MiB in use
     power_mw: int | None  # None: not measured
-    tasks: tuple[tuple[str, int, int], ...]  # (job, millicores, MiB) of each task of a known job
+    tasks: tuple[tuple[str, int, int, int], ...]  # (job, millicores, MiB, tasks) of each known job on it
 
 
 class UsageBook:
@@ -36,8 +36,17 @@ class UsageBook:
         """A heartbeat's usage (checked: agent/models.py Usage and usage_beyond). Tasks of jobs not
         in `known` (the region's) are left out: an agent names no job into the sums."""
         power = usage.get("power_w")
-        tasks = tuple((job, round(cpu * 1000), round(mem)) for job, _, cpu, mem in usage.get("tasks") or ()
-                      if job in known)
+        per_job: dict[str, list] = {}  # a machine's tasks of one job, summed first: one entry in the sums
+        for job, _, cpu, mem in usage.get("tasks") or ():
+            if job in known:
+                s = per_job.get(job)
+                if s is None:
+                    per_job[job] = [cpu, mem, 1]
+                else:
+                    s[0] += cpu
+                    s[1] += mem
+                    s[2] += 1
+        tasks = tuple((job, round(c * 1000), round(m), n) for job, (c, m, n) in per_job.items())
         held = Held(now, cell, round(usage["cpu"] * 1000), round(usage["memory_mb"]),
                     None if power is None else round(power * 1000), tasks)
         self.drop(mid)
@@ -59,13 +68,13 @@ class UsageBook:
     def _add(self, h: Held, sign: int) -> None:
         cpu = mem = 0
         jobs = self.jobs
-        for job, c, m in h.tasks:
+        for job, c, m, n in h.tasks:
             s = jobs.get(job)
             if s is None:
                 s = jobs[job] = [0, 0, 0]
             s[0] += sign * c
             s[1] += sign * m
-            s[2] += sign
+            s[2] += sign * n
             if s[2] == 0:
                 del jobs[job]
             cpu += c

@@ -56,6 +56,7 @@ from controlplane.store.etcdproc import EtcdServer  # noqa: E402
 from controlplane.store.records import EntitlementRec, MachineRec  # noqa: E402
 from controlplane.store import Store  # noqa: E402
 from controlplane.store.keys import Keys  # noqa: E402
+from controlplane.usage import history as H  # noqa: E402
 from tests.controlplane.controld_proc import API_TOKEN, Controld  # noqa: E402
 
 REGION = "scale"
@@ -241,8 +242,8 @@ async def heartbeats(urls: list[str], agents: int, interval: float, stop: asynci
                 i = n % agents
                 mid = f"m{i:07d}"
                 await random.choice(pipes.get(hint.get(mid)) or pipes[random.choice(urls)]).send(
-                    mid, b'{"machine_id":"%s","digest":"d0","tasks":[],"profile":{"name":null,"ok":true}}'
-                    % mid.encode())
+                    mid, b'{"machine_id":"%s","digest":"d0","tasks":[],"profile":{"name":null,"ok":true}%s}'
+                    % (mid.encode(), USAGE))
                 n += 1
             await asyncio.gather(*(p.writer.drain() for p in every))
             await asyncio.sleep(0.01)
@@ -259,6 +260,11 @@ async def heartbeats(urls: list[str], agents: int, interval: float, stop: asynci
 
 
 FIRST_OK: dict[str, float] = {}  # machine -> wall time of its first heartbeat answered
+# usage as agents send it with every heartbeat (issue #25): the host's and 20 tasks' figures, of
+# jobs of the region's first entitlement (counted in its sums once those jobs exist); --no-usage: none
+USAGE = b',"usage":' + msgspec.json.encode({
+    "window": 10.0, "cpus": 32, "cpu": 7.25, "memory_mb": 40960.0, "memory_total_mb": 131072.0, "power_w": None,
+    "tasks": [[f"s0-e0/j{i % 4}", i, 0.31 + i / 100, 512.0 + i] for i in range(20)]})
 CAPACITY_CLIENTS = 32
 
 
@@ -270,7 +276,11 @@ def main() -> int:
     ap.add_argument("--agents", type=int, default=100_000)
     ap.add_argument("--interval", type=float, default=10.0)
     ap.add_argument("--seconds", type=float, default=20.0)
+    ap.add_argument("--no-usage", action="store_true", help="heartbeats without usage (as before issue #25)")
     args = ap.parse_args()
+    global USAGE
+    if args.no_usage:
+        USAGE = b""
     tmp = Path(tempfile.mkdtemp(prefix="bench-scale-"))
     etcd = EtcdServer(data_dir=tmp / "etcd", extra_flags=("--quota-backend-bytes", str(8 * 1024**3))).start()
     cs: list[Controld] = []
@@ -345,6 +355,12 @@ def main() -> int:
               f"unanswered; "
               f"{relays:.0f} relayed to their owner; failure verdicts on machines that heartbeat: {len(false)}; "
               f"lease keep-alives failed {lost}, leaderships ended {deposed} (per process)")
+        mems = [c.metrics() for c in cs]
+        print(f"   usage in the heartbeats: {'none (--no-usage)' if not USAGE else '20 tasks each'}; "
+              f"usage history held: {[int(m.get('twine_usage_series', 0)) for m in mems]} series per process "
+              f"({sum(m.get('twine_usage_history_bytes', 0) for m in mems) / 2**20:.1f} MiB of points and rollups in "
+              f"all, {H.MINUTES} points and {H.HOURS} rollups at most per series); machines whose usage each holds: "
+              f"{[int(m.get('twine_usage_machines_reporting', 0)) for m in mems]}")
         for e in false[:3]:  # what a false verdict said, and how long after the machine's first answer
             m = next(m for m in e["machines"] if m in FIRST_OK)
             print(f"   false: {m} ({e['reason']}) {e['start'] - FIRST_OK[m]:.1f}s after its first answered heartbeat")
@@ -373,6 +389,16 @@ def main() -> int:
               f"answered by its leader) {reads:.0f}/s"
               + (f" (ratio {made / args.seconds / reads:.3f})" if reads else " (no job to read: no ratio)") + "; "
               "bench_commit prints the commit path alone")
+        t0 = time.perf_counter()  # the fleet page's first call, at this size
+        status, fleet = cs[0].call("GET", "/v1/fleet?by=dc,msb,entitlement", timeout=120)
+        took = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        cs[0].call("GET", "/healthz", token=None)
+        base = time.perf_counter() - t0
+        size = len(msgspec.json.encode(fleet))
+        print(f"6. GET /v1/fleet?by=dc,msb,entitlement at {args.machines:,} machines: {status}, {took * 1000:.0f} ms, "
+              f"{len(fleet.get('cells', []))} cells in {size / 1024:.0f} KiB (summed on the server); baseline GET "
+              f"/healthz {base * 1000:.1f} ms")
     finally:
         for c in cs:
             c.close()

@@ -40,6 +40,7 @@ from controlplane.store import Conflict, Store, Versioned
 from controlplane.store.keys import Keys
 from controlplane.store.state import RegionState
 from controlplane.taskcontrol.reach import Reach
+from controlplane.usage.fleet import Tallies
 from controlplane.usage.metrics import UsageCollector
 from controlplane.usage.recorder import SAMPLE, Recorder
 from controlplane.usage.region import RegionUsage
@@ -104,9 +105,10 @@ class ControlDaemon:
                                                        lambda: (self.coordinator, self.relay, self.listener)))
         self.ops = OpsPlanner(self.state, s.maintenance_policy)
         self.usage = RegionUsage(self.agents.usage)
-        self.registry.register(UsageCollector(self.state, self.usage))
         self.recorder = Recorder(self.state, store, self.usage, lambda: self.shards.schedulers.keys(),
                                  s.usage_sample, max_txn_ops=s.max_txn_ops) if "scheduler" in s.roles else None
+        self.tallies = Tallies(self.state)
+        self.registry.register(UsageCollector(self.state, self.usage, self.recorder, self.tallies))
         self.stalls = Stalls(self.registry, warn_after=s.lease_ttl / 3)
         self.coordinator: Coordinator | None = None
         self.relay: Relay | None = None
@@ -156,7 +158,8 @@ class ControlDaemon:
                                       s.profile_search),
             state=self.state, shards=self.shards, agents=self.agents, ops=self.ops, clean=self.health.clean,
             forwarder=Forwarder(self.coordinator, self.http), coordinator=self.coordinator, relay=self.relay,
-            reach=self.reach, metrics=self.metrics_text, usage=self.usage, recorder=self.recorder))
+            reach=self.reach, metrics=self.metrics_text, usage=self.usage, recorder=self.recorder,
+            tallies=self.tallies))
 
     async def run(self, host: str, port: int, stop: asyncio.Event, notifier: Notifier | None = None) -> None:
         s = self.settings

@@ -16,6 +16,7 @@ from controlplane.opsplanner.planner import OpsPlanner
 from controlplane.scheduler.service import Scheduler
 from controlplane.store.state import RegionState
 from controlplane.taskcontrol.reach import Reach
+from controlplane.usage.fleet import Tallies
 from controlplane.usage.recorder import Recorder
 from controlplane.usage.region import RegionUsage
 
@@ -54,3 +55,4 @@ class Services:
     metrics: Callable[[], str]  # the Prometheus text of /v1/metrics
     usage: RegionUsage  # what the region uses now
     recorder: Recorder | None  # the usage history of the shards this process leads
+    tallies: Tallies  # the machines summed for the fleet's answers

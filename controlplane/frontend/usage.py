@@ -16,7 +16,7 @@ from controlplane.frontend.services import Shards
 from controlplane.store.records import ApiError
 from controlplane.store.state import RegionState
 from controlplane.usage import history as H
-from controlplane.usage.fleet import DIMENSIONS, fleet
+from controlplane.usage.fleet import DIMENSIONS, Tallies, fleet
 from controlplane.usage.recorder import Recorder
 from controlplane.usage.region import RegionUsage
 
@@ -80,8 +80,8 @@ def points(series: H.Series | None, since: int, step: int, now: float) -> list[l
 
 class Usage:
     def __init__(self, state: RegionState, usage: RegionUsage, recorder: Recorder | None, shards: Shards,
-                 forwarder: Forwarder):
-        self.state, self.usage, self.recorder = state, usage, recorder
+                 forwarder: Forwarder, tallies: Tallies):
+        self.state, self.usage, self.recorder, self.tallies = state, usage, recorder, tallies
         self.shards, self.forwarder = shards, forwarder
 
     async def fleet(self, request: web.Request) -> web.Response:
@@ -89,7 +89,7 @@ class Usage:
         dims = by.split(",")
         if BY.match(by) is None:
             raise ApiError("invalid", "by", f"{by[:80]!r}: a comma-separated list of {', '.join(DIMENSIONS)}")
-        return reply(fleet(self.state, self.usage, [d for d in DIMENSIONS if d in dims]))
+        return reply(await fleet(self.state, self.usage, [d for d in DIMENSIONS if d in dims], self.tallies))
 
     def _series(self, request: web.Request, key: tuple[str, str], shard: int) -> H.Series | None | bool:
         """The series, None when it has no points, False when another replica leads the shard."""

@@ -8,14 +8,19 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from controlplane.store.state import RegionState
-from controlplane.usage.book import cell_of
+from controlplane.usage.fleet import Tallies
+from controlplane.usage.history import Series
+from controlplane.usage.recorder import Recorder
 from controlplane.usage.region import RegionUsage
 
 MIB = 1 << 20
+FLEET_BY = ("dc", "type", "entitlement")  # the fleet families' labels, as a tally groups them
+FLEET_EVERY = 15.0  # seconds a tally of the machines serves the scrapes at most (Prometheus' default interval)
+SERIES_BYTES = sum(a.itemsize * len(a) for a in (lambda s: (s.m_at, s.m_cpu, s.m_mem, s.h_at, s.h_val))(Series()))
 
 
 def _family(name: str, help_: str, labels: list[str], rows: dict[tuple, float]) -> GaugeMetricFamily:
@@ -26,10 +31,21 @@ def _family(name: str, help_: str, labels: list[str], rows: dict[tuple, float]) 
 
 
 class UsageCollector(Collector):
-    def __init__(self, state: RegionState, usage: RegionUsage):
-        self.state, self.usage = state, usage
+    def __init__(self, state: RegionState, usage: RegionUsage, recorder: Recorder | None = None,
+                 tallies: Tallies | None = None):
+        self.state, self.usage, self.recorder, self.tallies = state, usage, recorder, tallies
 
     def collect(self) -> Iterator[Metric]:
+        yield GaugeMetricFamily("twine_usage_machines_reporting", "machines whose last usage report this process holds "
+                                "(its heartbeats came here)", value=len(self.usage.book.machines))
+        series = self.recorder.series if self.recorder is not None else {}
+        yield GaugeMetricFamily("twine_usage_series", "usage histories (jobs, entitlements) this process keeps as "
+                                "their shard's leader", value=len(series))
+        yield GaugeMetricFamily("twine_usage_history_bytes", "memory of those histories' points and rollups (fixed "
+                                "per series)", value=len(series) * SERIES_BYTES)
+        if self.recorder is not None:
+            for k, v in self.recorder.counters.items():
+                yield CounterMetricFamily(f"twine_usage_{k}", f"usage history: {k.replace('_', ' ')}", value=v)
         st = self.state
         jobs = self.usage.jobs()
         job_rows: dict[str, dict[tuple, float]] = {k: {} for k in ("cr", "cu", "mr", "mu")}
@@ -54,14 +70,15 @@ class UsageCollector(Collector):
                           rows["mu"])
         fleet: dict[str, dict[tuple, float]] = {k: {} for k in ("n", "cr", "cu", "mr", "mu")}
         pool: dict[tuple, float] = {}
-        for m in st.machines.values():
-            dc, _, ent, _, mtype = cell_of(m)
-            key = (dc, mtype, ent)
-            fleet["n"][key] = fleet["n"].get(key, 0) + 1
-            fleet["cr"][key] = fleet["cr"].get(key, 0.0) + m.alloc_cpus
-            fleet["mr"][key] = fleet["mr"].get(key, 0.0) + m.alloc_memory_mb * MIB
-            if m.entitlement is None:
-                pool[(dc, mtype)] = pool.get((dc, mtype), 0) + 1
+        # the machines summed at the last scrape or the one before (a pass over them is no scrape's: fleet.py)
+        t = self.tallies.refresh(FLEET_BY, FLEET_EVERY) if self.tallies is not None else None
+        if t is not None:
+            for (dc, mtype, ent), r in t.rows.items():
+                fleet["n"][(dc, mtype, ent)] = r[0]
+                fleet["cr"][(dc, mtype, ent)] = r[5]
+                fleet["mr"][(dc, mtype, ent)] = r[6] * MIB
+            for (mtype, dc), (n, _) in t.pool.items():
+                pool[(dc, mtype)] = n
         for (dc, _, ent, _, mtype), figures in self.usage.cells().items():
             key = (dc, mtype, ent)
             fleet["cu"][key] = fleet["cu"].get(key, 0.0) + figures[0] / 1000

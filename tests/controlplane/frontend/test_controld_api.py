@@ -250,11 +250,15 @@ def test_usage_reported_shows_in_the_fleet_and_the_jobs_and_entitlements_usage(c
         status, answer = controld.call("GET", f"/v1/jobs/web/api/usage?{query}")
         assert (status, answer.get("field")) == status_field, (query, answer)
     assert controld.call("GET", "/v1/fleet?by=colour")[1]["field"] == "by"
-    m = controld.metrics()  # per job, entitlement, dc and type: no machine's or task's series
+    # per job, entitlement, dc and type: no machine's or task's series; the machines' families are
+    # those summed at the scrape before (a pass over the machines is no scrape's: usage/fleet.py)
+    m = controld.wait_metrics(lambda m: m.get('twine_free_pool_machines{dc="dc1",machine_type="generic"}') == 1,
+                              what="the free pool's family")
     assert m['twine_job_cpu_used_cores{entitlement="web",handle="web/api"}'] == 1.024
     assert m['twine_job_cpu_reserved_cores{entitlement="web",handle="web/api"}'] == 2
     assert m['twine_entitlement_memory_used_bytes{entitlement="web"}'] == 71 * 2**20
     assert m['twine_fleet_cpu_used_cores{dc="dc1",entitlement="web",machine_type="generic"}'] == 1.024
     assert m['twine_free_pool_machines{dc="dc1",machine_type="generic"}'] == 1
     assert not [k for k in m if "m1" in k or "index" in k]
+    assert m["twine_usage_machines_reporting"] == 1  # m1's report, held here
     assert controld.call("GET", "/v1/jobs/web/nope/usage")[0] == 404

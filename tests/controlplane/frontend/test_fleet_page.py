@@ -180,7 +180,7 @@ def test_the_fleet_page_shows_what_the_api_says_and_a_wrong_token_an_error(tmp_p
         browser.save_screenshot(str(shots / "3-entitlement.png"))
         browser.get(c.url + "/ui/#/job/web/api")
         ready("job")
-        ju = c.call("GET", "/v1/jobs/web/api/usage")[1]
+        ju = c.call("GET", "/v1/jobs/web/api/usage?since=21600")[1]  # as the page asks
         assert float(shown("used-cpus")) == ju["current"]["cpus"] and int(shown("count")) == 2
         assert int(shown("used-memory")) == ju["current"]["memory_mb"] == 80
         assert len(ju["points"]) >= 6 and browser.find_elements(By.CSS_SELECTOR, ".chart canvas")  # uPlot drew it

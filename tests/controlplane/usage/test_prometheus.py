@@ -42,7 +42,7 @@ def test_prometheus_scrapes_controld_over_tls_with_a_token_and_reads_usage_back(
             assert float(got[0]["value"][1]) == pytest.approx(0.98) and got[0]["metric"]["entitlement"] == "web"
             reserved = prom.query('twine_entitlement_cpu_reserved_cores{entitlement="web"}')
             assert float(reserved[0]["value"][1]) == TASK["cpus"]
-            held = prom.query('twine_fleet_machines{entitlement="web",dc="dc1",machine_type="generic"}')
+            held = prom.wait('twine_fleet_machines{entitlement="web",dc="dc1",machine_type="generic"}')
             assert float(held[0]["value"][1]) == 1 and prom.query("twine_free_pool_machines") == []  # m1 is web's
     finally:
         stop.set()

@@ -330,34 +330,52 @@ def test_a_task_burning_a_core_shows_one_core_used_and_a_sleeping_one_none(regio
     api.wait_running("use/burn")
     api.wait_running("use/sleep")
 
-    def settled(handle: str, low: float, high: float) -> dict:
-        deadline, seen = time.monotonic() + 60, []
-        while time.monotonic() < deadline:
-            u = api.ok("GET", f"/v1/jobs/{handle}/usage")
-            seen.append((u["current"] or {}).get("cpus"))
-            if seen[-1] is not None and low <= seen[-1] <= high and len(seen) >= 3:
-                return u
+    def settled(what: str, read, low: float, high: float, timeout: float = 60):
+        """read() once it gives a figure within [low, high]: a reading while something else on
+        this two-core machine takes a core (twinectl's or Prometheus' start, the VMs booting in CI)
+        shows less than a core, which the task did not get; it is read again until it settles."""
+        deadline, seen = time.monotonic() + timeout, []
+        while True:
+            got = read()
+            seen.append(got[0])
+            if got[0] is not None and low <= got[0] <= high:
+                return got[1]
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{what}: cores used {seen[-10:]}, not within {low}..{high}")
             time.sleep(0.5)
-        raise AssertionError(f"{handle}: cores used {seen[-10:]}, not within {low}..{high}")
 
-    burn = settled("use/burn", 0.85, 1.15)
-    sleep = settled("use/sleep", 0.0, 0.05)
+    def job_usage(handle: str):
+        u = api.ok("GET", f"/v1/jobs/{handle}/usage")
+        return (u["current"] or {}).get("cpus"), u
+
+    def ctl_usage():
+        out = region.twinectl("job", "usage", "use/burn").stdout
+        line = next(line for line in out.splitlines() if line.startswith("cpus used/reserved:"))
+        used = line.split()[-1].split("/")[0]
+        return (None if used == "-" else float(used)), out
+
+    def fleet_usage():
+        cell = next(c for c in api.ok("GET", "/v1/fleet?by=entitlement")["cells"] if c["entitlement"] == "use")
+        return cell["used"]["cpus"], cell
+
+    burn = settled("the API", lambda: job_usage("use/burn"), 0.85, 1.15)
+    sleep = settled("the API", lambda: job_usage("use/sleep"), 0.0, 0.05)
     print(f"\nmeasured: burn {burn['current']}, sleep {sleep['current']}")
-    out = region.twinectl("job", "usage", "use/burn").stdout
-    used = float(next(line for line in out.splitlines() if line.startswith("cpus used/reserved:")).split()[-1]
-                 .split("/")[0])
-    assert 0.85 <= used <= 1.15, out
-    fleet = api.ok("GET", "/v1/fleet?by=entitlement")
-    cell = next(c for c in fleet["cells"] if c["entitlement"] == "use")
-    assert 0.85 <= cell["used"]["cpus"] <= 1.2 and cell["used"]["machines_reporting"] >= 1, cell
+    settled("twinectl job usage", ctl_usage, 0.85, 1.15)
+    cell = settled("/v1/fleet", fleet_usage, 0.85, 1.2)  # both tasks
+    assert cell["used"]["machines_reporting"] >= 1, cell
     target = urlsplit(region.url).netloc
     with PrometheusServer(tmp_path / "prometheus", target, region.api_token, region.ca_file) as prom:
-        got = prom.wait('twine_job_cpu_used_cores{handle="use/burn"}')
-        assert 0.85 <= float(got[0]["value"][1]) <= 1.15, got
-        got = prom.wait('twine_job_cpu_used_cores{handle="use/sleep"}')
-        assert float(got[0]["value"][1]) <= 0.05, got
+        def scraped(handle: str):
+            got = prom.query(f'twine_job_cpu_used_cores{{handle="{handle}"}}')
+            return (float(got[0]["value"][1]) if got else None), got
+
+        prom.wait('up{job="twine-controld"}', lambda r: bool(r) and r[0]["value"][1] == "1")
+        settled("Prometheus", lambda: scraped("use/burn"), 0.85, 1.15)
+        settled("Prometheus", lambda: scraped("use/sleep"), 0.0, 0.05)
     # and on the fleet page, in Debian's headless Chromium (trusting controld's key alone)
     from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
 
     from tests.controlplane.frontend.test_fleet_page import chrome, sign_in, spki_pin
 
@@ -365,9 +383,18 @@ def test_a_task_burning_a_core_shows_one_core_used_and_a_sleeping_one_none(regio
     driver = chrome(tmp_path, f"--ignore-certificate-errors-spki-list={pin}", hosts=(urlsplit(region.url).hostname,))
     try:
         sign_in(driver, region.url, region.api_token, "job/use/burn")
-        shown = float(driver.find_element(By.CSS_SELECTOR, '[data-k="used-cpus"]').text)
+        # a browser starting takes a core of this machine for a while: the task gets less of one
+        # then, and the page shows what it got (0.604 once in CI); it is read again until it settles
+        deadline, shown = time.monotonic() + 30, []
+        while True:
+            shown.append(float(driver.find_element(By.CSS_SELECTOR, '[data-k="used-cpus"]').text))
+            if 0.85 <= shown[-1] <= 1.15 or time.monotonic() > deadline:
+                break
+            time.sleep(1)
+            driver.refresh()  # the token stays in the tab's sessionStorage
+            WebDriverWait(driver, 30).until(lambda d: d.find_elements(By.CSS_SELECTOR, '#view[data-ready="job"]'))
         driver.save_screenshot(str(tmp_path / "job-burn.png"))
-        assert 0.85 <= shown <= 1.15, shown
+        assert 0.85 <= shown[-1] <= 1.15, shown
     finally:
         driver.quit()
     api.stop("use/burn")

@@ -358,8 +358,8 @@ def main() -> int:
         mems = [c.metrics() for c in cs]
         print(f"   usage in the heartbeats: {'none (--no-usage)' if not USAGE else '20 tasks each'}; "
               f"usage history held: {[int(m.get('twine_usage_series', 0)) for m in mems]} series per process "
-              f"({sum(m.get('twine_usage_history_bytes', 0) for m in mems) / 2**20:.1f} MiB of points and rollups in "
-              f"all, {H.MINUTES} points and {H.HOURS} rollups at most per series); machines whose usage each holds: "
+              f"({sum(m.get('twine_usage_history_bytes', 0) for m in mems) / 2**20:.1f} MiB of arrays of points and "
+              f"rollups in all, {H.MINUTES} points and {H.HOURS} rollups at most per series); machines whose usage each holds: "
               f"{[int(m.get('twine_usage_machines_reporting', 0)) for m in mems]}")
         for e in false[:3]:  # what a false verdict said, and how long after the machine's first answer
             m = next(m for m in e["machines"] if m in FIRST_OK)

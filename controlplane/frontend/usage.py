@@ -63,18 +63,16 @@ def points(series: H.Series | None, since: int, step: int, now: float) -> list[l
     start = int(now) - since
     buckets: dict[int, list] = {}
     if since <= MINUTES_SINCE:
-        rows = [(minute * 60, c, c, m, m, 1) for minute, c, m in series.minutes(start // 60, int(now) // 60 + 1)]
+        rows = [(minute * 60, c, c, m, m) for minute, c, m in series.minutes(start // 60, int(now) // 60 + 1)]
     else:
-        rows = [(hour * 3600, v[0], v[2], v[3], v[5], 1) for hour, v in series.hours(start // 3600, int(now) // 3600 + 1)]
-    for t, c, cmax, m, mmax, n in rows:
-        if t < start - step:
-            continue
+        rows = [(hour * 3600, v[0], v[2], v[3], v[5]) for hour, v in series.hours(start // 3600, int(now) // 3600 + 1)]
+    for t, c, cmax, m, mmax in rows:
         b = buckets.setdefault(t // step * step, [0, 0, 0, 0, 0])
         b[0] += c
         b[1] = max(b[1], cmax)
         b[2] += m
         b[3] = max(b[3], mmax)
-        b[4] += n
+        b[4] += 1
     return [[t, round(b[0] / b[4] / 1000, 3), b[1] / 1000, round(b[2] / b[4]), b[3]] for t, b in sorted(buckets.items())]
 
 
@@ -91,7 +89,7 @@ class Usage:
             raise ApiError("invalid", "by", f"{by[:80]!r}: a comma-separated list of {', '.join(DIMENSIONS)}")
         return reply(await fleet(self.state, self.usage, [d for d in DIMENSIONS if d in dims], self.tallies))
 
-    def _series(self, request: web.Request, key: tuple[str, str], shard: int) -> H.Series | None | bool:
+    def _series(self, key: tuple[str, str], shard: int) -> H.Series | None | bool:
         """The series, None when it has no points, False when another replica leads the shard."""
         if self.shards.local(shard) is None or self.recorder is None:
             return False
@@ -104,12 +102,12 @@ class Usage:
             raise ApiError("not_found", "job", f"no job {handle!r}")
         since, step = window(request)
         shard = self.state.shard_of_job(handle)
-        series = self._series(request, ("job", handle), shard)
+        series = self._series(("job", handle), shard)
         if series is False:
             return await self.forwarder.forward(request, shard)
         now = time.time()
         current = self.usage.job(handle)
-        cpus, mem = float(job.task.get("cpus", 0)), int(job.task.get("memory_mb", 0))
+        cpus, mem = job.resources()
         return reply({"job": handle, "count": job.count,
                       "reserved": {"cpus": round(cpus * job.count, 3), "memory_mb": mem * job.count},
                       "current": None if current is None else
@@ -123,7 +121,7 @@ class Usage:
         if ent is None:
             raise ApiError("not_found", "entitlement", f"no entitlement {name!r}")
         since, step = window(request)
-        series = self._series(request, ("entitlement", name), ent.shard)
+        series = self._series(("entitlement", name), ent.shard)
         if series is False:
             return await self.forwarder.forward(request, ent.shard)
         now = time.time()
@@ -134,8 +132,9 @@ class Usage:
             job = self.state.jobs.get(handle)
             if job is None:
                 continue
-            reserved_cpus += float(job.task.get("cpus", 0)) * job.count
-            reserved_mem += int(job.task.get("memory_mb", 0)) * job.count
+            task_cpus, task_mem = job.resources()
+            reserved_cpus += task_cpus * job.count
+            reserved_mem += task_mem * job.count
             if (u := jobs.get(handle)) is not None:
                 reporting = True
                 cpu, mem, n = cpu + u[0], mem + u[1], n + u[2]

@@ -19,6 +19,7 @@ MINUTES = 48 * 60  # points kept
 HOURS = 8 * 7 * 24  # rollups kept
 ROLLUP = 6  # cpu mean, p95, max; memory mean, p95, max
 NONE = -1  # a slot's stamp when it holds nothing
+SERIES_BYTES = 4 * (3 * MINUTES + HOURS * (1 + ROLLUP))  # a Series' arrays of int32, however long it runs
 
 
 def p95(values: list[int]) -> int:
@@ -86,7 +87,10 @@ class Series:
         self.h_val[i * ROLLUP:(i + 1) * ROLLUP] = array("i", values)
 
     def close_hour(self, hour: int) -> tuple[int, ...] | None:
-        """The hour's rollup from its points (kept, and returned; None: it had no point)."""
+        """The hour's rollup from its points (kept, and returned; None: it had no point). The
+        minute being sampled is closed first when it is of that hour or before."""
+        if self._minute != NONE and self._minute // 60 <= hour:
+            self.close()
         values = rollup((c, m) for _, c, m in self.minutes(hour * 60, hour * 60 + 60))
         if values is not None:
             self.put_hour(hour, values)

@@ -13,14 +13,13 @@ from prometheus_client.registry import Collector
 
 from controlplane.store.state import RegionState
 from controlplane.usage.fleet import Tallies
-from controlplane.usage.history import Series
+from controlplane.usage.history import SERIES_BYTES
 from controlplane.usage.recorder import Recorder
 from controlplane.usage.region import RegionUsage
 
 MIB = 1 << 20
 FLEET_BY = ("dc", "type", "entitlement")  # the fleet families' labels, as a tally groups them
 FLEET_EVERY = 15.0  # seconds a tally of the machines serves the scrapes at most (Prometheus' default interval)
-SERIES_BYTES = sum(a.itemsize * len(a) for a in (lambda s: (s.m_at, s.m_cpu, s.m_mem, s.h_at, s.h_val))(Series()))
 
 
 def _family(name: str, help_: str, labels: list[str], rows: dict[tuple, float]) -> GaugeMetricFamily:
@@ -51,8 +50,8 @@ class UsageCollector(Collector):
         job_rows: dict[str, dict[tuple, float]] = {k: {} for k in ("cr", "cu", "mr", "mu")}
         ent_rows: dict[str, dict[tuple, float]] = {k: {} for k in ("cr", "cu", "mr", "mu")}
         for handle, job in st.jobs.items():
-            cpus = float(job.task.get("cpus", 0)) * job.count
-            mem = float(job.task.get("memory_mb", 0)) * job.count * MIB
+            cpus, mem = job.resources()
+            cpus, mem = cpus * job.count, mem * job.count * MIB
             used = jobs.get(handle)
             for rows, key in ((job_rows, (handle, job.entitlement)), (ent_rows, (job.entitlement,))):
                 rows["cr"][key] = rows["cr"].get(key, 0.0) + cpus

@@ -115,8 +115,6 @@ class Recorder:
         deletes: list[str | tuple[str, str]] = []
         day = hour // 24
         for key, series in self.series.items():
-            if series._minute != H.NONE and series._minute // 60 <= hour:
-                series.close()
             if series.close_hour(hour) is None:
                 continue
             puts[self.keys.minutes(key, hour)] = H.hour_record(series, hour)

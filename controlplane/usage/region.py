@@ -68,25 +68,24 @@ class RegionUsage:
 
     # -- what the region uses ------------------------------------------------------------------
 
-    def jobs(self, now: float | None = None) -> dict[str, list[int]]:
-        """Job handle -> [millicores, MiB, tasks reporting], summed over the replicas."""
-        out: dict[str, list[int]] = {}
-        for jobs, _ in self._live(now):
-            for handle, figures in jobs.items():
-                add_into(out, handle, figures)
+    def _summed(self, part: int, now: float | None, only=None) -> dict:
+        """Part 0 (jobs) or 1 (cells) of every live sum, added up; `only`: that key alone."""
+        out: dict = {}
+        for sums in self._live(now):
+            if only is None:
+                for key, figures in sums[part].items():
+                    add_into(out, key, figures)
+            elif (figures := sums[part].get(only)) is not None:
+                add_into(out, only, figures)
         return out
 
+    def jobs(self, now: float | None = None) -> dict[str, list[int]]:
+        """Job handle -> [millicores, MiB, tasks reporting], summed over the replicas."""
+        return self._summed(0, now)
+
     def job(self, handle: str, now: float | None = None) -> list[int] | None:
-        out: dict[str, list[int]] = {}
-        for jobs, _ in self._live(now):
-            if (v := jobs.get(handle)) is not None:
-                add_into(out, handle, v)
-        return out.get(handle)
+        return self._summed(0, now, handle).get(handle)
 
     def cells(self, now: float | None = None) -> dict[Cell, list[int]]:
         """Cell -> its CELL_FIGURES, summed over the replicas."""
-        out: dict[Cell, list[int]] = {}
-        for _, cells in self._live(now):
-            for cell, figures in cells.items():
-                add_into(out, cell, figures)
-        return out
+        return self._summed(1, now)

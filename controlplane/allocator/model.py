@@ -96,8 +96,8 @@ class PlacedTask:
 
 @dataclass(frozen=True, slots=True)
 class JobRequest:
-    """Where should tasks 0..count-1 of `job` run? Tasks already on a machine that still meets
-    the hard requirements stay there; the others are placed."""
+    """Where should tasks 0..count-1 of `job` (but `gaps`) run? Tasks already on a machine that
+    still meets the hard requirements stay there; the others are placed."""
 
     job: str  # "<entitlement>/<name>"
     count: int
@@ -107,6 +107,7 @@ class JobRequest:
     dc: str | None = None  # a hard dc requirement on top of the entitlement's pin
     preferences: tuple[SoftPreference, ...] | None = None  # None: the entitlement's spread policy
     replace: tuple[int, ...] = ()  # tasks to place afresh although their machine is fine (a move)
+    gaps: frozenset[int] = frozenset()  # indices below count that are not the job's (JobRec.gaps)
 
     def __post_init__(self) -> None:
         ent, sep, name = self.job.partition("/")

@@ -63,6 +63,8 @@ def split_tasks(snapshot: Snapshot, req: Requirements) -> tuple[dict[int, str], 
     kept: dict[int, str] = {}
     to_place: list[int] = []
     for i in range(r.count):
+        if r.gaps and i in r.gaps:
+            continue
         t = existing.get(i)
         m = snapshot.machines.get(t.machine_id) if t is not None else None
         if (m is not None and i not in r.replace and t.cpus == r.cpus and t.memory_mb == r.memory_mb

@@ -5,6 +5,7 @@
   twinectl machine list|show ID|release ID|clean ID     twinectl events     twinectl discovery HANDLE
   twinectl fleet [--by dc,msb,entitlement,profile,type]
   twinectl job usage HANDLE | entitlement usage NAME  [--since DUR] [--step DUR]
+  twinectl job autoscale HANDLE
   twinectl maintenance schedule (--machine ID ... | --dc DC | --msb MSB | --rack RACK) --start WHEN
            --duration DUR [--deadline WHEN] [--policy move|stop] [--reason TEXT]
   twinectl maintenance list [--all] | show ID | end ID
@@ -104,6 +105,8 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("file", metavar="FILE")
     wait_option(r, "every task runs")
     leaf(job_sub, "status", "a job and its tasks").add_argument("handle", metavar="HANDLE")
+    leaf(job_sub, "autoscale", "what the SRM does with an autoscaled job: its recommendation and why, its "
+         "last resizes").add_argument("handle", metavar="HANDLE")
     ju = leaf(job_sub, "usage", "what a job's tasks use, now and over time, against what they reserve")
     ju.add_argument("handle", metavar="HANDLE")
     window_options(ju)

@@ -128,6 +128,11 @@ def summary_text(summary: Any) -> str:
 def job_header(job: dict) -> str:
     line = (f"job {cell(job.get('handle'))}  state={cell(job.get('state'))}  count={cell(job.get('count'))}"
             f"  spec_version={cell(job.get('spec_version'))}  {summary_text(job.get('summary'))}")
+    a = job.get("autoscale")
+    if isinstance(a, dict):
+        line += f"\nautoscale: {a.get('min')} to {a.get('max')} tasks (twinectl job autoscale {cell(job.get('handle'))})"
+    for w in job.get("warnings") or []:
+        line += f"\nwarning: {w}"
     if job.get("message"):
         line += f"\nmessage: {job['message']}"
     return line

@@ -18,7 +18,8 @@ from typing import Any
 
 import yaml
 
-SPEC_KEYS = ("entitlement", "name", "count", "task", "requirements", "preferences", "update", "controller")
+SPEC_KEYS = ("entitlement", "name", "count", "task", "requirements", "preferences", "update", "controller",
+             "autoscale")
 SUFFIXES = {".yaml": "YAML", ".yml": "YAML", ".toml": "TOML"}
 
 

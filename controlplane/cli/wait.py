@@ -15,8 +15,8 @@ POLL_INTERVAL = 1.0  # seconds between GETs while waiting
 
 
 def rollout_progress(job: dict) -> tuple[bool, str]:
-    """Is every task 0..count-1 running at the job's spec_version (and no task beyond count left
-    but stopped ones)? With a line saying how far it got: tasks at an older version, tasks down,
+    """Is every task of the job (0..count-1, or with gaps: 0..count+len(gaps)-1 but the gaps)
+    running at the job's spec_version (and no other task left but stopped ones)? With a line saying how far it got: tasks at an older version, tasks down,
     operations waiting for the job's TaskController or held by rate limits."""
     count, version = job.get("count"), job.get("spec_version")
     if job.get("state") in ("stopping", "stopped"):
@@ -24,10 +24,12 @@ def rollout_progress(job: dict) -> tuple[bool, str]:
     if not isinstance(count, int):
         return False, "the job has no count"
     tasks = job.get("tasks") or []
+    gaps = {i for i in job.get("gaps") or [] if isinstance(i, int)}
+    live = set(range(count + len(gaps))) - gaps
     ready = {t.get("index") for t in tasks if t.get("state") == "running" and t.get("spec_version") == version}
-    extra = [t for t in tasks if isinstance(t.get("index"), int) and t["index"] >= count and t.get("state") != "stopped"]
-    n = sum(1 for i in range(count) if i in ready)
-    wanted = [t for t in tasks if isinstance(t.get("index"), int) and t["index"] < count]
+    extra = [t for t in tasks if t.get("index") not in live and t.get("state") != "stopped"]
+    n = sum(1 for i in live if i in ready)
+    wanted = [t for t in tasks if t.get("index") in live]
     older = sum(1 for t in wanted if t.get("spec_version") != version)
     down = sum(1 for t in wanted if t.get("state") != "running") + count - len(wanted)
     tc, ops = job.get("taskcontrol") or {}, job.get("operations") or {}

@@ -42,7 +42,10 @@ from controlplane.store.state import RegionState
 from controlplane.taskcontrol.reach import Reach
 from controlplane.usage.fleet import Tallies
 from controlplane.usage.metrics import UsageCollector
+from controlplane.srm.metrics import SrmCollector
 from controlplane.usage.recorder import SAMPLE, Recorder
+from controlplane.srm.load import Loads
+from controlplane.srm.service import INTERVAL as SRM_INTERVAL, Autoscaler
 from controlplane.usage.region import RegionUsage
 
 log = logging.getLogger("twine.controld")
@@ -71,6 +74,8 @@ class DaemonSettings:
     max_long_polls: int = MAX_LONG_POLLS
     max_long_poll: float = MAX_WAIT
     usage_sample: float = SAMPLE  # seconds between two samples of the usage history
+    srm_interval: float = SRM_INTERVAL  # seconds between two passes of the SRM (autoscaling)
+    prometheus_url: str | None = None  # the region's Prometheus server, for autoscale metrics that query it
 
 
 class ControlDaemon:
@@ -108,6 +113,10 @@ class ControlDaemon:
         self.recorder = Recorder(self.state, store, self.usage, lambda: self.shards.schedulers.keys(),
                                  s.usage_sample, max_txn_ops=s.max_txn_ops) if "scheduler" in s.roles else None
         self.tallies = Tallies(self.state)
+        self.srm = Autoscaler(self.state, self.usage, self.shards, self.recorder, s.srm_interval, s.usage_sample,
+                              Loads(self.state, s.prometheus_url, self.reach)) if "scheduler" in s.roles else None
+        if self.srm is not None:
+            self.registry.register(SrmCollector(self.srm))
         self.registry.register(UsageCollector(self.state, self.usage, self.recorder, self.tallies))
         self.stalls = Stalls(self.registry, warn_after=s.lease_ttl / 3)
         self.coordinator: Coordinator | None = None
@@ -159,7 +168,7 @@ class ControlDaemon:
             state=self.state, shards=self.shards, agents=self.agents, ops=self.ops, clean=self.health.clean,
             forwarder=Forwarder(self.coordinator, self.http), coordinator=self.coordinator, relay=self.relay,
             reach=self.reach, metrics=self.metrics_text, usage=self.usage, recorder=self.recorder,
-            tallies=self.tallies))
+            tallies=self.tallies, srm=self.srm, prometheus_url=s.prometheus_url))
 
     async def run(self, host: str, port: int, stop: asyncio.Event, notifier: Notifier | None = None) -> None:
         s = self.settings
@@ -194,6 +203,8 @@ class ControlDaemon:
                     loops.append(tg.create_task(self.health.run()))
                 if self.recorder is not None:
                     loops.append(tg.create_task(self.recorder.run()))
+                if self.srm is not None:
+                    loops.append(tg.create_task(self.srm.run()))
                 await stop.wait()
                 self.agents.closing.set()
                 await self.coordinator.resign()
@@ -206,4 +217,6 @@ class ControlDaemon:
             await runner.cleanup()
             if self._http is not None:
                 await self._http.close()
+            if self.srm is not None:
+                await self.srm.loads.close()
             await self.state.stop()

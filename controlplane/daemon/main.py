@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import re
 import signal
 import ssl
 import sys
@@ -30,6 +31,7 @@ from controlplane.security.secretfile import owner_only, tokens_in
 from controlplane.store import EtcdTls, Store
 from controlplane.store.etcd import WRITE_TIMEOUT
 from controlplane.usage.recorder import SAMPLE
+from controlplane.srm.service import INTERVAL as SRM_INTERVAL
 
 log = logging.getLogger("twine.controld")
 EXIT_OK, EXIT_INPUT, EXIT_UNAVAILABLE = 0, 2, 3
@@ -175,6 +177,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--usage-sample", type=float, default=SAMPLE,
                    help="seconds between two samples of the jobs' and entitlements' usage history, kept by the "
                         "leaders of their shards; a point a minute is their mean (default %(default)s)")
+    p.add_argument("--srm-interval", type=float, default=SRM_INTERVAL,
+                   help="seconds between two passes of the SRM, which sizes autoscaled jobs at the leaders of "
+                        "their shards (default %(default)s)")
+    p.add_argument("--prometheus-url", default=None,
+                   help="the region's Prometheus server (http://host:9090), for autoscale policies whose metric "
+                        "is a query (default: none; such policies are refused)")
     p.add_argument("--header-timeout", type=float, default=ConnLimits.header_timeout,
                    help="seconds a connection has to send a request's head (and a TLS handshake), from its "
                         "opening or its last response; then it is closed (default %(default)s)")
@@ -218,6 +226,10 @@ def settings_of(args: argparse.Namespace) -> DaemonSettings:
     if not 0.05 <= args.usage_sample <= 60:
         raise SystemExit(_input_error("--usage-sample", f"{args.usage_sample}: seconds, from 0.05 to 60 (a point a "
                                       "minute is the mean of its samples)"))
+    if not 1 <= args.srm_interval <= 3600:
+        raise SystemExit(_input_error("--srm-interval", f"{args.srm_interval}: seconds, from 1 to 3600"))
+    if args.prometheus_url is not None and not re.match(r"^https?://[^/\s]+", args.prometheus_url):
+        raise SystemExit(_input_error("--prometheus-url", f"{args.prometheus_url!r}: an http(s):// URL"))
     return DaemonSettings(
         region=args.region, heartbeat_timeout=args.heartbeat_timeout, heartbeat_interval=args.heartbeat_interval,
         profile_search=(*map(Path, args.profiles), *default_search_path()), limits=limits,
@@ -226,7 +238,8 @@ def settings_of(args: argparse.Namespace) -> DaemonSettings:
         lease_ttl=args.lease_ttl, advertise=args.advertise, max_txn_ops=args.max_txn_ops,
         conn_limits=ConnLimits(args.max_connections_per_client, args.max_connections, args.header_timeout,
                                args.body_timeout),
-        max_long_polls=args.max_long_polls, max_long_poll=args.max_long_poll, usage_sample=args.usage_sample)
+        max_long_polls=args.max_long_polls, max_long_poll=args.max_long_poll, usage_sample=args.usage_sample,
+        srm_interval=args.srm_interval, prometheus_url=args.prometheus_url)
 
 
 @dataclass

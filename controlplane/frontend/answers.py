@@ -130,12 +130,17 @@ class Job(Answer):
     state: Literal[JOB_STATES]  # type: ignore[valid-type]
     created_at: Time
     updated_at: Time
+    autoscale: Annotated[Union[dict[str, Any], None], Meta(description="the autoscaling policy (as sent, with its "
+                                                                      "defaults); GET .../autoscale: what the SRM does")]
+    gaps: Annotated[list[int], Meta(description="indices below count + len(gaps) without a task: left by a scale-in "
+                                                "that chose which tasks to stop")]
     summary: Annotated[dict[str, int], Meta(description="tasks by state")]
     message: str
     operations: Operations
     taskcontrol: Annotated[Union[dict[str, Any], None], Meta(description="the TaskController session, at the "
                                                                        "shard's leader")]
     tasks: Union[list[Task], msgspec.UnsetType] = msgspec.UNSET  # one job's view
+    warnings: Union[Strings, msgspec.UnsetType] = msgspec.UNSET  # a create's or update's: what was clamped
 
 
 class JobList(Answer):
@@ -210,8 +215,9 @@ class Revoked(Answer):
 
 class Event(Answer):
     id: str
-    kind: Annotated[Literal["failure", "maintenance", "controller"],
-                    Meta(description="controller: a job's TaskController was not called at a refused address")]
+    kind: Annotated[Literal["failure", "maintenance", "controller", "autoscale"],
+                    Meta(description="controller: a job's TaskController was not called at a refused address; "
+                                     "autoscale: autoscaled jobs of a shard without fresh measurements (scale-in frozen)")]
     machines: Strings
     start: Time
     reason: str
@@ -378,10 +384,45 @@ class UsageHistory(Answer):
     machine_type: Union[str, msgspec.UnsetType] = msgspec.UNSET
 
 
+class Measured(Answer):
+    load: Union[float, None]  # cores used, or the metric's value; None: nothing measured
+    age: Union[float, None]  # seconds; None: never measured
+    running: int
+    per_task: float  # the load one task should carry
+
+
+class ResizeEvent(Answer):
+    at: Time
+    was: int  # the size before
+    to: int
+    reason: str
+    stopped: Union[list[int], msgspec.UnsetType] = msgspec.UNSET  # a scale-in's chosen tasks
+
+
+class AutoscaleStatus(Answer):
+    job: str
+    policy: Union[dict[str, Any], None]  # None: the SRM never resizes the job
+    size: int
+    interval: float  # seconds between the SRM's passes
+    reason: str
+    events: Annotated[list[ResizeEvent], Meta(description="the last resizes, oldest first")]
+    history: Annotated[list[tuple[float, int, int]], Meta(description="[t, size, recommended] at each change")]
+    recommended: Union[int, None, msgspec.UnsetType] = msgspec.UNSET
+    reactive: Union[int, None, msgspec.UnsetType] = msgspec.UNSET
+    predictive: Union[int, None, msgspec.UnsetType] = msgspec.UNSET
+    stale: Union[bool, None, msgspec.UnsetType] = msgspec.UNSET
+    clamped: Union[str, msgspec.UnsetType] = msgspec.UNSET
+    decided_at: Union[Time, None, msgspec.UnsetType] = msgspec.UNSET
+    measured: Union[Measured, None, msgspec.UnsetType] = msgspec.UNSET
+    forecast: Union[float, None, msgspec.UnsetType] = msgspec.UNSET  # cores: the history's peak ahead
+    startup_seconds: Union[float, None, msgspec.UnsetType] = msgspec.UNSET
+    budget_left: Union[int, None, msgspec.UnsetType] = msgspec.UNSET  # size changes left this hour
+
+
 ANSWERS: dict[str, type] = {t.__name__: t for t in (
     Error, Health, Entitlement, EntitlementList, Task, Job, JobList, Machine, MachineList, Token, TokenList, Revoked,
     Event, EventList, Maintenance, MaintenanceList, Discovery, Registration, DesiredState, HeartbeatReply,
-    ShutdownReply, Relayed, Cluster, Fleet, UsageHistory)}
+    ShutdownReply, Relayed, Cluster, Fleet, UsageHistory, AutoscaleStatus)}
 
 
 def answers_markdown() -> str:

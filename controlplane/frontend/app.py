@@ -25,6 +25,7 @@ from controlplane.frontend.middleware import Gate
 from controlplane.frontend.services import Services
 from controlplane.frontend.tokens import Tokens
 from controlplane.frontend.usage import Usage
+from controlplane.frontend.autoscale import AutoscaleView
 from controlplane.frontend import ui
 
 ROUTES = [
@@ -41,6 +42,7 @@ ROUTES = [
     ("POST", "/v1/jobs/{ent}/{name}/resize", Jobs.resize),
     ("DELETE", "/v1/jobs/{ent}/{name}", Jobs.stop),
     ("GET", "/v1/jobs/{ent}/{name}/usage", Usage.job),
+    ("GET", "/v1/jobs/{ent}/{name}/autoscale", AutoscaleView.show),
     ("GET", "/v1/fleet", Usage.fleet),
     ("GET", "/v1/machines", Machines.list),
     ("GET", "/v1/machines/{id}", Machines.show),
@@ -70,7 +72,8 @@ ROUTES = [
 def make_app(s: Services) -> web.Application:
     groups = [
         Entitlements(s.state, s.settings.profile_search),
-        Jobs(s.state, s.shards, s.forwarder, s.reach),
+        Jobs(s.state, s.shards, s.forwarder, s.reach, s.prometheus_url),
+        AutoscaleView(s.state, s.srm, s.shards, s.forwarder),
         Machines(s.state, s.agents, s.clean),
         Tokens(s.state),
         Maintenance(s.ops),

@@ -18,6 +18,7 @@ from controlplane.frontend.entitlements import entitlement_of
 from controlplane.frontend.forward import Forwarder
 from controlplane.frontend.services import Shards
 from controlplane.frontend.answering import job_answer
+from controlplane.frontend.autoscale import check_policy, quota_warnings
 from controlplane.scheduler.placement import job_request
 from controlplane.security import tokens
 from controlplane.security.sealing import SealingError, field_of
@@ -36,8 +37,10 @@ def confined(job: JobRec, ent: EntitlementRec) -> None:
 
 
 class Jobs:
-    def __init__(self, state: RegionState, shards: Shards, forwarder: Forwarder, reach: Reach):
+    def __init__(self, state: RegionState, shards: Shards, forwarder: Forwarder, reach: Reach,
+                 prometheus_url: str | None = None):
         self.state = state
+        self.prometheus_url = prometheus_url  # autoscale metrics that query Prometheus need it
         self.shards = shards  # where a job's create goes when this process leads its shard
         self.forwarder = forwarder  # where it goes otherwise
         self.reach = reach  # where a job's TaskController may be
@@ -47,9 +50,12 @@ class Jobs:
         if job.controller and (why := await self.reach.check_url(job.controller, ent.allow_controller_networks)):
             raise ApiError("unprocessable", "controller", why)
 
-    def answer(self, job: JobRec) -> dict:
+    def answer(self, job: JobRec, warnings: list[str] | None = None) -> dict:
         sched = self.shards.scheduler_for(job.handle)  # None: another replica leads the job's shard
-        return job_answer(self.state, job, sched.status(job.handle) if sched else None)
+        out = job_answer(self.state, job, sched.status(job.handle) if sched else None)
+        if warnings:
+            out["warnings"] = warnings
+        return out
 
     def _job(self, request: web.Request) -> JobRec:
         handle = f"{request.match_info['ent']}/{request.match_info['name']}"
@@ -105,6 +111,7 @@ class Jobs:
             raise tokens.forbidden(request[PRINCIPAL], "POST", request.path, f"owner of entitlement {job.entitlement}")
         ent = entitlement_of(st, job.entitlement)
         confined(job, ent)
+        check_policy(job, self.prometheus_url)
         await self._reachable(job, ent)
         old = st.jobs.get(job.handle)
         read_revision = st.revs.get(st.keys.job(job.handle), 0)
@@ -122,7 +129,7 @@ class Jobs:
             raise ApiError("exists", "name", f"job {job.handle!r} was created or changed concurrently") from None
         except AllocationError as e:
             raise allocation_error(e) from None
-        return reply(self.answer(st.jobs[job.handle]), 201)
+        return reply(self.answer(st.jobs[job.handle], quota_warnings(st, job)), 201)
 
     async def update(self, request: web.Request) -> web.Response:
         st = self.state
@@ -134,16 +141,20 @@ class Jobs:
         new = self._sealed(new, old)
         ent = entitlement_of(st, new.entitlement)
         confined(new, ent)
+        check_policy(new, self.prometheus_url)
         await self._reachable(new, ent)
         if old.state != "active":
             raise ApiError("conflict", "state", f"job {old.handle} is {old.state}; run it again instead")
         changed_task = new.task != old.task
         new = replace(new, spec_version=old.spec_version + (1 if changed_task else 0), created_at=old.created_at)
+        # the SRM sizes an autoscaled job: an update that keeps a policy keeps the size it chose
+        sized = old if old.autoscale is not None and new.autoscale is not None else old.resized(new.count)
+        new = replace(new, count=sized.count, gaps=sized.gaps)
         if new.count > old.count or new.resources() != old.resources() \
                 or (new.machine_type, new.dc) != (old.machine_type, old.dc):
             await self._fits(new)  # what the update asks for must fit; a task already without room is not its fault
         await self._put(new, read_revision)
-        return reply(self.answer(st.jobs[new.handle]))
+        return reply(self.answer(st.jobs[new.handle], quota_warnings(st, new)))
 
     async def resize(self, request: web.Request) -> web.Response:
         st = self.state
@@ -151,10 +162,14 @@ class Jobs:
         count = (await body(request, schema=S.Resize))["count"]  # an integer from 0 to 10000 (the schema)
         if old.state != "active":
             raise ApiError("conflict", "state", f"job {old.handle} is {old.state}")
+        if old.autoscale is not None:
+            a = old.autoscale
+            raise ApiError("conflict", "count", f"job {old.handle} is autoscaled ({a.min} to {a.max} tasks): change "
+                           "its autoscale min and max, or update it without autoscale to size it by hand")
         if count > old.count:
             confined(old, entitlement_of(st, old.entitlement))  # more host-network tasks: the policy as it is now
         check_job_size(count, old.task)
-        new = replace(old, count=count, updated_at=time.time())
+        new = replace(old.resized(count), updated_at=time.time())
         if count > old.count:
             await self._fits(new)
         await self._put(new, read_revision)

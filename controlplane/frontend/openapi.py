@@ -72,6 +72,9 @@ PATHS = {
     "/v1/jobs/{ent}/{name}/resize": {"post": _op("change a job's task count", "the job", "Job", "Resize")},
     "/v1/jobs/{ent}/{name}/usage": {"get": _op("a job's usage now and over time, against what it reserved",
                                                "the usage", "UsageHistory")},
+    "/v1/jobs/{ent}/{name}/autoscale": {"get": _op("what the SRM does with a job: its recommendation and why, "
+                                                   "its last resizes, its size over time", "the status",
+                                                   "AutoscaleStatus")},
     "/v1/entitlements/{name}/usage": {"get": _op("an entitlement's usage now and over time, against what its jobs "
                                                  "reserved", "the usage", "UsageHistory")},
     "/v1/fleet": {"get": _op("the region's machines summed per dc, msb, entitlement, profile and machine type: held, "

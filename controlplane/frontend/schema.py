@@ -90,6 +90,25 @@ class Update(Struct, forbid_unknown_fields=True):
     max_unavailable: Annotated[int, Meta(ge=1, le=10_000)] = 1
 
 
+class Metric(Struct, forbid_unknown_fields=True):
+    target: Annotated[float, Meta(gt=0, lt=1e12, description="the load one task should carry")]
+    prometheus: Union[Annotated[str, Meta(min_length=1, max_length=4096, description="a PromQL query whose value is "
+                                          "the job's total load (controld --prometheus-url)")], None] = None
+    http: Union[Annotated[str, Meta(pattern=r"^https?://", max_length=2048, description="a URL that answers the "
+                                    "job's total load as a number")], None] = None
+
+
+class Autoscale(Struct, forbid_unknown_fields=True):
+    min: Annotated[int, Meta(ge=0, le=10_000)] = 1
+    max: Annotated[int, Meta(ge=1, le=10_000)] = 10
+    target_cpu: Annotated[float, Meta(gt=0, le=1, description="used / reserved CPU each task aims at")] = 0.6
+    tolerance: Annotated[float, Meta(ge=0, le=0.5)] = 0.1
+    predictive: bool = True
+    scale_down_after: Annotated[float, Meta(ge=0, le=86_400, description="seconds")] = 300.0
+    max_changes_per_hour: Annotated[int, Meta(ge=1, le=120)] = 6
+    metric: Union[Metric, None] = None
+
+
 class JobSpec(Struct, forbid_unknown_fields=True):
     entitlement: Name
     name: Name
@@ -100,6 +119,7 @@ class JobSpec(Struct, forbid_unknown_fields=True):
     update: Union[Update, None] = None
     controller: Union[Annotated[str, Meta(pattern=r"^https?://", max_length=2048)], None] = None
     controller_token: Union[Annotated[str, Meta(pattern=r"^[\x21-\x7e]{0,512}$(?!\n)")], None] = None
+    autoscale: Union[Autoscale, None] = None
 
 
 class Resize(Struct, forbid_unknown_fields=True):

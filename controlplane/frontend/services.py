@@ -19,6 +19,7 @@ from controlplane.taskcontrol.reach import Reach
 from controlplane.usage.fleet import Tallies
 from controlplane.usage.recorder import Recorder
 from controlplane.usage.region import RegionUsage
+from controlplane.srm.service import Autoscaler
 
 
 class Shards(Protocol):
@@ -56,3 +57,5 @@ class Services:
     usage: RegionUsage  # what the region uses now
     recorder: Recorder | None  # the usage history of the shards this process leads
     tallies: Tallies  # the machines summed for the fleet's answers
+    srm: Autoscaler | None = None  # the SRM of the shards this process leads
+    prometheus_url: str | None = None  # the region's Prometheus server (autoscale metrics may query it)

@@ -4,7 +4,7 @@ machines (the reconciler's `Maintenance`), and the advance notices its TaskContr
 
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Container, Mapping
 
 from controlplane.opsplanner.maintenance import Calendar
 from controlplane.scheduler.reconcile import Maintenance
@@ -26,12 +26,14 @@ def governing(calendar: Calendar, mid: str, healthy: bool, now: float, default_p
     return None if e is None else Maintenance(e.id, now >= e.due, e.due, until, e.policy or default_policy)
 
 
-def advance_notices(calendar: Calendar, tasks: Mapping[int, TaskRec], count: int, now: float) -> list[dict]:
+def advance_notices(calendar: Calendar, tasks: Mapping[int, TaskRec], live: int | Container[int],
+                    now: float) -> list[dict]:
     """Advance notices for a job: each maintenance not over that covers a machine one of its
-    tasks holds, with the tasks it affects."""
+    tasks (`live`: JobRec.live_set, or a count n: 0..n-1) holds, with the tasks it affects."""
+    live = range(live) if isinstance(live, int) else live
     out = []
     for e in calendar.open(now):
-        hit = sorted(i for i, t in tasks.items() if i < count and t.machine in e.machines)
+        hit = sorted(i for i, t in tasks.items() if i in live and t.machine in e.machines)
         if hit:
             out.append({"id": e.id, "machines": sorted({tasks[i].machine for i in hit}), "start": e.start,
                         "deadline": e.due, "duration": e.duration, "end": e.until,

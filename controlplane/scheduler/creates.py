@@ -59,7 +59,7 @@ class Creates:
 
     def _beyond(self, job: JobRec) -> tuple[TaskRec, ...]:
         """A re-run job's tasks beyond its new count: its create deletes them."""
-        return tuple(t for t in self.state.tasks.get(job.handle, {}).values() if t.index >= job.count)
+        return tuple(t for t in self.state.tasks.get(job.handle, {}).values() if not job.live(t.index))
 
     def _fits(self, txn: Txn, job: JobRec) -> bool:
         return txn.fits(job.count + len(self._beyond(job)), self.writer.max_txn_ops, task_bytes(job))
@@ -123,7 +123,7 @@ class Creates:
                     continue
                 try:
                     placement = self._allocate(snap, job)
-                    changes, taken = placement_changes(self.state, job, placement, tuple(range(job.count)),
+                    changes, taken = placement_changes(self.state, job, placement, tuple(job.indices()),
                                                        self._beyond(job))
                     txn.add(job, changes, job_put=job, taken=taken)
                 except Exception as e:  # AllocationError, most often: this create's answer
@@ -170,7 +170,7 @@ class Creates:
                     raise Conflict(f"job {job.handle} was written concurrently")
                 placement = self._allocate(self.state.snapshot(), job)
                 try:
-                    rev = await self.writer.commit_placement(job, placement, tuple(range(job.count)), job_put=job,
+                    rev = await self.writer.commit_placement(job, placement, tuple(job.indices()), job_put=job,
                                                              deletes=self._beyond(job))
                 except Conflict:
                     if self.state.revs.get(self.keys.job(job.handle), 0) != read_revision \

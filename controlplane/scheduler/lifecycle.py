@@ -65,7 +65,8 @@ class Lifecycle:
                 open_failures: Callable[[str], list[EventRec]], now: float) -> None:
         """`open_failures(machine)`: its failure events not ended (RegionState.open_failures)."""
         handle = job.handle
-        live = [tasks.get(i) for i in range(job.count)]
+        indices = job.indices()
+        live = [tasks.get(i) for i in indices]
         since = job.updated_at or job.created_at
         if all(t is not None and t.state == "running" and t.spec_version == job.spec_version for t in live):
             if self.rollouts.pop(handle, None) == since:
@@ -74,7 +75,7 @@ class Lifecycle:
         elif self.finished.get(handle) != since and since >= self.since:
             self.rollouts[handle] = since  # updated again before it was all running: the new one counts
         lost_of = self.lost.get(handle, {})  # kept below only when it holds a task
-        for i, t in enumerate(live):
+        for i, t in zip(indices, live):
             if t is None:
                 continue
             lost = lost_of.get(i)
@@ -86,7 +87,7 @@ class Lifecycle:
             elif lost is None and t.machine and t.state == "running" and (m := machines.get(t.machine)) is not None \
                     and not m.healthy and (starts := [e.start for e in open_failures(t.machine)]) and (at := max(starts)) >= self.since:
                 lost_of[i] = (t.machine, at)
-        for i in [i for i in lost_of if i >= job.count]:
+        for i in [i for i in lost_of if not job.live(i)]:
             del lost_of[i]  # scaled down: no replacement comes
         if lost_of:
             self.lost[handle] = lost_of

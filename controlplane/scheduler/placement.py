@@ -17,8 +17,8 @@ def job_request(job: JobRec, replace: tuple[int, ...] = ()) -> JobRequest:
     cpus, mem = job.resources()
     prefs = None if job.preferences is None else tuple(
         SoftPreference(p.property, p.strategy, p.weight) for p in job.preferences)
-    return JobRequest(job.handle, job.count, cpus, mem, machine_type=job.machine_type, dc=job.dc, preferences=prefs,
-                      replace=replace)
+    return JobRequest(job.handle, job.top, cpus, mem, machine_type=job.machine_type, dc=job.dc, preferences=prefs,
+                      replace=replace, gaps=frozenset(job.gaps))
 
 
 def new_tasks(state: RegionState, job: JobRec, placement: Placement,

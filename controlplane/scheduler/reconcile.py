@@ -145,8 +145,9 @@ def reconcile(job: JobRec, tasks: Mapping[int, TaskRec], machines: Mapping[str, 
     stopping_job = job.state != "active"
     for t in sorted(tasks.values(), key=lambda t: t.index):
         m = machines.get(t.machine) if t.machine else None
-        if stopping_job or t.index >= job.count or t.state == "stopping":
-            _stop_step(job, t, m, change, plan, gate, final="stopped" if stopping_job and t.index < job.count else None)
+        live = job.live(t.index)
+        if stopping_job or not live or t.state == "stopping":
+            _stop_step(job, t, m, change, plan, gate, final="stopped" if stopping_job and live else None)
         else:
             _live_step(t, m, change, plan)
 
@@ -157,7 +158,7 @@ def reconcile(job: JobRec, tasks: Mapping[int, TaskRec], machines: Mapping[str, 
             # Moves (away from a failed machine, or one in maintenance) happen in a pass of their
             # own: their placement is the next commit, and only then are their rate-limit tokens taken.
             movable = _moves(job, current, machines, plan, gate)
-        plan.place = tuple(i for i in range(job.count) if i in movable or _needs_machine(current.get(i)))
+        plan.place = tuple(i for i in job.indices() if i in movable or _needs_machine(current.get(i)))
     elif all(t.state == "stopped" for t in current.values()) and job.state != "stopped":
         plan.job = replace(job, state="stopped")
     plan.after = current
@@ -177,10 +178,10 @@ def _moves(job: JobRec, current: dict[int, TaskRec], machines: Mapping[str, Mach
     failed tasks at once, and maintenance tasks as its policy says, before the deadline only while
     fewer than max_unavailable tasks are down."""
     movable: set[int] = set()
-    down = sum(1 for i in range(job.count) if _unavailable(current.get(i)))
+    down = sum(1 for i in job.indices() if _unavailable(current.get(i)))
     for i, t in sorted(current.items()):
         m = machines.get(t.machine) if t.machine else None
-        if i >= job.count or t.machine is None:
+        if not job.live(i) or t.machine is None:
             continue
         mt = m.maintenance if m is not None else None
         if t.state == "lost" and (m is None or not m.healthy):
@@ -219,7 +220,7 @@ def _stop_step(job: JobRec, t: TaskRec, m: MachineStatus | None, change, plan: J
     gone = m is None or not m.healthy or (m.reports is not None and (t.job, t.index) not in m.reports)
     reason = "job stopped" if job.state != "active" else f"resize to {job.count}"
     if t.state == "stopped":
-        if t.index >= job.count:
+        if not job.live(t.index):
             change(t, None, Op("delete", t.index, reason))
         return
     if t.machine is None or (t.state == "stopping" and gone) or (m is None or not m.healthy):
@@ -292,9 +293,9 @@ def _rolling_update(job: JobRec, current: dict[int, TaskRec], machines: Mapping[
     """Bring tasks to the job's spec version. A task that is down anyway is updated at once; a
     running one is restarted only while fewer than max_unavailable tasks are down. A task whose
     size changed moves (it is placed afresh), the rest restart in place."""
-    outdated = sorted((t for i, t in current.items() if i < job.count and t.spec_version < job.spec_version
+    outdated = sorted((t for i, t in current.items() if job.live(i) and t.spec_version < job.spec_version
                        and t.state != "stopping"), key=lambda t: t.index)
-    down = sum(1 for i in range(job.count) if _unavailable(current.get(i)))
+    down = sum(1 for i in job.indices() if _unavailable(current.get(i)))
     for t in outdated:
         was_down = _unavailable(t)
         new = _updated(job, t)

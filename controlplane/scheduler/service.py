@@ -235,7 +235,7 @@ class Scheduler:
         job, session = seen.job, seen.session
         gate = Gate(frozenset(session.approved) if session else None, self.limiter.available(job.handle))
         plan = reconcile(job, seen.tasks, seen.machines, gate)
-        if session is not None and session.withdraw_stale(plan.seen, job.count):
+        if session is not None and session.withdraw_stale(plan.seen, job.live_set()):
             # an approval given for a state that is gone starts nothing: plan again without it
             gate = Gate(frozenset(session.approved), self.limiter.available(job.handle))
             plan = reconcile(job, seen.tasks, seen.machines, gate)
@@ -251,8 +251,9 @@ class Scheduler:
         self.counters["rate_limited"] += len(held - self._held.get(handle, set()))
         self._held[handle] = held
         if session is not None:
-            session.offer(plan.proposed, unhealthy(plan.after, job.count),
-                          advance_notices(self.state.maintenance, seen.tasks, job.count, seen.now))
+            live = job.live_set()
+            session.offer(plan.proposed, unhealthy(plan.after, live),
+                          advance_notices(self.state.maintenance, seen.tasks, live, seen.now))
         started = [op.id for op in plan.ops if op.id]
         tc = self.sessions.in_flight_record(handle, session, plan, started)
         if not plan.empty():

@@ -236,6 +236,56 @@ class Preference:
 
 
 @dataclass(frozen=True, slots=True)
+class Metric:
+    """An autoscaled job's load other than its CPU: the value of a Prometheus query (on the region's
+    server, controld --prometheus-url) or the number a URL of the job's own answers; `target` is
+    the load one task should carry."""
+
+    target: float
+    prometheus: str | None = None
+    http: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Autoscale:
+    """A job's autoscaling policy (the SRM: controlplane/srm/). The defaults are the README's."""
+
+    min: int = 1
+    max: int = 10
+    target_cpu: float = 0.6  # of each task's cpus
+    tolerance: float = 0.1  # no change while load per task is within target x (1 +- tolerance)
+    predictive: bool = True  # the job's history (same time yesterday, last week) sets a floor
+    scale_down_after: float = 300.0  # seconds of measured load below the size before it shrinks
+    max_changes_per_hour: int = 6  # the flap budget (a scale-out for measured overload is never held)
+    metric: Metric | None = None
+
+    @classmethod
+    def parse(cls, data: dict) -> Autoscale:
+        """From a body's autoscale (schema.Autoscale); ApiError names the field."""
+        m = data.get("metric")
+        metric = None
+        if m is not None:
+            if (m.get("prometheus") is None) == (m.get("http") is None):
+                raise ApiError("unprocessable", "autoscale.metric", "give one of prometheus (a query) or http (a URL)")
+            metric = Metric(float(m["target"]), m.get("prometheus"), m.get("http"))
+        out = cls(**{k: v for k, v in data.items() if k != "metric"}, metric=metric)
+        if out.min > out.max:
+            raise ApiError("unprocessable", "autoscale.min", f"{out.min} is above autoscale.max {out.max}")
+        return replace(out, target_cpu=float(out.target_cpu), tolerance=float(out.tolerance),
+                       scale_down_after=float(out.scale_down_after))
+
+    def to_json(self) -> dict:
+        return _encode(self)
+
+    @classmethod
+    def from_json(cls, d: dict | None) -> Autoscale | None:
+        if d is None:
+            return None
+        m = d.get("metric")
+        return cls(**{**d, "metric": None if m is None else Metric(**m)})
+
+
+@dataclass(frozen=True, slots=True)
 class JobRec:
     entitlement: str
     name: str
@@ -252,10 +302,53 @@ class JobRec:
     updated_at: float = 0.0
     # sent to the controller as a Bearer token; never shown by the API; sealed at rest (sealing.py)
     controller_token: str | None = None
+    autoscale: Autoscale | None = None
+    # Indices below count + len(gaps) that have no task: a scale-in that chose which tasks to stop
+    # (the SRM empties whole machines) leaves them; a scale-out fills them first, lowest first.
+    gaps: tuple[int, ...] = ()
 
     @property
     def handle(self) -> str:
         return f"{self.entitlement}/{self.name}"
+
+    @property
+    def top(self) -> int:
+        """One past the highest index of the job's tasks."""
+        return self.count + len(self.gaps)
+
+    def live(self, index: int) -> bool:
+        """Whether task `index` is one of the job's tasks (not beyond its count, not a gap)."""
+        return 0 <= index < self.count + len(self.gaps) and not (self.gaps and index in self.gaps)
+
+    def indices(self) -> range | tuple[int, ...]:
+        """The job's task indices, in order."""
+        if not self.gaps:
+            return range(self.count)
+        gaps = set(self.gaps)
+        return tuple(i for i in range(self.top) if i not in gaps)
+
+    def live_set(self) -> range | frozenset[int]:
+        """The job's task indices, for `in`."""
+        return range(self.count) if not self.gaps else frozenset(self.indices())
+
+    def resized(self, count: int) -> JobRec:
+        """The job at `count` tasks: growing fills the gaps first (lowest first), then adds at the
+        top; shrinking removes the highest indices."""
+        if count >= self.count:
+            fill = min(count - self.count, len(self.gaps))
+            return replace(self, count=count, gaps=self.gaps[fill:])
+        return self.keeping(self.indices()[:count])
+
+    def without(self, indices) -> JobRec:
+        """The job with tasks `indices` removed (the SRM's choice of what to stop)."""
+        drop = set(indices)
+        return self.keeping([i for i in self.indices() if i not in drop])
+
+    def keeping(self, keep) -> JobRec:
+        keep = sorted(keep)
+        top = keep[-1] + 1 if keep else 0
+        kept = set(keep)
+        return replace(self, count=len(keep), gaps=tuple(i for i in range(top) if i not in kept))
 
     def to_json(self) -> dict:
         return {
@@ -266,6 +359,7 @@ class JobRec:
             "update": {"max_unavailable": self.max_unavailable}, "controller": self.controller,
             "controller_token": self.controller_token,
             "state": self.state, "created_at": self.created_at, "updated_at": self.updated_at,
+            "autoscale": None if self.autoscale is None else self.autoscale.to_json(), "gaps": list(self.gaps),
         }
 
     @classmethod
@@ -277,7 +371,8 @@ class JobRec:
             dc=d["requirements"]["dc"], preferences=None if prefs is None else tuple(Preference(**p) for p in prefs),
             max_unavailable=d["update"]["max_unavailable"], controller=d.get("controller"), state=d["state"],
             created_at=d.get("created_at", 0.0), updated_at=d.get("updated_at", 0.0),
-            controller_token=d.get("controller_token"),
+            controller_token=d.get("controller_token"), autoscale=Autoscale.from_json(d.get("autoscale")),
+            gaps=tuple(d.get("gaps") or ()),
         )
 
     @classmethod
@@ -294,12 +389,13 @@ class JobRec:
         task = parse_task(data["task"], f"{ent}/{name}")
         check_job_size(count, task)
         prefs = data.get("preferences")
+        autoscale = data.get("autoscale")
         return cls(
             entitlement=ent, name=name, count=count, task=task, machine_type=req.get("machine_type"), dc=req.get("dc"),
             preferences=None if prefs is None else tuple(Preference(**{**p, "weight": float(p.get("weight", 1.0))})
                                                          for p in prefs),
             max_unavailable=update.get("max_unavailable", 1), controller=controller, controller_token=token,
-            created_at=now, updated_at=now,
+            created_at=now, updated_at=now, autoscale=None if autoscale is None else Autoscale.parse(autoscale),
         )
 
     def resources(self) -> tuple[float, int]:

@@ -18,7 +18,7 @@ import asyncio
 import logging
 import time
 from collections import deque
-from typing import Awaitable, Callable, Mapping
+from typing import Awaitable, Callable, Container, Mapping
 
 import aiohttp
 
@@ -35,9 +35,11 @@ def op_json(handle: str, op: Op) -> dict:
             "kind": op.kind, "reason": op.cause or op.kind}
 
 
-def unhealthy(tasks: Mapping[int, TaskRec], count: int) -> list[dict]:
+def unhealthy(tasks: Mapping[int, TaskRec], live: int | Container[int]) -> list[dict]:
+    """The job's tasks (`live`: JobRec.live_set, or a count n: tasks 0..n-1) that do not run."""
+    live = range(live) if isinstance(live, int) else live
     return [{"job": t.job, "index": t.index, "machine": t.machine, "state": t.state, "reason": t.reason}
-            for i, t in sorted(tasks.items()) if i < count and t.state != "running"]
+            for i, t in sorted(tasks.items()) if i in live and t.state != "running"]
 
 
 def done(op: Op, tasks: Mapping[int, TaskRec]) -> bool:
@@ -77,6 +79,7 @@ class TaskControlSession:
         self.approved: set[str] = set()
         self.approved_ops: dict[str, dict] = {}  # the wire form of each approved op
         self.in_flight: dict[str, Op] = {}
+        self.declined: dict[str, int] = {}  # pending op id -> answers that did not ack it
         self.completed: list[dict] = []  # finished, not yet reported
         self.unhealthy: list[dict] = []
         self.notices: list[dict] = []
@@ -106,7 +109,7 @@ class TaskControlSession:
                 del self.in_flight[op_id]
                 self.completed.append({**op_json(self.handle, op), "outcome": "done"})
 
-    def withdraw_stale(self, view: Mapping[int, TaskRec], count: int | None = None) -> bool:
+    def withdraw_stale(self, view: Mapping[int, TaskRec], live: int | Container[int] | None = None) -> bool:
         """An approval holds for the state the controller was told of (issue #12, a cause of two
         replicas of a shard down together: a task failed between the answer and the pass that
         starts the operation). `view`: the job's tasks as the pass found them, live reports and
@@ -119,7 +122,8 @@ class TaskControlSession:
         True if any was withdrawn: the pass plans again without it."""
         if not self.approved:
             return False
-        down = {i for i, t in view.items() if t.state != "running" and (count is None or i < count)}
+        live = range(live) if isinstance(live, int) else live
+        down = {i for i, t in view.items() if t.state != "running" and (live is None or i in live)}
         ours = {op.index for op in self.in_flight.values()}  # down by our doing (an approval alone takes none down)
         withdrawn = False
         for op_id in sorted(self.approved):
@@ -146,6 +150,7 @@ class TaskControlSession:
         or, while something is pending, when the interval has passed."""
         self.pending = {op.id: op_json(self.handle, op) for op in proposed
                         if op.id not in self.in_flight and op.id not in self.approved}
+        self.declined = {k: v for k, v in self.declined.items() if k in self.pending}
         wanted = {op.id for op in proposed}
         for op_id in sorted(self.approved - wanted):
             # approved, but no longer wanted (the failed machine came back, the job changed): the
@@ -249,6 +254,12 @@ class TaskControlSession:
             self.completed = completed + self.completed  # not heard: say it again next call
         else:
             self._told_completed -= told
+        if not error:
+            # asked and answered without an ack: how many times, for whoever may offer another
+            # operation instead (the SRM offers another task to stop: srm/service.py)
+            for op in request:
+                if op["id"] not in acked:
+                    self.declined[op["id"]] = self.declined.get(op["id"], 0) + 1
         self.approved |= set(acked)
         self.approved_ops.update({op["id"]: op for op in request if op["id"] in acked})
         self._seen_down.update((op_id, self._last_sent[1]) for op_id in acked)  # the tasks this call said were down

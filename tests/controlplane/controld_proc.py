@@ -167,13 +167,13 @@ class Controld:
 
 @contextlib.contextmanager
 def daemon_with_sim_agents(tmp: Path, etcd_port: int, machines: tuple[str, ...], heartbeat_timeout: float,
-                           interval: float = 0.2, dcs: int = 1, cpus: float = 4):
+                           interval: float = 0.2, dcs: int = 1, cpus: float = 4, extra: tuple[str, ...] = ()):
     """A real twine-controld with `machines` registered (spread over `dcs` dcs, an MSB each) and
     simulated agents for them (tests/controlplane/simagents.py): yields (daemon, agents); closes both."""
     from tests.controlplane.simagents import SimAgents
     from tests.controlplane.frontend.test_controld_api import register
 
-    c = Controld(tmp, etcd_port, heartbeat_timeout=heartbeat_timeout).start()
+    c = Controld(tmp, etcd_port, heartbeat_timeout=heartbeat_timeout, extra=extra).start()
     try:
         creds = {m: register(c, m, f"dc{i % dcs + 1}", f"msb-{m}", cpus=cpus, memory_mb=4096)
                  for i, m in enumerate(machines)}

@@ -31,6 +31,11 @@ def before_call(ctx, case, **kwargs):
     # be a DNS query off this machine, so the fuzzed jobs name an address, never a name
     if isinstance(case.body, dict) and isinstance(case.body.get("controller"), str):
         case.body["controller"] = "http://127.0.0.1:9/"
+    # so is an autoscale metric's URL, which the SRM reads (srm/load.py)
+    auto = case.body.get("autoscale") if isinstance(case.body, dict) else None
+    metric = auto.get("metric") if isinstance(auto, dict) else None
+    if isinstance(metric, dict) and isinstance(metric.get("http"), str):
+        metric["http"] = "http://127.0.0.1:9/load"
     _before[id(case)] = revision()
 
 

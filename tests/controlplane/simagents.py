@@ -47,6 +47,8 @@ class SimAgents:
         self.desired_profile: dict[str, str | None] = {}
         self.stop_delay = 0.0
         self.task_cpu: float | None = None  # set: heartbeats carry usage, each running task using this many cores
+        # set: heartbeats carry usage, a job's tasks sharing its load (cores) equally; a job not named uses task_cpu
+        self.job_load: dict[str, float] | None = None
         self.stale: dict[str, dict[tuple[str, int], tuple[int, float]]] = {m: {} for m in creds}  # -> (version, since)
 
     def __enter__(self) -> "SimAgents":
@@ -113,7 +115,14 @@ class SimAgents:
         tasks = [{"job": j, "index": i, "spec_version": v, "state": "running"} for (j, i), v in sorted(shown.items())]
         reported = {"name": profile, "ok": True}
         body = {"machine_id": mid, "digest": report_digest(reported, tasks), "tasks": tasks, "profile": reported}
-        if self.task_cpu is not None:  # as agent/usage.py measures it: cores over the window, MiB
+        if self.job_load is not None:
+            with self._lock:
+                per_job = Counter(j for tasks in self.running.values() for (j, _) in tasks)
+            loads = {j: self.job_load[j] / n for j, n in per_job.items() if j in self.job_load}
+            used = [[j, i, loads.get(j, self.task_cpu or 0.0), 10.0] for (j, i) in sorted(shown)]
+            body["usage"] = {"window": self.interval, "cpus": 64, "cpu": sum(u[2] for u in used) + 0.1,
+                             "memory_mb": 100.0 + 10 * len(used), "memory_total_mb": 65536.0, "tasks": used}
+        elif self.task_cpu is not None:  # as agent/usage.py measures it: cores over the window, MiB
             used = [[j, i, self.task_cpu, 10.0] for (j, i) in sorted(shown)]
             body["usage"] = {"window": self.interval, "cpus": 64, "cpu": self.task_cpu * len(used) + 0.1,
                              "memory_mb": 100.0 + 10 * len(used), "memory_total_mb": 65536.0, "tasks": used}

@@ -192,3 +192,41 @@ def test_an_approval_is_checked_against_what_the_pass_found_not_the_records_nor_
     plan = reconcile(job(2, spec_version=2), ts, views, Gate(approved=frozenset(s.approved)))
     assert sorted(op.index for op in plan.ops if op.kind == "restart") == [0, 1]
     assert not s.withdraw_stale(plan.seen, 2) and len(s.approved) == 2
+
+
+# -- gaps: a scale-in that chose which tasks to stop (the SRM) ------------------------------------
+
+
+def test_a_job_without_chosen_tasks_stops_those_and_keeps_its_other_indices():
+    ts = {i: task(i, machine=f"m{i}") for i in range(4)}
+    machines = {f"m{i}": machine(f"m{i}", reports=running(ts[i])) for i in range(4)}
+    j = job(4).without([1, 2])
+    assert (j.count, j.gaps, tuple(j.indices())) == (2, (1, 2), (0, 3))
+    plan = reconcile(j, ts, machines)
+    assert new_states(plan) == {1: "stopping", 2: "stopping"}
+    assert {op.id for op in plan.proposed} == {"stop/1", "stop/2"}, "a chosen task's stop is its controller's to ack"
+    assert plan.place == ()
+    # once the agents no longer report them, they are deleted; task 3 stays where it is
+    after = {0: ts[0], 1: task(1, "stopping", "m1"), 2: task(2, "stopping", "m2"), 3: ts[3]}
+    machines = {**machines, "m1": machine("m1", reports={}), "m2": machine("m2", reports={})}
+    plan = reconcile(j, after, machines)
+    assert new_states(plan) == {1: None, 2: None}
+
+
+def test_growing_fills_the_gaps_lowest_first_then_adds_at_the_top():
+    j = job(5).without([1, 3])
+    assert j.resized(4).gaps == (3,) and tuple(j.resized(4).indices()) == (0, 1, 2, 4)
+    assert j.resized(6).gaps == () and tuple(j.resized(6).indices()) == tuple(range(6))
+    # shrinking by count removes the highest indices; gaps above the new top vanish
+    assert tuple(j.resized(2).indices()) == (0, 2) and j.resized(2).gaps == (1,)
+    assert j.without([4]).gaps == (1,) and j.without([4]).top == 3, "the gap above the new top vanishes"
+    ts = {0: task(0), 2: task(2), 4: task(4)}
+    plan = reconcile(j.resized(4), ts, {"m1": machine(reports=running(*ts.values()))})
+    assert plan.place == (1,), "the lowest gap is placed first"
+
+
+def test_gaps_survive_the_record_codec():
+    j = replace(job(5).without([0, 2]), autoscale=None)
+    assert JobRec.from_json(j.to_json()) == j
+    old = JobRec.from_json({k: v for k, v in job(2).to_json().items() if k not in ("gaps", "autoscale")})
+    assert old.gaps == () and old.autoscale is None, "a record written before gaps reads as before"

@@ -1,0 +1,148 @@
+"""A job's size from its measured load and its history: pure, one call per job per interval.
+
+- reactive: ceil(load / per_task), where per_task is the load one task should carry (target_cpu x
+  the task's cpus, or the metric's target); no change while load per running task is within
+  target x (1 +- tolerance);
+- predictive: the same of the forecast peak of the next horizon (forecast.py), a floor;
+- the recommendation: the larger of the two, clamped to min/max and to what the entitlement's
+  quota holds for the job.
+
+Growth happens at once when measured load asks for it; growth on the forecast alone spends the flap
+budget. Shrinking happens on measured load only: to the largest reactive size of the last
+`scale_down_after` seconds (all of them measured, none stale), never below the forecast peak of the
+coming hour (what it would grow back to within the hour), by a step of at least the tolerance, and
+only while the flap budget (size changes in the last hour) has room. Missing or stale measurements
+freeze scale-in."""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+
+from controlplane.store.records import Autoscale
+
+DEFAULT_STARTUP = 60.0  # seconds from a scale-out to its tasks running, until one is measured
+
+
+@dataclass(frozen=True, slots=True)
+class Reading:
+    """What was measured of a job: its total load (cores used, or the metric's value; None:
+    nothing), how old that is, and how many of its tasks were running when measured."""
+
+    load: float | None
+    age: float = 0.0
+    running: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    size: int  # the size the job should have now (its current size: no change)
+    recommended: int  # max(reactive, predictive) clamped, before the budget and the scale-in rules
+    reactive: int | None
+    predictive: int | None
+    reason: str
+    stale: bool = False  # no fresh measurement: scale-in is frozen
+    clamped: str = ""  # why the recommendation was held below what load asks (max, quota)
+
+
+@dataclass(slots=True)
+class Memory:
+    """What the recommender keeps of one job between calls."""
+
+    window: deque = field(default_factory=deque)  # (at, reactive), its maximum first (a monotonic deque)
+    fresh_since: float | None = None  # measured without a stale reading since then
+    changes: deque = field(default_factory=deque)  # when the size changed in the last hour
+    startup: float = DEFAULT_STARTUP
+    grew: tuple[float, int] | None = None  # a scale-out not yet all running: (when, to what size)
+    forecast: float | None = None  # the forecast peak of the horizon (CPU cores), kept until forecast_until
+    forecast_hour: float | None = None  # the forecast peak of the coming hour: a scale-in stays above it
+    forecast_until: float = -math.inf
+    last: Decision | None = None
+
+    def changed(self, now: float, old: int, new: int) -> None:
+        """The job's size changed from `old` to `new` (the service calls this when it resized)."""
+        self.changes.append(now)
+        self.grew = (now, new) if new > old else None
+
+    def ran(self, now: float, running: int) -> None:
+        """A scale-out is measured when all its tasks run: the start-up time the forecast's horizon covers."""
+        if self.grew is not None and running >= self.grew[1]:
+            seconds = now - self.grew[0]
+            self.startup = seconds if self.startup == DEFAULT_STARTUP else 0.7 * self.startup + 0.3 * seconds
+            self.grew = None
+
+
+def budget_left(p: Autoscale, mem: Memory, now: float) -> int:
+    ch = mem.changes
+    while ch and ch[0] <= now - 3600:
+        ch.popleft()
+    return p.max_changes_per_hour - len(ch)
+
+
+def recommend(p: Autoscale, mem: Memory, now: float, size: int, reading: Reading, per_task: float,
+              forecast_per_task: float, room: int | None = None, stale_after: float = 60.0) -> Decision:
+    """The job's size now. `per_task`: the load one task should carry (the reading's units);
+    `forecast_per_task`: the same in CPU cores, for mem.forecast (the job's CPU history); `room`:
+    tasks of this job the entitlement's quota holds (None: no bound)."""
+    hi = p.max if room is None else max(0, min(p.max, room))
+    lo = min(p.min, hi)
+    clamped = "" if hi == p.max else f"quota holds {room} of its tasks (max {p.max})"
+    load = reading.load
+    fresh = load is not None and reading.age <= stale_after
+    reactive = None
+    if fresh:
+        if mem.fresh_since is None:
+            mem.fresh_since = now
+        measured = reading.running or size
+        ratio = load / (measured * per_task) if measured else math.inf
+        reactive = size if abs(ratio - 1.0) <= p.tolerance else math.ceil(load / per_task - 1e-9)
+        w = mem.window
+        while w and w[-1][1] <= reactive:
+            w.pop()
+        w.append((now, reactive))
+    else:
+        mem.fresh_since = None
+        mem.window.clear()
+    w = mem.window
+    while w and w[0][0] < now - p.scale_down_after:
+        w.popleft()
+    predictive = None
+    if p.predictive and mem.forecast is not None:
+        predictive = math.ceil(mem.forecast / forecast_per_task - 1e-9)
+    want = max(reactive or 0, predictive or 0) if (reactive is not None or predictive is not None) else size
+    if want > hi and not clamped:
+        clamped = f"max {p.max}"
+    recommended = max(lo, min(want, hi))
+
+    def decide(new: int, why: str) -> Decision:
+        d = Decision(new, recommended, reactive, predictive, why, not fresh, clamped if want > hi else "")
+        mem.last = d
+        return d
+
+    if size < lo:
+        return decide(lo, f"below min {p.min}")
+    if size > hi:
+        return decide(hi, f"above max {p.max}" if hi == p.max else f"above what the quota holds ({clamped})")
+    if recommended > size:
+        if reactive is not None and reactive > size:
+            return decide(recommended, f"load {load:.2f} needs {reactive} at {per_task:g} a task")
+        if budget_left(p, mem, now) > 0:
+            return decide(recommended, f"forecast peak {mem.forecast:.2f} needs {predictive}")
+        return decide(size, f"forecast peak needs {predictive}; flap budget spent ({p.max_changes_per_hour}/h)")
+    if not fresh:
+        return decide(size, "scale-in frozen: no fresh measurement" + ("" if load is None else
+                                                                        f" (the last is {reading.age:.0f} s old)"))
+    hold = 0
+    if p.predictive and mem.forecast_hour is not None:
+        hold = math.ceil(mem.forecast_hour / forecast_per_task - 1e-9)
+    target = max(w[0][1] if w else size, predictive or 0, hold, lo)
+    if target >= size or (size - target < p.tolerance * size and target > lo):
+        # no step smaller than the tolerance: a step that small is noise's, and comes back
+        return decide(size, f"load {load:.2f} fits {size} at {per_task:g} a task")
+    if mem.fresh_since > now - p.scale_down_after:
+        return decide(size, f"load fits {target}; measured for {now - mem.fresh_since:.0f} of the "
+                            f"{p.scale_down_after:.0f} s scale_down_after")
+    if budget_left(p, mem, now) <= 0:
+        return decide(size, f"load fits {target}; flap budget spent ({p.max_changes_per_hour}/h)")
+    return decide(target, f"load {load:.2f} fit {target} for {p.scale_down_after:.0f} s")

@@ -1,0 +1,133 @@
+"""The SRM's recommender, victims and forecast: pure, the same code the daemon and the benchmark run."""
+
+from __future__ import annotations
+
+from controlplane.srm.forecast import peak
+from controlplane.srm.recommend import Memory, Reading, recommend
+from controlplane.srm.victims import choose
+from controlplane.store.records import Autoscale, TaskRec
+from controlplane.usage.history import Series
+
+P = Autoscale(min=2, max=40, target_cpu=0.5, tolerance=0.1, predictive=True, scale_down_after=300, max_changes_per_hour=4)
+PER = 0.5  # a task of 1 cpu at target 0.5
+
+
+def run(p, mem, t, size, load, age=0.0, running=None, room=None):
+    return recommend(p, mem, t, size, Reading(load, age, size if running is None else running), PER, PER, room)
+
+
+def test_reactive_grows_at_once_to_ceil_load_over_per_task():
+    mem = Memory()
+    d = run(P, mem, 0, 10, 7.2)  # 0.72 a task against 0.5: 15 tasks
+    assert (d.size, d.reactive, d.recommended) == (15, 15, 15) and "needs 15" in d.reason
+
+
+def test_within_tolerance_nothing_changes():
+    mem = Memory()
+    for t, load in enumerate((5.4, 4.6, 5.0)):  # 0.54, 0.46, 0.50 a task: within 10 %
+        d = run(P, mem, t * 15, 10, load)
+        assert (d.size, d.reactive) == (10, 10)
+
+
+def test_scale_in_waits_for_scale_down_after_of_measured_load_then_takes_the_window_peak():
+    mem = Memory()
+    sizes = []
+    for i in range(25):  # every 15 s for 6 minutes
+        load = 2.0 if i != 3 else 3.0  # one higher reading at 45 s
+        sizes.append(run(P, mem, i * 15, 10, load).size)
+    assert sizes[:20] == [10] * 20, "nothing before 300 s of measured load"
+    assert sizes[20] == 6, "the window's peak (3.0 / 0.5 = 6) at 300 s"
+    assert run(P, mem, 25 * 15, 10, 2.0).size == 4, "the peak left the window"
+
+
+def test_stale_or_missing_measurements_freeze_scale_in_but_not_the_forecast():
+    mem = Memory()
+    for i in range(30):
+        run(P, mem, i * 15, 10, 2.0)
+    d = run(P, mem, 30 * 15, 10, 2.0, age=300)
+    assert d.size == 10 and d.stale and "frozen" in d.reason
+    d = run(P, mem, 31 * 15, 10, None)
+    assert d.size == 10 and d.stale
+    # back: the window starts again, scale_down_after must pass anew
+    assert run(P, mem, 32 * 15, 10, 2.0).size == 10
+    mem.forecast = 9.0  # a forecast peak of 9 cores: 18 tasks, growth on the forecast alone
+    d = run(P, mem, 33 * 15, 10, None)
+    assert (d.size, d.predictive) == (18, 18) and "forecast" in d.reason
+
+
+def test_the_forecast_is_a_floor_for_scale_in():
+    mem = Memory(forecast=3.0)  # 6 tasks
+    for i in range(22):
+        d = run(P, mem, i * 15, 10, 1.0)
+    assert d.size == 6, "load says 2, the forecast 6"
+
+
+def test_min_max_and_the_quota_clamp_say_so():
+    mem = Memory()
+    assert run(P, mem, 0, 1, 0.1).size == 2 and "below min" in mem.last.reason
+    d = run(P, Memory(), 0, 10, 30.0)
+    assert d.size == 40 and d.clamped == "max 40"
+    d = run(P, Memory(), 0, 10, 30.0, room=25)
+    assert d.size == 25 and "quota holds 25" in d.clamped
+    d = run(P, Memory(), 0, 30, 15.0, room=25)
+    assert d.size == 25 and "quota" in d.reason
+
+
+def test_the_flap_budget_holds_scale_in_and_forecast_growth_not_overload():
+    p = Autoscale(min=1, max=40, target_cpu=0.5, scale_down_after=0, max_changes_per_hour=2)
+    mem = Memory()
+    mem.changed(0, 10, 12)
+    mem.changed(10, 12, 10)
+    assert run(p, mem, 20, 10, 2.0).size == 10 and "flap budget" in mem.last.reason
+    assert run(p, mem, 30, 10, 9.0).size == 18, "measured overload grows whatever the budget"
+    mem.forecast = 12.0
+    assert run(p, mem, 40, 18, 9.0).size == 18 and "flap budget" in mem.last.reason
+    assert run(p, mem, 3601, 18, 9.0).size == 24, "an hour later the budget has room"
+
+
+def test_startup_is_measured_from_a_scale_out_to_all_running():
+    mem = Memory()
+    mem.changed(100, 4, 8)
+    mem.ran(130, 6)
+    assert mem.grew is not None
+    mem.ran(145, 8)
+    assert mem.grew is None and mem.startup == 45
+
+
+def task(i, machine, state="running"):
+    return TaskRec("e/j", i, 1, {}, machine, state)
+
+
+def test_victims_empty_the_machines_with_fewest_of_the_entitlements_tasks_first():
+    tasks = {0: task(0, "a"), 1: task(1, "a"), 2: task(2, "b"), 3: task(3, "c"), 4: task(4, "c"), 5: task(5, None, "pending")}
+    on = {"a": 2, "b": 3, "c": 2}  # b holds another job's tasks too
+    assert choose(tasks, range(6), on, 3) == [5, 1, 0], "the pending one first, then machine a whole"
+    assert choose(tasks, range(6), on, 3, avoid={0}) == [5, 1, 4]
+    assert choose(tasks, range(6), on, 0) == []
+
+
+def test_forecast_reads_last_week_then_yesterday():
+    s = Series()
+    now = 30 * 86400 + 12 * 3600  # noon
+    assert peak(s, now, 120) is None
+    for minute in range(int((now - 86400) // 60) - 5, int((now - 86400) // 60) + 10):
+        s.put_minute(minute, 1000 + minute % 7 * 100, 64)
+    assert peak(s, now, 120) == max(1000 + m % 7 * 100 for m in range(int((now - 86400) // 60), int((now - 86400) // 60) + 3))
+    hour = int((now - 7 * 86400) // 3600)
+    s.put_hour(hour, (500, 2500, 3000, 64, 64, 64))
+    assert peak(s, now, 120) == 2500, "a week ago's hour (its p95) wins when there is one"
+
+
+def test_a_scale_in_stays_above_the_coming_hours_forecast_and_takes_no_step_within_the_tolerance():
+    mem = Memory(forecast_hour=4.0)  # the coming hour peaks at 8 tasks' worth
+    for i in range(22):
+        d = run(P, mem, i * 15, 20, 1.0)
+    assert d.size == 8, "load says 2, the coming hour 8"
+    mem = Memory()
+    for i in range(22):
+        d = run(P, mem, i * 15, 20, 9.6)  # 0.48 a task: within the tolerance, reactive is the size
+    assert d.size == 20
+    mem = Memory(forecast_hour=9.5)  # load says 4; the coming hour 19: a step of 1 in 20, within the tolerance
+    for i in range(22):
+        d = run(P, mem, i * 15, 20, 2.0)
+    assert d.size == 20 and "fits 20" in d.reason

@@ -1,0 +1,131 @@
+"""The SRM in a real twine-controld on real etcd, with simulated agents (named so: no containers)
+whose heartbeats report each job's load shared by its running tasks: a job grows with its load,
+shrinks after scale_down_after by stopping the tasks that empty whole machines (which go back to the
+free pool), is clamped by its entitlement's quota and says so; a job without a policy is never
+resized; without measurements scale-in freezes and an event says so."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.controlplane.controld_proc import daemon_with_sim_agents, wait
+
+TASK = {"image": "twine/busybox:1", "command": ["sleep", "3600"], "cpus": 1, "memory_mb": 64}
+POLICY = {"min": 1, "max": 20, "target_cpu": 0.5, "tolerance": 0.1, "predictive": False, "scale_down_after": 3,
+          "max_changes_per_hour": 30}
+
+
+@pytest.fixture(scope="module")
+def region(tmp_path_factory, etcd_server):
+    machines = tuple(f"s{i}" for i in range(6))
+    with daemon_with_sim_agents(tmp_path_factory.mktemp("srm"), etcd_server.port, machines, heartbeat_timeout=5.0,
+                                cpus=2, extra=("--srm-interval", "1", "--usage-sample", "0.5")) as (c, agents):
+        agents.job_load = {}
+        yield c, agents
+
+
+def job(c, handle):
+    return c.call("GET", f"/v1/jobs/{handle}")[1]
+
+
+def autoscale(c, handle):
+    status, body = c.call("GET", f"/v1/jobs/{handle}/autoscale")
+    assert status == 200, body
+    return body
+
+
+def held_by(c, ent):
+    return sorted(m["id"] for m in c.call("GET", "/v1/machines")[1]["machines"] if m["entitlement"] == ent)
+
+
+def test_a_job_follows_its_load_and_a_scale_in_frees_whole_machines(region):
+    c, agents = region
+    assert c.call("POST", "/v1/entitlements", {"name": "web", "machine_type": "generic", "quota": 6})[0] == 201
+    status, body = c.call("POST", "/v1/jobs", {"entitlement": "web", "name": "api", "count": 2, "task": TASK,
+                                               "autoscale": POLICY})
+    assert status == 201, body
+    assert body["autoscale"]["max"] == 20 and body["warnings"] == [
+        "autoscale.max 20 is clamped to 12: entitlement web's quota of 6 generic machine(s) holds 2 task(s) of this "
+        "size each (fewer while its other jobs hold some)"]
+    still = c.call("POST", "/v1/jobs", {"entitlement": "web", "name": "static", "count": 1, "task": TASK})[1]
+    assert still["autoscale"] is None
+    status, body = c.call("POST", "/v1/jobs/web/api/resize", {"count": 5})
+    assert status == 409 and body["field"] == "count" and "autoscaled" in body["why"]
+
+    agents.job_load.update({"web/api": 3.0, "web/static": 5.0})  # 3 cores at 0.5 a task: 6 tasks
+    wait(lambda: job(c, "web/api")["summary"].get("running") == 6, 30, "web/api grown to 6 running")
+    a = autoscale(c, "web/api")
+    assert a["events"][0]["was"] == 2 and a["events"][0]["to"] == 6 and "needs 6" in a["events"][0]["reason"]
+    assert a["measured"]["per_task"] == 0.5 and a["measured"]["running"] >= 2
+
+    agents.job_load["web/api"] = 30.0  # 60 tasks' worth: clamped by the quota (6 machines x 2, less static's 1)
+    wait(lambda: job(c, "web/api")["count"] == 11, 30, "web/api clamped at 11")
+    a = autoscale(c, "web/api")
+    assert "quota holds 11" in a["clamped"], a
+    wait(lambda: job(c, "web/api")["summary"].get("running") == 11, 30, "11 running")
+
+    agents.job_load["web/api"] = 0.9  # 2 tasks' worth
+    wait(lambda: job(c, "web/api")["count"] == 2, 30, "web/api shrunk to 2")
+    wait(lambda: set(job(c, "web/api")["summary"]) == {"running"}, 30, "the chosen tasks stopped and gone")
+    api, static = job(c, "web/api"), job(c, "web/static")
+    machines = {t["machine"] for t in api["tasks"]} | {t["machine"] for t in static["tasks"]}
+    # whole machines went back: web holds just the machines its tasks are on
+    wait(lambda: held_by(c, "web") == sorted(machines), 30, "web holding only machines with its tasks")
+    assert len(machines) <= 2, machines
+    a = autoscale(c, "web/api")
+    last = a["events"][-1]
+    assert (last["was"], last["to"]) == (11, 2) and len(last["stopped"]) == 9 and "fit 2" in last["reason"]
+    assert [h[1:] for h in a["history"]][-1] == [2, 2]
+    assert job(c, "web/static")["count"] == 1, "a job without a policy is never resized"
+    assert autoscale(c, "web/static")["policy"] is None
+
+
+def test_without_measurements_scale_in_freezes_and_an_event_says_so(region):
+    c, agents = region
+    assert c.call("POST", "/v1/entitlements", {"name": "frozen", "machine_type": "generic", "quota": 6})[0] == 201
+    status, body = c.call("POST", "/v1/jobs", {"entitlement": "frozen", "name": "api", "count": 4, "task": TASK,
+                                               "autoscale": {**POLICY, "min": 1}})
+    assert status == 201, body
+    agents.job_load["frozen/api"] = 2.0  # 4 tasks' worth
+    wait(lambda: "fits 4" in autoscale(c, "frozen/api")["reason"], 30, "measured at size 4")
+    saved, agents.job_load = agents.job_load, None  # the agents stop reporting usage
+    try:
+        a = wait(lambda: (a := autoscale(c, "frozen/api"))["stale"] and a, 30, "the decision without measurements")
+        assert "frozen" in a["reason"] and a["size"] == 4
+        events = c.call("GET", "/v1/events")[1]["events"]
+        open_ = [e for e in events if e["kind"] == "autoscale" and e["end"] is None]
+        assert open_ and "scale-in is frozen" in open_[0]["reason"]
+    finally:
+        agents.job_load = {**saved, "frozen/api": 0.2}
+    wait(lambda: not autoscale(c, "frozen/api")["stale"], 30, "measured again")
+    wait(lambda: all(e["end"] is not None for e in c.call("GET", "/v1/events")[1]["events"] if e["kind"] == "autoscale"),
+         30, "the autoscale event ended")
+    # measured again: it waits scale_down_after before it shrinks
+    wait(lambda: job(c, "frozen/api")["count"] == 1, 30, "frozen/api shrunk once measured")
+
+
+def test_twinectl_job_autoscale_says_what_the_srm_does(region, capsys, tmp_path):
+    from controlplane.cli import twinectl
+    from tests.controlplane.controld_proc import API_TOKEN
+
+    c, agents = region
+    assert c.call("POST", "/v1/entitlements", {"name": "clients", "machine_type": "generic", "quota": 2})[0] == 201
+    spec = tmp_path / "job.yaml"
+    spec.write_text("entitlement: clients\nname: api\ncount: 1\n"
+                    "task: {image: 'twine/busybox:1', command: [sleep, '3600'], cpus: 1, memory_mb: 64}\n"
+                    "autoscale: {min: 1, max: 3, target_cpu: 0.5, scale_down_after: 300, predictive: false}\n")
+
+    def ctl(*argv):
+        return twinectl.main(["--url", c.url, "--token", API_TOKEN, *argv])
+
+    assert ctl("job", "run", str(spec)) == 0
+    out = capsys.readouterr().out
+    assert "autoscale: 1 to 3 tasks" in out and "warning:" not in out, out
+    agents.job_load["clients/api"] = 1.4  # 3 tasks' worth
+    wait(lambda: job(c, "clients/api")["count"] == 3, 30, "clients/api at 3")
+    assert ctl("job", "autoscale", "clients/api") == 0
+    out = capsys.readouterr().out
+    assert "policy:" in out and "1 to 3 tasks; cpu at 0.5 of each task's cpus" in out, out
+    assert "RESIZES" in out and "load 1.40 needs 3 at 0.5 a task" in out, out
+    assert ctl("job", "resize", "clients/api", "2") != 0
+    assert "autoscaled" in capsys.readouterr().err

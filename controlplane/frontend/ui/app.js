@@ -168,11 +168,42 @@ async function jobView(view, handle) {
     h("p", {}, "tasks ", h("b", { "data-k": "count" }, job.count), `, spec version ${job.spec_version}, ${job.state}: `,
       h("span", { "data-k": "summary" }, Object.entries(job.summary || {}).map(([k, n]) => `${n} ${k}`).join(", ") || "no task"),
       job.message ? ` (${job.message})` : ""));
-  // the autoscaler's recommended size (issue #26) is drawn here when the job has one
   usageBlock(view, usage, []);
+  if (job.autoscale) autoscaleBlock(view, job, usage, await api(`/v1/jobs/${handle}/autoscale`));
   view.append(h("h2", {}, "Tasks"), table(["task", "machine", "state", "spec version", "discovery"],
     (job.tasks || []).map((t) => h("tr", {}, td(t.index), td(t.machine || "-"), td(t.state), td(t.spec_version),
       td(t.discovery ? "on" : "off")))));
+}
+
+// Figure 15 of the paper: the load (in tasks at the policy's target), the job's size and the SRM's
+// recommendation over time; the size and recommendation change in steps (history: [t, size, recommended]).
+function autoscaleBlock(view, job, usage, a) {
+  const p = a.policy;
+  view.append(h("h2", {}, "Autoscaling"),
+    h("p", {}, "size ", h("b", { "data-k": "autoscale-size" }, a.size), ", recommended ",
+      h("b", { "data-k": "autoscale-recommended" }, a.recommended ?? "-"), ` (${p.min} to ${p.max} tasks): `,
+      h("span", { "data-k": "autoscale-reason" }, a.reason), a.clamped ? ` (clamped: ${a.clamped})` : ""));
+  const perTask = p.target_cpu * job.task.cpus;
+  const steps = a.history;
+  const at = (t) => { let v = null; for (const s of steps) { if (s[0] <= t) v = s; else break; } return v; };
+  const xs = [...new Set([...usage.points.map((q) => q[0]), ...steps.map((s) => s[0]), Math.floor(Date.now() / 1000)])]
+    .sort((x, y) => x - y);
+  if (xs.length > 1 && typeof uPlot !== "undefined") {
+    const load = new Map(usage.points.map((q) => [q[0], q[1] / perTask]));
+    const data = [xs, xs.map((t) => (load.has(t) ? load.get(t) : null)), xs.map((t) => at(t)?.[1] ?? null),
+      xs.map((t) => at(t)?.[2] ?? null)];
+    const series = [{}, { label: "load (tasks at target)", stroke: "#1565c0", width: 2, spanGaps: true },
+      { label: "size", stroke: "#e65100", width: 2, paths: uPlot.paths.stepped({ align: 1 }) },
+      { label: "recommended", stroke: "#2e7d32", dash: [6, 4], paths: uPlot.paths.stepped({ align: 1 }) }];
+    const box = h("div", { className: "chart", "data-k": "autoscale-chart" });
+    view.append(box);
+    new uPlot({ width: 760, height: 240, series, scales: { y: { range: (u, lo, hi) => [0, Math.max(hi, 1) * 1.1] } } },
+      data, box);
+  }
+  const when = (t) => new Date(t * 1000).toISOString().replace(".000", "");
+  view.append(h("h3", {}, "Resizes"), table(["at", "from", "to", "reason"], a.events.slice().reverse().map((e) =>
+    h("tr", { "data-k": "resize" }, td(when(e.at)), td(e.was), td(e.to),
+      td(e.reason + (e.stopped ? ` (stopping ${e.stopped.join(", ")})` : ""))))));
 }
 
 async function listView(view, what) {

@@ -129,3 +129,150 @@ def test_twinectl_job_autoscale_says_what_the_srm_does(region, capsys, tmp_path)
     assert "RESIZES" in out and "load 1.40 needs 3 at 0.5 a task" in out, out
     assert ctl("job", "resize", "clients/api", "2") != 0
     assert "autoscaled" in capsys.readouterr().err
+
+
+def test_the_job_page_draws_load_size_and_recommendation(region, tmp_path):
+    """Figure 15 on the fleet page (Debian's Chromium): the job view of an autoscaled job shows its
+    size, the recommendation and the reason as the API has them, a chart and its resizes."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as EC
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    from tests.controlplane.controld_proc import API_TOKEN
+    from tests.controlplane.frontend.test_fleet_page import chrome, sign_in
+
+    c, agents = region
+    assert c.call("POST", "/v1/entitlements", {"name": "paged", "machine_type": "generic", "quota": 2})[0] == 201
+    assert c.call("POST", "/v1/jobs", {"entitlement": "paged", "name": "api", "count": 1, "task": TASK,
+                                       "autoscale": POLICY})[0] == 201
+    agents.job_load["paged/api"] = 0.9
+    wait(lambda: job(c, "paged/api")["count"] == 2 and autoscale(c, "paged/api")["recommended"] == 2, 30,
+         "paged/api at 2")
+    driver = chrome(tmp_path)
+    try:
+        sign_in(driver, c.url, API_TOKEN, "job/paged/api")
+        wait_ = WebDriverWait(driver, 20)
+        shown = {k: wait_.until(EC.visibility_of_element_located((By.CSS_SELECTOR, f'[data-k="{k}"]'))).text
+                 for k in ("autoscale-size", "autoscale-recommended", "autoscale-reason")}
+        a = autoscale(c, "paged/api")
+        assert shown["autoscale-size"] == "2" and shown["autoscale-recommended"] == str(a["recommended"])
+        assert shown["autoscale-reason"].startswith("load "), shown
+        assert driver.find_elements(By.CSS_SELECTOR, '[data-k="autoscale-chart"] canvas'), "uPlot drew the chart"
+        rows = driver.find_elements(By.CSS_SELECTOR, '[data-k="resize"]')
+        assert rows and "needs 2" in rows[0].text, [r.text for r in rows]
+        driver.save_screenshot(str(tmp_path / "autoscale.png"))
+        logs = driver.get_log("browser")
+        assert not [e for e in logs if e["level"] == "SEVERE" and "favicon.ico" not in e["message"]], logs
+    finally:
+        driver.quit()
+
+
+class Endpoint:
+    """An HTTP server on loopback, in a thread: GET answers `self.body`; POST (a TaskController
+    call) is answered by `self.on_post(request body)`."""
+
+    def __init__(self):
+        import http.server
+        import json
+        import threading
+
+        outer = self
+        self.body, self.calls = b"0", []
+        self.on_post = lambda req: {"ack": []}
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *a):
+                pass
+
+            def _send(self, data: bytes):
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self):
+                self._send(outer.body)
+
+            def do_POST(self):
+                req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                outer.calls.append(req)
+                self._send(json.dumps(outer.on_post(req)).encode())
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+
+
+def test_a_task_its_controller_will_not_stop_is_swapped_for_another(region):
+    c, agents = region
+    ep = Endpoint()
+    refused: set[int] = set()
+
+    def controller(req):
+        acks = []
+        for op in req["request"]:
+            i = op["task"]["index"]
+            if op["kind"] == "stop" and (not refused or i in refused):
+                refused.add(i)  # the first task it is asked to stop, it keeps: say, its shard's leader
+                continue
+            acks.append(op["id"])
+        return {"ack": acks}
+
+    ep.on_post = controller
+    try:
+        assert c.call("POST", "/v1/entitlements", {"name": "ctl", "machine_type": "generic", "quota": 3,
+                                                   "allow_controller_networks": ["127.0.0.0/8"]})[0] == 201
+        status, body = c.call("POST", "/v1/jobs", {"entitlement": "ctl", "name": "api", "count": 3, "task": TASK,
+                                                   "controller": ep.url, "autoscale": POLICY})
+        assert status == 201, body
+        agents.job_load["ctl/api"] = 1.3  # 3 tasks' worth
+        wait(lambda: job(c, "ctl/api")["summary"].get("running") == 3, 30, "3 running")
+        agents.job_load["ctl/api"] = 0.9  # 2 tasks' worth
+        wait(lambda: job(c, "ctl/api")["count"] == 2 and refused, 30, "a scale-in to 2, its stop refused")
+        kept = next(iter(refused))
+        a = wait(lambda: (a := autoscale(c, "ctl/api"))["events"] and "did not let" in a["events"][-1]["reason"] and a,
+                 30, "the refused task swapped for another")
+        other = a["events"][-1]["stopped"]
+        assert other != [kept] and kept not in other, a["events"][-1]
+        wait(lambda: sorted(t["index"] for t in job(c, "ctl/api")["tasks"]) ==
+             sorted(set(range(3)) - set(other)), 30, "the other task stopped and gone")
+        j = job(c, "ctl/api")
+        assert kept in [t["index"] for t in j["tasks"] if t["state"] == "running"], j["tasks"]
+        assert j["count"] == 2 and len(refused) == 1
+    finally:
+        ep.close()
+
+
+def test_a_jobs_own_endpoint_is_its_load_and_an_unreadable_one_freezes_scale_in(region):
+    c, agents = region
+    ep = Endpoint()
+    try:
+        assert c.call("POST", "/v1/entitlements", {"name": "alm", "machine_type": "generic", "quota": 3,
+                                                   "allow_controller_networks": ["127.0.0.0/8"]})[0] == 201
+        ep.body = b'{"value": 250}'  # requests a second; a task should take 100
+        policy = {**POLICY, "metric": {"http": ep.url + "/load", "target": 100}}
+        status, body = c.call("POST", "/v1/jobs", {"entitlement": "alm", "name": "api", "count": 1, "task": TASK,
+                                                   "autoscale": policy})
+        assert status == 201, body
+        wait(lambda: job(c, "alm/api")["count"] == 3, 30, "alm/api at 3 (250 / 100)")
+        a = autoscale(c, "alm/api")
+        assert a["measured"]["load"] == 250 and a["measured"]["per_task"] == 100
+        ep.body = b"not a number"
+        a = wait(lambda: (a := autoscale(c, "alm/api"))["stale"] and a, 30, "the decision without a reading")
+        assert a["size"] == 3 and "frozen" in a["reason"]
+        status, body = c.call("POST", "/v1/jobs", {"entitlement": "alm", "name": "prom", "count": 1, "task": TASK,
+                                                   "autoscale": {**POLICY, "metric": {"prometheus": "sum(up)",
+                                                                                      "target": 1}}})
+        assert status == 422 and body["field"] == "autoscale.metric.prometheus", body
+        status, body = c.call("POST", "/v1/jobs", {"entitlement": "alm", "name": "bad", "count": 1, "task": TASK,
+                                                   "autoscale": {**POLICY, "min": 5, "max": 2}})
+        assert status == 422 and body["field"] == "autoscale.min", body
+        status, body = c.call("POST", "/v1/jobs", {"entitlement": "alm", "name": "bad", "count": 1, "task": TASK,
+                                                   "autoscale": {**POLICY, "target_cpu": 1.5}})
+        assert status == 400 and "autoscale" in body["field"] and "target_cpu" in body["field"], body
+        assert c.call("GET", "/v1/jobs/alm/bad")[0] == 404, "a refused job wrote nothing"
+    finally:
+        ep.close()

@@ -14,6 +14,10 @@ def _when(t: float) -> str:
     return time.strftime("%H:%M:%S", time.localtime(t))
 
 
+def _n(v) -> str:
+    return "-" if v is None else str(v)
+
+
 def _age(m: dict) -> str:
     return f", {m['age']:g}s old" if m.get("age") else ""
 
@@ -32,16 +36,16 @@ def autoscale_text(body: dict) -> str:
                         f"{'predictive' if p['predictive'] else 'reactive only'}; scale down after "
                         f"{p['scale_down_after']:g}s; at most {p['max_changes_per_hour']} changes an hour"),
              ("size", body.get("size")),
-             ("recommended", f"{body.get('recommended')} (reactive {body.get('reactive')}, predictive "
-                             f"{body.get('predictive')})"),
+             ("recommended", f"{_n(body.get('recommended'))} (reactive {_n(body.get('reactive'))}, predictive "
+                             f"{_n(body.get('predictive'))})"),
              ("reason", body.get("reason"))]
     if body.get("clamped"):
         pairs.append(("clamped", body["clamped"]))
     pairs += [("measured", "nothing" if m.get("load") is None else
                f"{m['load']:g} ({m['running']} running, {m['per_task']:g} a task at target"
                f"{_age(m)})"),
-              ("forecast peak", "none (no history for this time)" if body.get("forecast") is None else
-               f"{body['forecast']:g} cores"),
+              ("forecast peak", "not used (predictive: false)" if not p["predictive"] else
+               "none (no history for this time)" if body.get("forecast") is None else f"{body['forecast']:g} cores"),
               ("start-up", f"{body.get('startup_seconds')}s"), ("flap budget left", body.get("budget_left"))]
     events = body.get("events") or []
     out = key_values(pairs)

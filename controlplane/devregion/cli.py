@@ -31,7 +31,8 @@ def _load_agents(arg: str, kernel_owner: str | None) -> list[AgentSpec]:
 def _cmd_up(args) -> int:
     agents = _load_agents(args.agents, args.kernel_owner)
     region = Region(args.dir, agents, region=args.region, heartbeat_timeout=args.heartbeat_timeout,
-                    start_timeout=args.timeout, etcd_members=args.etcd_members)
+                    start_timeout=args.timeout, etcd_members=args.etcd_members,
+                    controld_args=tuple(args.controld_arg))
 
     def on_term(signum, frame):  # tear down what was started, as on Ctrl-C
         raise SystemExit(128 + signum)
@@ -165,6 +166,8 @@ def main(argv: list[str] | None = None) -> int:
     up.add_argument("--region", default="local")
     up.add_argument("--heartbeat-timeout", type=float, default=3.0)
     up.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for each process to answer")
+    up.add_argument("--controld-arg", action="append", default=[], metavar="ARG",
+                    help="a twine-controld flag, given once per word (--controld-arg=--srm-interval --controld-arg=5)")
     up.add_argument("--etcd-members", type=int, choices=(1, 3, 5), default=1,
                     help="etcd as one member (default) or a cluster of 3 or 5, each on a loopback address of its own "
                          "(127.0.0.11, ...), with TLS to its peers")

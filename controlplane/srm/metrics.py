@@ -31,6 +31,6 @@ class SrmCollector(Collector):
         yield CounterMetricFamily("twine_srm_passes", "SRM passes", value=c["passes"])
         yield CounterMetricFamily("twine_srm_conflicts", "resizes not written: the job changed meanwhile",
                                   value=c["conflicts"])
-        yield CounterMetricFamily("twine_srm_recommend_cpu_seconds", "CPU time of the recommendations",
-                                  value=c["recommend_seconds"])
+        yield CounterMetricFamily("twine_srm_decide_seconds", "time spent deciding jobs' sizes (no I/O in it)",
+                                  value=c["decide_seconds"])
         yield CounterMetricFamily("twine_srm_recommendations", "recommendations made", value=c["recommendations"])

@@ -6,7 +6,8 @@ A new leader loads what its predecessor kept when it takes the shard.
 In etcd, under /twine-usage/<region>/ (outside the region's records, which every replica watches):
 - minutes/<kind>/<name>/<hour>: the hour's points, kept 48 hours;
 - hours/<kind>/<name>/<day>: the day's hourly rollups, kept 8 weeks;
-- series/<kind>/<name>: that the series has records (for the retention pass).
+- series/<kind>/<name>: that the series has records (for the retention pass);
+- srm/<job>: what the SRM keeps of an autoscaled job (srm/service.py), removed with the job's.
 (<kind>: job or entitlement; <hour>, <day>: since the epoch, zero-padded.)
 
 Retention: records older than their window go at each hour's end; the records of a job or an
@@ -44,6 +45,10 @@ class UsageKeys:
 
     def series(self, key: Key | None = None) -> str:
         return f"{self.root}series/" + ("" if key is None else f"{key[0]}/{key[1]}")
+
+    def srm(self, handle: str = "") -> str:
+        """The SRM's record of a job: its last resizes and its size over time (srm/service.py)."""
+        return f"{self.root}srm/{handle}"
 
 
 def end_of(prefix: str) -> str:
@@ -148,6 +153,11 @@ class Recorder:
                             (self.keys.hours(key), end_of(self.keys.hours(key))), rec.key]
                 self.counters["series_removed"] += 1
                 log.info("usage history of %s %s removed: the region has no such %s", kind, name, kind)
+        kept, _ = await self.store.range(self.keys.srm())  # the SRM's record of a job (srm/service.py)
+        for rec in kept:
+            if self.state.jobs.get(rec.key[len(self.keys.srm()):]) is None:
+                deletes.append(rec.key)
+                self.counters["series_removed"] += 1
         await self._write({}, deletes)
 
     async def _load(self, keys: set[Key], now: float) -> None:

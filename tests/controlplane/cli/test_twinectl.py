@@ -68,6 +68,12 @@ def test_rollout_progress():
     assert rollout_progress(shrunk)[0]
     assert rollout_progress(samples.job([], count=0))[0]
     assert rollout_progress(samples.job([samples.task(0)], count=1, state="stopping")) == (False, "the job is stopping")
+    # a scale-in that chose tasks 1 and 2 (the SRM): tasks 0 and 3 are the job's, gaps 1 and 2 are not
+    gapped = {**samples.job([samples.task(0), samples.task(1, state="stopping"), samples.task(3)], count=2),
+              "gaps": [1, 2]}
+    assert rollout_progress(gapped) == (False, "2 of 2 tasks running at spec version 2; 1 more still to stop")
+    gapped["tasks"] = [samples.task(0), samples.task(3)]
+    assert rollout_progress(gapped) == (True, "2 of 2 tasks running at spec version 2")
 
 
 def test_stop_progress():

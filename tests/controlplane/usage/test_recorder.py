@@ -73,13 +73,14 @@ def test_a_new_leader_has_every_hour_but_the_current_one_and_gone_jobs_leave_not
         days, _ = await store.range(ukeys.hours(("job", "web/api")))
         assert [int(r.key.rsplit("/", 1)[1]) for r in days] == [T0 // 86400, T0 // 86400 + 2]
 
-        # the job stopped: its records go at the next hour's pass; the entitlement's stay
+        # the job stopped: its records go at the next hour's pass (the SRM's too); the entitlement's stay
+        await store.commit([], {ukeys.srm("web/api"): {"events": [], "history": []}})
         await store.commit([], {}, [keys.job("web/api")])
         await state2.wait_for((await store.range(keys.root))[1])
         await rec2.tick(T0 + 52 * 3600)
         left, _ = await store.range(ukeys.root)
-        assert left and not [r.key for r in left if "/job/" in r.key]
-        assert rec2.counters["series_removed"] == 1 and ("job", "web/api") not in rec2.series
+        assert left and not [r.key for r in left if "/job/" in r.key or "/srm/" in r.key], [r.key for r in left]
+        assert rec2.counters["series_removed"] == 2 and ("job", "web/api") not in rec2.series
         for s in (store, store2):
             await s.close()
         await state.stop()

@@ -41,7 +41,8 @@ log = logging.getLogger("twine.controld.srm")
 INTERVAL = 15.0  # seconds between two passes (--srm-interval)
 FORECAST_EVERY = 300.0  # seconds a forecast serves (its window reaches that much further)
 EVENTS = 20  # resizes kept per job
-STEPS = 720  # (minute, size, recommended) changes kept per job
+STEPS = 576  # (t, size, recommended) changes kept per job: 48 hours of one each 5 minutes
+STEP_EVERY = 300  # seconds: a recommendation's changes within it are one step (a resize is its own)
 DECLINED = 3  # answers without an ack before a chosen task is swapped for another
 AVOID = 600.0  # seconds a task its controller would not stop is not chosen again
 REPORTING = 0.8  # of the running tasks must report usage for a CPU reading to count
@@ -195,12 +196,13 @@ class Autoscaler:
         d = recommend(p, mem, now, job.count, reading, per_task, p.target_cpu * cpus, self.room(job, reserved),
                       self.stale_after)
         view.decision, view.reading, view.per_task, view.at = d, reading, per_task, now
-        minute = int(now // 60) * 60
-        step = (minute, job.count, d.recommended)
-        if not view.steps or view.steps[-1][1:] != step[1:]:
-            if view.steps and view.steps[-1][0] == minute:
-                view.steps.pop()
-            view.steps.append(step)
+        steps = view.steps
+        if not steps or (steps[-1][1], steps[-1][2]) != (job.count, d.recommended):
+            if steps and steps[-1][1] == job.count and now - steps[-1][0] < STEP_EVERY and \
+                    (len(steps) < 2 or steps[-2][1] == job.count):
+                steps[-1] = (steps[-1][0], job.count, d.recommended)  # the same step, its latest recommendation
+            else:
+                steps.append((int(now), job.count, d.recommended))
         return d
 
     def _stopping(self, job: JobRec) -> bool:
@@ -227,7 +229,7 @@ class Autoscaler:
                                 **({"stopped": stopped} if stopped else {})})
             log.info("srm: %s %d -> %d: %s%s", h, old, new.count, d.reason,
                      f" (stopping {stopped})" if stopped else "")
-            view.steps.append((int(now // 60) * 60, new.count, d.recommended))
+            view.steps.append((int(now), new.count, d.recommended))
             await self._keep(h)
 
     def _victims(self, job: JobRec, k: int, avoid: set[int]) -> list[int]:
@@ -335,8 +337,14 @@ class Autoscaler:
 
     async def stale_events(self, stale: dict[int, list[str]], now: float) -> None:
         """An event (kind autoscale) per shard while any of its autoscaled jobs lacks fresh
-        measurements: opened when the first goes stale, ended when none is."""
+        measurements: opened when the first goes stale, ended when none is. One a previous leader
+        of the shard left open is this leader's to end."""
         st = self.state
+        for e in st.events.values():
+            if e.kind == "autoscale" and e.end is None and e.scope.startswith("shard "):
+                shard = int(e.scope.split()[1])
+                if shard in self.shards.schedulers and shard not in self.stale_event:
+                    self.stale_event[shard] = e.id
         for shard in set(stale) | set(self.stale_event):
             handles = stale.get(shard, [])
             eid = self.stale_event.get(shard)

@@ -24,6 +24,21 @@ def region(tmp_path_factory, etcd_server):
         yield c, agents
 
 
+@pytest.fixture(autouse=True)
+def each_test_stops_its_jobs(region):
+    """The tests share six machines: a test's jobs are stopped after it (pass or fail), so that
+    their machines go back to the free pool."""
+    yield
+    c, agents = region
+    for j in c.call("GET", "/v1/jobs")[1]["jobs"]:
+        if j["state"] != "stopped":
+            c.call("DELETE", f"/v1/jobs/{j['handle']}")
+    for j in c.call("GET", "/v1/jobs")[1]["jobs"]:
+        c.wait_for(f"/v1/jobs/{j['handle']}", lambda job: job["state"] == "stopped", what=f"{j['handle']} stopped")
+    wait(lambda: all(m["entitlement"] is None for m in c.call("GET", "/v1/machines")[1]["machines"]), 30,
+         "every machine back in the free pool")
+
+
 def job(c, handle):
     return c.call("GET", f"/v1/jobs/{handle}")[1]
 

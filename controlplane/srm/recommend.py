@@ -84,9 +84,10 @@ def recommend(p: Autoscale, mem: Memory, now: float, size: int, reading: Reading
               forecast_per_task: float, room: int | None = None, stale_after: float = 60.0) -> Decision:
     """The job's size now. `per_task`: the load one task should carry (the reading's units);
     `forecast_per_task`: the same in CPU cores, for mem.forecast (the job's CPU history); `room`:
-    tasks of this job the entitlement's quota holds (None: no bound)."""
+    tasks of this job the entitlement's quota holds beside its other jobs (None: no bound): it bounds
+    growth only; tasks that run already are not stopped for it."""
     hi = p.max if room is None else max(0, min(p.max, room))
-    lo = min(p.min, hi)
+    lo = min(p.min, max(hi, size))
     clamped = "" if hi == p.max else f"quota holds {room} of its tasks (max {p.max})"
     load = reading.load
     fresh = load is not None and reading.age <= stale_after
@@ -113,7 +114,7 @@ def recommend(p: Autoscale, mem: Memory, now: float, size: int, reading: Reading
     want = max(reactive or 0, predictive or 0) if (reactive is not None or predictive is not None) else size
     if want > hi and not clamped:
         clamped = f"max {p.max}"
-    recommended = max(lo, min(want, hi))
+    recommended = max(lo, min(want, max(hi, min(size, p.max))))
 
     def decide(new: int, why: str) -> Decision:
         d = Decision(new, recommended, reactive, predictive, why, not fresh, clamped if want > hi else "")
@@ -122,8 +123,8 @@ def recommend(p: Autoscale, mem: Memory, now: float, size: int, reading: Reading
 
     if size < lo:
         return decide(lo, f"below min {p.min}")
-    if size > hi:
-        return decide(hi, f"above max {p.max}" if hi == p.max else f"above what the quota holds ({clamped})")
+    if size > p.max:
+        return decide(p.max, f"above max {p.max}")
     if recommended > size:
         if reactive is not None and reactive > size:
             return decide(recommended, f"load {load:.2f} needs {reactive} at {per_task:g} a task")

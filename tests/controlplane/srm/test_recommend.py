@@ -70,7 +70,9 @@ def test_min_max_and_the_quota_clamp_say_so():
     d = run(P, Memory(), 0, 10, 30.0, room=25)
     assert d.size == 25 and "quota holds 25" in d.clamped
     d = run(P, Memory(), 0, 30, 15.0, room=25)
-    assert d.size == 25 and "quota" in d.reason
+    assert d.size == 30 and d.recommended == 30, "the quota bounds growth; running tasks are not stopped for it"
+    d = run(P, Memory(), 0, 45, 15.0)
+    assert d.size == 40 and "above max 40" in d.reason
 
 
 def test_the_flap_budget_holds_scale_in_and_forecast_growth_not_overload():

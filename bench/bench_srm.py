@@ -124,9 +124,11 @@ def job_loads(base: list[float], jobs: int, seed: int, noise_seed: int) -> list[
 class Pool:
     def __init__(self, machines: int):
         self.free, self.held, self.next_id = machines, 0, 0
+        self.refused = 0  # tasks not placed: the pool was empty
 
     def take(self) -> str | None:
         if self.free == 0:
+            self.refused += 1
             return None
         self.free -= 1
         self.held += 1
@@ -304,7 +306,8 @@ def simulate(loads: list[list[float]], history: list[list[float]], outages: list
     for job in jobs:
         hpa_r.changes += job["hpa"].starts + job["hpa"].stops
         srm_r.changes += job["srm"].starts + job["srm"].stops
-    return [static, hpa_r, srm_r], {"srm_cpu": srm_cpu, "srm_calls": srm_calls}
+    return [static, hpa_r, srm_r], {"srm_cpu": srm_cpu, "srm_calls": srm_calls,
+                                    "unplaced": {k: p.refused for k, p in pools.items()}}
 
 
 def daemon_pass(jobs: int, tasks: int = 10) -> float:
@@ -390,6 +393,8 @@ def main() -> None:
         saved = 100 * (1 - r.machine_seconds / static.machine_seconds)
         print(f"{r.name:8} {r.machine_seconds / 3600:14.0f} {saved:15.1f}% {r.over:16d} {r.changes:13d} "
               f"{r.resizes:8d} {r.stale_scale_ins:19d}")
+    if any(cost["unplaced"].values()):
+        print(f"the free pool ran out: tasks not placed {cost['unplaced']} (give more --machines)")
     per = cost["srm_cpu"] / max(cost["srm_calls"], 1)
     print(f"srm recommender: {per * 1e6:.1f} us of CPU per job per interval (forecast and recommend(), "
           f"{cost['srm_calls']} calls); 100,000 autoscaled jobs every {STEP:g} s would take "

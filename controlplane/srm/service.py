@@ -139,7 +139,7 @@ class Autoscaler:
         wanted = {j.handle for j in jobs}
         for h in [h for h in self.memory if h not in wanted]:
             del self.memory[h]
-        for h in [h for h in self.views if h not in wanted and h not in st.jobs]:
+        for h in [h for h in self.views if h not in wanted]:  # gone, not autoscaled, or led elsewhere now
             del self.views[h]
         await self.stale_events(stale, now)
 

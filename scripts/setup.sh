@@ -42,7 +42,7 @@ fi
 stamp=.venv/.installed-$(sha256sum pyproject.toml | cut -c1-16)
 if [ ! -e "$stamp" ]; then
   log=$(mktemp)
-  if ! { .venv/bin/pip install -q --upgrade pip && .venv/bin/pip install -q -e '.[test]'; } >"$log" 2>&1; then
+  if ! { .venv/bin/pip install -q --upgrade pip && .venv/bin/pip install -q -e '.[test,rebalancer]'; } >"$log" 2>&1; then
     cat "$log" >&2; rm -f "$log"; echo "setup: pip install failed" >&2; exit 1
   fi
   rm -f "$log"

@@ -8,7 +8,7 @@ import string
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from controlplane.cli import autoscale, render, usage
+from controlplane.cli import autoscale, rebalance, render, usage
 from controlplane.cli.api import EXIT_INPUT, EXIT_OK, Api, CliError, quoted, split_handle
 from controlplane.cli.output import Out
 from controlplane.cli.values import nullable
@@ -166,6 +166,7 @@ COMMANDS: dict[tuple[str, str | None], Command] = {
     ("fleet", None): usage.fleet,
     ("job", "usage"): usage.job_usage,
     ("job", "autoscale"): autoscale.job_autoscale,
+    ("rebalance", "plan"): rebalance.rebalance_plan,
     ("entitlement", "usage"): usage.entitlement_usage,
     ("discovery", None): _one_call("GET", "/v1/discovery/{handle}", render.discovery),
 }

@@ -6,6 +6,7 @@
   twinectl fleet [--by dc,msb,entitlement,profile,type]
   twinectl job usage HANDLE | entitlement usage NAME  [--since DUR] [--step DUR]
   twinectl job autoscale HANDLE
+  twinectl rebalance plan [--entitlement E]
   twinectl maintenance schedule (--machine ID ... | --dc DC | --msb MSB | --rack RACK) --start WHEN
            --duration DUR [--deadline WHEN] [--policy move|stop] [--reason TEXT]
   twinectl maintenance list [--all] | show ID | end ID
@@ -170,4 +171,8 @@ def parser() -> argparse.ArgumentParser:
          "in maintenance, reserved and used; the free pool; what each entitlement can still fit").add_argument(
         "--by", metavar="DIMS", help="sum by these only, comma-separated: dc, msb, entitlement, profile, type")
     leaf(sub, "discovery", "a job's endpoints").add_argument("handle", metavar="HANDLE")
+    rb = sub.add_parser("rebalance", help="what the ReBalancer would do")
+    rb_sub = rb.add_subparsers(dest="action", required=True, metavar="ACTION")
+    leaf(rb_sub, "plan", "a dry run: each goal's score before and after, and the moves that would reach it, "
+         "with why").add_argument("--entitlement", metavar="E", help="only this entitlement's machines")
     return p

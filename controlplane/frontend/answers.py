@@ -419,10 +419,30 @@ class AutoscaleStatus(Answer):
     budget_left: Union[int, None, msgspec.UnsetType] = msgspec.UNSET  # size changes left this hour
 
 
+class PlannedMove(Answer):
+    job: str
+    index: int
+    source: str  # the machine the task is on
+    target: str  # the machine it would move to
+    goal: str
+    why: str
+
+
+class RebalancePlan(Answer):
+    entitlement: Union[str, None]  # None: every entitlement
+    goals: Annotated[dict[str, dict[str, Any]], Meta(description="each goal's score before and after")]
+    entitlements: dict[str, dict[str, Any]]
+    moves: list[PlannedMove]
+    freed: Annotated[Strings, Meta(description="machines the moves would empty, for the free pool")]
+    groups: Annotated[list[dict[str, Any]], Meta(description="the (entitlement, MSB) groups solved: size, solver "
+                                                             "status, seconds")]
+    summary: Annotated[Strings, Meta(description="the plan in words, a line an entitlement")]
+
+
 ANSWERS: dict[str, type] = {t.__name__: t for t in (
     Error, Health, Entitlement, EntitlementList, Task, Job, JobList, Machine, MachineList, Token, TokenList, Revoked,
     Event, EventList, Maintenance, MaintenanceList, Discovery, Registration, DesiredState, HeartbeatReply,
-    ShutdownReply, Relayed, Cluster, Fleet, UsageHistory, AutoscaleStatus)}
+    ShutdownReply, Relayed, Cluster, Fleet, UsageHistory, AutoscaleStatus, RebalancePlan)}
 
 
 def answers_markdown() -> str:

@@ -26,6 +26,7 @@ from controlplane.frontend.services import Services
 from controlplane.frontend.tokens import Tokens
 from controlplane.frontend.usage import Usage
 from controlplane.frontend.autoscale import AutoscaleView
+from controlplane.frontend.rebalance import Rebalance
 from controlplane.frontend import ui
 
 ROUTES = [
@@ -44,6 +45,7 @@ ROUTES = [
     ("GET", "/v1/jobs/{ent}/{name}/usage", Usage.job),
     ("GET", "/v1/jobs/{ent}/{name}/autoscale", AutoscaleView.show),
     ("GET", "/v1/fleet", Usage.fleet),
+    ("GET", "/v1/rebalance/plan", Rebalance.plan),
     ("GET", "/v1/machines", Machines.list),
     ("GET", "/v1/machines/{id}", Machines.show),
     ("POST", "/v1/machines/{id}/release", Machines.release),
@@ -74,6 +76,7 @@ def make_app(s: Services) -> web.Application:
         Entitlements(s.state, s.settings.profile_search),
         Jobs(s.state, s.shards, s.forwarder, s.reach, s.prometheus_url),
         AutoscaleView(s.state, s.srm, s.shards, s.forwarder),
+        Rebalance(s.state),
         Machines(s.state, s.agents, s.clean),
         Tokens(s.state),
         Maintenance(s.ops),

@@ -77,6 +77,8 @@ PATHS = {
                                                    "AutoscaleStatus")},
     "/v1/entitlements/{name}/usage": {"get": _op("an entitlement's usage now and over time, against what its jobs "
                                                  "reserved", "the usage", "UsageHistory")},
+    "/v1/rebalance/plan": {"get": _op("what the ReBalancer would do (a dry run): each goal's score before and after, "
+                                      "the moves and why", "the plan", "RebalancePlan")},
     "/v1/fleet": {"get": _op("the region's machines summed per dc, msb, entitlement, profile and machine type: held, "
                              "healthy, in maintenance, reserved, used; the free pool; what each entitlement can still "
                              "fit", "the fleet", "Fleet")},
@@ -140,6 +142,7 @@ QUERY_PARAMS = {
     ("/v1/entitlements/{name}/usage", "get"): HISTORY_PARAMS,
     ("/v1/machines", "get"): [("dc", {"type": "string", "minLength": 1, "maxLength": 253}, "only this dc's machines"),
                               ("msb", {"type": "string", "minLength": 1, "maxLength": 253}, "only this MSB's machines")],
+    ("/v1/rebalance/plan", "get"): [("entitlement", NAME_PARAM, "only this entitlement's machines")],
     ("/v1/fleet", "get"): [("by", {"type": "string", "pattern": usage.BY.pattern}, "the dimensions to sum by, "
                             "comma-separated: dc, msb, entitlement, profile, type (all by default)")],
     ("/v1/maintenance", "get"): [("all", {"type": "string", "enum": list(schemas_of.ALL)},

@@ -87,6 +87,8 @@ def test_every_answer_of_a_live_region_holds_to_the_documents_schema(tmp_path, e
                 "autoscale": {"min": 1, "max": 10_000, "metric": {"target": 5, "http": "http://127.0.0.1:9/load"}}}
         assert a.call("POST", "/v1/jobs", auto, want=201)["warnings"][0].startswith("autoscale.max 10000 is clamped")
         a.call("GET", "/v1/jobs/web/auto/autoscale")
+        a.call("GET", "/v1/rebalance/plan")
+        a.call("GET", "/v1/rebalance/plan?entitlement=web")
         a.call("DELETE", "/v1/jobs/web/auto", want=202)
         a.call("GET", "/v1/discovery/web/api")
         a.call("GET", "/v1/machines")

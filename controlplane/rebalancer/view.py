@@ -1,0 +1,87 @@
+"""What the planner needs of the region, as plain values taken from the region's view at once (the
+solver then runs on them in a thread, off the event loop)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from controlplane.store.state import RegionState
+
+SCALE = 1000  # cpus in millicores: CP-SAT takes integers
+
+
+@dataclass
+class Machine:
+    id: str
+    entitlement: str
+    dc: str
+    msb: str
+    cpus: int  # millicores of capacity
+    memory_mb: int
+    fixed_cpus: int = 0  # held by what may not move: tasks not running, tombstones
+    fixed_memory_mb: int = 0
+    pinned: bool = False  # holds something that may not move: it cannot be freed
+    rack: str = ""
+
+
+@dataclass
+class Task:
+    job: str
+    index: int
+    machine: str
+    cpus: int  # millicores
+    memory_mb: int
+    keep_rack: bool = False  # its job spreads over racks: it moves within its rack only
+
+
+@dataclass
+class Group:
+    """One entitlement's machines in one MSB, and the running tasks on them."""
+
+    entitlement: str
+    dc: str
+    msb: str
+    machines: list[Machine] = field(default_factory=list)
+    tasks: list[Task] = field(default_factory=list)
+
+
+def groups(state: RegionState, entitlement: str | None = None, now: float | None = None) -> list[Group]:
+    """The (entitlement, MSB) groups of the entitlements' healthy machines that are in no
+    maintenance, with the running tasks on them; an unhealthy machine or one in maintenance is
+    left out whole (nothing moves to or from it)."""
+    now = time.time() if now is None else now
+    out: dict[tuple[str, str, str], Group] = {}
+    by_machine: dict[str, Machine] = {}
+    for m in state.machines.values():
+        if m.entitlement is None or (entitlement is not None and m.entitlement != entitlement):
+            continue
+        if not m.healthy or state.maintenance.of(m.id, now) is not None:
+            continue
+        dc, msb = m.labels.get("dc", ""), m.labels.get("msb", "")
+        mach = Machine(m.id, m.entitlement, dc, msb, round(float(m.capacity.get("cpus", 0)) * SCALE),
+                       int(m.capacity.get("memory_mb", 0)), rack=m.labels.get("rack", ""))
+        for _, _, cpus, mem, _ in m.tombstones:
+            mach.fixed_cpus += round(cpus * SCALE)
+            mach.fixed_memory_mb += int(mem)
+            mach.pinned = True
+        by_machine[m.id] = mach
+        out.setdefault((m.entitlement, dc, msb), Group(m.entitlement, dc, msb)).machines.append(mach)
+    for handle, tasks in state.tasks.items():
+        job = state.jobs.get(handle)
+        for t in tasks.values():
+            mach = by_machine.get(t.machine) if t.machine else None
+            if mach is None:
+                continue
+            cpus, mem = round(t.resources[0] * SCALE), t.resources[1]
+            if t.state != "running" or job is None or job.state != "active" or not job.live(t.index):
+                mach.fixed_cpus += cpus
+                mach.fixed_memory_mb += mem
+                mach.pinned = True
+                continue
+            ent = state.entitlements.get(job.entitlement)
+            props = [p.property for p in job.preferences] if job.preferences is not None else \
+                list(ent.spread.properties if ent is not None else ())
+            out[(mach.entitlement, mach.dc, mach.msb)].tasks.append(
+                Task(handle, t.index, mach.id, cpus, mem, "rack" in props))
+    return [g for _, g in sorted(out.items())]

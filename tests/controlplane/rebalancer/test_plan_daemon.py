@@ -1,0 +1,52 @@
+"""GET /v1/rebalance/plan and `twinectl rebalance plan` against a real twine-controld on real etcd,
+with simulated agents (named so: no containers): two half-empty machines of one MSB, and the plan
+that frees one of them, in words; a dry run: nothing moves."""
+
+from __future__ import annotations
+
+from controlplane.cli import twinectl
+from tests.controlplane.controld_proc import API_TOKEN, Controld
+from tests.controlplane.frontend.test_controld_api import register
+from tests.controlplane.simagents import SimAgents
+
+TASK = {"image": "twine/busybox:1", "command": ["sleep", "3600"], "memory_mb": 64}
+
+
+def test_the_plan_frees_a_half_empty_machine_and_moves_nothing(tmp_path, etcd_server, capsys):
+    c = Controld(tmp_path, etcd_server.port, heartbeat_timeout=5.0).start()
+    try:
+        creds = {m: register(c, m, "dc1", "msb1", cpus=2, memory_mb=4096) for m in ("m1", "m2", "m3")}
+        with SimAgents(creds, [c.url], interval=0.2):
+            assert c.call("POST", "/v1/entitlements", {"name": "web", "machine_type": "generic", "quota": 3})[0] == 201
+            for name, cpus in (("big", 1.2), ("small", 0.8)):  # big: one a machine; small fills up what is left
+                status, body = c.call("POST", "/v1/jobs", {"entitlement": "web", "name": name, "count": 2,
+                                                           "task": {**TASK, "cpus": cpus}})
+                assert status == 201, body
+                c.wait_for(f"/v1/jobs/web/{name}", lambda j: j["summary"].get("running") == 2, what=f"{name} running")
+            c.call("DELETE", "/v1/jobs/web/big")
+            c.wait_for("/v1/jobs/web/big", lambda j: j["state"] == "stopped", what="big stopped")
+            small = {t["index"]: t["machine"] for t in c.call("GET", "/v1/jobs/web/small")[1]["tasks"]}
+            assert len(set(small.values())) == 2, small  # each of the two machines is 0.8 of 2 cores full
+
+            status, p = c.call("GET", "/v1/rebalance/plan?entitlement=web")
+            assert status == 200, p
+            assert p["goals"]["compaction"]["machines_held"] == {"before": 2, "after": 1}
+            assert p["goals"]["compaction"]["stranded_cpus"] == {"before": 2.4, "after": 0.4}
+            (mv,) = p["moves"]
+            assert mv["job"] == "web/small" and small[mv["index"]] == mv["source"] and mv["target"] in small.values()
+            assert p["freed"] == [mv["source"]] and mv["why"] == f"compaction: frees {mv['source']}"
+            assert p["summary"] == ["entitlement web holds 2 machines whose 4 cores are 1.6 reserved: moving 1 "
+                                    "task(s) within their MSBs frees 1 machine(s) for the free pool"]
+            assert p["groups"][0]["status"] == "optimal"
+
+            assert twinectl.main(["--url", c.url, "--token", API_TOKEN, "rebalance", "plan"]) == 0
+            text = capsys.readouterr().out
+            assert text.startswith("entitlement web holds 2 machines") and "compaction: machines held  2       1" in text
+            assert f"web/small#{mv['index']}" in text and "a dry run: nothing moved" in text, text
+            # a dry run: the tasks are where they were
+            assert {t["index"]: t["machine"] for t in c.call("GET", "/v1/jobs/web/small")[1]["tasks"]} == small
+            assert c.call("GET", "/v1/rebalance/plan?entitlement=nope")[0] == 404
+            status, body = c.call("GET", "/v1/rebalance/plan?entitlement=NOT%20A%20NAME")
+            assert status == 400 and body["field"] == "entitlement"
+    finally:
+        c.close()

@@ -3,6 +3,7 @@ after, and each move with why, in words a person reads."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 from controlplane.rebalancer.compaction import TIME_LIMIT, Move, Result, solve
@@ -72,5 +73,19 @@ class Plan:
         return out
 
 
-def plan(groups: list[Group], churn: float = 0.25, time_limit: float = TIME_LIMIT) -> Plan:
-    return Plan(tuple(solve(g, churn, time_limit) for g in groups))
+TOTAL_LIMIT = 20.0  # seconds a plan's solving may take in all; the groups left are not solved
+
+
+def plan(groups: list[Group], churn: float = 0.25, time_limit: float = TIME_LIMIT,
+         total_limit: float = TOTAL_LIMIT) -> Plan:
+    """Each group solved, largest first (where most is stranded), until total_limit is spent."""
+    deadline = time.monotonic() + total_limit
+    out = []
+    for g in sorted(groups, key=lambda g: (-len(g.machines), g.entitlement, g.msb)):
+        left = deadline - time.monotonic()
+        if left <= 0.05:
+            out.append(Result(g, tuple(sorted(m.id for m in g.machines)), (), (), "not solved: the plan's "
+                              f"{total_limit:g} s were spent", 0.0))
+            continue
+        out.append(solve(g, churn, min(time_limit, left)))
+    return Plan(tuple(sorted(out, key=lambda r: (r.group.entitlement, r.group.dc, r.group.msb))))

@@ -57,6 +57,13 @@ def test_memory_pinned_machines_racks_and_the_churn_budget_bound_it():
     assert len(r.freed) == 6 and len(r.moves) == 6, "8 tasks of 1 core fit on 2 machines of 4"
 
 
+def test_a_plan_stops_solving_when_its_time_is_spent():
+    g = group(m("a"), m("b"), tasks=[t("web/api", 0, "a"), t("web/api", 1, "b")])
+    body = plan([g, g], churn=1.0, total_limit=0.0).to_json()
+    assert [x["status"] for x in body["groups"]] == ["not solved: the plan's 0 s were spent"] * 2
+    assert body["moves"] == [] and body["goals"]["compaction"]["machines_held"] == {"before": 4, "after": 4}
+
+
 def test_a_plan_says_what_it_frees_in_words():
     g = group(m("a"), m("b"), tasks=[t("web/api", 0, "a"), t("web/api", 1, "b")])
     body = plan([g], churn=1.0).to_json()

@@ -44,7 +44,8 @@ from controlplane.srm.forecast import peak  # noqa: E402
 from controlplane.srm.recommend import Memory, Reading, recommend  # noqa: E402
 from controlplane.srm.service import FORECAST_EVERY  # noqa: E402
 from controlplane.srm.victims import choose  # noqa: E402
-from controlplane.store.records import Autoscale, TaskRec  # noqa: E402
+from controlplane.store.autoscale import Autoscale  # noqa: E402
+from controlplane.store.records import TaskRec  # noqa: E402
 from controlplane.usage.history import Series  # noqa: E402
 from hpa import Hpa  # noqa: E402
 

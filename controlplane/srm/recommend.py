@@ -20,7 +20,7 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 
-from controlplane.store.records import Autoscale
+from controlplane.store.autoscale import Autoscale
 
 DEFAULT_STARTUP = 60.0  # seconds from a scale-out to its tasks running, until one is measured
 

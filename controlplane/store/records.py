@@ -26,6 +26,8 @@ import msgspec
 from agent.errors import InputError
 from agent.models import TaskSpec
 from controlplane.security.sealing import TOKEN
+from controlplane.store.autoscale import Autoscale
+from controlplane.store.errors import ApiError
 
 NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$(?!\n)")  # the end of the text (agent/models.py)
 MAX_OWNER = 256  # characters of an entitlement's owner
@@ -35,24 +37,6 @@ JOB_STATES = ("active", "stopping", "stopped")
 # task keeps its machine (and the resources it holds there) while the machine is in maintenance,
 # but its container is stopped; it starts there again when the maintenance ends.
 ON_MACHINE = ("starting", "running", "failed", "lost")
-
-
-class ApiError(Exception):
-    """A request the daemon refuses: kind maps to the HTTP status, field names what is wrong."""
-
-    STATUS = {"invalid": 400, "unauthorized": 401, "forbidden": 403, "not_found": 404, "timeout": 408, "exists": 409, "conflict": 409,
-              "too_large": 413, "unprocessable": 422, "quota": 422, "no_placement": 422, "unavailable": 503}
-
-    def __init__(self, kind: str, field: str | None, why: str):
-        super().__init__(f"{field}: {why}" if field else why)
-        self.kind, self.field, self.why = kind, field, why
-
-    @property
-    def status(self) -> int:
-        return self.STATUS[self.kind]
-
-    def to_json(self) -> dict:
-        return {"error": self.kind, "field": self.field, "why": self.why}
 
 
 def _encode(record: Any) -> dict:
@@ -233,56 +217,6 @@ class Preference:
     property: str = "msb"
     strategy: str = "spread"
     weight: float = 1.0
-
-
-@dataclass(frozen=True, slots=True)
-class Metric:
-    """An autoscaled job's load other than its CPU: the value of a Prometheus query (on the region's
-    server, controld --prometheus-url) or the number a URL of the job's own answers; `target` is
-    the load one task should carry."""
-
-    target: float
-    prometheus: str | None = None
-    http: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Autoscale:
-    """A job's autoscaling policy (the SRM: controlplane/srm/). The defaults are the README's."""
-
-    min: int = 1
-    max: int = 10
-    target_cpu: float = 0.6  # of each task's cpus
-    tolerance: float = 0.1  # no change while load per task is within target x (1 +- tolerance)
-    predictive: bool = True  # the job's history (same time yesterday, last week) sets a floor
-    scale_down_after: float = 300.0  # seconds of measured load below the size before it shrinks
-    max_changes_per_hour: int = 6  # the flap budget (a scale-out for measured overload is never held)
-    metric: Metric | None = None
-
-    @classmethod
-    def parse(cls, data: dict) -> Autoscale:
-        """From a body's autoscale (schema.Autoscale); ApiError names the field."""
-        m = data.get("metric")
-        metric = None
-        if m is not None:
-            if (m.get("prometheus") is None) == (m.get("http") is None):
-                raise ApiError("unprocessable", "autoscale.metric", "give one of prometheus (a query) or http (a URL)")
-            metric = Metric(float(m["target"]), m.get("prometheus"), m.get("http"))
-        out = cls(**{k: v for k, v in data.items() if k != "metric"}, metric=metric)
-        if out.min > out.max:
-            raise ApiError("unprocessable", "autoscale.min", f"{out.min} is above autoscale.max {out.max}")
-        return replace(out, target_cpu=float(out.target_cpu), tolerance=float(out.tolerance),
-                       scale_down_after=float(out.scale_down_after))
-
-    def to_json(self) -> dict:
-        return _encode(self)
-
-    @classmethod
-    def from_json(cls, d: dict | None) -> Autoscale | None:
-        if d is None:
-            return None
-        m = d.get("metric")
-        return cls(**{**d, "metric": None if m is None else Metric(**m)})
 
 
 @dataclass(frozen=True, slots=True)

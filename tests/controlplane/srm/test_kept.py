@@ -10,7 +10,8 @@ from types import SimpleNamespace
 from controlplane.srm.service import Autoscaler, JobView
 from controlplane.store import Store
 from controlplane.store.keys import Keys
-from controlplane.store.records import Autoscale, JobRec
+from controlplane.store.autoscale import Autoscale
+from controlplane.store.records import JobRec
 from controlplane.store.state import RegionState
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 from controlplane.srm.forecast import peak
 from controlplane.srm.recommend import Memory, Reading, recommend
 from controlplane.srm.victims import choose
-from controlplane.store.records import Autoscale, TaskRec
+from controlplane.store.autoscale import Autoscale
+from controlplane.store.records import TaskRec
 from controlplane.usage.history import Series
 
 P = Autoscale(min=2, max=40, target_cpu=0.5, tolerance=0.1, predictive=True, scale_down_after=300, max_changes_per_hour=4)

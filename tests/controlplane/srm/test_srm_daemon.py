@@ -252,8 +252,14 @@ def test_a_task_its_controller_will_not_stop_is_swapped_for_another(region):
                  30, "the refused task swapped for another")
         other = a["events"][-1]["stopped"]
         assert other != [kept] and kept not in other, a["events"][-1]
-        wait(lambda: sorted(t["index"] for t in job(c, "ctl/api")["tasks"]) ==
-             sorted(set(range(3)) - set(other)), 30, "the other task stopped and gone")
+        try:
+            wait(lambda: sorted(t["index"] for t in job(c, "ctl/api")["tasks"]) ==
+                 sorted(set(range(3)) - set(other)), 60, "the other task stopped and gone")
+        except AssertionError:
+            j = job(c, "ctl/api")
+            raise AssertionError(f"kept {kept}, offered {other}: tasks {[(t['index'], t['state']) for t in j['tasks']]}, "
+                                 f"gaps {j['gaps']}, taskcontrol {j['taskcontrol']}, operations {j['operations']}, "
+                                 f"events {autoscale(c, 'ctl/api')['events']}, calls {ep.calls[-5:]}") from None
         j = job(c, "ctl/api")
         assert kept in [t["index"] for t in j["tasks"] if t["state"] == "running"], j["tasks"]
         assert j["count"] == 2 and len(refused) == 1

@@ -40,9 +40,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from controlplane.srm.forecast import peak  # noqa: E402
+from controlplane.srm.forecast import EVERY as FORECAST_EVERY, refresh  # noqa: E402
 from controlplane.srm.recommend import Memory, Reading, recommend  # noqa: E402
-from controlplane.srm.service import FORECAST_EVERY  # noqa: E402
 from controlplane.srm.victims import choose  # noqa: E402
 from controlplane.store.autoscale import Autoscale  # noqa: E402
 from controlplane.store.records import TaskRec  # noqa: E402
@@ -268,12 +267,7 @@ def simulate(loads: list[list[float]], history: list[list[float]], outages: list
                     began = time.process_time()
                     mem: Memory = job["mem"]
                     clock = T0 + now  # the history's clock
-                    if clock >= mem.forecast_until:
-                        horizon = mem.startup + STEP + SAMPLE + FORECAST_EVERY
-                        mc = peak(job["series"], clock, horizon)
-                        mem.forecast, mem.forecast_until = (None if mc is None else mc / 1000), clock + FORECAST_EVERY
-                        mc = peak(job["series"], clock, horizon + 3600)
-                        mem.forecast_hour = None if mc is None else mc / 1000
+                    refresh(mem, job["series"], clock, mem.startup + STEP + SAMPLE)
                     reading = Reading(used, MEASURE_DELAY, ready) if used is not None else Reading(None, math.inf, ready)
                     d = recommend(POLICY, mem, clock, size, reading, TARGET, TARGET, None, stale_after)
                     srm_cpu += time.process_time() - began

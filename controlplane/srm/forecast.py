@@ -12,6 +12,7 @@ import math
 from controlplane.usage.history import Series
 
 DAY, WEEK = 24 * 60, 7 * 24 * 60  # in minutes
+EVERY = 300.0  # seconds a forecast serves (its window reaches that much further)
 
 
 def peak(series: Series, now: float, horizon: float) -> int | None:
@@ -24,3 +25,17 @@ def peak(series: Series, now: float, horizon: float) -> int | None:
     if day:
         return max(c for _, c, _ in day)
     return None
+
+
+def refresh(mem, series: Series | None, now: float, lead: float) -> None:
+    """A job's forecasts in its recommender's Memory (srm/recommend.py), read again once the last
+    has served EVERY seconds: the peak of the horizon (`lead`, its start-up time and measurement
+    delay, + EVERY: a scale-out's floor) and of the hour after it (a scale-in's floor), in cores."""
+    if now < mem.forecast_until:
+        return
+    horizon = lead + EVERY
+    mc = peak(series, now, horizon) if series is not None else None
+    hour = peak(series, now, horizon + 3600) if series is not None else None
+    mem.forecast = None if mc is None else mc / 1000
+    mem.forecast_hour = None if hour is None else hour / 1000
+    mem.forecast_until = now + EVERY

@@ -11,8 +11,6 @@ import asyncio
 import json
 import logging
 import math
-from typing import Callable
-
 import aiohttp
 
 from controlplane.store.records import JobRec
@@ -60,8 +58,7 @@ def prometheus_value(answer: object) -> float:
 
 
 class Loads:
-    def __init__(self, state: RegionState, prometheus: str | None = None, reach: Reach | None = None,
-                 clock: Callable[[], float] | None = None):
+    def __init__(self, state: RegionState, prometheus: str | None = None, reach: Reach | None = None):
         self.state, self.prometheus, self.reach = state, prometheus, reach or Reach()
         self.values: dict[str, tuple[float, float]] = {}  # job -> (value, when read)
         self.errors: dict[str, str] = {}  # job -> why its last read failed

@@ -23,7 +23,7 @@ from collections import deque
 from dataclasses import replace
 from typing import TYPE_CHECKING, Callable
 
-from controlplane.srm.forecast import peak
+from controlplane.srm.forecast import EVERY as FORECAST_EVERY, refresh
 from controlplane.srm.load import Loads
 from controlplane.srm.recommend import Decision, Memory, Reading, budget_left, recommend
 from controlplane.srm.victims import choose
@@ -39,7 +39,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("twine.controld.srm")
 INTERVAL = 15.0  # seconds between two passes (--srm-interval)
-FORECAST_EVERY = 300.0  # seconds a forecast serves (its window reaches that much further)
 EVENTS = 20  # resizes kept per job
 STEPS = 576  # (t, size, recommended) changes kept per job: 48 hours of one each 5 minutes
 STEP_EVERY = 300  # seconds: a recommendation's changes within it are one step (a resize is its own)
@@ -187,11 +186,7 @@ class Autoscaler:
         per_task = p.metric.target if p.metric is not None else p.target_cpu * cpus
         if p.predictive and now >= mem.forecast_until:
             series = self.recorder.series.get(("job", h)) if self.recorder is not None else None
-            horizon = mem.startup + self.interval + self.sample + FORECAST_EVERY
-            mc = peak(series, now, horizon) if series is not None else None
-            mem.forecast, mem.forecast_until = (None if mc is None else mc / 1000), now + FORECAST_EVERY
-            mc = peak(series, now, horizon + 3600) if series is not None else None
-            mem.forecast_hour = None if mc is None else mc / 1000
+            refresh(mem, series, now, mem.startup + self.interval + self.sample)
         reading = self.reading(job, usage, running, now)
         d = recommend(p, mem, now, job.count, reading, per_task, p.target_cpu * cpus, self.room(job, reserved),
                       self.stale_after)

@@ -10,7 +10,7 @@ from aiohttp import web
 from controlplane.frontend.body import reply
 from controlplane.frontend.forward import Forwarder
 from controlplane.frontend.services import Shards
-from controlplane.srm.service import Autoscaler
+from controlplane.srm.service import Autoscaler, tasks_per_machine
 from controlplane.store.records import ApiError, JobRec
 from controlplane.store.state import RegionState
 
@@ -33,8 +33,7 @@ def quota_warnings(state: RegionState, job: JobRec) -> list[str]:
     if m is None:
         return []
     cpus, mem = job.resources()
-    per_machine = min(int(float(m.capacity["cpus"]) / cpus + 1e-9),
-                      int(m.capacity.get("memory_mb", 0)) // mem if mem else 10**9)
+    per_machine = tasks_per_machine(float(m.capacity["cpus"]), int(m.capacity.get("memory_mb", 0)), cpus, mem)
     holds = ent.quota * per_machine
     if p.max <= holds:
         return []

@@ -47,6 +47,11 @@ AVOID = 600.0  # seconds a task its controller would not stop is not chosen agai
 REPORTING = 0.8  # of the running tasks must report usage for a CPU reading to count
 
 
+def tasks_per_machine(cpus_cap: float, memory_cap: int, cpus: float, memory_mb: int) -> int:
+    """Tasks of a size one machine of that capacity holds."""
+    return min(int(cpus_cap / cpus + 1e-9), memory_cap // memory_mb if memory_mb else 10**9)
+
+
 class JobView:
     """What the SRM shows of one job."""
 
@@ -167,7 +172,7 @@ class Autoscaler:
         others = reserved.get(job.entitlement, [0.0, 0.0])
         free_cpu = ent.quota * cap[0] - (others[0] - cpus * job.count)
         free_mem = ent.quota * cap[1] - (others[1] - mem * job.count)
-        per_machine = min(int(cap[0] / cpus + 1e-9), int(cap[1] / mem) if mem else 10**9)
+        per_machine = tasks_per_machine(cap[0], cap[1], cpus, mem)
         return max(0, min(int(free_cpu / cpus + 1e-9), int(free_mem / mem) if mem else 10**9,
                           ent.quota * per_machine))
 

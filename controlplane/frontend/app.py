@@ -76,7 +76,7 @@ def make_app(s: Services) -> web.Application:
         Entitlements(s.state, s.settings.profile_search),
         Jobs(s.state, s.shards, s.forwarder, s.reach, s.prometheus_url),
         AutoscaleView(s.state, s.srm, s.shards, s.forwarder),
-        Rebalance(s.state),
+        Rebalance(s.state, s.usage),
         Machines(s.state, s.agents, s.clean),
         Tokens(s.state),
         Maintenance(s.ops),

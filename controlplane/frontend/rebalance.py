@@ -9,16 +9,17 @@ import asyncio
 from aiohttp import web
 
 from controlplane.frontend.body import reply
-from controlplane.rebalancer.view import groups
+from controlplane.rebalancer.view import region
 from controlplane.store.records import NAME, ApiError
 from controlplane.store.state import RegionState
+from controlplane.usage.region import RegionUsage
 
 MAX_GROUPS = 200  # groups solved for one request (a region-wide plan of a large region: ask per entitlement)
 
 
 class Rebalance:
-    def __init__(self, state: RegionState):
-        self.state = state
+    def __init__(self, state: RegionState, usage: RegionUsage | None = None):
+        self.state, self.usage = state, usage
         self._solving = asyncio.Semaphore(1)  # one plan at a time: each uses a core while it solves
 
     async def plan(self, request: web.Request) -> web.Response:
@@ -32,10 +33,10 @@ class Rebalance:
         except ImportError as e:
             raise ApiError("unavailable", None, f"the ReBalancer needs OR-Tools ({e}): install twine with its "
                            "rebalancer extra (pip install 'twine[rebalancer]')") from None
-        gs = groups(self.state, ent)
-        if len(gs) > MAX_GROUPS:
-            raise ApiError("unprocessable", "entitlement", f"{len(gs)} (entitlement, MSB) groups to solve; at most "
-                           f"{MAX_GROUPS} in one plan: ask for one entitlement at a time")
+        view = region(self.state, ent, self.usage.jobs() if self.usage is not None else None)
+        if len(view.groups) > MAX_GROUPS:
+            raise ApiError("unprocessable", "entitlement", f"{len(view.groups)} (entitlement, MSB) groups to solve; "
+                           f"at most {MAX_GROUPS} in one plan: ask for one entitlement at a time")
         async with self._solving:
-            result = await asyncio.to_thread(plan, gs)
+            result = await asyncio.to_thread(plan, view)
         return reply({"entitlement": ent, **result.to_json()})

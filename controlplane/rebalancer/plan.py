@@ -1,91 +1,112 @@
-"""A rebalance plan (dry run): each group solved (compaction.py), the region's score before and
-after, and each move with why, in words a person reads."""
+"""A rebalance round's plan: the goals in their order (goals.py: repair, then hotspots; then
+compaction.py per group) on one board, each goal's score before and after, each move with its goal
+and why, in words a person reads, and the rules checked on the result (score.py)."""
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
 
-from controlplane.rebalancer.compaction import TIME_LIMIT, Move, Result, solve
-from controlplane.rebalancer.view import SCALE, Group
+from controlplane.rebalancer.board import HOT_MACHINE, MSB_MARGIN, Board, Key, Planned
+from controlplane.rebalancer.compaction import TIME_LIMIT, Result, solve_group
+from controlplane.rebalancer.goals import machine_hotspots, msb_hotspots, repair
+from controlplane.rebalancer.score import Before, Scores, scores, violations
+from controlplane.rebalancer.view import SCALE, Group, Region
+
+TOTAL_LIMIT = 8.0  # seconds the groups' solves may take in all (each group is drained first, at once)
 
 
 @dataclass(frozen=True)
 class Plan:
     results: tuple[Result, ...]
-
-    @property
-    def moves(self) -> list[Move]:
-        return [mv for r in self.results for mv in r.moves]
+    moves: tuple[Planned, ...]  # in the order the goals made them
+    before: Scores
+    after: Scores
+    violations: tuple[str, ...]
+    seconds: float
+    margin: float = MSB_MARGIN
+    hot: float = HOT_MACHINE
 
     def freed(self) -> list[str]:
-        return sorted(mid for r in self.results for mid in r.freed)
+        return sorted(self.before.held - self.after.held)
 
     def to_json(self) -> dict:
-        ents: dict[str, dict] = {}
-        for r in self.results:
-            g = r.group
-            e = ents.setdefault(g.entitlement, {"held": 0, "held_after": 0, "cpus": 0, "cpus_after": 0, "reserved": 0})
-            reserved = sum(t.cpus for t in g.tasks) + sum(m.fixed_cpus for m in g.machines)
-            e["held"] += len(g.machines)
-            e["held_after"] += len(r.kept)
-            e["cpus"] += sum(m.cpus for m in g.machines)
-            e["cpus_after"] += sum(m.cpus for m in g.machines if m.id in r.kept)
-            e["reserved"] += reserved
-        goals = {"compaction": {
-            "machines_held": {"before": sum(e["held"] for e in ents.values()),
-                              "after": sum(e["held_after"] for e in ents.values())},
-            "stranded_cpus": {"before": round(sum(e["cpus"] - e["reserved"] for e in ents.values()) / SCALE, 3),
-                              "after": round(sum(e["cpus_after"] - e["reserved"] for e in ents.values()) / SCALE, 3)}}}
-        moves = []
-        for r in self.results:
-            for mv in r.moves:
-                why = (f"compaction: frees {mv.source}" if mv.source in r.freed else
-                       f"compaction: makes room on {mv.target} for tasks of a machine being freed")
-                moves.append({"job": mv.job, "index": mv.index, "source": mv.source, "target": mv.target,
-                              "goal": "compaction", "why": why})
+        b, a = self.before, self.after
+        goals = {
+            "repair": {"spread_excess": {"before": b.spread_excess, "after": a.spread_excess}},
+            "hotspots": {"hottest_msb": {"before": b.hottest_msb, "after": a.hottest_msb},
+                         "hot_machines": {"before": b.hot_machines, "after": a.hot_machines}},
+            "compaction": {"machines_held": {"before": b.machines_held, "after": a.machines_held},
+                           "stranded_cpus": {"before": b.stranded_cpus, "after": a.stranded_cpus}},
+        }
+        ents = {}
+        for name, (held, cpus, reserved) in sorted(b.by_entitlement.items()):
+            held_after, cpus_after, _ = a.by_entitlement.get(name, (0, 0, 0))
+            ents[name] = {"held": held, "held_after": held_after, "reserved_cpus": round(reserved / SCALE, 3),
+                          "cpus": round(cpus / SCALE, 3), "cpus_after": round(cpus_after / SCALE, 3)}
         return {
             "goals": goals,
-            "entitlements": {n: {"held": e["held"], "held_after": e["held_after"],
-                                 "reserved_cpus": round(e["reserved"] / SCALE, 3),
-                                 "cpus": round(e["cpus"] / SCALE, 3), "cpus_after": round(e["cpus_after"] / SCALE, 3)}
-                             for n, e in sorted(ents.items())},
-            "moves": moves,
+            "entitlements": ents,
+            "moves": [{"job": p.job, "index": p.index, "source": p.source, "target": p.target, "goal": p.goal,
+                       "why": p.why} for p in self.moves],
             "freed": self.freed(),
             "groups": [{"entitlement": r.group.entitlement, "dc": r.group.dc, "msb": r.group.msb,
                         "machines": len(r.group.machines), "tasks": len(r.group.tasks), "status": r.status,
                         "seconds": round(r.seconds, 3)} for r in self.results],
-            "summary": self.summary(ents),
+            "violations": list(self.violations),
+            "seconds": round(self.seconds, 3),
+            "summary": self.summary(),
         }
 
-    def summary(self, ents: dict[str, dict]) -> list[str]:
+    def summary(self) -> list[str]:
         out = []
-        for name, e in sorted(ents.items()):
-            n = e["held"] - e["held_after"]
+        by_goal: dict[str, int] = {}
+        for p in self.moves:
+            by_goal[p.goal] = by_goal.get(p.goal, 0) + 1
+        b, a = self.before, self.after
+        if b.spread_excess:
+            out.append(f"repair: {b.spread_excess} task(s) of jobs spread over MSBs are beyond an even spread; "
+                       f"{by_goal.get('repair', 0)} move(s) leave {a.spread_excess}")
+        if b.hottest_msb > 1 + self.margin or b.hot_machines:
+            out.append(f"hotspots: the hottest MSB uses {b.hottest_msb:.2f}x the region's mean cpu, "
+                       f"{b.hot_machines} machine(s) above {self.hot:.0%} of their cores; "
+                       f"{by_goal.get('hotspots', 0)} move(s) leave {a.hottest_msb:.2f}x and {a.hot_machines}")
+        elif b.hottest_msb:
+            out.append(f"hotspots: none (the hottest MSB uses {b.hottest_msb:.2f}x the region's mean cpu, "
+                       f"no machine above {self.hot:.0%} of its cores)")
+        for name, (held, cpus, reserved) in sorted(b.by_entitlement.items()):
+            n = held - a.by_entitlement.get(name, (0, 0, 0))[0]
             moves = sum(len(r.moves) for r in self.results if r.group.entitlement == name)
             if n:
-                out.append(f"entitlement {name} holds {e['held']} machines whose {e['cpus'] / SCALE:g} cores are "
-                           f"{e['reserved'] / SCALE:g} reserved: moving {moves} task(s) within their MSBs frees "
+                out.append(f"entitlement {name} holds {held} machines whose {cpus / SCALE:g} cores are "
+                           f"{reserved / SCALE:g} reserved: moving {moves} task(s) within their MSBs frees "
                            f"{n} machine(s) for the free pool")
             else:
-                out.append(f"entitlement {name} holds {e['held']} machines ({e['reserved'] / SCALE:g} of "
-                           f"{e['cpus'] / SCALE:g} cores reserved): none can be freed by moves within an MSB")
+                out.append(f"entitlement {name} holds {held} machines ({reserved / SCALE:g} of "
+                           f"{cpus / SCALE:g} cores reserved): none can be freed by moves within an MSB")
         return out
 
 
-TOTAL_LIMIT = 20.0  # seconds a plan's solving may take in all; the groups left are not solved
-
-
-def plan(groups: list[Group], churn: float = 0.25, time_limit: float = TIME_LIMIT,
-         total_limit: float = TOTAL_LIMIT) -> Plan:
-    """Each group solved, largest first (where most is stranded), until total_limit is spent."""
+def plan(region: Region | list[Group], churn: float = 0.25, time_limit: float = TIME_LIMIT,
+         total_limit: float = TOTAL_LIMIT, cooling: frozenset[Key] | set[Key] = frozenset(),
+         hot: float = HOT_MACHINE, margin: float = MSB_MARGIN) -> Plan:
+    """One round: repair, hotspots, then each group compacted, largest first: drained at once
+    (compaction._drain), then improved by the solver for its share of what is left of total_limit
+    (at most time_limit); once that is spent, the groups left keep their drain's answer."""
+    started = time.monotonic()
+    if not isinstance(region, Region):
+        region = Region(list(region))
+    board = Board(region, churn, cooling, hot, margin)
+    before, checked = scores(board), Before(board)
+    moves = repair(board) + msb_hotspots(board) + machine_hotspots(board)
     deadline = time.monotonic() + total_limit
-    out = []
-    for g in sorted(groups, key=lambda g: (-len(g.machines), g.entitlement, g.msb)):
-        left = deadline - time.monotonic()
-        if left <= 0.05:
-            out.append(Result(g, tuple(sorted(m.id for m in g.machines)), (), (), "not solved: the plan's "
-                              f"{total_limit:g} s were spent", 0.0))
-            continue
-        out.append(solve(g, churn, min(time_limit, left)))
-    return Plan(tuple(sorted(out, key=lambda r: (r.group.entitlement, r.group.dc, r.group.msb))))
+    results = []
+    order = sorted(region.groups, key=lambda g: (-len(g.machines), g.entitlement, g.msb))
+    for n, g in enumerate(order):
+        share = (deadline - time.monotonic()) / (len(order) - n)
+        r = solve_group(board, g, min(time_limit, share))
+        results.append(r)
+        moves += list(r.moves)
+    after = scores(board)
+    return Plan(tuple(sorted(results, key=lambda r: (r.group.entitlement, r.group.dc, r.group.msb))), tuple(moves),
+                before, after, tuple(violations(checked, board)), time.monotonic() - started, margin, hot)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Mapping
 
 from controlplane.store.state import RegionState
 
@@ -30,9 +31,11 @@ class Task:
     job: str
     index: int
     machine: str
-    cpus: int  # millicores
+    cpus: int  # millicores reserved
     memory_mb: int
     keep_rack: bool = False  # its job spreads over racks: it moves within its rack only
+    used: int = 0  # millicores measured (its job's measured cpu over its running tasks)
+    spreads_msb: bool = True  # its job spreads over MSBs: a move between MSBs must not make that worse
 
 
 @dataclass
@@ -46,11 +49,41 @@ class Group:
     tasks: list[Task] = field(default_factory=list)
 
 
-def groups(state: RegionState, entitlement: str | None = None, now: float | None = None) -> list[Group]:
+@dataclass
+class Region:
+    """The groups to plan, and each MSB's capacity (every healthy machine's, free ones too: an
+    MSB's load is what its machines use over what they have)."""
+
+    groups: list[Group]
+    msb_cpus: dict[tuple[str, str], int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.msb_cpus:
+            for g in self.groups:
+                key = (g.dc, g.msb)
+                self.msb_cpus[key] = self.msb_cpus.get(key, 0) + sum(m.cpus for m in g.machines)
+
+
+def region(state: RegionState, entitlement: str | None = None, usage: Mapping[str, list[int]] | None = None,
+           now: float | None = None) -> Region:
+    """The region's groups with each task's measured cpu (`usage`: RegionUsage.jobs(), per job
+    [millicores, MiB, tasks]: a task is taken to use its job's mean), and the MSBs' capacity."""
+    gs = groups(state, entitlement, now, usage)
+    cap: dict[tuple[str, str], int] = {}
+    for m in state.machines.values():
+        if m.healthy:
+            key = (m.labels.get("dc", ""), m.labels.get("msb", ""))
+            cap[key] = cap.get(key, 0) + round(float(m.capacity.get("cpus", 0)) * SCALE)
+    return Region(gs, cap)
+
+
+def groups(state: RegionState, entitlement: str | None = None, now: float | None = None,
+           usage: Mapping[str, list[int]] | None = None) -> list[Group]:
     """The (entitlement, MSB) groups of the entitlements' healthy machines that are in no
     maintenance, with the running tasks on them; an unhealthy machine or one in maintenance is
     left out whole (nothing moves to or from it)."""
     now = time.time() if now is None else now
+    usage = usage or {}
     out: dict[tuple[str, str, str], Group] = {}
     by_machine: dict[str, Machine] = {}
     for m in state.machines.values():
@@ -82,6 +115,8 @@ def groups(state: RegionState, entitlement: str | None = None, now: float | None
             ent = state.entitlements.get(job.entitlement)
             props = [p.property for p in job.preferences] if job.preferences is not None else \
                 list(ent.spread.properties if ent is not None else ())
+            measured = usage.get(handle)
+            used = round(measured[0] / measured[2]) if measured and measured[2] else 0
             out[(mach.entitlement, mach.dc, mach.msb)].tasks.append(
-                Task(handle, t.index, mach.id, cpus, mem, "rack" in props))
+                Task(handle, t.index, mach.id, cpus, mem, "rack" in props, used, "msb" in props))
     return [g for _, g in sorted(out.items())]

@@ -24,7 +24,7 @@ def test_half_empty_machines_are_freed_with_the_fewest_moves():
     g = group(m("a"), m("b"), m("c"), tasks=[t("web/api", 0, "a"), t("web/api", 1, "a"), t("web/api", 2, "b"),
                                              t("web/db", 0, "c", cpus=2)])
     r = solve(g, churn=1.0)
-    assert r.status == "optimal" and len(r.kept) == 2 and len(r.freed) == 1
+    assert r.status.startswith("optimal") and len(r.kept) == 2 and len(r.freed) == 1
     assert len(r.moves) == 1, "one task moves: the fewest that free a machine"
     mv = r.moves[0]
     assert mv.source in r.freed and mv.target in r.kept
@@ -57,11 +57,18 @@ def test_memory_pinned_machines_racks_and_the_churn_budget_bound_it():
     assert len(r.freed) == 6 and len(r.moves) == 6, "8 tasks of 1 core fit on 2 machines of 4"
 
 
-def test_a_plan_stops_solving_when_its_time_is_spent():
-    g = group(m("a"), m("b"), tasks=[t("web/api", 0, "a"), t("web/api", 1, "b")])
-    body = plan([g, g], churn=1.0, total_limit=0.0).to_json()
-    assert [x["status"] for x in body["groups"]] == ["not solved: the plan's 0 s were spent"] * 2
-    assert body["moves"] == [] and body["goals"]["compaction"]["machines_held"] == {"before": 4, "after": 4}
+def test_when_the_plans_time_is_spent_the_groups_keep_the_drains_answer():
+    # two groups the drain alone cannot prove optimal (three machines, tasks of 3 and 1 cores: the
+    # totals say one machine could go, and the drain's best fit frees none or one)
+    def hard(msb: str) -> Group:
+        ms = [Machine(f"{msb}-{x}", "web", "dc1", msb, 4000, 4096) for x in "abc"]
+        return Group("web", "dc1", msb, ms, [t("web/api", k, f"{msb}-{x}", cpus=c, spreads_msb=False)
+                                             for k, (x, c) in enumerate((("a", 3), ("b", 2), ("c", 1.5)))])
+    body = plan([hard("msb1"), hard("msb2")], churn=1.0, total_limit=0.0).to_json()
+    assert {x["status"] for x in body["groups"]} <= {"drain (no time left for the solver)", "optimal (drain)"}, body
+    assert body["violations"] == []
+    body = plan([hard("msb1"), hard("msb2")], churn=1.0).to_json()
+    assert all(x["status"].startswith("optimal") for x in body["groups"]), body["groups"]
 
 
 def test_a_plan_says_what_it_frees_in_words():

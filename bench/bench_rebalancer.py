@@ -1,0 +1,375 @@
+"""The ReBalancer against the Kubernetes descheduler on a region after churn (issue #27).
+
+A simulated region (no daemon, no containers; the fake parts are the history and the usage, named
+so): M machines of 16 cores and 64 GiB, in MSBs of 500 machines (two dcs, MSBs alternating) and
+racks of 25, and one entitlement per 500 machines. Every placement is our allocator's
+(controlplane/allocator: allocate() on its Snapshot, as the daemon's scheduler calls it), and a
+machine left with nothing goes back to the free pool, as the product does. The seeded history:
+jobs are created until 65 % of the region's cores are reserved; then, in events, autoscaling
+shrinks (the SRM's choice of victims: the tasks on the machines holding the fewest of the
+entitlement's tasks; controlplane/srm/victims.py's rule), resizes by hand (the highest indices
+go), growth, stops, new jobs, and machine failures (the tasks placed elsewhere; the machine comes
+back empty, to the free pool). Measured usage: each job uses a share of what it reserves
+(lognormal), its tasks unevenly (a shard's load falls with its index, Zipf-like), each at most
+what it reserves.
+
+On that same state, one round each:
+- baseline: the descheduler (bench/descheduler.py, tested in tests/bench/test_descheduler.py):
+  LowNodeUtilization (thresholds 20 %, targets 50 %) then RemoveDuplicates, run over each
+  entitlement's machines (a Kubernetes cluster whose autoscaler removed its empty nodes), at most
+  PER_NODE evictions a node; each evicted task is placed again by our allocator (a move; it may
+  land where it was); the descheduler reads requests, not usage;
+- ours: controlplane.rebalancer.plan.plan() as GET /v1/rebalance/plan runs it: repair, hotspots
+  (MSBs above the mean by more than 5 %, machines above 80 % measured), compaction per
+  (entitlement, MSB) with CP-SAT, churn budget 25 % of a job a round; its moves applied.
+
+Freed: machines that held tasks before the round and none after (back to the free pool). Moves:
+tasks placed elsewhere (the baseline's evictions, ours planned moves). Hottest MSB: the MSB whose
+measured cpu over its machines' cores is the highest, over the region's mean. Violations (ours):
+the planner's own checks (score.py) and, recomputed here on the allocator's snapshot with the
+moves applied, machines reserving more than they have and moves out of a task's dc or
+entitlement. Solve: the wall time of plan() (the board, the goals, every group's solve), one
+process, this machine.
+
+    .venv/bin/python bench/bench_rebalancer.py [--machines 10000] [--seed 27]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import random
+import resource
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from controlplane.allocator.allocate import allocate  # noqa: E402
+from controlplane.allocator.errors import AllocationError  # noqa: E402
+from controlplane.allocator.model import Entitlement, JobRequest, Machine, PlacedTask  # noqa: E402
+from controlplane.allocator.snapshot import Snapshot  # noqa: E402
+from controlplane.rebalancer import view  # noqa: E402
+from controlplane.rebalancer.plan import plan  # noqa: E402
+from descheduler import Node, Pod, low_node_utilization, remove_duplicates  # noqa: E402
+
+CORES, MEMORY = 16, 65536
+MSB_SIZE, RACK_SIZE, ENT_SIZE = 500, 25, 500
+FILL = 0.65  # of the region's cores reserved before the churn
+PER_NODE = 5  # the descheduler's maxNoOfPodsToEvictPerNode
+SIZES = ((0.5, 30), (1.0, 30), (2.0, 25), (4.0, 15))  # task cores, weight
+
+
+@dataclass
+class Job:
+    name: str
+    cpus: float
+    memory_mb: int
+    top: int  # tasks 0..top-1 but gaps
+    gaps: set[int] = field(default_factory=set)
+    share: float = 0.3  # of what it reserves, the job uses
+
+    def request(self, replace_: tuple[int, ...] = ()) -> JobRequest:
+        return JobRequest(self.name, self.top, self.cpus, self.memory_mb, replace=replace_,
+                          gaps=frozenset(self.gaps))
+
+
+class Region:
+    def __init__(self, machines: int, seed: int):
+        self.rnd = random.Random(seed)
+        ms = []
+        for i in range(machines):
+            msb = i // MSB_SIZE
+            ms.append(Machine(f"m{i:06d}", "r1", f"dc{msb % 2 + 1}", f"msb{msb:03d}", f"rack{i // RACK_SIZE:05d}",
+                              "generic", float(CORES), MEMORY))
+        self.ents = [Entitlement(f"e{k:03d}", "generic", quota=machines) for k in range(max(2, machines // ENT_SIZE))]
+        self.snap = Snapshot.build(ms, self.ents)
+        self.jobs: dict[str, Job] = {}
+        self.on: dict[str, set[tuple[str, int]]] = {m.id: set() for m in ms}  # machine -> its tasks
+        self.failed_allocations = 0
+
+    # -- what the history does ----------------------------------------------------------------
+
+    def reserved(self) -> float:
+        return sum(self.snap.used(mid)[0] for mid in self.snap.machines) / (CORES * len(self.snap.machines))
+
+    def place(self, job: Job, replace_: tuple[int, ...] = ()) -> bool:
+        try:
+            p = allocate(self.snap, job.request(replace_))
+        except AllocationError:
+            self.failed_allocations += 1
+            return False
+        for i in p.new_tasks:
+            old = self.snap.tasks_of(job.name).get(i)
+            if old is not None:
+                self.on[old.machine_id].discard((job.name, i))
+            self.on[p.task_machines[i]].add((job.name, i))
+        self.snap.apply_placement(p)
+        return True
+
+    def create(self) -> None:
+        rnd = self.rnd
+        cpus = rnd.choices([s for s, _ in SIZES], [w for _, w in SIZES])[0]
+        count = max(1, min(200, int(rnd.lognormvariate(2.3, 1.0))))
+        ent = rnd.choice(self.ents).name
+        name = f"{ent}/j{len(self.jobs):06d}"
+        job = Job(name, cpus, int(cpus * 4096 * rnd.uniform(0.5, 1.5)), count,
+                  share=min(0.95, rnd.lognormvariate(math.log(0.35), 0.5)))
+        if self.place(job):
+            self.jobs[name] = job
+
+    def remove(self, job: Job, indices: list[int]) -> None:
+        touched = {self.snap.tasks_of(job.name)[i].machine_id for i in indices}
+        for i in indices:
+            self.on[self.snap.tasks_of(job.name)[i].machine_id].discard((job.name, i))
+        self.snap.apply(removed_tasks=[(job.name, i) for i in indices])
+        for i in indices:
+            job.gaps.add(i)
+        while job.top and (job.top - 1) in job.gaps:
+            job.top -= 1
+            job.gaps.discard(job.top)
+        self.back_to_pool(touched)
+
+    def back_to_pool(self, machines) -> None:
+        empty = [replace(self.snap.machines[mid], entitlement=None) for mid in machines
+                 if self.snap.used(mid) == (0.0, 0) and self.snap.machines[mid].entitlement is not None]
+        if empty:
+            self.snap.apply(machines=empty)
+
+    def live(self, job: Job) -> list[int]:
+        return sorted(self.snap.tasks_of(job.name))
+
+    def shrink_srm(self, job: Job, n: int) -> None:
+        """The SRM's victims: tasks on the machines holding the fewest of the entitlement's tasks."""
+        tasks = self.snap.tasks_of(job.name)
+        order = sorted(tasks, key=lambda i: (len(self.on[tasks[i].machine_id]), tasks[i].machine_id, -i))
+        self.remove(job, order[:n])
+
+    def shrink_by_hand(self, job: Job, n: int) -> None:
+        self.remove(job, self.live(job)[-n:])
+
+    def grow(self, job: Job, n: int) -> None:
+        fill = sorted(job.gaps)[:n]
+        job.gaps -= set(fill)
+        job.top += n - len(fill)
+        if not self.place(job):
+            for i in range(job.top - (n - len(fill)), job.top):
+                job.gaps.add(i)
+            job.gaps |= set(fill)
+            while job.top and (job.top - 1) in job.gaps:
+                job.top -= 1
+                job.gaps.discard(job.top)
+
+    def stop(self, job: Job) -> None:
+        self.remove(job, self.live(job))
+        del self.jobs[job.name]
+
+    def fail(self) -> None:
+        """A machine fails: its tasks are placed elsewhere; it comes back empty, to the free pool."""
+        mid = self.rnd.choice(sorted(k for k, v in self.on.items() if v))
+        on: dict[str, list[int]] = {}
+        for job, i in self.on[mid]:
+            on.setdefault(job, []).append(i)
+        self.snap.apply(machines=[replace(self.snap.machines[mid], healthy=False)])
+        for name, indices in sorted(on.items()):
+            job = self.jobs[name]
+            if not self.place(job, tuple(sorted(indices))):
+                self.remove(job, indices)
+        self.snap.apply(machines=[replace(self.snap.machines[mid], healthy=True)])
+        self.back_to_pool([mid])
+
+    def history(self, events: int) -> Counter:
+        did: Counter = Counter()
+        while did["create"] % 50 or self.reserved() < FILL:
+            self.create()
+            did["create"] += 1
+        for _ in range(events):
+            jobs = list(self.jobs.values())
+            kind = self.rnd.choices(("autoscale", "resize down", "resize up", "stop", "create", "failure"),
+                                    (40, 15, 15, 10, 12, 8))[0]
+            job = self.rnd.choice(jobs)
+            n = len(self.snap.tasks_of(job.name))
+            if kind == "autoscale" and n > 1:
+                self.shrink_srm(job, max(1, int(n * self.rnd.uniform(0.2, 0.6))))
+            elif kind == "resize down" and n > 1:
+                self.shrink_by_hand(job, max(1, int(n * self.rnd.uniform(0.1, 0.4))))
+            elif kind == "resize up":
+                self.grow(job, max(1, int(n * self.rnd.uniform(0.1, 0.5))))
+            elif kind == "stop":
+                self.stop(job)
+            elif kind == "create":
+                self.create()
+            elif kind == "failure":
+                self.fail()
+            did[kind] += 1
+        return did
+
+    # -- measured usage ------------------------------------------------------------------------
+
+    def usage(self) -> dict[tuple[str, int], int]:
+        """Millicores each task uses: its job's share of what it reserves, uneven over the shards."""
+        rnd = random.Random(self.rnd.random())
+        out = {}
+        for j in self.jobs.values():
+            for i in self.snap.tasks_of(j.name):
+                skew = 2.0 / (1 + i) ** 0.5
+                out[(j.name, i)] = min(int(j.cpus * 1000), int(j.cpus * 1000 * j.share * skew * rnd.uniform(0.8, 1.2)))
+        return out
+
+
+# -- the figures -----------------------------------------------------------------------------
+
+def assignment(snap: Snapshot, jobs) -> dict[tuple[str, int], str]:
+    return {(j, i): t.machine_id for j in jobs for i, t in snap.tasks_of(j).items()}
+
+
+def hottest(snap: Snapshot, where: dict, used: dict) -> float:
+    cap, use = Counter(), Counter()
+    for m in snap.machines.values():
+        cap[(m.dc, m.msb)] += m.cpus * 1000
+    for key, mid in where.items():
+        m = snap.machines[mid]
+        use[(m.dc, m.msb)] += used.get(key, 0)
+    mean = sum(use.values()) / sum(cap.values())
+    return max(use[k] / cap[k] for k in cap) / mean
+
+
+def held(where: dict) -> set[str]:
+    return set(where.values())
+
+
+def baseline(r: Region, used: dict) -> tuple[Snapshot, int, float]:
+    snap = r.snap.copy()
+    began = time.perf_counter()
+    nodes: dict[str, list[Node]] = {}
+    pods: dict[str, list[Pod]] = {}
+    for m in snap.machines.values():
+        if m.entitlement is not None:
+            nodes.setdefault(m.entitlement, []).append(Node(m.id, int(m.cpus * 1000), m.memory_mb))
+    for j in r.jobs.values():
+        ent = j.name.partition("/")[0]
+        for i, t in snap.tasks_of(j.name).items():
+            pods.setdefault(ent, []).append(Pod((j.name, i), t.machine_id, j.name, int(t.cpus * 1000), t.memory_mb))
+    evicted: list[Pod] = []
+    for ent, ns in nodes.items():
+        ps = pods.get(ent, [])
+        first = low_node_utilization(ns, ps, per_node=PER_NODE)
+        gone = {p.key for p in first}
+        counts = Counter(p.node for p in first)
+        rest = [p for p in ps if p.key not in gone]
+        feasible = {p.owner: len(ns) for p in rest}
+        second = [p for p in remove_duplicates(rest, feasible, per_node=PER_NODE) if counts[p.node] < PER_NODE]
+        evicted += first + second
+    by_job: dict[str, list[int]] = {}
+    for p in evicted:
+        by_job.setdefault(p.owner, []).append(p.key[1])
+    snap.apply(removed_tasks=[p.key for p in evicted])
+    for name, indices in sorted(by_job.items()):
+        try:
+            snap.apply_placement(allocate(snap, r.jobs[name].request()))
+        except AllocationError:
+            r.failed_allocations += 1
+    touched = {p.node for p in evicted}
+    empty = [replace(snap.machines[mid], entitlement=None) for mid in touched if snap.used(mid) == (0.0, 0)]
+    if empty:
+        snap.apply(machines=empty)
+    return snap, len(evicted), time.perf_counter() - began
+
+
+def our_region(r: Region, used: dict) -> view.Region:
+    groups: dict[tuple, view.Group] = {}
+    machines: dict[str, view.Machine] = {}
+    cap: Counter = Counter()
+    for m in r.snap.machines.values():
+        cap[(m.dc, m.msb)] += int(m.cpus * 1000)
+        if m.entitlement is None:
+            continue
+        vm = view.Machine(m.id, m.entitlement, m.dc, m.msb, int(m.cpus * 1000), m.memory_mb, rack=m.rack)
+        machines[m.id] = vm
+        groups.setdefault((m.entitlement, m.dc, m.msb), view.Group(m.entitlement, m.dc, m.msb)).machines.append(vm)
+    for j in r.jobs.values():
+        for i, t in r.snap.tasks_of(j.name).items():
+            vm = machines[t.machine_id]
+            groups[(vm.entitlement, vm.dc, vm.msb)].tasks.append(
+                view.Task(j.name, i, t.machine_id, int(t.cpus * 1000), t.memory_mb, used=used[(j.name, i)]))
+    return view.Region([groups[k] for k in sorted(groups)], dict(cap))
+
+
+def check(r: Region, moves) -> tuple[Snapshot, list[str]]:
+    """The moves applied to a copy of the allocator's snapshot, and what breaks there."""
+    snap = r.snap.copy()
+    bad = []
+    placed = []
+    for mv in moves:
+        t = snap.tasks_of(mv.job)[mv.index]
+        src, dst = snap.machines[mv.source], snap.machines[mv.target]
+        if t.machine_id != mv.source:
+            bad.append(f"{mv.job}#{mv.index} is not on {mv.source}")
+        if (src.dc, src.entitlement) != (dst.dc, dst.entitlement):
+            bad.append(f"{mv.job}#{mv.index} left its dc or entitlement")
+        placed.append(PlacedTask(mv.job, mv.index, mv.target, t.cpus, t.memory_mb))
+    snap.apply(tasks=placed)
+    for mid in {mv.target for mv in moves}:
+        c, mem = snap.free(mid)
+        if c < -1e-9 or mem < 0:
+            bad.append(f"{mid} reserves more than it has")
+    return snap, bad
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--machines", type=int, default=10_000)
+    ap.add_argument("--events", type=int, default=None, help="churn events after the fill (default: machines / 2)")
+    ap.add_argument("--seed", type=int, default=27)
+    args = ap.parse_args()
+    began = time.perf_counter()
+    r = Region(args.machines, args.seed)
+    did = r.history(args.events if args.events is not None else args.machines // 2)
+    used = r.usage()
+    jobs = list(r.jobs)
+    where0 = assignment(r.snap, jobs)
+    print(f"region: {args.machines} machines of {CORES} cores in {len({(m.dc, m.msb) for m in r.snap.machines.values()})} "
+          f"MSBs, {len(r.ents)} entitlements; history ({time.perf_counter() - began:.0f} s): "
+          + ", ".join(f"{k} {v}" for k, v in sorted(did.items()))
+          + f"; {len(jobs)} jobs, {len(where0)} tasks on {len(held(where0))} machines, "
+          f"{r.reserved():.0%} of the region's cores reserved")
+
+    base_snap, n_base, base_s = baseline(r, used)
+    where_b = assignment(base_snap, jobs)
+    g_freed = len(held(where0) - held(where_b))
+    print(f"baseline (descheduler 20/50 + RemoveDuplicates, {PER_NODE} a node, re-placed by our allocator): "
+          f"{n_base} evictions, {g_freed} machines freed, {sum(1 for k in where0 if where_b.get(k) == where0[k])} of "
+          f"{len(where0)} tasks where they were (some evicted back to their machine), {base_s:.1f} s")
+
+    reg = our_region(r, used)
+    p = plan(reg)
+    _, bad = check(r, p.moves)
+    where_o = dict(where0)
+    for mv in p.moves:
+        where_o[(mv.job, mv.index)] = mv.target
+    f_freed = len(held(where0) - held(where_o))
+    by_goal = Counter(mv.goal for mv in p.moves)
+    statuses = Counter(x.status for x in p.results)
+    print(f"ours: {len(p.moves)} moves ({', '.join(f'{g} {n}' for g, n in sorted(by_goal.items()))}), "
+          f"{f_freed} machines freed, {len(reg.groups)} groups ("
+          + ", ".join(f"{k} {v}" for k, v in statuses.most_common()) + "), "
+          f"hot machines {p.before.hot_machines} -> {p.after.hot_machines}, spread excess "
+          f"{p.before.spread_excess} -> {p.after.spread_excess}; peak memory "
+          f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024} MiB (the whole benchmark)")
+    for line in p.violations[:5] + tuple(bad[:5]):
+        print("  violation:", line)
+    h0, hb, ho = hottest(r.snap, where0, used), hottest(r.snap, where_b, used), hottest(r.snap, where_o, used)
+    print(f"goals at 10,000 machines: freed >= 2 x baseline with moves <= baseline's; hottest MSB <= 1.10 x mean; "
+          f"no violation; solve <= 10 s (100,000: <= 60 s). Wall time {time.perf_counter() - began:.0f} s.")
+    print(f"rebalancer: freed {f_freed} machines (baseline {g_freed}) with {len(p.moves)} moves (baseline {n_base}); "
+          f"hottest MSB x{ho:.2f} of mean (before x{h0:.2f}, baseline x{hb:.2f}); "
+          f"violations {len(p.violations) + len(bad)}; solve {p.seconds:.1f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,124 @@
+"""The goals before compaction, each a greedy pass over the board (board.py), in order:
+
+1. repair: a job that spreads over MSBs with two tasks more in one MSB of a dc than in another MSB
+   of that dc where its entitlement now has room (the allocator placed it so when the others were
+   full): its coolest task moves from the fullest MSB to the emptiest, unless that makes it hot;
+2. hotspots: an MSB (the power domain) whose measured load is above the region's mean by more than
+   the margin sends its hottest tasks to the coolest MSBs of its dc; a machine whose measured cpu
+   is above the hot share sends tasks to machines of its group (same entitlement and MSB) that
+   stay below it.
+
+Each move keeps what the allocator keeps, so that the allocator never undoes it and the
+ReBalancer never fights a placement: the task stays in its dc (and in its rack when its job
+spreads over racks), on a machine of its entitlement with room for what it reserves, picked as the
+allocator picks (best fit), and a move between MSBs never makes its job's spread over MSBs worse
+(the source MSB held more of the job's tasks than the target). A move never makes a machine hot,
+nor an MSB hotter than the hot MSB it relieves."""
+
+from __future__ import annotations
+
+from controlplane.rebalancer.board import Board, Key, Planned
+
+
+def _msbs_of(board: Board, entitlement: str, dc: str) -> list[tuple[str, str]]:
+    return sorted(board.msbs.get((entitlement, dc), ()))
+
+
+def _spread_allows(board: Board, key: Key, source: tuple[str, str], target: tuple[str, str]) -> bool:
+    t = board.tasks[key]
+    if not t.spreads_msb:
+        return True
+    counts = board.job_msb[t.job]
+    return counts[target] < counts[source]
+
+
+def repair(board: Board) -> list[Planned]:
+    out = []
+    by_job: dict[str, list[Key]] = {}
+    for key, t in board.tasks.items():
+        if t.spreads_msb and not t.keep_rack:
+            by_job.setdefault(t.job, []).append(key)
+    for job, keys in sorted(by_job.items()):
+        ent = board.group_of[board.where[keys[0]]][0]
+        for dc in sorted({board.machines[board.where[k]].dc for k in keys}):
+            msbs = _msbs_of(board, ent, dc)
+            while True:
+                counts = board.job_msb[job]
+                hi = max(msbs, key=lambda k: (counts[k], k))
+                lows = sorted((k for k in msbs if counts[k] <= counts[hi] - 2), key=lambda k: (counts[k], k))
+                moved = None
+                limit = board.mean_load() * (1 + board.margin)
+                for lo in lows:
+                    cap = board.msb_cpus.get(lo, 0)
+                    for key in sorted((k for k in keys if board.movable(k) and board.msb_of(board.where[k]) == hi),
+                                      key=lambda k: board.tasks[k].used):
+                        if cap and board.tasks[key].used and (board.msb_used[lo] + board.tasks[key].used) / cap > limit:
+                            continue  # not into a hotspot
+                        mid = board.best_fit(key, board.in_group[(ent, *lo)])
+                        if mid is not None:
+                            moved = board.move(key, mid, "repair", f"repair: {job} had {counts[hi]} tasks in "
+                                               f"{hi[1]} and {counts[lo]} in {lo[1]}, where it now has room")
+                            break
+                    if moved:
+                        break
+                if moved is None:
+                    break
+                out.append(moved)
+    return out
+
+
+def msb_hotspots(board: Board) -> list[Planned]:
+    out = []
+    mean = board.mean_load()
+    limit = mean * (1 + board.margin)
+    for hot in sorted((k for k in board.msb_cpus if board.load(k) > limit), key=lambda k: (-board.load(k), k)):
+        keys = sorted((k for mid in _machines_in(board, hot) for k in board.on[mid]),
+                      key=lambda k: (-board.tasks[k].used, k))
+        for key in keys:
+            if board.load(hot) <= limit:
+                break
+            t = board.tasks[key]
+            if t.used <= 0 or t.keep_rack or not board.movable(key):
+                continue
+            ent = board.group_of[board.where[key]][0]
+            before = board.load(hot)
+            for cool in sorted(_msbs_of(board, ent, hot[0]), key=lambda k: (board.load(k), k)):
+                cap = board.msb_cpus.get(cool, 0)
+                if cool == hot or not cap or (board.msb_used[cool] + t.used) / cap > limit:
+                    continue
+                if not _spread_allows(board, key, hot, cool):
+                    continue
+                mid = board.best_fit(key, board.in_group[(ent, *cool)])
+                if mid is not None:
+                    out.append(board.move(key, mid, "hotspots", f"hotspots: MSB {hot[1]} of {hot[0]} uses "
+                                          f"{before / mean:.2f}x the region's mean; {cool[1]} "
+                                          f"{board.load(cool) / mean if mean else 0:.2f}x after the move"))
+                    break
+    return out
+
+
+def _machines_in(board: Board, msb: tuple[str, str]) -> list[str]:
+    return board.msb_machines.get(msb, [])
+
+
+def machine_hotspots(board: Board) -> list[Planned]:
+    out = []
+    hot = [mid for mid, m in board.machines.items() if board.used[mid] > board.hot * m.cpus]
+    for mid in sorted(hot, key=lambda mid: (-board.used[mid] / board.machines[mid].cpus, mid)):
+        m = board.machines[mid]
+        for key in sorted(board.on[mid], key=lambda k: (-board.tasks[k].used, k)):
+            if board.used[mid] <= board.hot * m.cpus:
+                break
+            t = board.tasks[key]
+            if t.used <= 0 or not board.movable(key):
+                continue
+            peers = [p for p in board.in_group[board.group_of[mid]]
+                     if not t.keep_rack or board.machines[p].rack == m.rack]
+            # onto a machine that stays below the hot share (not just below what it uses now)
+            peers = [p for p in peers if board.used[p] + t.used <= board.hot * board.machines[p].cpus]
+            target = board.best_fit(key, peers)
+            if target is not None:
+                share = board.used[mid] / m.cpus
+                out.append(board.move(key, target, "hotspots", f"hotspots: {mid} uses {share:.0%} of its cores "
+                                      f"(hot above {board.hot:.0%})"))
+    return out

@@ -1,0 +1,101 @@
+"""Each goal's score on a board (before a round's moves and after them), and the rules no move may
+break, checked on the result: what the plan reports, the tests assert and the benchmark counts."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+from controlplane.rebalancer.board import Board, Key
+from controlplane.rebalancer.view import SCALE
+
+
+def spread_excess(board: Board) -> dict[tuple[str, str], int]:
+    """Per (job, dc) of a job that spreads over MSBs: how many tasks more its fullest MSB holds
+    than its emptiest, beyond one (the MSBs: those where its entitlement holds machines)."""
+    msbs: dict[tuple[str, str], list[str]] = {}
+    for (ent, dc, msb) in board.in_group:
+        msbs.setdefault((ent, dc), []).append(msb)
+    ent_of: dict[str, str] = {}
+    dcs: dict[str, set[str]] = {}
+    for key, t in board.tasks.items():
+        if t.spreads_msb and not t.keep_rack:
+            mid = board.where[key]
+            ent_of[t.job] = board.group_of[mid][0]
+            dcs.setdefault(t.job, set()).add(board.machines[mid].dc)
+    out = {}
+    for job, job_dcs in dcs.items():
+        counts = board.job_msb[job]
+        for dc in job_dcs:
+            per = [counts[(dc, msb)] for msb in msbs.get((ent_of[job], dc), ())]
+            if per and max(per) - min(per) > 1:
+                out[(job, dc)] = max(per) - min(per) - 1
+    return out
+
+
+@dataclass(frozen=True)
+class Scores:
+    spread_excess: int
+    hottest_msb: float  # the hottest MSB's load over the region's mean load
+    hot_machines: int
+    machines_held: int
+    stranded_cpus: float  # cores held by entitlements and reserved by nothing
+    held: frozenset[str]
+    by_entitlement: dict[str, tuple[int, int, int]]  # held machines, their millicores, millicores reserved
+
+
+def scores(board: Board) -> Scores:
+    mean = board.mean_load()
+    hottest = max((board.load(k) for k in board.msb_cpus), default=0.0)
+    held = board.held()
+    ents: dict[str, list[int]] = {}
+    for mid, m in board.machines.items():
+        e = ents.setdefault(m.entitlement, [0, 0, 0])
+        e[2] += m.cpus - board.free_cpus[mid]
+        if mid in held:
+            e[0] += 1
+            e[1] += m.cpus
+    return Scores(sum(spread_excess(board).values()), round(hottest / mean, 3) if mean else 0.0,
+                  sum(1 for mid, m in board.machines.items() if board.used[mid] > board.hot * m.cpus),
+                  len(held), round(sum(e[1] - e[2] for e in ents.values()) / SCALE, 3), frozenset(held),
+                  {n: (e[0], e[1], e[2]) for n, e in ents.items()})
+
+
+class Before:
+    """What the rules compare the result with: the board as the round found it."""
+
+    def __init__(self, board: Board):
+        self.where = dict(board.where)
+        self.used = dict(board.used)
+        self.over = {mid for mid in board.machines if board.free_cpus[mid] < 0 or board.free_mem[mid] < 0}
+        self.limit = {mid: board.hot_limit(mid) for mid in board.machines}
+        self.spread = spread_excess(board)
+
+
+def violations(before: Before, board: Board) -> list[str]:
+    """Every broken rule, in words (none is the only right answer)."""
+    out = []
+    for mid, m in sorted(board.machines.items()):
+        if mid not in before.over and (board.free_cpus[mid] < 0 or board.free_mem[mid] < 0):
+            out.append(f"{mid} reserves more than it has")
+        if board.used[mid] > before.limit[mid]:
+            out.append(f"{mid} made hot: {board.used[mid] / m.cpus:.0%} of its cores measured")
+    for (job, dc), excess in sorted(spread_excess(board).items()):
+        if excess > before.spread.get((job, dc), 0):
+            out.append(f"{job}'s spread over the MSBs of {dc} made worse")
+    seen: Counter[Key] = Counter()
+    for key, p in board.moves.items():
+        seen[key] += 1
+        src, dst = board.machines[p.source], board.machines[p.target]
+        t = board.tasks[key]
+        if src.dc != dst.dc:
+            out.append(f"{key[0]}#{key[1]} moved out of its dc")
+        if t.keep_rack and src.rack != dst.rack:
+            out.append(f"{key[0]}#{key[1]} moved out of its rack")
+        if key in board.cooling:
+            out.append(f"{key[0]}#{key[1]} moved while it cools down")
+        if src.entitlement != dst.entitlement:
+            out.append(f"{key[0]}#{key[1]} moved to another entitlement's machine")
+        if before.where[key] != p.source:
+            out.append(f"{key[0]}#{key[1]} moved twice")
+    return out

@@ -1,0 +1,142 @@
+"""The goals before compaction (controlplane/rebalancer/goals.py) and the rules every plan keeps
+(score.py): repair of uneven spreads, MSB and machine hotspots from measured usage, churn budgets
+and cool-downs, and, over 100 rounds on a region whose moves are applied, a plan that converges and
+never moves a task back."""
+
+from __future__ import annotations
+
+import random
+
+from controlplane.rebalancer.plan import plan
+from controlplane.rebalancer.view import Group, Machine, Region, Task
+
+
+def machines(msb: str, n: int, dc: str = "dc1", ent: str = "web", cpus: int = 4000, prefix: str = "") -> list[Machine]:
+    name = prefix or msb
+    return [Machine(f"{name}-{i}", ent, dc, msb, cpus, 8192, rack=f"{name}-r{i % 2}") for i in range(n)]
+
+
+def task(job: str, i: int, on: str, cpus: int = 1000, used: int = 0, **kw) -> Task:
+    return Task(job, i, on, cpus, 256, used=used, **kw)
+
+
+def where_after(p, tasks: list[Task]) -> dict[tuple[str, int], str]:
+    out = {(t.job, t.index): t.machine for t in tasks}
+    out.update({(mv.job, mv.index): mv.target for mv in p.moves})
+    return out
+
+
+def test_a_hot_msb_sends_its_hottest_tasks_to_a_cool_one_of_its_dc():
+    a, b, c = machines("msb1", 3), machines("msb2", 2), machines("msb3", 2, dc="dc2")
+    # four jobs, each with two hot tasks (0.9 core) in msb1, a cool one in msb2 and one in msb3 (dc2)
+    tasks = [task(f"web/j{k}", i, f"msb1-{(2 * k + i) % 3}", used=900) for k in range(4) for i in range(2)]
+    tasks += [task(f"web/j{k}", 2, f"msb2-{k % 2}", used=100) for k in range(4)]
+    tasks += [task(f"web/j{k}", 3, "msb3-0", used=300) for k in range(4)]
+    groups = [Group("web", "dc1", "msb1", a, tasks[:8]), Group("web", "dc1", "msb2", b, tasks[8:12]),
+              Group("web", "dc2", "msb3", c, tasks[12:])]
+    p = plan(Region(groups), churn=1.0)
+    body = p.to_json()
+    hot = [mv for mv in body["moves"] if mv["goal"] == "hotspots"]
+    # msb2 takes hot tasks while it stays below the mean + 5 %: two of them
+    assert len(hot) == 2 and all(mv["source"].startswith("msb1") and mv["target"].startswith("msb2")
+                                 for mv in hot), body["moves"]
+    assert "MSB msb1 of dc1 uses 1.91x the region's mean" in hot[0]["why"], hot[0]["why"]
+    before, after = body["goals"]["hotspots"]["hottest_msb"]["before"], body["goals"]["hotspots"]["hottest_msb"]["after"]
+    assert before == 1.909 and after < 1.5, (before, after)
+    assert p.violations == ()
+    assert all(not mv["target"].startswith("msb3") for mv in body["moves"]), "nothing leaves its dc"
+    assert any(line.startswith("hotspots: the hottest MSB uses 1.91x") for line in body["summary"]), body["summary"]
+    # each job's spread over dc1's MSBs stays as even as it was (2 and 1, or 1 and 2)
+    where = where_after(p, tasks)
+    for k in range(4):
+        in_msb1 = sum(1 for i in range(3) if where[(f"web/j{k}", i)].startswith("msb1"))
+        assert in_msb1 in (1, 2)
+
+
+def test_a_hot_machine_sheds_tasks_to_a_peer_that_stays_cool():
+    ms = machines("msb1", 3)
+    tasks = [task("web/a", i, "msb1-0", used=900) for i in range(4)]  # 3.6 of 4 cores measured: 90 %
+    tasks += [task("web/b", 0, "msb1-1", cpus=2000, used=2600), task("web/c", 0, "msb1-2", cpus=2000, used=100)]
+    p = plan([Group("web", "dc1", "msb1", ms, tasks)], churn=1.0)
+    hot = [mv for mv in p.moves if mv.goal == "hotspots"]
+    assert [(mv.source, mv.target) for mv in hot] == [("msb1-0", "msb1-2")], p.moves
+    assert p.before.hot_machines == 1 and p.after.hot_machines == 0 and p.violations == ()
+    assert "msb1-0 uses 90% of its cores (hot above 80%)" in hot[0].why
+
+
+def test_repair_evens_a_spread_the_allocator_left_uneven_for_want_of_room():
+    a, b = machines("msb1", 2), machines("msb2", 2)
+    tasks = [task("web/api", i, "msb1-0") for i in range(3)]  # three in msb1, none in msb2
+    tasks += [task("web/db", 0, "msb2-0", cpus=3000)]
+    p = plan([Group("web", "dc1", "msb1", a, tasks[:3]), Group("web", "dc1", "msb2", b, tasks[3:])], churn=1.0)
+    rep = [mv for mv in p.moves if mv.goal == "repair"]
+    assert len(rep) == 1 and rep[0].target.startswith("msb2") and rep[0].job == "web/api", p.moves
+    assert "web/api had 3 tasks in msb1 and 0 in msb2" in rep[0].why
+    assert p.before.spread_excess == 2 and p.after.spread_excess == 0 and p.violations == ()
+    # a job that does not spread over MSBs is left where it is
+    tasks = [task("web/api", i, "msb1-0", spreads_msb=False) for i in range(3)]
+    p = plan([Group("web", "dc1", "msb1", a, tasks), Group("web", "dc1", "msb2", b, [])], churn=1.0)
+    assert [mv for mv in p.moves if mv.goal == "repair"] == []
+
+
+def test_cooling_tasks_stay_and_a_jobs_budget_is_shared_by_the_goals():
+    ms = machines("msb1", 4)
+    tasks = [task("web/api", i, f"msb1-{i}") for i in range(4)]  # four machines a quarter full
+    p = plan([Group("web", "dc1", "msb1", ms, tasks)], churn=0.25)
+    assert len(p.moves) == 1, "a quarter of 4 tasks may move a round"
+    cooling = {("web/api", i) for i in range(3)}
+    p = plan([Group("web", "dc1", "msb1", ms, tasks)], churn=1.0, cooling=cooling)
+    assert all((mv.job, mv.index) not in cooling for mv in p.moves) and len(p.moves) == 1, p.moves
+
+
+def random_region(seed: int) -> Region:
+    rnd = random.Random(seed)
+    groups = []
+    for dc in ("dc1", "dc2"):
+        for k in range(3):
+            msb = f"{dc}-msb{k}"
+            for ent in ("web", "batch"):
+                groups.append(Group(ent, dc, msb, machines(msb, 6, dc=dc, ent=ent, prefix=f"{ent}-{msb}")))
+    for ent in ("web", "batch"):
+        mine = [g for g in groups if g.entitlement == ent]
+        for j in range(12):
+            cpus = rnd.choice((500, 1000, 2000))
+            for i in range(rnd.randint(1, 10)):
+                g = rnd.choice(mine)
+                room = {m.id: m.cpus - sum(t.cpus for t in g.tasks if t.machine == m.id) for m in g.machines}
+                fits = [mid for mid, r in room.items() if r >= cpus]
+                if fits:
+                    used = int(cpus * rnd.uniform(0.05, 0.9))
+                    g.tasks.append(task(f"{ent}/j{j}", i, rnd.choice(fits), cpus=cpus, used=used))
+    return Region(groups)
+
+
+def apply(region: Region, moves) -> Region:
+    target = {(mv.job, mv.index): mv.target for mv in moves}
+    group_of = {m.id: g for g in region.groups for m in g.machines}
+    out = {id(g): Group(g.entitlement, g.dc, g.msb, g.machines, []) for g in region.groups}
+    for g in region.groups:
+        for t in g.tasks:
+            mid = target.get((t.job, t.index), t.machine)
+            out[id(group_of[mid])].tasks.append(Task(t.job, t.index, mid, t.cpus, t.memory_mb, t.keep_rack, t.used,
+                                                     t.spreads_msb))
+    return Region(list(out.values()), region.msb_cpus)
+
+
+def test_a_hundred_rounds_on_a_stable_region_converge_and_never_move_a_task_back():
+    region = random_region(27)
+    left: dict[tuple[str, int], set[str]] = {}  # machines each task moved away from
+    per_round, cooling_rounds, history = [], 3, []
+    for rnd in range(100):
+        cooling = {k for moved in history[-cooling_rounds:] for k in moved}
+        p = plan(region, churn=0.25, cooling=cooling)
+        assert p.violations == (), (rnd, p.violations)
+        for mv in p.moves:
+            assert mv.target not in left.get((mv.job, mv.index), set()), f"round {rnd}: {mv} moves it back"
+            left.setdefault((mv.job, mv.index), set()).add(mv.source)
+        per_round.append(len(p.moves))
+        history.append({(mv.job, mv.index) for mv in p.moves})
+        region = apply(region, p.moves)
+    assert per_round[0] > 0, "the random region has something to improve"
+    settled = next(i for i in range(100) if not any(per_round[i:]))
+    assert settled <= 10, per_round[:20]

@@ -167,6 +167,10 @@ COMMANDS: dict[tuple[str, str | None], Command] = {
     ("job", "usage"): usage.job_usage,
     ("job", "autoscale"): autoscale.job_autoscale,
     ("rebalance", "plan"): rebalance.rebalance_plan,
+    ("rebalance", "apply"): rebalance.rebalance_apply,
+    ("rebalance", "status"): rebalance.rebalance_status,
+    ("rebalance", "enable"): rebalance.rebalance_switch,
+    ("rebalance", "disable"): rebalance.rebalance_switch,
     ("entitlement", "usage"): usage.entitlement_usage,
     ("discovery", None): _one_call("GET", "/v1/discovery/{handle}", render.discovery),
 }

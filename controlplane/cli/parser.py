@@ -6,7 +6,8 @@
   twinectl fleet [--by dc,msb,entitlement,profile,type]
   twinectl job usage HANDLE | entitlement usage NAME  [--since DUR] [--step DUR]
   twinectl job autoscale HANDLE
-  twinectl rebalance plan [--entitlement E]
+  twinectl rebalance plan|apply [--entitlement E] [--wait [S]]   rebalance status
+  twinectl rebalance enable|disable [--entitlement E]
   twinectl maintenance schedule (--machine ID ... | --dc DC | --msb MSB | --rack RACK) --start WHEN
            --duration DUR [--deadline WHEN] [--policy move|stop] [--reason TEXT]
   twinectl maintenance list [--all] | show ID | end ID
@@ -171,8 +172,17 @@ def parser() -> argparse.ArgumentParser:
          "in maintenance, reserved and used; the free pool; what each entitlement can still fit").add_argument(
         "--by", metavar="DIMS", help="sum by these only, comma-separated: dc, msb, entitlement, profile, type")
     leaf(sub, "discovery", "a job's endpoints").add_argument("handle", metavar="HANDLE")
-    rb = sub.add_parser("rebalance", help="what the ReBalancer would do")
+    rb = sub.add_parser("rebalance", help="what the ReBalancer would do, one round of it, its continuous mode")
     rb_sub = rb.add_subparsers(dest="action", required=True, metavar="ACTION")
     leaf(rb_sub, "plan", "a dry run: each goal's score before and after, and the moves that would reach it, "
          "with why").add_argument("--entitlement", metavar="E", help="only this entitlement's machines")
+    ap = leaf(rb_sub, "apply", "one round: the plan, its moves requested of the jobs' shard leaders, which move "
+              "each task make-before-break once its job's TaskController acks")
+    ap.add_argument("--entitlement", metavar="E", help="only this entitlement's machines")
+    ap.add_argument("--wait", nargs="?", type=float, const=300.0, default=None, metavar="S",
+                    help="wait until the round's moves have ended (at most S seconds, 300 by default)")
+    leaf(rb_sub, "status", "the continuous mode, the tasks moving now, the last moves' outcomes")
+    for verb, what in (("enable", "on"), ("disable", "off")):
+        leaf(rb_sub, verb, f"turn the continuous mode {what}: every entitlement, or one").add_argument(
+            "--entitlement", metavar="E", help="only this entitlement")
     return p

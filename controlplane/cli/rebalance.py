@@ -1,11 +1,18 @@
-"""`twinectl rebalance plan [--entitlement E]` (issue #27, its first step): what the ReBalancer
-would do, as a dry run: each goal's score before and after, the plan in words, and the moves."""
+"""`twinectl rebalance plan|apply|status|enable|disable` (issue #27): what the ReBalancer would do
+(a dry run: each goal's score before and after, the plan in words, the moves), one round of it
+(the moves requested of the jobs' shard leaders; --wait follows them to their end), what it is
+doing, and its continuous mode."""
 
 from __future__ import annotations
+
+import asyncio
+import time
 
 from controlplane.cli.api import EXIT_OK, Api
 from controlplane.cli.output import Out
 from controlplane.cli.render import table
+
+EXIT_UNFINISHED = 3  # --wait ran out with moves still going
 
 
 def plan_text(body: dict) -> str:
@@ -17,15 +24,75 @@ def plan_text(body: dict) -> str:
         out += ["", table(["GOAL", "BEFORE", "AFTER"], rows)]
     moves = body.get("moves") or []
     if moves:
-        out += ["", f"MOVES ({len(moves)}; a dry run: nothing moved)",
+        what = (f"requested in round {body['round']}: each moves once its job's TaskController acks" if "round" in body
+                else "a dry run: nothing moved")
+        out += ["", f"MOVES ({len(moves)}; {what})",
                 table(["TASK", "FROM", "TO", "WHY"], [[f"{m['job']}#{m['index']}", m["source"], m["target"], m["why"]]
                                                      for m in moves])]
     if body.get("freed"):
         out += ["", "freed for the free pool: " + ", ".join(body["freed"])]
+    for v in body.get("violations") or []:
+        out.append(f"violation (a bug, please report it): {v}")
+    return "\n".join(out)
+
+
+def status_text(body: dict) -> str:
+    c = body.get("continuous") or {}
+    mode = "on for every entitlement" if c.get("all") else \
+        ("on for " + ", ".join(c["entitlements"]) if c.get("entitlements") else "off")
+    out = [f"continuous mode: {mode}; {body.get('requested', 0)} move(s) requested, not begun; "
+           f"{len(body.get('moving') or [])} moving now"]
+    if body.get("moving"):
+        out += ["", table(["TASK", "FROM", "TO", "FOR", "WHY"],
+                          [[f"{m['job']}#{m['index']}", m["source"], m["target"], f"{time.time() - m['since']:.0f}s",
+                            m["why"]] for m in body["moving"]])]
+    if body.get("recent"):
+        out += ["", "RECENT (newest first)", table(["TASK", "TO", "WHEN", "OUTCOME"], [
+            [f"{r['job']}#{r['index']}", r.get("target") or "-", time.strftime("%H:%M:%S", time.localtime(r["at"])),
+             r.get("outcome", "")] for r in body["recent"]])]
     return "\n".join(out)
 
 
 async def rebalance_plan(api: Api, args, out: Out) -> int:
     params = {"entitlement": args.entitlement} if args.entitlement else None
     out(await api.call("GET", "/v1/rebalance/plan", params=params), plan_text)
+    return EXIT_OK
+
+
+async def rebalance_apply(api: Api, args, out: Out) -> int:
+    params = {"entitlement": args.entitlement} if args.entitlement else None
+    began = time.time()
+    body = await api.call("POST", "/v1/rebalance/apply", params=params)
+    out(body, plan_text)
+    if args.wait is None or not body.get("moves"):
+        return EXIT_OK
+    asked = {(m["job"], m["index"]) for m in body["moves"]}
+    deadline = time.monotonic() + args.wait
+    last = ""
+    while True:
+        st = await api.call("GET", "/v1/rebalance")
+        ended = {(r["job"], r["index"]): r["outcome"] for r in st.get("recent") or []
+                 if r.get("at", 0) >= began - 1 and r.get("outcome") != "moving"}
+        moving = sum(1 for m in st.get("moving") or [] if (m["job"], m["index"]) in asked)
+        done = sum(1 for k in asked if k in ended)
+        line = f"{done} of {len(asked)} move(s) ended ({sum(1 for k in asked if ended.get(k) == 'done')} done), " \
+               f"{moving} moving"
+        if line != last and not getattr(args, "json", False):
+            print(line, flush=True)
+            last = line
+        if done == len(asked):
+            return EXIT_OK
+        if time.monotonic() >= deadline:
+            return EXIT_UNFINISHED
+        await asyncio.sleep(1.0)
+
+
+async def rebalance_status(api: Api, args, out: Out) -> int:
+    out(await api.call("GET", "/v1/rebalance"), status_text)
+    return EXIT_OK
+
+
+async def rebalance_switch(api: Api, args, out: Out) -> int:
+    body = {"entitlement": args.entitlement} if args.entitlement else {}
+    out(await api.call("POST", f"/v1/rebalance/{args.action}", body), status_text)
     return EXIT_OK

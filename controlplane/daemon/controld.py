@@ -46,6 +46,7 @@ from controlplane.srm.metrics import SrmCollector
 from controlplane.usage.recorder import SAMPLE, Recorder
 from controlplane.srm.load import Loads
 from controlplane.srm.service import INTERVAL as SRM_INTERVAL, Autoscaler
+from controlplane.rebalancer.rounds import INTERVAL as REBALANCE_INTERVAL, Continuous
 from controlplane.usage.region import RegionUsage
 
 log = logging.getLogger("twine.controld")
@@ -75,6 +76,7 @@ class DaemonSettings:
     max_long_poll: float = MAX_WAIT
     usage_sample: float = SAMPLE  # seconds between two samples of the usage history
     srm_interval: float = SRM_INTERVAL  # seconds between two passes of the SRM (autoscaling)
+    rebalance_interval: float = REBALANCE_INTERVAL  # seconds between two rounds of the ReBalancer's continuous mode
     prometheus_url: str | None = None  # the region's Prometheus server, for autoscale metrics that query it
 
 
@@ -117,6 +119,8 @@ class ControlDaemon:
                               Loads(self.state, s.prometheus_url, self.reach)) if "scheduler" in s.roles else None
         if self.srm is not None:
             self.registry.register(SrmCollector(self.srm))
+        self.rebalancer = Continuous(self.state, self.usage, lambda: 0 in self.shards.schedulers,
+                                     s.rebalance_interval) if "scheduler" in s.roles else None
         self.registry.register(UsageCollector(self.state, self.usage, self.recorder, self.tallies))
         self.stalls = Stalls(self.registry, warn_after=s.lease_ttl / 3)
         self.coordinator: Coordinator | None = None
@@ -205,6 +209,8 @@ class ControlDaemon:
                     loops.append(tg.create_task(self.recorder.run()))
                 if self.srm is not None:
                     loops.append(tg.create_task(self.srm.run()))
+                if self.rebalancer is not None:
+                    loops.append(tg.create_task(self.rebalancer.run()))
                 await stop.wait()
                 self.agents.closing.set()
                 await self.coordinator.resign()

@@ -13,8 +13,12 @@ NO_WORK = {"message": "", "operations": {"held": [], "waiting": [], "rate_limite
 def task_answer(state: RegionState, t: TaskRec) -> dict:
     m = state.machines.get(t.machine) if t.machine else None
     where = {k: m.labels[k] for k in ("dc", "msb", "rack")} if m else None
-    return {"job": t.job, "index": t.index, "spec_version": t.spec_version, "machine": t.machine, "where": where,
-            "state": t.state, "reason": t.reason, "discovery": t.discovery, "since": t.since}
+    out = {"job": t.job, "index": t.index, "spec_version": t.spec_version, "machine": t.machine, "where": where,
+           "state": t.state, "reason": t.reason, "discovery": t.discovery, "since": t.since}
+    if t.moving is not None:  # a ReBalancer move, make-before-break: its copy starting there
+        out["moving"] = {"machine": t.moving.machine, "goal": t.moving.goal, "why": t.moving.why,
+                         "since": t.moving.since}
+    return out
 
 
 def job_answer(state: RegionState, job: JobRec, work: dict | None) -> dict:

@@ -80,6 +80,7 @@ class Task(Answer):
     reason: str
     discovery: bool
     since: Time
+    moving: Union[dict[str, Any], msgspec.UnsetType] = msgspec.UNSET  # a move in progress: its copy's machine, why
 
 
 class TaskTemplateView(Answer):
@@ -441,10 +442,23 @@ class RebalancePlan(Answer):
     seconds: float = 0.0  # the plan's wall time
 
 
+class RebalanceRound(RebalancePlan):
+    round: str = ""  # the round's id, in each request it wrote
+    requested: int = 0  # moves requested of the jobs' shard leaders
+
+
+class RebalanceStatus(Answer):
+    continuous: Annotated[dict[str, Any], Meta(description="the continuous mode: on for all, or for entitlements")]
+    moving: Annotated[list[dict[str, Any]], Meta(description="tasks moving now (make-before-break)")]
+    requested: int  # moves requested and not begun
+    recent: Annotated[list[dict[str, Any]], Meta(description="the last moves' outcomes, newest first")]
+
+
 ANSWERS: dict[str, type] = {t.__name__: t for t in (
     Error, Health, Entitlement, EntitlementList, Task, Job, JobList, Machine, MachineList, Token, TokenList, Revoked,
     Event, EventList, Maintenance, MaintenanceList, Discovery, Registration, DesiredState, HeartbeatReply,
-    ShutdownReply, Relayed, Cluster, Fleet, UsageHistory, AutoscaleStatus, RebalancePlan)}
+    ShutdownReply, Relayed, Cluster, Fleet, UsageHistory, AutoscaleStatus, RebalancePlan, RebalanceRound,
+    RebalanceStatus)}
 
 
 def answers_markdown() -> str:

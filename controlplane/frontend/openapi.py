@@ -79,6 +79,15 @@ PATHS = {
                                                  "reserved", "the usage", "UsageHistory")},
     "/v1/rebalance/plan": {"get": _op("what the ReBalancer would do (a dry run): each goal's score before and after, "
                                       "the moves and why", "the plan", "RebalancePlan")},
+    "/v1/rebalance/apply": {"post": _op("one round of the ReBalancer (admin): the plan, and its moves requested of the "
+                                        "jobs' shard leaders, which carry them out make-before-break through the "
+                                        "jobs' TaskControllers", "the round", "RebalanceRound")},
+    "/v1/rebalance": {"get": _op("what the ReBalancer is doing: its continuous mode, the tasks moving, the last "
+                                 "moves' outcomes", "the status", "RebalanceStatus")},
+    "/v1/rebalance/enable": {"post": _op("turn the continuous mode on (admin), for an entitlement or all",
+                                         "the status", "RebalanceStatus", "RebalanceSwitch")},
+    "/v1/rebalance/disable": {"post": _op("turn the continuous mode off (admin), for an entitlement or all",
+                                          "the status", "RebalanceStatus", "RebalanceSwitch")},
     "/v1/fleet": {"get": _op("the region's machines summed per dc, msb, entitlement, profile and machine type: held, "
                              "healthy, in maintenance, reserved, used; the free pool; what each entitlement can still "
                              "fit", "the fleet", "Fleet")},
@@ -143,6 +152,7 @@ QUERY_PARAMS = {
     ("/v1/machines", "get"): [("dc", {"type": "string", "minLength": 1, "maxLength": 253}, "only this dc's machines"),
                               ("msb", {"type": "string", "minLength": 1, "maxLength": 253}, "only this MSB's machines")],
     ("/v1/rebalance/plan", "get"): [("entitlement", NAME_PARAM, "only this entitlement's machines")],
+    ("/v1/rebalance/apply", "post"): [("entitlement", NAME_PARAM, "only this entitlement's machines")],
     ("/v1/fleet", "get"): [("by", {"type": "string", "pattern": usage.BY.pattern}, "the dimensions to sum by, "
                             "comma-separated: dc, msb, entitlement, profile, type (all by default)")],
     ("/v1/maintenance", "get"): [("all", {"type": "string", "enum": list(schemas_of.ALL)},

@@ -1,15 +1,20 @@
-"""/v1/rebalance/plan (issue #27, its first step): what the ReBalancer would do, as a dry run. Any
-replica answers from its view: the groups are taken from it at once, then solved in a thread (the
-solver's time limit per group), so that the event loop goes on meanwhile."""
+"""/v1/rebalance (issue #27): what the ReBalancer would do (a dry run), one round that moves tasks,
+the continuous mode, and what it is doing. Any replica answers: the view is taken from it at once,
+then solved in a thread (the event loop goes on meanwhile); the moves are requests the jobs' shard
+leaders carry out (controlplane/rebalancer/rounds.py, scheduler/moves.py)."""
 
 from __future__ import annotations
 
 import asyncio
+import importlib
+import time
 
 from aiohttp import web
 
-from controlplane.frontend.body import reply
-from controlplane.rebalancer.view import region
+from controlplane.frontend import schema as S
+from controlplane.frontend.body import body, reply
+from controlplane.rebalancer.rounds import enabled, plan_round, request
+from controlplane.store import Conflict
 from controlplane.store.records import NAME, ApiError
 from controlplane.store.state import RegionState
 from controlplane.usage.region import RegionUsage
@@ -22,21 +27,89 @@ class Rebalance:
         self.state, self.usage = state, usage
         self._solving = asyncio.Semaphore(1)  # one plan at a time: each uses a core while it solves
 
-    async def plan(self, request: web.Request) -> web.Response:
+    def _entitlement(self, request: web.Request) -> str | None:
         ent = request.query.get("entitlement")
         if ent is not None and not NAME.fullmatch(ent):
             raise ApiError("invalid", "entitlement", f"{ent[:80]!r} is not an entitlement name")
         if ent is not None and ent not in self.state.entitlements:
             raise ApiError("not_found", "entitlement", f"no entitlement {ent!r}")
+        return ent
+
+    async def _plan(self, ent: str | None):
         try:
-            from controlplane.rebalancer.plan import plan  # OR-Tools: loaded at the first plan, not at start
+            importlib.import_module("controlplane.rebalancer.plan")  # OR-Tools: loaded at the first plan
         except ImportError as e:
             raise ApiError("unavailable", None, f"the ReBalancer needs OR-Tools ({e}): install twine with its "
                            "rebalancer extra (pip install 'twine[rebalancer]')") from None
-        view = region(self.state, ent, self.usage.jobs() if self.usage is not None else None)
-        if len(view.groups) > MAX_GROUPS:
-            raise ApiError("unprocessable", "entitlement", f"{len(view.groups)} (entitlement, MSB) groups to solve; "
+        groups = {(m.entitlement, m.labels.get("dc", ""), m.labels.get("msb", "")) for m in self.state.machines.values()
+                  if m.entitlement is not None and (ent is None or m.entitlement == ent)}
+        if len(groups) > MAX_GROUPS:
+            raise ApiError("unprocessable", "entitlement", f"{len(groups)} (entitlement, MSB) groups to solve; "
                            f"at most {MAX_GROUPS} in one plan: ask for one entitlement at a time")
         async with self._solving:
-            result = await asyncio.to_thread(plan, view)
+            return await plan_round(self.state, self.usage, {ent} if ent else None)
+
+    async def plan(self, request: web.Request) -> web.Response:
+        ent = self._entitlement(request)
+        result = await self._plan(ent)
         return reply({"entitlement": ent, **result.to_json()})
+
+    async def apply(self, request: web.Request) -> web.Response:
+        """One round: the plan, and its moves requested of the jobs' shard leaders."""
+        ent = self._entitlement(request)
+        result = await self._plan(ent)
+        now = time.time()
+        round_id = f"round-{int(now * 1000)}"
+        try:
+            n = await request_moves(self.state, result, round_id, now)
+        except Conflict:
+            raise ApiError("conflict", None, "the jobs' rebalance records kept changing: try again") from None
+        return reply({"entitlement": ent, "round": round_id, "requested": n, **result.to_json()})
+
+    async def enable(self, request: web.Request) -> web.Response:
+        return await self._switch(request, True)
+
+    async def disable(self, request: web.Request) -> web.Response:
+        return await self._switch(request, False)
+
+    async def _switch(self, request: web.Request, on: bool) -> web.Response:
+        """POST /v1/rebalance/{enable,disable} {"entitlement"?}: the continuous mode."""
+        data = await body(request, schema=S.RebalanceSwitch)  # {} for every entitlement
+        ent = data.get("entitlement")
+        if ent is not None and ent not in self.state.entitlements:
+            raise ApiError("not_found", "entitlement", f"no entitlement {ent!r}")
+        every, ents = enabled(self.state)
+        if ent is None:
+            every, ents = on, set() if not on else ents
+        elif on:
+            ents.add(ent)
+        else:
+            ents.discard(ent)
+            if every:  # off for one while on for all: on for each of the others
+                every, ents = False, set(self.state.entitlements) - {ent}
+        key = self.state.keys.rebalance_settings()
+        await self.state.write([self.state.guard(key)], {key: {"all": every, "entitlements": sorted(ents)}})
+        return reply(self._status())
+
+    async def status(self, request: web.Request) -> web.Response:
+        return reply(self._status())
+
+    def _status(self) -> dict:
+        every, ents = enabled(self.state)
+        moving, requested, recent = [], 0, []
+        for handle, ts in self.state.tasks.items():
+            for t in ts.values():
+                if t.moving is not None:
+                    moving.append({"job": handle, "index": t.index, "source": t.machine, "target": t.moving.machine,
+                                   "goal": t.moving.goal, "why": t.moving.why, "since": t.moving.since})
+        for handle, rec in sorted(self.state.rebalance.items()):
+            requested += len((rec or {}).get("requests") or {})
+            for k, v in sorted(((rec or {}).get("recent") or {}).items()):
+                if isinstance(v, dict):
+                    recent.append({"job": handle, "index": int(k) if str(k).isdigit() else -1, **v})
+        recent.sort(key=lambda r: -float(r.get("at", 0)))
+        return {"continuous": {"all": every, "entitlements": sorted(ents)}, "moving": moving,
+                "requested": requested, "recent": recent[:50]}
+
+
+request_moves = request

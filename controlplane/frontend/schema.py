@@ -126,6 +126,10 @@ class Resize(Struct, forbid_unknown_fields=True):
     count: Count
 
 
+class RebalanceSwitch(Struct, forbid_unknown_fields=True):
+    entitlement: Union[Name, None] = None  # None: every entitlement
+
+
 class TokenSpec(Struct, forbid_unknown_fields=True):
     role: Literal["admin", "owner", "reader", "bootstrap"]
     entitlements: Annotated[list[Name], Meta(max_length=1000)] = []
@@ -246,7 +250,8 @@ MAX_WAIT_ASKED = 3600  # seconds a long poll's ?wait may ask for (at most --max-
 ALL = ("0", "1", "true", "false")  # ?all= of GET /v1/maintenance
 
 BODIES: dict[str, type] = {t.__name__: t for t in (EntitlementSpec, EntitlementPatch, EntitlementMove, JobSpec,
-                                                   Resize, TokenSpec, MaintenanceSpec, Relay, AgentRegister,
+                                                   Resize, RebalanceSwitch, TokenSpec, MaintenanceSpec, Relay,
+                                                   AgentRegister,
                                                    Heartbeat, Shutdown)}
 
 def checked(data: Any, schema: type) -> Any:

@@ -50,10 +50,12 @@ class Board:
         per_job: Counter = Counter()
         self.msbs: dict[tuple[str, str], list[tuple[str, str]]] = {}  # (entitlement, dc) -> its MSBs there
         self.msb_machines: dict[tuple[str, str], list[str]] = {}  # (dc, msb) -> the machines planned there
+        self.msb_set: dict[tuple[str, str], set[tuple[str, str]]] = {}  # (entitlement, dc) -> its MSBs there
         for g in region.groups:
             gk = (g.entitlement, g.dc, g.msb)
             self.in_group[gk] = [m.id for m in g.machines]
             self.msbs.setdefault((g.entitlement, g.dc), []).append((g.dc, g.msb))
+            self.msb_set.setdefault((g.entitlement, g.dc), set()).add((g.dc, g.msb))
             self.msb_machines.setdefault((g.dc, g.msb), []).extend(m.id for m in g.machines)
             for m in g.machines:
                 self.machines[m.id] = m

@@ -53,8 +53,11 @@ def solve(g: Group, churn: float = 0.25, time_limit: float = TIME_LIMIT, workers
 
 def solve_group(board: Board, g: Group, time_limit: float = TIME_LIMIT, workers: int = 1) -> Result:
     gk = (g.entitlement, g.dc, g.msb)
-    ids = sorted(board.in_group[gk])
+    ids = board.in_group[gk]
     started = time.monotonic()
+    if len(ids) < 2:
+        return Result(g, tuple(ids), (), (), "nothing to compact", 0.0)
+    ids = sorted(ids)
     holding = [mid for mid in ids if _holds(board, mid)]
     everything = ids
     cand = _candidates(board, ids, holding)

@@ -44,6 +44,8 @@ def repair(board: Board) -> list[Planned]:
             msbs = _msbs_of(board, ent, dc)
             while True:
                 counts = board.job_msb[job]
+                if max((c for (d, _), c in counts.items() if d == dc), default=0) < 2:
+                    break  # one task an MSB at most: nothing to even out
                 hi = max(msbs, key=lambda k: (counts[k], k))
                 lows = sorted((k for k in msbs if counts[k] <= counts[hi] - 2), key=lambda k: (counts[k], k))
                 moved = None
@@ -67,32 +69,49 @@ def repair(board: Board) -> list[Planned]:
     return out
 
 
+GIVE_UP = 200  # tasks of a hot MSB in a row that found no cooler MSB: the others will not either
+
+
 def msb_hotspots(board: Board) -> list[Planned]:
     out = []
     mean = board.mean_load()
     limit = mean * (1 + board.margin)
+    room: dict[tuple[str, str, str], int] = {}  # a group's most free millicores on one machine (kept as moves land)
     for hot in sorted((k for k in board.msb_cpus if board.load(k) > limit), key=lambda k: (-board.load(k), k)):
+        # the MSBs of its dc below the line, coolest first (their order as this MSB's pass begins)
+        cools = sorted((k for k in board.msb_cpus if k[0] == hot[0] and k != hot and board.load(k) < limit),
+                       key=lambda k: (board.load(k), k))
         keys = sorted((k for mid in _machines_in(board, hot) for k in board.on[mid]),
                       key=lambda k: (-board.tasks[k].used, k))
+        missed = 0
+        by_ent: dict[str, list[tuple[str, str]]] = {}  # the cool MSBs where the entitlement holds machines
         for key in keys:
-            if board.load(hot) <= limit:
+            if board.load(hot) <= limit or not cools or missed >= GIVE_UP:
                 break
             t = board.tasks[key]
             if t.used <= 0 or t.keep_rack or not board.movable(key):
                 continue
             ent = board.group_of[board.where[key]][0]
+            if ent not in by_ent:
+                mine = board.msb_set.get((ent, hot[0]), ())
+                by_ent[ent] = [c for c in cools if c in mine]
             before = board.load(hot)
-            for cool in sorted(_msbs_of(board, ent, hot[0]), key=lambda k: (board.load(k), k)):
-                cap = board.msb_cpus.get(cool, 0)
-                if cool == hot or not cap or (board.msb_used[cool] + t.used) / cap > limit:
+            missed += 1
+            for cool in by_ent[ent]:
+                if (board.msb_used[cool] + t.used) / board.msb_cpus[cool] > limit:
                     continue
-                if not _spread_allows(board, key, hot, cool):
+                gk = (ent, *cool)
+                if gk not in room:
+                    room[gk] = max((board.free_cpus[m] for m in board.in_group[gk]), default=0)
+                if room[gk] < t.cpus or not _spread_allows(board, key, hot, cool):
                     continue
-                mid = board.best_fit(key, board.in_group[(ent, *cool)])
+                mid = board.best_fit(key, board.in_group[gk])
                 if mid is not None:
                     out.append(board.move(key, mid, "hotspots", f"hotspots: MSB {hot[1]} of {hot[0]} uses "
                                           f"{before / mean:.2f}x the region's mean; {cool[1]} "
                                           f"{board.load(cool) / mean if mean else 0:.2f}x after the move"))
+                    room[gk] = max(board.free_cpus[m] for m in board.in_group[gk])
+                    missed = 0
                     break
     return out
 

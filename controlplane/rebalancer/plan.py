@@ -97,7 +97,8 @@ def plan(region: Region | list[Group], churn: float = 0.25, time_limit: float = 
     if not isinstance(region, Region):
         region = Region(list(region))
     board = Board(region, churn, cooling, hot, margin)
-    before, checked = scores(board), Before(board)
+    before = scores(board)
+    checked = Before(board, before)
     moves = repair(board) + msb_hotspots(board) + machine_hotspots(board)
     deadline = time.monotonic() + total_limit
     results = []
@@ -109,4 +110,4 @@ def plan(region: Region | list[Group], churn: float = 0.25, time_limit: float = 
         moves += list(r.moves)
     after = scores(board)
     return Plan(tuple(sorted(results, key=lambda r: (r.group.entitlement, r.group.dc, r.group.msb))), tuple(moves),
-                before, after, tuple(violations(checked, board)), time.monotonic() - started, margin, hot)
+                before, after, tuple(violations(checked, board, after)), time.monotonic() - started, margin, hot)

@@ -23,13 +23,19 @@ def spread_excess(board: Board) -> dict[tuple[str, str], int]:
             mid = board.where[key]
             ent_of[t.job] = board.group_of[mid][0]
             dcs.setdefault(t.job, set()).add(board.machines[mid].dc)
+    n_msbs = {k: len(v) for k, v in msbs.items()}
     out = {}
     for job, job_dcs in dcs.items():
-        counts = board.job_msb[job]
+        ent = ent_of[job]
         for dc in job_dcs:
-            per = [counts[(dc, msb)] for msb in msbs.get((ent_of[job], dc), ())]
-            if per and max(per) - min(per) > 1:
-                out[(job, dc)] = max(per) - min(per) - 1
+            # the MSBs holding its tasks; any other MSB of its entitlement there holds none
+            mine = board.msb_set.get((ent, dc), ())
+            per = [c for (d, msb), c in board.job_msb[job].items() if d == dc and c > 0 and (d, msb) in mine]
+            if not per:
+                continue
+            low = min(per) if len(per) >= n_msbs.get((ent, dc), 0) else 0
+            if max(per) - low > 1:
+                out[(job, dc)] = max(per) - low - 1
     return out
 
 
@@ -42,6 +48,7 @@ class Scores:
     stranded_cpus: float  # cores held by entitlements and reserved by nothing
     held: frozenset[str]
     by_entitlement: dict[str, tuple[int, int, int]]  # held machines, their millicores, millicores reserved
+    spread: dict[tuple[str, str], int]  # spread_excess() by (job, dc)
 
 
 def scores(board: Board) -> Scores:
@@ -55,24 +62,24 @@ def scores(board: Board) -> Scores:
         if mid in held:
             e[0] += 1
             e[1] += m.cpus
-    return Scores(sum(spread_excess(board).values()), round(hottest / mean, 3) if mean else 0.0,
+    spread = spread_excess(board)
+    return Scores(sum(spread.values()), round(hottest / mean, 3) if mean else 0.0,
                   sum(1 for mid, m in board.machines.items() if board.used[mid] > board.hot * m.cpus),
                   len(held), round(sum(e[1] - e[2] for e in ents.values()) / SCALE, 3), frozenset(held),
-                  {n: (e[0], e[1], e[2]) for n, e in ents.items()})
+                  {n: (e[0], e[1], e[2]) for n, e in ents.items()}, spread)
 
 
 class Before:
     """What the rules compare the result with: the board as the round found it."""
 
-    def __init__(self, board: Board):
+    def __init__(self, board: Board, scored: Scores):
         self.where = dict(board.where)
-        self.used = dict(board.used)
         self.over = {mid for mid in board.machines if board.free_cpus[mid] < 0 or board.free_mem[mid] < 0}
         self.limit = {mid: board.hot_limit(mid) for mid in board.machines}
-        self.spread = spread_excess(board)
+        self.spread = scored.spread
 
 
-def violations(before: Before, board: Board) -> list[str]:
+def violations(before: Before, board: Board, after: Scores) -> list[str]:
     """Every broken rule, in words (none is the only right answer)."""
     out = []
     for mid, m in sorted(board.machines.items()):
@@ -80,7 +87,7 @@ def violations(before: Before, board: Board) -> list[str]:
             out.append(f"{mid} reserves more than it has")
         if board.used[mid] > before.limit[mid]:
             out.append(f"{mid} made hot: {board.used[mid] / m.cpus:.0%} of its cores measured")
-    for (job, dc), excess in sorted(spread_excess(board).items()):
+    for (job, dc), excess in sorted(after.spread.items()):
         if excess > before.spread.get((job, dc), 0):
             out.append(f"{job}'s spread over the MSBs of {dc} made worse")
     seen: Counter[Key] = Counter()

@@ -103,11 +103,17 @@ def groups(state: RegionState, entitlement: str | None = None, now: float | None
     for handle, tasks in state.tasks.items():
         job = state.jobs.get(handle)
         for t in tasks.values():
+            cpus, mem = round(t.resources[0] * SCALE), t.resources[1]
+            copy = by_machine.get(t.moving.machine) if t.moving is not None else None
+            if copy is not None:  # moving (make-before-break): its copy holds the target too
+                copy.fixed_cpus += cpus
+                copy.fixed_memory_mb += mem
+                copy.pinned = True
             mach = by_machine.get(t.machine) if t.machine else None
             if mach is None:
                 continue
-            cpus, mem = round(t.resources[0] * SCALE), t.resources[1]
-            if t.state != "running" or job is None or job.state != "active" or not job.live(t.index):
+            if t.state != "running" or job is None or job.state != "active" or not job.live(t.index) \
+                    or t.moving is not None:
                 mach.fixed_cpus += cpus
                 mach.fixed_memory_mb += mem
                 mach.pinned = True

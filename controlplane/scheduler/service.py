@@ -17,13 +17,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Mapping
 
 from controlplane.allocator import AllocationError, Placement, allocate
 from controlplane.opsplanner.notices import advance_notices, governing
 from controlplane.scheduler.creates import Creates
 from controlplane.scheduler.lifecycle import Lifecycle, LifecycleMetrics
+from controlplane.scheduler.moves import move_op
+from controlplane.scheduler.moverecords import moves_of, moves_written, vet_requests
 from controlplane.scheduler.placement import job_request
 from controlplane.scheduler.ratelimit import Limiter, Limits
 from controlplane.scheduler.reconcile import Gate, JobPlan, MachineStatus, reconcile
@@ -55,6 +57,7 @@ class Observed:
     machines: dict[str, MachineStatus]  # the machines its tasks are on
     session: TaskControlSession | None
     now: float
+    requests: Mapping[int, dict] = field(default_factory=dict)  # the ReBalancer's move requests (moves.py)
 
 
 class Scheduler:
@@ -223,22 +226,26 @@ class Scheduler:
         tasks = self.state.tasks.get(handle, {})
         now = time.time()
         self.lifecycle.observe(job, tasks, self.state.machines, self.state.open_failures, now)
-        machines = {mid: v for mid in {t.machine for t in tasks.values() if t.machine}
-                    if (v := self.machine_status(mid, now))}
+        requests = moves_of(self.state.rebalance.get(handle))
+        wanted = {mid for t in tasks.values() for mid in t.holds()} | {r.get("target") for r in requests.values()}
+        machines = {mid: v for mid in wanted if isinstance(mid, str) and (v := self.machine_status(mid, now))}
         session = self.sessions.of(job)
         if session is not None:
             session.observe(tasks)
-        return Observed(job, tasks, machines, session, now)
+        return Observed(job, tasks, machines, session, now, requests)
 
     def decide(self, seen: Observed) -> JobPlan:
         """The pure reconciler's plan, gated by the controller's approvals and the rate limits."""
         job, session = seen.job, seen.session
+        requests, dropped = vet_requests(seen.requests, seen.tasks, session, self.state.snapshot) \
+            if seen.requests else ({}, {})
         gate = Gate(frozenset(session.approved) if session else None, self.limiter.available(job.handle))
-        plan = reconcile(job, seen.tasks, seen.machines, gate)
+        plan = reconcile(job, seen.tasks, seen.machines, gate, requests, seen.now)
         if session is not None and session.withdraw_stale(plan.seen, job.live_set()):
             # an approval given for a state that is gone starts nothing: plan again without it
             gate = Gate(frozenset(session.approved), self.limiter.available(job.handle))
-            plan = reconcile(job, seen.tasks, seen.machines, gate)
+            plan = reconcile(job, seen.tasks, seen.machines, gate, requests, seen.now)
+        plan.dropped.update(dropped)
         return plan
 
     async def act(self, seen: Observed, plan: JobPlan) -> None:
@@ -255,11 +262,22 @@ class Scheduler:
             session.offer(plan.proposed, unhealthy(plan.after, live),
                           advance_notices(self.state.maintenance, seen.tasks, live, seen.now))
         started = [op.id for op in plan.ops if op.id]
+        if session is not None:
+            for index, _, mv, outcome in plan.ended:
+                if outcome != "done":  # the task stays where it was: the operation is over
+                    session.finish(move_op(index, None, {"target": mv.machine}).id, "failed")
         tc = self.sessions.in_flight_record(handle, session, plan, started)
         if not plan.empty():
             for op in plan.ops:
                 log.info("%s %s", handle, op)
-            rev = await self.writer.commit(job, plan.changes, job_put=plan.job, destructive=plan.destructive, extra=tc)
+            for i, why in sorted(plan.dropped.items()):
+                log.info("%s rebalance move of #%d dropped: %s", handle, i, why)
+            extra, guarded = {**tc}, ()
+            if plan.begun or plan.dropped or plan.ended:
+                extra.update(moves_written(self.keys, handle, self.state.rebalance.get(handle), plan, seen.now))
+                guarded = (self.keys.rebalance(handle),)
+            rev = await self.writer.commit(job, plan.changes, job_put=plan.job, destructive=plan.destructive,
+                                           extra=extra, guarded=guarded)
         elif plan.place:
             try:
                 moving = tuple(i for i in plan.place if i in seen.tasks and seen.tasks[i].machine)

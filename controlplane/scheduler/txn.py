@@ -98,15 +98,20 @@ class Txn:
             tkey = keys.task(handle, index)
             guards[tkey] = st.guard(tkey)
             for t, sign in ((old, -1), (new, 1)):
-                if t is not None and t.machine:
-                    cpus, mem = t.resources
-                    if sign < 0 and (new is None or new.machine != t.machine) and self._unseen(t.machine):
-                        # its container may still run there: the machine keeps it as a tombstone
-                        self.tombstones.setdefault(t.machine, []).append([handle, index, cpus, mem, time.time()])
+                if t is None:
+                    continue
+                # its machine, and while it moves (make-before-break) its copy's machine too
+                for mid in (t.machine,) if t.moving is None else t.holds():
+                    if not mid:
                         continue
-                    d = delta.get(t.machine)
+                    cpus, mem = t.resources
+                    if sign < 0 and (new is None or mid not in new.holds()) and self._unseen(mid):
+                        # its container may still run there: the machine keeps it as a tombstone
+                        self.tombstones.setdefault(mid, []).append([handle, index, cpus, mem, time.time()])
+                        continue
+                    d = delta.get(mid)
                     if d is None:
-                        d = delta[t.machine] = [0, 0.0, 0]
+                        d = delta[mid] = [0, 0.0, 0]
                     d[0] += sign
                     d[1] += sign * cpus
                     d[2] += sign * mem

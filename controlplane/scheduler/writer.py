@@ -62,7 +62,8 @@ class ShardWriter:
         return rev
 
     async def commit(self, job: JobRec, changes: list[Change], job_put: JobRec | None = None,
-                     taken: set[str] = frozenset(), destructive: int = 0, extra: dict[str, dict] | None = None) -> int:
+                     taken: set[str] = frozenset(), destructive: int = 0, extra: dict[str, dict] | None = None,
+                     guarded: tuple[str, ...] = ()) -> int:
         """Commit a job's task changes in transactions that fit etcd's limit on operations
         (`max_txn_ops`, etcd's default 128): one when they fit, else bounded batches, each waited
         for before the next is computed. The job record is the recorded intent: a new job's goes in
@@ -73,7 +74,7 @@ class ShardWriter:
         # and in bytes: each task's record carries the job's template
         per_batch = max(1, min(per_batch, MAX_TXN_BYTES // task_bytes(job)))
         if len(changes) <= per_batch:
-            return await self._commit_one(job, changes, job_put, taken, destructive, extra)
+            return await self._commit_one(job, changes, job_put, taken, destructive, extra, guarded)
         batches = [changes[i:i + per_batch] for i in range(0, len(changes), per_batch)]
         last = len(batches) - 1
         job_first = job_put is not None and job_put.state != "stopped"
@@ -82,7 +83,7 @@ class ShardWriter:
             machines = {t.machine for pair in batch for t in pair if t is not None and t.machine}
             rev = await self._commit_one(
                 job, batch, job_put if (n == 0 if job_first else n == last) else None, set(taken) & machines,
-                destructive if n == 0 else 0, extra if n == last else None)
+                destructive if n == 0 else 0, extra if n == last else None, guarded if n == last else ())
             self.counters["batches"] += 1
             if n < last:
                 await self.state.wait_for(rev)  # the next batch's guards are this one's results
@@ -90,11 +91,14 @@ class ShardWriter:
 
     async def _commit_one(self, job: JobRec, changes: list[Change], job_put: JobRec | None = None,
                           taken: set[str] = frozenset(), destructive: int = 0,
-                          extra: dict[str, dict] | None = None) -> int:
+                          extra: dict[str, dict] | None = None, guarded: tuple[str, ...] = ()) -> int:
         """One transaction for a job's task changes and everything that follows from them, fenced
-        by this shard's leadership and the job's entitlement record (its shard)."""
+        by this shard's leadership and the job's entitlement record (its shard). `guarded`: keys
+        of `extra` that must be as this view has them (another writer may change them too)."""
         txn = self.txn()
         txn.add(job, changes, job_put, taken, extra)
+        for key in guarded:
+            txn.guards[key] = self.state.guard(key)
         if destructive:
             for scope, record in self.limiter.take(job.handle, destructive).items():
                 rkey = self.keys.ratelimit(scope)

@@ -73,5 +73,11 @@ class Keys:
     def taskcontrol(self, handle: str) -> str:  # the operations in flight for a job's TaskController
         return self.root + "taskcontrol/" + handle
 
+    def rebalance(self, handle: str) -> str:  # the ReBalancer's move requests for a job, and its recent moves
+        return self.root + "rebalance/" + handle
+
+    def rebalance_settings(self) -> str:  # the ReBalancer's continuous mode: on for which entitlements
+        return self.root + "rebalance-settings"
+
     def token(self, token_id: str) -> str:  # an API token's record: its sha256, role and scope, never the secret
         return self.root + "tokens/" + token_id

@@ -340,6 +340,18 @@ class JobRec:
 
 
 @dataclass(frozen=True, slots=True)
+class Moving:
+    """A running task's copy starting on another machine (a ReBalancer move, make-before-break):
+    it holds resources there too until the copy runs and the task is switched over, or the move
+    is given up."""
+
+    machine: str
+    goal: str = ""
+    why: str = ""
+    since: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
 class TaskRec:
     job: str
     index: int
@@ -350,10 +362,17 @@ class TaskRec:
     reason: str = ""
     discovery: bool = False
     since: float = 0.0
+    moving: Moving | None = None
 
     @property
     def resources(self) -> tuple[float, int]:
         return float(self.spec["cpus"]), int(self.spec["memory_mb"])
+
+    def holds(self) -> tuple[str, ...]:
+        """The machines whose resources the task holds: its own, and its moving copy's."""
+        if self.moving is not None:
+            return (self.machine, self.moving.machine) if self.machine else (self.moving.machine,)
+        return (self.machine,) if self.machine else ()
 
     def to_json(self) -> dict:
         return _encode(self)
@@ -363,10 +382,15 @@ class TaskRec:
         return _decode(cls, d)
 
     def moved(self, **changes: Any) -> TaskRec:
-        """The task with changes; `since` is reset when the state changes."""
+        """The task with changes; `since` is reset when the state changes. A move in progress
+        is given up (its copy stopped) by any change but one that keeps the task running where it
+        is at its version, unless the change says otherwise."""
         new = replace(self, **changes)
         if new.state != self.state:
             new = replace(new, since=time.time())
+        if new.moving is not None and "moving" not in changes and (
+                new.state != "running" or new.machine != self.machine or new.spec_version != self.spec_version):
+            new = replace(new, moving=None)
         return new
 
     def agent_spec(self, open_secrets: Callable[[str, dict], dict] | None = None) -> dict:

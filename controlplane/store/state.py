@@ -46,7 +46,7 @@ _TYPED = {"machines": (MachineRec, msgspec.json.Decoder(MachineRec)),
           "tasks": (TaskRec, msgspec.json.Decoder(TaskRec))}
 # the kinds of key this daemon reads (any other under the region's prefix is left undecoded)
 _KEPT = frozenset(("machines", "tasks", "jobs", "entitlements", "events", "leaders", "settings", "discovery",
-                     "members", "ratelimits", "taskcontrol", "tokens"))
+                     "members", "ratelimits", "taskcontrol", "tokens", "rebalance", "rebalance-settings"))
 
 
 def decoded(kind: str, raw: bytes) -> Any:
@@ -85,6 +85,19 @@ def to_placed(t: TaskRec) -> PlacedTask | None:
     return PlacedTask(t.job, t.index, t.machine, cpus, mem)
 
 
+# The allocator's snapshot holds a moving task's copy (TaskRec.moving) as a task of its own, of a
+# job name no job can have (not a NAME): what it reserves on the machine it moves to is counted,
+# and no allocation of the job sees it among the job's tasks.
+MOVING = "#moving"
+
+
+def to_placed_copy(t: TaskRec) -> PlacedTask | None:
+    if t.moving is None:
+        return None
+    cpus, mem = t.resources
+    return PlacedTask(t.job + MOVING, t.index, t.moving.machine, cpus, mem)
+
+
 class RegionState:
     def __init__(self, store: Store, keys: Keys, profiles: "ProfileDocuments | None" = None):
         self.profiles = profiles  # the sidekick's merged profile documents; None: send names only
@@ -112,12 +125,15 @@ class RegionState:
         self.leaders: dict[int, Versioned] = {}
         self.ratelimits: dict[str, dict] = {}  # persisted token buckets, by scope
         self.taskcontrol: dict[str, dict] = {}  # job -> its TaskController operations in flight
+        self.rebalance: dict[str, dict] = {}  # job -> the ReBalancer's move requests and its recent moves
+        self.rebalance_settings: dict[str, dict] = {}  # "" -> the continuous mode's settings
         self.settings: dict = {}
         self.tokens: dict[str, dict] = {}  # API token id -> its record (controlplane/security/tokens.py)
         self.skipped: dict[str, str] = {}  # key -> why its record was not read (reported, skipped)
         # the records kept as etcd has them, by the kind in their key (built once: every change looks here)
         self._plain = {"members": self.members, "ratelimits": self.ratelimits, "taskcontrol": self.taskcontrol,
-                       "tokens": self.tokens}
+                       "tokens": self.tokens, "rebalance": self.rebalance,
+                       "rebalance-settings": self.rebalance_settings}
         self.coordination_changed = asyncio.Event()
         self._machine_waiters: dict[str, asyncio.Event] = {}
         self._snapshot: Snapshot | None = None
@@ -227,7 +243,7 @@ class RegionState:
             if kind == "members":
                 self.members_version += 1
                 self.coordination_changed.set()
-            return set()
+            return {rest} if kind == "rebalance" else set()
         if kind == "machines":
             viewed = self._set_machine(rest, value)  # decoded into its record (as etcd's bytes are)
             return self.jobs_on(rest) if viewed else set()
@@ -329,12 +345,16 @@ class RegionState:
                 object.__setattr__(t, "spec", shared)
             self.tasks[handle][index] = t
         key = (handle, index)
-        if old is not None and old.machine:
-            self.by_machine[old.machine].discard(key)
-        if t is not None and t.machine:
-            self.by_machine[t.machine].add(key)
+        before = old.holds() if old is not None else ()
+        after = t.holds() if t is not None else ()
+        for mid in before:
+            self.by_machine[mid].discard(key)
+        for mid in after:
+            self.by_machine[mid].add(key)
         self._dirty_tasks.add(key)
-        for m in {old.machine if old else None, t.machine if t else None} - {None}:
+        if (old is not None and old.moving is not None) or (t is not None and t.moving is not None):
+            self._dirty_tasks.add((handle + MOVING, index))
+        for m in set(before) | set(after):
             self.wake_machine(m)
 
     def _wake_entitlement(self, name: str, old: EntitlementRec | None) -> None:
@@ -416,7 +436,9 @@ class RegionState:
         SealingError when a secret value does not open here (the agent is answered 503 and keeps
         what runs: a task never runs without its secret, nor is stopped for this replica's key)."""
         m = self.machines[mid]
-        tasks = sorted((t for t in self.tasks_on(mid) if t.state in ON_MACHINE), key=lambda t: (t.job, t.index))
+        # its tasks, and the copies starting here of tasks moving here (make-before-break)
+        tasks = sorted((t for t in self.tasks_on(mid) if (t.machine == mid and t.state in ON_MACHINE)
+                        or (t.moving is not None and t.moving.machine == mid)), key=lambda t: (t.job, t.index))
         name = self.desired_profile(m)
         # the version is a hash of the tasks as etcd holds them (secret values sealed): it tells
         # nothing of a secret; the agent's copy has them opened (SealingError: one does not open)
@@ -439,7 +461,8 @@ class RegionState:
             self._snapshot = Snapshot.build(
                 (to_machine(m, self.revs[self.keys.machine(m.id)], m.id in self._cordoned) for m in self.machines.values()),
                 (to_entitlement(e) for e in self.entitlements.values()),
-                (p for ts in self.tasks.values() for t in ts.values() if (p := to_placed(t)) is not None),
+                (p for ts in self.tasks.values() for t in ts.values()
+                 for p in (to_placed(t), to_placed_copy(t) if t.moving is not None else None) if p is not None),
                 self.revision)
             # The region as read at start lives long: out of the collector's full passes, which
             # would otherwise scan all of it (a pause that grows with the region). Freed as usual
@@ -469,5 +492,8 @@ class RegionState:
         self._dirty_tasks.update(tasks)
 
     def _placed_one(self, key: tuple[str, int]) -> PlacedTask | None:
+        if key[0].endswith(MOVING):  # a moving task's copy: what it holds on the machine it moves to
+            t = self.tasks.get(key[0][:-len(MOVING)], {}).get(key[1])
+            return to_placed_copy(t) if t is not None else None
         t = self.tasks.get(key[0], {}).get(key[1])
         return to_placed(t) if t is not None else None

@@ -188,6 +188,13 @@ class TaskControlSession:
             if op_id in by_id:
                 self.in_flight[op_id] = by_id[op_id]
 
+    def finish(self, op_id: str, outcome: str) -> None:
+        """An operation in flight that ended without its effect (a move given up: the task stays
+        where it was): the controller hears of it in `completed` with that outcome."""
+        op = self.in_flight.pop(op_id, None)
+        if op is not None:
+            self.completed.append({**op_json(self.handle, op), "outcome": outcome})
+
     def answer(self) -> dict:
         return {"url": self.url, **self.status, "pending": sorted(self.pending), "approved": sorted(self.approved),
                 "in_flight": sorted(self.in_flight), "withdrawn": self.withdrawn,

@@ -227,6 +227,22 @@ async function eventsView(view) {
     h("tr", {}, td(m.id), td(m.scope), td(m.phase), td(when(m.start)), td(when(m.deadline))))));
 }
 
+async function rebalanceView(view) {
+  const st = await api("/v1/rebalance");
+  const when = (t) => (t ? new Date(t * 1000).toISOString().replace(/\.\d+Z$/, "Z") : "-");
+  const mode = st.continuous.all ? "on for every entitlement"
+    : st.continuous.entitlements.length ? `on for ${st.continuous.entitlements.join(", ")}` : "off";
+  view.append(h("h1", {}, "Rebalancing"),
+    h("p", {}, "continuous mode ", h("b", { "data-k": "rebalance-mode" }, mode), "; ",
+      h("b", { "data-k": "rebalance-requested" }, st.requested), " move(s) requested, not begun"));
+  view.append(h("h2", {}, "Moving now (make-before-break)"), table(["task", "from", "to", "since", "why"],
+    st.moving.map((m) => h("tr", { "data-k": "moving" }, td(link(`#/job/${m.job}`, `${m.job}#${m.index}`)),
+      td(m.source), td(m.target), td(when(m.since)), td(m.why)))));
+  view.append(h("h2", {}, "Recent moves"), table(["task", "to", "at", "outcome"],
+    st.recent.map((r) => h("tr", { "data-k": "moved" }, td(link(`#/job/${r.job}`, `${r.job}#${r.index}`)),
+      td(r.target || "-"), td(when(r.at)), td(r.outcome)))));
+}
+
 // -- the page ------------------------------------------------------------------------------------
 
 async function route() {
@@ -246,6 +262,7 @@ async function route() {
     else if (parts[0] === "msb") await msbView(view, parts[1], parts[2]);
     else if (parts[0] === "entitlements" || parts[0] === "jobs") await listView(view, parts[0]);
     else if (parts[0] === "events") await eventsView(view);
+    else if (parts[0] === "rebalance") await rebalanceView(view);
     else await regionView(view);
     showError("");
     view.setAttribute("data-ready", parts[0]);

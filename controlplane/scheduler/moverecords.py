@@ -1,0 +1,97 @@
+"""A job's rebalance record (`rebalance/<job>`): the ReBalancer's move requests for the job, which
+the API (a round: POST /v1/rebalance/apply, or the continuous mode) writes, and the job's recent
+moves, which its shard leader writes as it carries them out (moves.py). Both writers guard the
+record by its revision, so neither loses what the other wrote.
+
+    {"requests": {"<index>": {"source", "target", "goal", "why", "round", "asked"}},
+     "recent": {"<index>": {"at", "target", "outcome"}}}
+
+`recent` is what the next rounds leave alone (the cool-down): a task moved, refused, or whose move
+was dropped or given up within COOL_DOWN seconds is not proposed again. Each move that ended is an
+event (kind `rebalance`) too."""
+
+from __future__ import annotations
+
+from typing import Callable, Mapping
+
+from controlplane.allocator.snapshot import Snapshot
+from controlplane.scheduler.moves import move_op
+from controlplane.scheduler.reconcile import JobPlan
+from controlplane.store.keys import Keys
+from controlplane.store.records import EventRec, TaskRec
+from controlplane.taskcontrol.session import TaskControlSession
+
+COOL_DOWN = 3600.0  # seconds a task the ReBalancer moved (or tried to) is left alone
+DECLINED = 3  # answers of the job's TaskController without an ack before a requested move is dropped
+
+
+def moves_of(record: dict | None) -> dict[int, dict]:
+    """The move requests of a job's rebalance record, by task index (what is not a request is left out)."""
+    out = {}
+    for k, v in ((record or {}).get("requests") or {}).items():
+        if isinstance(v, dict) and isinstance(v.get("target"), str) and str(k).isdigit():
+            out[int(k)] = v
+    return out
+
+
+def vet_requests(requests: Mapping[int, dict], tasks: Mapping[int, TaskRec], session: TaskControlSession | None,
+                 snapshot: Callable[[], Snapshot]) -> tuple[dict[int, dict], dict[int, str]]:
+    """The requests that may go on to the reconciler, and those dropped, with why: declined by the
+    job's TaskController, or no room for the task on the target now (the plan was made earlier)."""
+    ok: dict[int, dict] = {}
+    dropped: dict[int, str] = {}
+    snap = None
+    for i, req in sorted(requests.items()):
+        op_id = move_op(i, None, req).id
+        n = session.declined.get(op_id, 0) if session is not None else 0
+        if n >= DECLINED:
+            dropped[i] = f"refused by the job's TaskController ({n} answers without an ack)"
+            continue
+        t = tasks.get(i)
+        if t is not None and t.moving is None:
+            snap = snap or snapshot()
+            if req["target"] not in snap.machines:
+                dropped[i] = f"{req['target']} is gone"
+                continue
+            cpus, mem = snap.free(req["target"])
+            need_cpus, need_mem = t.resources
+            if cpus + 1e-9 < need_cpus or mem < need_mem:
+                dropped[i] = f"{req['target']} has no room for it now ({cpus:g} cpus, {mem} MiB free)"
+                continue
+        ok[i] = req
+    return ok, dropped
+
+
+def moves_written(keys: Keys, handle: str, record: dict | None, plan: JobPlan, now: float) -> dict[str, dict]:
+    """The job's rebalance record after this plan (requests begun or dropped leave it; each goes
+    to `recent`), and an event for each move that ended."""
+    record = record or {}
+    requests = {k: v for k, v in (record.get("requests") or {}).items()
+                if not (str(k).isdigit() and (int(k) in plan.dropped or int(k) in plan.begun))}
+    recent = {k: v for k, v in (record.get("recent") or {}).items()
+              if isinstance(v, dict) and now - float(v.get("at", 0)) < COOL_DOWN}
+    asked = moves_of(record)
+    for i, why in plan.dropped.items():
+        recent[str(i)] = {"at": now, "target": asked.get(i, {}).get("target"), "outcome": f"dropped: {why}"}
+    for i in plan.begun:
+        recent[str(i)] = {"at": now, "target": asked.get(i, {}).get("target"), "outcome": "moving"}
+    out: dict[str, dict] = {}
+    for i, source, mv, outcome in plan.ended:
+        recent[str(i)] = {"at": now, "target": mv.machine, "outcome": outcome}
+        e = EventRec(f"rebalance-{int(now * 1000)}-{handle.replace('/', '.')}-{i}", "rebalance",
+                     (source, mv.machine), mv.since, f"{handle}#{i} from {source} to {mv.machine}: {outcome} "
+                     f"({mv.goal}: {mv.why})", end=now, scope=handle, created=now)
+        out[keys.event(e.id)] = e.to_json()
+    out[keys.rebalance(handle)] = {"requests": requests, "recent": recent}
+    return out
+
+
+def cooling(records: Mapping[str, dict], now: float) -> set[tuple[str, int]]:
+    """The tasks a round leaves alone: requested and not yet begun, or moved (or tried) within COOL_DOWN."""
+    out = set()
+    for handle, record in records.items():
+        for k, v in ((record or {}).get("recent") or {}).items():
+            if str(k).isdigit() and isinstance(v, dict) and now - float(v.get("at", 0)) < COOL_DOWN:
+                out.add((handle, int(k)))
+        out.update((handle, i) for i in moves_of(record))
+    return out

@@ -36,6 +36,7 @@ first=$(docker ps -q --filter "label=twine.job=web/hello" | head -n1)
 sleep 2; echo; echo "== last log line of $first"; docker logs --tail 1 "$first"
 ctl job usage web/hello                   # what its tasks use (their cgroups, as the agents measure them)
 ctl fleet --by dc,entitlement             # the region at a glance (also at $url/ui/)
+ctl rebalance plan                        # what the ReBalancer would move, and why (a dry run)
 
 if [ $keep = 1 ]; then
   echo; echo "region left running: export TWINE_URL=$url TWINE_CA=$work/pki/ca.pem TWINE_TOKEN_FILE=$work/owner-token; .venv/bin/twinectl job status web/hello"

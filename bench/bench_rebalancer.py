@@ -21,9 +21,13 @@ On that same state, one round each:
   land where it was); the descheduler reads requests, not usage;
 - ours: controlplane.rebalancer.plan.plan() as GET /v1/rebalance/plan runs it: repair, hotspots
   (MSBs above the mean by more than 5 %, machines above 80 % measured), compaction per
-  (entitlement, MSB) with CP-SAT, churn budget 25 % of a job a round; its moves applied.
+  (entitlement, MSB) with CP-SAT, swaps with the free pool (whole free racks; every entitlement
+  has a host profile, so each swap costs a profile switch), churn budget 25 % of a job a round;
+  its moves applied.
 
-Freed: machines that held tasks before the round and none after (back to the free pool). Moves:
+Freed: machines holding tasks before the round less those holding tasks after (net: a swap gives
+one machine back to the free pool and takes another; the baseline's allocator may take free ones
+too). Moves:
 tasks placed elsewhere (the baseline's evictions, ours planned moves). Hottest MSB: the MSB whose
 measured cpu over its machines' cores is the highest, over the region's mean. Violations (ours):
 the planner's own checks (score.py) and, recomputed here on the allocator's snapshot with the
@@ -284,11 +288,18 @@ def our_region(r: Region, used: dict) -> view.Region:
     groups: dict[tuple, view.Group] = {}
     machines: dict[str, view.Machine] = {}
     cap: Counter = Counter()
+    pool, racks = [], {}
     for m in r.snap.machines.values():
         cap[(m.dc, m.msb)] += int(m.cpus * 1000)
+        rack = racks.setdefault(m.rack, [0, 0])
+        rack[0] += 1
         if m.entitlement is None:
+            rack[1] += 1
+            pool.append(view.Machine(m.id, "", m.dc, m.msb, int(m.cpus * 1000), m.memory_mb, rack=m.rack,
+                                     type=m.machine_type))
             continue
-        vm = view.Machine(m.id, m.entitlement, m.dc, m.msb, int(m.cpus * 1000), m.memory_mb, rack=m.rack)
+        vm = view.Machine(m.id, m.entitlement, m.dc, m.msb, int(m.cpus * 1000), m.memory_mb, rack=m.rack,
+                          type=m.machine_type)
         machines[m.id] = vm
         groups.setdefault((m.entitlement, m.dc, m.msb), view.Group(m.entitlement, m.dc, m.msb)).machines.append(vm)
     for j in r.jobs.values():
@@ -296,11 +307,13 @@ def our_region(r: Region, used: dict) -> view.Region:
             vm = machines[t.machine_id]
             groups[(vm.entitlement, vm.dc, vm.msb)].tasks.append(
                 view.Task(j.name, i, t.machine_id, int(t.cpus * 1000), t.memory_mb, used=used[(j.name, i)]))
-    return view.Region([groups[k] for k in sorted(groups)], dict(cap))
+    return view.Region([groups[k] for k in sorted(groups)], dict(cap), pool,
+                       {e.name: e.machine_type for e in r.ents}, {e.name: "web" for e in r.ents}, racks)
 
 
-def check(r: Region, moves) -> tuple[Snapshot, list[str]]:
-    """The moves applied to a copy of the allocator's snapshot, and what breaks there."""
+def check(r: Region, moves, taken: dict[str, str]) -> tuple[Snapshot, list[str]]:
+    """The moves applied to a copy of the allocator's snapshot, and what breaks there (a swap's
+    target is a free machine its entitlement takes)."""
     snap = r.snap.copy()
     bad = []
     placed = []
@@ -309,7 +322,7 @@ def check(r: Region, moves) -> tuple[Snapshot, list[str]]:
         src, dst = snap.machines[mv.source], snap.machines[mv.target]
         if t.machine_id != mv.source:
             bad.append(f"{mv.job}#{mv.index} is not on {mv.source}")
-        if (src.dc, src.entitlement) != (dst.dc, dst.entitlement):
+        if (src.dc, src.entitlement) != (dst.dc, taken.get(dst.id, dst.entitlement)):
             bad.append(f"{mv.job}#{mv.index} left its dc or entitlement")
         placed.append(PlacedTask(mv.job, mv.index, mv.target, t.cpus, t.memory_mb))
     snap.apply(tasks=placed)
@@ -340,24 +353,25 @@ def main() -> int:
 
     base_snap, n_base, base_s = baseline(r, used)
     where_b = assignment(base_snap, jobs)
-    g_freed = len(held(where0) - held(where_b))
+    g_freed = len(held(where0)) - len(held(where_b))  # net: the allocator may take free machines
     print(f"baseline (descheduler 20/50 + RemoveDuplicates, {PER_NODE} a node, re-placed by our allocator): "
           f"{n_base} evictions, {g_freed} machines freed, {sum(1 for k in where0 if where_b.get(k) == where0[k])} of "
           f"{len(where0)} tasks where they were (some evicted back to their machine), {base_s:.1f} s")
 
     reg = our_region(r, used)
     p = plan(reg)
-    _, bad = check(r, p.moves)
+    _, bad = check(r, p.moves, p.taken)
     where_o = dict(where0)
     for mv in p.moves:
         where_o[(mv.job, mv.index)] = mv.target
-    f_freed = len(held(where0) - held(where_o))
+    f_freed = len(held(where0)) - len(held(where_o))  # net: a swap gives one back and takes another
     by_goal = Counter(mv.goal for mv in p.moves)
     statuses = Counter(x.status for x in p.results)
     print(f"ours: {len(p.moves)} moves ({', '.join(f'{g} {n}' for g, n in sorted(by_goal.items()))}), "
           f"{f_freed} machines freed, {len(reg.groups)} groups ("
           + ", ".join(f"{k} {v}" for k, v in statuses.most_common()) + "), "
-          f"hot machines {p.before.hot_machines} -> {p.after.hot_machines}, spread excess "
+          f"{len(p.taken)} machines swapped with the free pool (whole free racks {p.racks_free[0]} -> "
+          f"{p.racks_free[1]}), hot machines {p.before.hot_machines} -> {p.after.hot_machines}, spread excess "
           f"{p.before.spread_excess} -> {p.after.spread_excess}; peak memory "
           f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024} MiB (the whole benchmark)")
     for line in p.violations[:5] + tuple(bad[:5]):

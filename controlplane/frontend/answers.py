@@ -439,6 +439,7 @@ class RebalancePlan(Answer):
                                                              "status, seconds")]
     summary: Annotated[Strings, Meta(description="the plan in words: a line a goal, then one an entitlement")]
     violations: Annotated[Strings, Meta(description="rules the moves would break (none: every plan is checked)")] = []
+    taken: Annotated[dict[str, str], Meta(description="free machines swaps would take, and for which entitlement")] = {}
     seconds: float = 0.0  # the plan's wall time
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from controlplane.rebalancer.view import Machine, Region, Task
 
@@ -71,6 +71,8 @@ class Board:
                 per_job[t.job] += 1
         self.budget = {job: churn_budget(n, churn) for job, n in per_job.items()}
         self.moves: dict[Key, Planned] = {}
+        self.pool: dict[str, Machine] = {m.id: m for m in region.pool}  # free machines a swap may take
+        self.taken: dict[str, str] = {}  # free machine -> the entitlement a swap gives it to
 
     # -- reading -------------------------------------------------------------------------------
 
@@ -131,6 +133,22 @@ class Board:
         p = Planned(key[0], key[1], source, target, goal, why)
         self.moves[key] = p
         return p
+
+    def take(self, mid: str, entitlement: str) -> None:
+        """A free machine joins the entitlement (a swap): it is planned on from now on."""
+        m = replace(self.pool.pop(mid), entitlement=entitlement)
+        gk = (entitlement, m.dc, m.msb)
+        self.machines[mid] = m
+        self.group_of[mid] = gk
+        if gk not in self.in_group:
+            self.in_group[gk] = []
+            self.msbs.setdefault((entitlement, m.dc), []).append((m.dc, m.msb))
+            self.msb_set.setdefault((entitlement, m.dc), set()).add((m.dc, m.msb))
+        self.in_group[gk].append(mid)
+        self.msb_machines.setdefault((m.dc, m.msb), []).append(mid)
+        self.on[mid] = set()
+        self.free_cpus[mid], self.free_mem[mid], self.used[mid] = m.cpus, m.memory_mb, 0
+        self.taken[mid] = entitlement
 
     def held(self) -> set[str]:
         """The machines that hold something after the moves (the others go back to the free pool)."""

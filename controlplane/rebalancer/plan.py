@@ -5,12 +5,13 @@ and why, in words a person reads, and the rules checked on the result (score.py)
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from controlplane.rebalancer.board import HOT_MACHINE, MSB_MARGIN, Board, Key, Planned
 from controlplane.rebalancer.compaction import TIME_LIMIT, Result, solve_group
 from controlplane.rebalancer.goals import machine_hotspots, msb_hotspots, repair
 from controlplane.rebalancer.score import Before, Scores, scores, violations
+from controlplane.rebalancer.swaps import swaps
 from controlplane.rebalancer.view import SCALE, Group, Region
 
 TOTAL_LIMIT = 8.0  # seconds the groups' solves may take in all (each group is drained first, at once)
@@ -26,6 +27,8 @@ class Plan:
     seconds: float
     margin: float = MSB_MARGIN
     hot: float = HOT_MACHINE
+    racks_free: tuple[int, int] = (0, 0)  # racks wholly in the free pool, before and after
+    taken: dict[str, str] = field(default_factory=dict)  # free machines swaps take -> the entitlement
 
     def freed(self) -> list[str]:
         return sorted(self.before.held - self.after.held)
@@ -38,6 +41,8 @@ class Plan:
                          "hot_machines": {"before": b.hot_machines, "after": a.hot_machines}},
             "compaction": {"machines_held": {"before": b.machines_held, "after": a.machines_held},
                            "stranded_cpus": {"before": b.stranded_cpus, "after": a.stranded_cpus}},
+            "swaps": {"free_racks": {"before": self.racks_free[0], "after": self.racks_free[1]},
+                      "machines_swapped": {"before": 0, "after": len(self.taken)}},
         }
         ents = {}
         for name, (held, cpus, reserved) in sorted(b.by_entitlement.items()):
@@ -50,6 +55,7 @@ class Plan:
             "moves": [{"job": p.job, "index": p.index, "source": p.source, "target": p.target, "goal": p.goal,
                        "why": p.why} for p in self.moves],
             "freed": self.freed(),
+            "taken": dict(sorted(self.taken.items())),
             "groups": [{"entitlement": r.group.entitlement, "dc": r.group.dc, "msb": r.group.msb,
                         "machines": len(r.group.machines), "tasks": len(r.group.tasks), "status": r.status,
                         "seconds": round(r.seconds, 3)} for r in self.results],
@@ -74,6 +80,10 @@ class Plan:
         elif b.hottest_msb:
             out.append(f"hotspots: none (the hottest MSB uses {b.hottest_msb:.2f}x the region's mean cpu, "
                        f"no machine above {self.hot:.0%} of its cores)")
+        if self.taken:
+            out.append(f"swaps: {len(self.taken)} machine(s) exchanged with the free pool, "
+                       f"{by_goal.get('swaps', 0)} task(s) moving with them; whole free racks "
+                       f"{self.racks_free[0]} -> {self.racks_free[1]}")
         for name, (held, cpus, reserved) in sorted(b.by_entitlement.items()):
             n = held - a.by_entitlement.get(name, (0, 0, 0))[0]
             moves = sum(len(r.moves) for r in self.results if r.group.entitlement == name)
@@ -108,6 +118,20 @@ def plan(region: Region | list[Group], churn: float = 0.25, time_limit: float = 
         r = solve_group(board, g, min(time_limit, share))
         results.append(r)
         moves += list(r.moves)
+    moves += swaps(board)
     after = scores(board)
     return Plan(tuple(sorted(results, key=lambda r: (r.group.entitlement, r.group.dc, r.group.msb))), tuple(moves),
-                before, after, tuple(violations(checked, board, after)), time.monotonic() - started, margin, hot)
+                before, after, tuple(violations(checked, board, after)), time.monotonic() - started, margin, hot,
+                free_racks(region, board, before, after), dict(board.taken))
+
+
+def free_racks(region: Region, board: Board, before: Scores, after: Scores) -> tuple[int, int]:
+    """Racks whose every machine is in the free pool, before the round and after it (machines it
+    empties go back to the pool; those swaps take leave it)."""
+    racks = {r: list(v) for r, v in region.racks.items()}
+    n0 = sum(1 for total, free in racks.values() if total and total == free)
+    for mid in before.held - after.held:
+        racks.setdefault(board.machines[mid].rack, [0, 0])[1] += 1
+    for mid in board.taken:
+        racks.setdefault(board.machines[mid].rack, [0, 0])[1] -= 1
+    return n0, sum(1 for total, free in racks.values() if total and total == free)

@@ -11,6 +11,7 @@ tried, within the cool-down, and tasks with a request not yet begun, are left al
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from typing import TYPE_CHECKING
@@ -41,7 +42,7 @@ def view_for(state: RegionState, usage: "RegionUsage | None", entitlements: set[
     (the MSBs' capacity always the region's)."""
     view = region(state, None, usage.jobs() if usage is not None else None, now)
     if entitlements is not None:
-        view = Region([g for g in view.groups if g.entitlement in entitlements], view.msb_cpus)
+        view = dataclasses.replace(view, groups=[g for g in view.groups if g.entitlement in entitlements])
     return view
 
 
@@ -63,7 +64,8 @@ async def request(state: RegionState, p: "Plan", round_id: str, now: float | Non
     by_job: dict[str, dict[str, dict]] = {}
     for mv in p.moves:
         by_job.setdefault(mv.job, {})[str(mv.index)] = {
-            "source": mv.source, "target": mv.target, "goal": mv.goal, "why": mv.why, "round": round_id, "asked": now}
+            "source": mv.source, "target": mv.target, "goal": mv.goal, "why": mv.why, "round": round_id, "asked": now,
+            **({"take": True} if mv.target in p.taken else {})}
     handles = sorted(by_job)
     for start in range(0, len(handles), PER_TXN):
         batch = handles[start:start + PER_TXN]

@@ -85,7 +85,7 @@ def violations(before: Before, board: Board, after: Scores) -> list[str]:
     for mid, m in sorted(board.machines.items()):
         if mid not in before.over and (board.free_cpus[mid] < 0 or board.free_mem[mid] < 0):
             out.append(f"{mid} reserves more than it has")
-        if board.used[mid] > before.limit[mid]:
+        if board.used[mid] > before.limit.get(mid, board.hot * m.cpus):  # (a machine a swap took: its hot line)
             out.append(f"{mid} made hot: {board.used[mid] / m.cpus:.0%} of its cores measured")
     for (job, dc), excess in sorted(after.spread.items()):
         if excess > before.spread.get((job, dc), 0):

@@ -24,6 +24,7 @@ class Machine:
     fixed_memory_mb: int = 0
     pinned: bool = False  # holds something that may not move: it cannot be freed
     rack: str = ""
+    type: str = ""  # its machine type (a free machine an entitlement takes must be of the entitlement's)
 
 
 @dataclass
@@ -56,6 +57,12 @@ class Region:
 
     groups: list[Group]
     msb_cpus: dict[tuple[str, str], int] = field(default_factory=dict)
+    # for swaps (goal 4): the free pool's healthy machines in no maintenance (entitlement ""), each
+    # entitlement's machine type and host profile, and per rack [machines, free ones] of the region
+    pool: list[Machine] = field(default_factory=list)
+    types: dict[str, str] = field(default_factory=dict)
+    profiles: dict[str, str | None] = field(default_factory=dict)
+    racks: dict[str, list[int]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.msb_cpus:
@@ -68,13 +75,24 @@ def region(state: RegionState, entitlement: str | None = None, usage: Mapping[st
            now: float | None = None) -> Region:
     """The region's groups with each task's measured cpu (`usage`: RegionUsage.jobs(), per job
     [millicores, MiB, tasks]: a task is taken to use its job's mean), and the MSBs' capacity."""
+    now = time.time() if now is None else now
     gs = groups(state, entitlement, now, usage)
     cap: dict[tuple[str, str], int] = {}
+    pool, racks = [], {}
     for m in state.machines.values():
+        rack = racks.setdefault(m.labels.get("rack", ""), [0, 0])
+        rack[0] += 1
+        if m.entitlement is None:
+            rack[1] += 1
         if m.healthy:
             key = (m.labels.get("dc", ""), m.labels.get("msb", ""))
             cap[key] = cap.get(key, 0) + round(float(m.capacity.get("cpus", 0)) * SCALE)
-    return Region(gs, cap)
+            if m.entitlement is None and not m.tombstones and state.maintenance.of(m.id, now) is None:
+                pool.append(Machine(m.id, "", key[0], key[1], round(float(m.capacity.get("cpus", 0)) * SCALE),
+                                    int(m.capacity.get("memory_mb", 0)), rack=m.labels.get("rack", ""),
+                                    type=m.labels.get("machine_type", "")))
+    return Region(gs, cap, pool, {e.name: e.machine_type for e in state.entitlements.values()},
+                  {e.name: e.profile for e in state.entitlements.values()}, racks)
 
 
 def groups(state: RegionState, entitlement: str | None = None, now: float | None = None,
@@ -93,7 +111,8 @@ def groups(state: RegionState, entitlement: str | None = None, now: float | None
             continue
         dc, msb = m.labels.get("dc", ""), m.labels.get("msb", "")
         mach = Machine(m.id, m.entitlement, dc, msb, round(float(m.capacity.get("cpus", 0)) * SCALE),
-                       int(m.capacity.get("memory_mb", 0)), rack=m.labels.get("rack", ""))
+                       int(m.capacity.get("memory_mb", 0)), rack=m.labels.get("rack", ""),
+                       type=m.labels.get("machine_type", ""))
         for _, _, cpus, mem, _ in m.tombstones:
             mach.fixed_cpus += round(cpus * SCALE)
             mach.fixed_memory_mb += int(mem)

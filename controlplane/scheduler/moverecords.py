@@ -53,6 +53,22 @@ def vet_requests(requests: Mapping[int, dict], tasks: Mapping[int, TaskRec], ses
             if req["target"] not in snap.machines:
                 dropped[i] = f"{req['target']} is gone"
                 continue
+            m, ent = snap.machines[req["target"]], t.job.partition("/")[0]
+            if req.get("take"):  # a swap: the target is a free machine the entitlement takes
+                e = snap.entitlements.get(ent)
+                if m.entitlement not in (None, ent):
+                    dropped[i] = f"{m.id} is no longer in the free pool (entitlement {m.entitlement} took it)"
+                    continue
+                if m.entitlement is None and e is not None and snap.held(ent) + 1 > e.quota:
+                    dropped[i] = f"entitlement {ent} holds {snap.held(ent)} of its quota of {e.quota} machines: " \
+                                 f"no room to take {m.id} for a swap"
+                    continue
+                if e is not None and m.machine_type != e.machine_type:
+                    dropped[i] = f"{m.id} is a {m.machine_type} machine, not {e.machine_type}"
+                    continue
+            elif m.entitlement != ent:
+                dropped[i] = f"{m.id} is no longer entitlement {ent}'s"
+                continue
             cpus, mem = snap.free(req["target"])
             need_cpus, need_mem = t.resources
             if cpus + 1e-9 < need_cpus or mem < need_mem:

@@ -67,7 +67,7 @@ def _unfit(job: JobRec, t: TaskRec | None, req: dict, target: MachineStatus | No
         return f"{req.get('target')} is not healthy"
     if target.maintenance is not None:
         return f"{req.get('target')} is in maintenance"
-    if not target.profile_ready:
+    if not target.profile_ready and not req.get("take"):  # (a free machine taken gets the profile then)
         return f"{req.get('target')} does not have its entitlement's profile ready"
     return ""
 
@@ -81,6 +81,12 @@ def _step(t: TaskRec, machines: Mapping[str, MachineStatus], change, plan: JobPl
         why = f"{mv.machine} is {'gone' if m is None else 'unhealthy'}"
     elif m.maintenance is not None:
         why = f"{mv.machine} went into maintenance"
+    elif not m.profile_ready:
+        if now - mv.since > MOVE_DEADLINE:
+            why = f"{mv.machine} did not get profile {m.desired_profile} within {MOVE_DEADLINE:g} s"
+        else:
+            plan.waiting.append(f"#{t.index}: moving to {mv.machine}: waiting for profile {m.desired_profile} there")
+            return
     else:
         r = m.reports.get((t.job, t.index)) if m.reports is not None else None
         if r is not None and r.get("spec_version") == t.spec_version:

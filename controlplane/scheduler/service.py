@@ -276,8 +276,10 @@ class Scheduler:
             if plan.begun or plan.dropped or plan.ended:
                 extra.update(moves_written(self.keys, handle, self.state.rebalance.get(handle), plan, seen.now))
                 guarded = (self.keys.rebalance(handle),)
-            rev = await self.writer.commit(job, plan.changes, job_put=plan.job, destructive=plan.destructive,
-                                           extra=extra, guarded=guarded)
+            # a swap's move takes its free target into the entitlement (its profile follows)
+            taking = {seen.requests[i]["target"] for i in plan.begun if seen.requests[i].get("take")}
+            rev = await self.writer.commit(job, plan.changes, job_put=plan.job, taken=taking,
+                                           destructive=plan.destructive, extra=extra, guarded=guarded)
         elif plan.place:
             try:
                 moving = tuple(i for i in plan.place if i in seen.tasks and seen.tasks[i].machine)

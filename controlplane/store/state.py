@@ -437,8 +437,10 @@ class RegionState:
         what runs: a task never runs without its secret, nor is stopped for this replica's key)."""
         m = self.machines[mid]
         # its tasks, and the copies starting here of tasks moving here (make-before-break)
+        # (a copy waits for the machine's profile, as a task placed there does: a swap takes a free machine)
+        ready = self.profile_ready(m)
         tasks = sorted((t for t in self.tasks_on(mid) if (t.machine == mid and t.state in ON_MACHINE)
-                        or (t.moving is not None and t.moving.machine == mid)), key=lambda t: (t.job, t.index))
+                        or (ready and t.moving is not None and t.moving.machine == mid)), key=lambda t: (t.job, t.index))
         name = self.desired_profile(m)
         # the version is a hash of the tasks as etcd holds them (secret values sealed): it tells
         # nothing of a secret; the agent's copy has them opened (SealingError: one does not open)

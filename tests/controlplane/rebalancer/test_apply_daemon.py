@@ -54,8 +54,9 @@ class Watch:
             if status == 200 and any(t["state"] != "running" for t in j["tasks"]):
                 self.down.append({t["index"]: t["state"] for t in j["tasks"]})
             on: dict[int, int] = {}
-            for tasks in list(self.agents.running.values()):
-                for (job, i) in list(tasks):
+            for mid in list(self.agents.running):
+                # running there, or stopping there (stop_delay: its container not yet gone)
+                for (job, i) in set(self.agents.running[mid]) | set(self.agents.stale.get(mid, {})):
                     if job == self.handle:
                         on[i] = on.get(i, 0) + 1
             self.both |= {i for i, n in on.items() if n > 1}
@@ -76,6 +77,7 @@ def test_a_round_moves_a_task_make_before_break_and_frees_its_machine(tmp_path, 
             status, st = c.call("GET", "/v1/rebalance")
             assert status == 200 and st["continuous"] == {"all": False, "entitlements": []}, st
 
+            agents.stop_delay = 1.0  # a container takes a moment to stop: the overlap is plain to see
             watch = Watch(c, agents, "web/small")
             try:
                 rc = twinectl.main(["--url", c.url, "--token", API_TOKEN, "rebalance", "apply", "--entitlement",
@@ -210,5 +212,98 @@ def test_the_continuous_mode_is_off_until_an_admin_enables_it(tmp_path, etcd_ser
             assert "continuous mode: on for every entitlement" in text and "done" in text, text
             assert twinectl.main(["--url", c.url, "--token", API_TOKEN, "rebalance", "disable"]) == 0
             assert capsys.readouterr().out.startswith("continuous mode: off")
+    finally:
+        c.close()
+
+
+def test_a_move_in_progress_survives_a_change_of_leader(tmp_path, etcd_server):
+    """The move is in etcd (the task's `moving`), not in the leader's memory: the shard leader is
+    killed while the copy has not started yet (the agents read no desired state meanwhile); the
+    new leader finishes the move, and no copy of any task is started twice on one machine."""
+    import signal
+
+    from tests.controlplane.controld_proc import member
+    from tests.controlplane.coordination.test_replicas_chaos import leader_of, replicas
+
+    cs = replicas(tmp_path, etcd_server.port, 2)
+    try:
+        for c in cs:
+            c.start()
+        first = cs[0]
+        creds = {m: register(first, m, "dc1", "msb1", cpus=2, memory_mb=4096) for m in ("m1", "m2", "m3")}
+        with SimAgents(creds, [c.url for c in cs], interval=0.2) as agents:
+            assert first.call("POST", "/v1/entitlements", {"name": "web", "machine_type": "generic",
+                                                           "quota": 3})[0] == 201
+            half_empty(first, "web", "small")
+            agents.poll = False  # heartbeats go on; no agent reads its desired state: the copy waits
+            status, r = first.call("POST", "/v1/rebalance/apply?entitlement=web")
+            assert status == 200 and r["requested"] == 1, r
+            mv = r["moves"][0]
+
+            def moving(c):
+                ts = c.call("GET", "/v1/jobs/web/small")[1]["tasks"]
+                return any(t.get("moving", {}).get("machine") == mv["target"] for t in ts)
+
+            wait(lambda: moving(first), 20, "the move begun")
+            leader_id = leader_of(first)
+            leader = next(c for c in cs if member(c) == leader_id)
+            (other,) = [c for c in cs if c is not leader]
+            leader.kill(signal.SIGKILL)
+            wait(lambda: leader_of(other) not in (None, leader_id), 20, "a new leader")
+            assert moving(other), "the move is still in progress: the new leader read it from etcd"
+            agents.poll = True
+            wait(lambda: {t["index"]: t["machine"] for t in other.call("GET", "/v1/jobs/web/small")[1]["tasks"]}
+                 [mv["index"]] == mv["target"], 30, "the new leader finished the move")
+            st = other.call("GET", "/v1/rebalance")[1]
+            assert st["recent"][0]["outcome"] == "done" and st["moving"] == [], st
+            assert all(t["state"] == "running" for t in other.call("GET", "/v1/jobs/web/small")[1]["tasks"])
+            assert agents.restarts()["started_again"] == {}, agents.restarts()
+    finally:
+        for c in cs:
+            c.close()
+
+
+def test_a_swap_takes_a_free_machine_and_gives_one_back_a_whole_rack_freed(tmp_path, etcd_server):
+    """Racks r1 = {m1, m3} and r2 = {m2, m4}; a job's two tasks (1.2 of 2 cores each) take m1 and m2
+    (the allocator's best fit, then the ids): no rack is wholly free. The round swaps m1 for m4:
+    the task moves make-before-break onto m4, which the entitlement takes, and m1 goes back to the
+    pool: rack r1 is wholly free."""
+    from tests.controlplane.controld_proc import BOOTSTRAP_TOKEN
+
+    c = Controld(tmp_path, etcd_server.port, heartbeat_timeout=5.0).start()
+    try:
+        creds = {}
+        for mid, rack in (("m1", "r1"), ("m2", "r2"), ("m3", "r1"), ("m4", "r2")):
+            status, body = c.call("POST", "/v1/agent/register", {
+                "machine_id": mid, "hostname": mid, "address": "10.0.0.1",
+                "labels": {"region": c.region, "dc": "dc1", "msb": "msb1", "rack": rack, "machine_type": "generic"},
+                "capacity": {"cpus": 2, "memory_mb": 4096}}, token=BOOTSTRAP_TOKEN)
+            assert status == 200, body
+            creds[mid] = body["credential"]
+        with SimAgents(creds, [c.url], interval=0.2) as agents:
+            assert c.call("POST", "/v1/entitlements", {"name": "web", "machine_type": "generic", "quota": 3})[0] == 201
+            assert c.call("POST", "/v1/jobs", {"entitlement": "web", "name": "api", "count": 2,
+                                               "task": {**TASK, "cpus": 1.2}})[0] == 201
+            c.wait_for("/v1/jobs/web/api", lambda j: j["summary"].get("running") == 2, what="api running")
+            where = {t["index"]: t["machine"] for t in c.call("GET", "/v1/jobs/web/api")[1]["tasks"]}
+            assert sorted(where.values()) == ["m1", "m2"], where
+            p = c.call("GET", "/v1/rebalance/plan?entitlement=web")[1]
+            (mv,) = p["moves"]
+            assert (mv["source"], mv["target"], mv["goal"]) == ("m1", "m4", "swaps"), p["moves"]
+            assert p["taken"] == {"m4": "web"} and p["goals"]["swaps"]["free_racks"] == {"before": 0, "after": 1}, p
+            agents.stop_delay = 1.0
+            watch = Watch(c, agents, "web/api")
+            try:
+                status, r = c.call("POST", "/v1/rebalance/apply?entitlement=web")
+                assert status == 200 and r["requested"] == 1, r
+                wait(lambda: {t["index"]: t["machine"] for t in c.call("GET", "/v1/jobs/web/api")[1]["tasks"]}
+                     [mv["index"]] == "m4", 30, "the task on m4")
+            finally:
+                watch.stop()
+            machines = {m["id"]: m["entitlement"] for m in c.call("GET", "/v1/machines")[1]["machines"]}
+            wait(lambda: {m["id"]: m["entitlement"] for m in c.call("GET", "/v1/machines")[1]["machines"]} ==
+                 {"m1": None, "m2": "web", "m3": None, "m4": "web"}, 10, f"m1 back in the pool: {machines}")
+            assert watch.down == [] and mv["index"] in watch.both, (watch.down[:3], watch.both)
+            assert c.call("GET", "/v1/rebalance")[1]["recent"][0]["outcome"] == "done"
     finally:
         c.close()

@@ -5,6 +5,7 @@ never moves a task back."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 from controlplane.rebalancer.plan import plan
@@ -91,12 +92,22 @@ def test_cooling_tasks_stay_and_a_jobs_budget_is_shared_by_the_goals():
 
 def random_region(seed: int) -> Region:
     rnd = random.Random(seed)
-    groups = []
+    groups, free, racks = [], [], {}
     for dc in ("dc1", "dc2"):
         for k in range(3):
             msb = f"{dc}-msb{k}"
             for ent in ("web", "batch"):
-                groups.append(Group(ent, dc, msb, machines(msb, 6, dc=dc, ent=ent, prefix=f"{ent}-{msb}")))
+                ms = machines(msb, 6, dc=dc, ent=ent, prefix=f"{ent}-{msb}")
+                groups.append(Group(ent, dc, msb, [dataclasses.replace(m, type="generic") for m in ms]))
+            free += [Machine(f"free-{msb}-{i}", "", dc, msb, 4000, 8192, rack=f"free-{msb}-r{i % 2}", type="generic")
+                     for i in range(rnd.randint(0, 3))]
+    for g in groups:
+        for m in g.machines:
+            racks.setdefault(m.rack, [0, 0])[0] += 1
+    for m in free:
+        r = racks.setdefault(m.rack, [0, 0])
+        r[0] += 1
+        r[1] += 1
     for ent in ("web", "batch"):
         mine = [g for g in groups if g.entitlement == ent]
         for j in range(12):
@@ -108,25 +119,48 @@ def random_region(seed: int) -> Region:
                 if fits:
                     used = int(cpus * rnd.uniform(0.05, 0.9))
                     g.tasks.append(task(f"{ent}/j{j}", i, rnd.choice(fits), cpus=cpus, used=used))
-    return Region(groups)
+    return Region(groups, pool=free, types={"web": "generic", "batch": "generic"},
+                  profiles={"web": "web", "batch": None}, racks=racks)
 
 
-def apply(region: Region, moves) -> Region:
+def apply(region: Region, moves, taken: dict[str, str] | None = None) -> Region:
+    """The region after a round: the moves applied, the machines swaps took in their entitlement's
+    groups, the machines left empty back in the pool (their racks' counts too)."""
+    taken = taken or {}
     target = {(mv.job, mv.index): mv.target for mv in moves}
-    group_of = {m.id: g for g in region.groups for m in g.machines}
-    out = {id(g): Group(g.entitlement, g.dc, g.msb, g.machines, []) for g in region.groups}
+    pool = {m.id: m for m in region.pool}
+    out = {(g.entitlement, g.dc, g.msb): Group(g.entitlement, g.dc, g.msb, list(g.machines), [])
+           for g in region.groups}
+    for mid, ent in taken.items():
+        m = dataclasses.replace(pool.pop(mid), entitlement=ent)
+        out.setdefault((ent, m.dc, m.msb), Group(ent, m.dc, m.msb, [], [])).machines.append(m)
+    racks = {r: list(v) for r, v in region.racks.items()}
+    for mid in taken:
+        racks[region_rack(region, mid)][1] -= 1
+    group_of = {m.id: k for k, g in out.items() for m in g.machines}
     for g in region.groups:
         for t in g.tasks:
             mid = target.get((t.job, t.index), t.machine)
-            out[id(group_of[mid])].tasks.append(Task(t.job, t.index, mid, t.cpus, t.memory_mb, t.keep_rack, t.used,
-                                                     t.spreads_msb))
-    return Region(list(out.values()), region.msb_cpus)
+            out[group_of[mid]].tasks.append(Task(t.job, t.index, mid, t.cpus, t.memory_mb, t.keep_rack, t.used,
+                                                 t.spreads_msb))
+    for g in out.values():
+        busy = {t.machine for t in g.tasks}
+        for m in [m for m in g.machines if m.id not in busy]:
+            g.machines.remove(m)
+            pool[m.id] = dataclasses.replace(m, entitlement="")
+            racks[m.rack][1] += 1
+    return Region([g for g in out.values() if g.machines], region.msb_cpus, list(pool.values()), region.types,
+                  region.profiles, racks)
+
+
+def region_rack(region: Region, mid: str) -> str:
+    return next(m.rack for m in region.pool if m.id == mid)
 
 
 def test_a_hundred_rounds_on_a_stable_region_converge_and_never_move_a_task_back():
     region = random_region(27)
     left: dict[tuple[str, int], set[str]] = {}  # machines each task moved away from
-    per_round, cooling_rounds, history = [], 3, []
+    per_round, cooling_rounds, history, swapped = [], 3, [], 0
     for rnd in range(100):
         cooling = {k for moved in history[-cooling_rounds:] for k in moved}
         p = plan(region, churn=0.25, cooling=cooling)
@@ -136,7 +170,58 @@ def test_a_hundred_rounds_on_a_stable_region_converge_and_never_move_a_task_back
             left.setdefault((mv.job, mv.index), set()).add(mv.source)
         per_round.append(len(p.moves))
         history.append({(mv.job, mv.index) for mv in p.moves})
-        region = apply(region, p.moves)
+        swapped += len(p.taken)
+        region = apply(region, p.moves, p.taken)
     assert per_round[0] > 0, "the random region has something to improve"
+    assert swapped > 0, "swaps with the free pool took part"
     settled = next(i for i in range(100) if not any(per_round[i:]))
     assert settled <= 10, per_round[:20]
+
+
+def pool(msb: str, n: int, rack: str, dc: str = "dc1", prefix: str = "") -> list[Machine]:
+    return [Machine(f"{prefix or msb}-p{i}", "", dc, msb, 4000, 8192, rack=rack, type="generic") for i in range(n)]
+
+
+def test_a_swap_with_the_free_pool_evens_a_spread_the_entitlement_had_no_room_for():
+    w1 = Machine("w1", "web", "dc1", "msb1", 4000, 8192, rack="r1", type="generic")
+    w2 = Machine("w2", "web", "dc1", "msb1", 4000, 8192, rack="r1", type="generic")
+    w3 = Machine("w3", "web", "dc1", "msb2", 4000, 8192, rack="r2", type="generic")
+    tasks1 = [task("web/api", 0, "w1", cpus=2500), task("web/api", 1, "w2", cpus=2500),
+              task("web/fill", 0, "w2", cpus=1000)]
+    tasks2 = [task("web/db", 0, "w3", cpus=4000)]  # msb2: web's machine there is full
+    free = pool("msb2", 1, "r3")
+    region = Region([Group("web", "dc1", "msb1", [w1, w2], tasks1), Group("web", "dc1", "msb2", [w3], tasks2)],
+                    pool=free, types={"web": "generic"}, profiles={"web": "web"},
+                    racks={"r1": [2, 0], "r2": [1, 0], "r3": [2, 1]})  # r3: not wholly free before
+    p = plan(region, churn=1.0)
+    assert [(mv.job, mv.index, mv.source, mv.target, mv.goal) for mv in p.moves] == \
+        [("web/api", 0, "w1", "msb2-p0", "swaps")], p.moves
+    assert p.taken == {"msb2-p0": "web"} and p.freed() == ["w1"] and p.violations == ()
+    assert p.before.spread_excess == 1 and p.after.spread_excess == 0
+    body = p.to_json()
+    assert body["taken"] == {"msb2-p0": "web"} and body["goals"]["swaps"]["machines_swapped"]["after"] == 1
+    assert "goes back to the free pool and web takes msb2-p0" in p.moves[0].why
+    assert any(line.startswith("swaps: 1 machine(s) exchanged with the free pool") for line in body["summary"])
+    # a pool machine of another type, or in another dc, is never taken
+    for other in (Machine("x", "", "dc1", "msb2", 4000, 8192, rack="r3", type="big"),
+                  Machine("x", "", "dc2", "msb2", 4000, 8192, rack="r3", type="generic")):
+        region.pool = [other]
+        assert plan(region, churn=1.0).taken == {}
+
+
+def test_a_swap_frees_a_whole_rack_and_never_makes_a_spread_worse():
+    w1 = Machine("w1", "web", "dc1", "msb1", 4000, 8192, rack="r1", type="generic")
+    w4 = Machine("w4", "web", "dc1", "msb1", 4000, 8192, rack="r2", type="generic")
+    tasks = [task("web/api", 0, "w1", cpus=2500), task("web/db", 0, "w4", cpus=2500)]
+    free = [Machine("p1", "", "dc1", "msb1", 4000, 8192, rack="r1", type="generic"),
+            Machine("p2", "", "dc1", "msb1", 4000, 8192, rack="r2", type="generic")]
+    region = Region([Group("web", "dc1", "msb1", [w1, w4], tasks)], pool=free, types={"web": "generic"},
+                    profiles={"web": None}, racks={"r1": [2, 1], "r2": [2, 1]})
+    p = plan(region, churn=1.0)
+    (mv,) = p.moves
+    # either machine's move frees its rack; the other's free machine is in a rack that is not
+    assert mv.goal == "swaps" and p.racks_free == (0, 1) and "wholly free" in mv.why, p.moves
+    assert p.violations == ()
+    # nothing to gain (each rack has a held machine that stays): no swap
+    region.racks = {"r1": [3, 1], "r2": [3, 1]}
+    assert plan(region, churn=1.0).moves == ()

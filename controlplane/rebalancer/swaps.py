@@ -1,0 +1,112 @@
+"""Goal 4: machine swaps with the free pool. An entitlement's machine gives all its tasks to a free
+machine of the same dc and machine type, which the entitlement takes, and goes back to the pool
+itself: the entitlement holds as many machines as before, in a better place.
+
+A swap is made only when it makes one of two things better and neither worse:
+- spread: the jobs on the machine are more even over their MSBs after it (the free machine is in an
+  MSB where they have fewer tasks, one where the entitlement had no room: repair, which runs
+  first, uses the room there is);
+- the free pool's shape: the machine's rack becomes wholly free (a whole rack for a job that wants
+  one, for a rack's maintenance) while the free machine's rack was not wholly free.
+Its cost, among the swaps that qualify: the tasks it moves, and the host profile switch of the
+free machine (SWITCH_COST moves' worth) when the entitlement has a profile. At most MAX_SWAPS a
+round; every task of the machine must be free to move (its job's churn budget, no cool-down, no
+rack of its own to keep)."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from controlplane.rebalancer.board import Board, Planned
+
+SWITCH_COST = 4  # a profile switch on the machine taken, in moves
+MAX_SWAPS = 20  # a round's
+
+
+def _excess(counts: Counter, msbs: set[tuple[str, str]]) -> int:
+    per = [counts[k] for k in msbs]
+    return max(0, max(per) - min(per) - 1) if per else 0
+
+
+def swaps(board: Board) -> list[Planned]:
+    if not board.pool:
+        return []
+    out: list[Planned] = []
+    racks = {r: list(v) for r, v in board.region.racks.items()}  # rack -> [machines, free ones]
+    limit = board.mean_load() * (1 + board.margin)
+    done = 0
+    for a in sorted(_candidates(board), key=lambda mid: (len(board.on[mid]), mid)):
+        if done >= MAX_SWAPS:
+            break
+        ma = board.machines[a]
+        ent = ma.entitlement
+        keys = sorted(board.on[a])
+        if not keys or any(not board.movable(k) or board.tasks[k].keep_rack for k in keys):
+            continue
+        per_job = Counter(board.tasks[k].job for k in keys)
+        if any(board.budget[j] < n for j, n in per_job.items()):
+            continue
+        need_c, need_m = ma.cpus - board.free_cpus[a], ma.memory_mb - board.free_mem[a]
+        used = board.used[a]
+        rack_a = racks.get(ma.rack, [0, 0])
+        frees_rack = rack_a[0] > 0 and rack_a[1] + 1 == rack_a[0]
+        best = None
+        for b, mb in board.pool.items():
+            if mb.dc != ma.dc or mb.type != board.region.types.get(ent, mb.type) or mb.cpus < need_c \
+                    or mb.memory_mb < need_m or used > board.hot * mb.cpus:
+                continue
+            dst = (mb.dc, mb.msb)
+            if dst != (ma.dc, ma.msb) and (board.msb_used.get(dst, 0) + used) > limit * board.msb_cpus.get(dst, 0):
+                continue  # not into a hot MSB
+            rack_b = racks.get(mb.rack, [0, 0])
+            shape = int(frees_rack and mb.rack != ma.rack) - int(rack_b[0] > 0 and rack_b[0] == rack_b[1])
+            spread = _spread_gain(board, a, b, per_job)
+            if spread < 0 or shape < 0 or (spread == 0 and shape == 0):
+                continue
+            cost = len(keys) + (SWITCH_COST if board.region.profiles.get(ent) else 0)
+            cand = (-spread, -shape, cost, b)
+            if best is None or cand < best:
+                best = cand
+        if best is None:
+            continue
+        spread, shape, _, b = -best[0], -best[1], best[2], best[3]
+        mb = board.pool[b]
+        why = (f"swaps: {a} goes back to the free pool and {ent} takes {b} ({mb.msb}, {mb.rack}) for it: "
+               + (f"its jobs' spread over MSBs {spread} task(s) better" if spread else f"rack {ma.rack} wholly free"))
+        board.take(b, ent)
+        for k in keys:
+            out.append(board.move(k, b, "swaps", why))
+        racks.setdefault(ma.rack, [0, 0])[1] += 1
+        racks.setdefault(mb.rack, [0, 0])[1] -= 1
+        done += 1
+    return out
+
+
+def _candidates(board: Board) -> list[str]:
+    return [mid for mid, m in board.machines.items()
+            if board.on[mid] and not m.pinned and not m.fixed_cpus and not m.fixed_memory_mb
+            and mid not in board.taken]
+
+
+def _spread_gain(board: Board, a: str, b: str, per_job: Counter) -> int:
+    """How much more even the jobs of machine a are over their MSBs once its tasks run on free
+    machine b (the entitlement holding b, and no longer a)."""
+    ma, mb = board.machines[a], board.pool[b]
+    src, dst = (ma.dc, ma.msb), (mb.dc, mb.msb)
+    if src == dst:
+        return 0
+    ent = ma.entitlement
+    msbs = set(board.msb_set.get((ent, ma.dc), ()))
+    after = msbs | {dst}  # (the MSB it leaves still counts: a job all in one MSB is not spread)
+    spreads = {board.tasks[k].job for k in board.on[a] if board.tasks[k].spreads_msb}
+    gain = 0
+    for job, n in per_job.items():
+        if job not in spreads:
+            continue
+        counts = board.job_msb[job]
+        before = _excess(counts, msbs)
+        moved = Counter(counts)
+        moved[src] -= n
+        moved[dst] += n
+        gain += before - _excess(moved, after)
+    return gain

@@ -13,9 +13,6 @@ from controlplane.rebalancer.view import SCALE
 def spread_excess(board: Board) -> dict[tuple[str, str], int]:
     """Per (job, dc) of a job that spreads over MSBs: how many tasks more its fullest MSB holds
     than its emptiest, beyond one (the MSBs: those where its entitlement holds machines)."""
-    msbs: dict[tuple[str, str], list[str]] = {}
-    for (ent, dc, msb) in board.in_group:
-        msbs.setdefault((ent, dc), []).append(msb)
     ent_of: dict[str, str] = {}
     dcs: dict[str, set[str]] = {}
     for key, t in board.tasks.items():
@@ -23,20 +20,24 @@ def spread_excess(board: Board) -> dict[tuple[str, str], int]:
             mid = board.where[key]
             ent_of[t.job] = board.group_of[mid][0]
             dcs.setdefault(t.job, set()).add(board.machines[mid].dc)
-    n_msbs = {k: len(v) for k, v in msbs.items()}
     out = {}
     for job, job_dcs in dcs.items():
-        ent = ent_of[job]
         for dc in job_dcs:
-            # the MSBs holding its tasks; any other MSB of its entitlement there holds none
-            mine = board.msb_set.get((ent, dc), ())
-            per = [c for (d, msb), c in board.job_msb[job].items() if d == dc and c > 0 and (d, msb) in mine]
-            if not per:
-                continue
-            low = min(per) if len(per) >= n_msbs.get((ent, dc), 0) else 0
-            if max(per) - low > 1:
-                out[(job, dc)] = max(per) - low - 1
+            n = job_excess(board, job, ent_of[job], dc)
+            if n:
+                out[(job, dc)] = n
     return out
+
+
+def job_excess(board: Board, job: str, ent: str, dc: str) -> int:
+    """spread_excess() of one job in one dc."""
+    mine = board.msb_set.get((ent, dc), ())
+    # the MSBs holding its tasks; any other MSB of its entitlement there holds none
+    per = [c for (d, msb), c in board.job_msb[job].items() if d == dc and c > 0 and (d, msb) in mine]
+    if not per:
+        return 0
+    low = min(per) if len(per) >= len(mine) else 0
+    return max(0, max(per) - low - 1)
 
 
 @dataclass(frozen=True)

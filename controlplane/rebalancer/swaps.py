@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections import Counter
 
 from controlplane.rebalancer.board import Board, Planned
+from controlplane.rebalancer.score import job_excess, spread_excess
 
 SWITCH_COST = 4  # a profile switch on the machine taken, in moves
 MAX_SWAPS = 20  # a round's
@@ -34,50 +35,65 @@ def swaps(board: Board) -> list[Planned]:
     out: list[Planned] = []
     racks = {r: list(v) for r, v in board.region.racks.items()}  # rack -> [machines, free ones]
     limit = board.mean_load() * (1 + board.margin)
+    uneven = spread_excess(board)  # (job, dc) -> tasks beyond an even spread
+    by_msb: dict[tuple[str, str], list[str]] = {}  # the free machines, smallest first
+    for mid, m in sorted(board.pool.items(), key=lambda kv: (kv[1].cpus, kv[1].memory_mb, kv[0])):
+        by_msb.setdefault((m.dc, m.msb), []).append(mid)
     done = 0
     for a in sorted(_candidates(board), key=lambda mid: (len(board.on[mid]), mid)):
         if done >= MAX_SWAPS:
             break
         ma = board.machines[a]
-        ent = ma.entitlement
+        ent, src = ma.entitlement, (ma.dc, ma.msb)
+        rack_a = racks.get(ma.rack, [0, 0])
+        frees_rack = rack_a[0] > 0 and rack_a[1] + 1 == rack_a[0]
         keys = sorted(board.on[a])
-        if not keys or any(not board.movable(k) or board.tasks[k].keep_rack for k in keys):
-            continue
         per_job = Counter(board.tasks[k].job for k in keys)
-        if any(board.budget[j] < n for j, n in per_job.items()):
+        spreadable = any(uneven.get((j, ma.dc), 0) > 0 for j in per_job)
+        if not (frees_rack or spreadable):
+            continue  # nothing a swap of this machine could make better
+        if any(not board.movable(k) or board.tasks[k].keep_rack for k in keys) or \
+                any(board.budget[j] < n for j, n in per_job.items()):
             continue
         need_c, need_m = ma.cpus - board.free_cpus[a], ma.memory_mb - board.free_mem[a]
         used = board.used[a]
-        rack_a = racks.get(ma.rack, [0, 0])
-        frees_rack = rack_a[0] > 0 and rack_a[1] + 1 == rack_a[0]
         best = None
-        for b, mb in board.pool.items():
-            if mb.dc != ma.dc or mb.type != board.region.types.get(ent, mb.type) or mb.cpus < need_c \
-                    or mb.memory_mb < need_m or used > board.hot * mb.cpus:
+        for dst, free in by_msb.items():
+            if dst[0] != ma.dc or not free:
                 continue
-            dst = (mb.dc, mb.msb)
-            if dst != (ma.dc, ma.msb) and (board.msb_used.get(dst, 0) + used) > limit * board.msb_cpus.get(dst, 0):
+            if dst != src and (board.msb_used.get(dst, 0) + used) > limit * board.msb_cpus.get(dst, 0):
                 continue  # not into a hot MSB
-            rack_b = racks.get(mb.rack, [0, 0])
-            shape = int(frees_rack and mb.rack != ma.rack) - int(rack_b[0] > 0 and rack_b[0] == rack_b[1])
-            spread = _spread_gain(board, a, b, per_job)
-            if spread < 0 or shape < 0 or (spread == 0 and shape == 0):
+            spread = _spread_gain(board, a, dst, per_job) if spreadable else 0
+            if spread < 0 or (spread == 0 and not frees_rack):
                 continue
-            cost = len(keys) + (SWITCH_COST if board.region.profiles.get(ent) else 0)
-            cand = (-spread, -shape, cost, b)
-            if best is None or cand < best:
-                best = cand
+            for b in free:
+                mb = board.pool[b]
+                if mb.type != board.region.types.get(ent, mb.type) or mb.cpus < need_c or mb.memory_mb < need_m \
+                        or used > board.hot * mb.cpus:
+                    continue
+                rack_b = racks.get(mb.rack, [0, 0])
+                shape = int(frees_rack and mb.rack != ma.rack) - int(rack_b[0] > 0 and rack_b[0] == rack_b[1])
+                if shape < 0 or (spread == 0 and shape == 0):
+                    continue
+                cost = len(keys) + (SWITCH_COST if board.region.profiles.get(ent) else 0)
+                cand = (-spread, -shape, cost, b)
+                if best is None or cand < best:
+                    best = cand
+                break  # the smallest free machine of this MSB that qualifies
         if best is None:
             continue
-        spread, shape, _, b = -best[0], -best[1], best[2], best[3]
+        spread, b = -best[0], best[3]
         mb = board.pool[b]
         why = (f"swaps: {a} goes back to the free pool and {ent} takes {b} ({mb.msb}, {mb.rack}) for it: "
                + (f"its jobs' spread over MSBs {spread} task(s) better" if spread else f"rack {ma.rack} wholly free"))
+        by_msb[(mb.dc, mb.msb)].remove(b)
         board.take(b, ent)
         for k in keys:
             out.append(board.move(k, b, "swaps", why))
         racks.setdefault(ma.rack, [0, 0])[1] += 1
         racks.setdefault(mb.rack, [0, 0])[1] -= 1
+        for j in per_job:  # what the swap changed
+            uneven[(j, ma.dc)] = job_excess(board, j, ent, ma.dc)
         done += 1
     return out
 
@@ -88,11 +104,11 @@ def _candidates(board: Board) -> list[str]:
             and mid not in board.taken]
 
 
-def _spread_gain(board: Board, a: str, b: str, per_job: Counter) -> int:
-    """How much more even the jobs of machine a are over their MSBs once its tasks run on free
-    machine b (the entitlement holding b, and no longer a)."""
-    ma, mb = board.machines[a], board.pool[b]
-    src, dst = (ma.dc, ma.msb), (mb.dc, mb.msb)
+def _spread_gain(board: Board, a: str, dst: tuple[str, str], per_job: Counter) -> int:
+    """How much more even the jobs of machine a are over their MSBs once its tasks run on a free
+    machine of MSB dst (the entitlement holding it, and no longer a)."""
+    ma = board.machines[a]
+    src = (ma.dc, ma.msb)
     if src == dst:
         return 0
     ent = ma.entitlement

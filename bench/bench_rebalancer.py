@@ -333,6 +333,11 @@ def check(r: Region, moves, taken: dict[str, str]) -> tuple[Snapshot, list[str]]
     return snap, bad
 
 
+def _rss_mib() -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) // 1024 for line in f if line.startswith("VmRSS:"))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--machines", type=int, default=10_000)
@@ -359,7 +364,9 @@ def main() -> int:
           f"{len(where0)} tasks where they were (some evicted back to their machine), {base_s:.1f} s")
 
     reg = our_region(r, used)
+    rss_before = _rss_mib()
     p = plan(reg)
+    rss_after = _rss_mib()
     _, bad = check(r, p.moves, p.taken)
     where_o = dict(where0)
     for mv in p.moves:
@@ -372,7 +379,8 @@ def main() -> int:
           + ", ".join(f"{k} {v}" for k, v in statuses.most_common()) + "), "
           f"{len(p.taken)} machines swapped with the free pool (whole free racks {p.racks_free[0]} -> "
           f"{p.racks_free[1]}), hot machines {p.before.hot_machines} -> {p.after.hot_machines}, spread excess "
-          f"{p.before.spread_excess} -> {p.after.spread_excess}; peak memory "
+          f"{p.before.spread_excess} -> {p.after.spread_excess}; memory: {rss_before} MiB resident before the round "
+          f"(the region, its history, the baseline), {rss_after} after it; peak "
           f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024} MiB (the whole benchmark)")
     for line in p.violations[:5] + tuple(bad[:5]):
         print("  violation:", line)

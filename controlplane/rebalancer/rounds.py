@@ -66,18 +66,25 @@ async def request(state: RegionState, p: "Plan", round_id: str, now: float | Non
         by_job.setdefault(mv.job, {})[str(mv.index)] = {
             "source": mv.source, "target": mv.target, "goal": mv.goal, "why": mv.why, "round": round_id, "asked": now,
             **({"take": True} if mv.target in p.taken else {})}
-    handles = sorted(by_job)
+    # the records of jobs that are gone (or stopped) go with this round
+    gone = sorted(h for h in state.rebalance if (j := state.jobs.get(h)) is None or j.state != "active")
+    handles = sorted(by_job) + gone
     for start in range(0, len(handles), PER_TXN):
         batch = handles[start:start + PER_TXN]
         for attempt in range(3):
-            guards, puts = [], {}
+            guards, puts, deletes = [], {}, []
             for h in batch:
                 key = state.keys.rebalance(h)
+                if h not in by_job:
+                    if h in state.rebalance:
+                        guards.append(state.guard(key))
+                        deletes.append(key)
+                    continue
                 old = state.rebalance.get(h) or {}
                 guards.append(state.guard(key))
                 puts[key] = {"requests": by_job[h], "recent": old.get("recent") or {}}
             try:
-                await state.write(guards, puts)
+                await state.write(guards, puts, deletes)
                 break
             except Conflict:
                 if attempt == 2:

@@ -22,6 +22,7 @@ from controlplane.rebalancer.score import job_excess, spread_excess
 
 SWITCH_COST = 4  # a profile switch on the machine taken, in moves
 MAX_SWAPS = 20  # a round's
+MAX_TRIED = 2000  # machines a round looks at for a swap (those with the fewest tasks: the cheapest)
 
 
 def _excess(counts: Counter, msbs: set[tuple[str, str]]) -> int:
@@ -39,9 +40,9 @@ def swaps(board: Board) -> list[Planned]:
     by_msb: dict[tuple[str, str], list[str]] = {}  # the free machines, smallest first
     for mid, m in sorted(board.pool.items(), key=lambda kv: (kv[1].cpus, kv[1].memory_mb, kv[0])):
         by_msb.setdefault((m.dc, m.msb), []).append(mid)
-    done = 0
+    done = tried = 0
     for a in sorted(_candidates(board), key=lambda mid: (len(board.on[mid]), mid)):
-        if done >= MAX_SWAPS:
+        if done >= MAX_SWAPS or tried >= MAX_TRIED:
             break
         ma = board.machines[a]
         ent, src = ma.entitlement, (ma.dc, ma.msb)
@@ -52,6 +53,7 @@ def swaps(board: Board) -> list[Planned]:
         spreadable = any(uneven.get((j, ma.dc), 0) > 0 for j in per_job)
         if not (frees_rack or spreadable):
             continue  # nothing a swap of this machine could make better
+        tried += 1
         if any(not board.movable(k) or board.tasks[k].keep_rack for k in keys) or \
                 any(board.budget[j] < n for j, n in per_job.items()):
             continue
@@ -63,7 +65,10 @@ def swaps(board: Board) -> list[Planned]:
                 continue
             if dst != src and (board.msb_used.get(dst, 0) + used) > limit * board.msb_cpus.get(dst, 0):
                 continue  # not into a hot MSB
-            spread = _spread_gain(board, a, dst, per_job) if spreadable else 0
+            # (an MSB where no uneven job of the machine has two tasks fewer than here cannot help)
+            spread = _spread_gain(board, a, dst, per_job) if spreadable and any(
+                board.job_msb[j][dst] + 2 <= board.job_msb[j][src] for j in per_job
+                if uneven.get((j, ma.dc), 0) > 0) else 0
             if spread < 0 or (spread == 0 and not frees_rack):
                 continue
             for b in free:
@@ -121,8 +126,9 @@ def _spread_gain(board: Board, a: str, dst: tuple[str, str], per_job: Counter) -
             continue
         counts = board.job_msb[job]
         before = _excess(counts, msbs)
-        moved = Counter(counts)
-        moved[src] -= n
-        moved[dst] += n
-        gain += before - _excess(moved, after)
+        counts[src] -= n  # as if moved (put back below: no copy of the counts)
+        counts[dst] += n
+        gain += before - _excess(counts, after)
+        counts[src] += n
+        counts[dst] -= n
     return gain

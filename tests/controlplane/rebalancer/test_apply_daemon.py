@@ -114,6 +114,11 @@ def test_a_round_moves_a_task_make_before_break_and_frees_its_machine(tmp_path, 
             # and the fleet page shows the move (Debian's Chromium)
             rows = page_rows(c, tmp_path, "moved")
             assert any(f"web/small#{index}" in r and target in r and "done" in r for r in rows), rows
+            # a job stopped: the next round removes its rebalance record
+            c.call("DELETE", "/v1/jobs/web/small")
+            c.wait_for("/v1/jobs/web/small", lambda j: j["state"] == "stopped", what="small stopped")
+            assert c.call("POST", "/v1/rebalance/apply")[0] == 200
+            assert c.call("GET", "/v1/rebalance")[1]["recent"] == []
     finally:
         c.close()
 

@@ -18,7 +18,7 @@ EXIT_UNFINISHED = 3  # --wait ran out with moves still going
 def plan_text(body: dict) -> str:
     out = list(body.get("summary") or []) or ["nothing to plan: no entitlement holds machines"]
     goals = body.get("goals") or {}
-    rows = [[f"{goal}: {name.replace('_', ' ')}", v.get("before"), v.get("after")]
+    rows = [[f"{goal}: {name.replace('_', ' ')}", _v(v.get("before")), _v(v.get("after"))]
             for goal, scores in goals.items() for name, v in scores.items()]
     if rows:
         out += ["", table(["GOAL", "BEFORE", "AFTER"], rows)]
@@ -34,6 +34,10 @@ def plan_text(body: dict) -> str:
     for v in body.get("violations") or []:
         out.append(f"violation (a bug, please report it): {v}")
     return "\n".join(out)
+
+
+def _v(x) -> object:
+    return "-" if x is None else x
 
 
 def status_text(body: dict) -> str:

@@ -437,7 +437,8 @@ class RebalancePlan(Answer):
     freed: Annotated[Strings, Meta(description="machines the moves would empty, for the free pool")]
     groups: Annotated[list[dict[str, Any]], Meta(description="the (entitlement, MSB) groups solved: size, solver "
                                                              "status, seconds")]
-    summary: Annotated[Strings, Meta(description="the plan in words: a line a goal, then one an entitlement")]
+    summary: Annotated[Strings, Meta(description="the plan in words: a line a goal, in their order (compaction: a line "
+                                                         "an entitlement)")]
     violations: Annotated[Strings, Meta(description="rules the moves would break (none: every plan is checked)")] = []
     taken: Annotated[dict[str, str], Meta(description="free machines swaps would take, and for which entitlement")] = {}
     seconds: float = 0.0  # the plan's wall time

@@ -37,7 +37,8 @@ class Plan:
         b, a = self.before, self.after
         goals = {
             "repair": {"spread_excess": {"before": b.spread_excess, "after": a.spread_excess}},
-            "hotspots": {"hottest_msb": {"before": b.hottest_msb, "after": a.hottest_msb},
+            # (None: no cpu measured, no mean to compare with)
+            "hotspots": {"hottest_msb": {"before": b.hottest_msb or None, "after": a.hottest_msb or None},
                          "hot_machines": {"before": b.hot_machines, "after": a.hot_machines}},
             "compaction": {"machines_held": {"before": b.machines_held, "after": a.machines_held},
                            "stranded_cpus": {"before": b.stranded_cpus, "after": a.stranded_cpus}},
@@ -65,6 +66,7 @@ class Plan:
         }
 
     def summary(self) -> list[str]:
+        """The plan in words: a line a goal, in their order (compaction a line an entitlement)."""
         out = []
         by_goal: dict[str, int] = {}
         for p in self.moves:
@@ -73,6 +75,9 @@ class Plan:
         if b.spread_excess:
             out.append(f"repair: {b.spread_excess} task(s) of jobs spread over MSBs are beyond an even spread; "
                        f"{by_goal.get('repair', 0)} move(s) leave {a.spread_excess}")
+        else:
+            out.append("repair: nothing to repair: no job spread over MSBs has two tasks more in one MSB of a dc "
+                       "than in another")
         if b.hottest_msb > 1 + self.margin or b.hot_machines:
             out.append(f"hotspots: the hottest MSB uses {b.hottest_msb:.2f}x the region's mean cpu, "
                        f"{b.hot_machines} machine(s) above {self.hot:.0%} of their cores; "
@@ -80,10 +85,8 @@ class Plan:
         elif b.hottest_msb:
             out.append(f"hotspots: none (the hottest MSB uses {b.hottest_msb:.2f}x the region's mean cpu, "
                        f"no machine above {self.hot:.0%} of its cores)")
-        if self.taken:
-            out.append(f"swaps: {len(self.taken)} machine(s) exchanged with the free pool, "
-                       f"{by_goal.get('swaps', 0)} task(s) moving with them; whole free racks "
-                       f"{self.racks_free[0]} -> {self.racks_free[1]}")
+        else:
+            out.append("hotspots: none measured: the tasks use next to no cpu, or their agents report none yet")
         for name, (held, cpus, reserved) in sorted(b.by_entitlement.items()):
             n = held - a.by_entitlement.get(name, (0, 0, 0))[0]
             moves = sum(len(r.moves) for r in self.results if r.group.entitlement == name)
@@ -94,6 +97,13 @@ class Plan:
             else:
                 out.append(f"entitlement {name} holds {held} machines ({reserved / SCALE:g} of "
                            f"{cpus / SCALE:g} cores reserved): none can be freed by moves within an MSB")
+        if self.taken:
+            out.append(f"swaps: {len(self.taken)} machine(s) exchanged with the free pool, "
+                       f"{by_goal.get('swaps', 0)} task(s) moving with them; whole free racks "
+                       f"{self.racks_free[0]} -> {self.racks_free[1]}")
+        else:
+            out.append("swaps: none: no exchange of a machine with a free one would even a spread or free a "
+                       "whole rack")
         return out
 
 

@@ -79,5 +79,9 @@ def test_a_plan_says_what_it_frees_in_words():
     (mv,) = body["moves"]
     assert mv["goal"] == "compaction" and mv["why"] == f"compaction: frees {mv['source']}"
     assert body["freed"] == [mv["source"]]
-    assert body["summary"] == ["entitlement web holds 2 machines whose 8 cores are 2 reserved: moving 1 task(s) "
-                               "within their MSBs frees 1 machine(s) for the free pool"]
+    assert "entitlement web holds 2 machines whose 8 cores are 2 reserved: moving 1 task(s) within their MSBs " \
+        "frees 1 machine(s) for the free pool" in body["summary"]
+    # a line a goal, in their order
+    assert [line.split(":")[0] for line in body["summary"]] == ["repair", "hotspots", "entitlement web holds 2 "
+                                                                "machines whose 8 cores are 2 reserved", "swaps"]
+    assert body["goals"]["hotspots"]["hottest_msb"] == {"before": None, "after": None}, "nothing measured"

@@ -6,8 +6,8 @@ racks of 25, and one entitlement per 500 machines. Every placement is our alloca
 (controlplane/allocator: allocate() on its Snapshot, as the daemon's scheduler calls it), and a
 machine left with nothing goes back to the free pool, as the product does. The seeded history:
 jobs are created until 65 % of the region's cores are reserved; then, in events, autoscaling
-shrinks (the SRM's choice of victims: the tasks on the machines holding the fewest of the
-entitlement's tasks; controlplane/srm/victims.py's rule), resizes by hand (the highest indices
+shrinks (the SRM's choice of victims, controlplane/srm/victims.py: the tasks on the machines
+holding the fewest of the entitlement's tasks), resizes by hand (the highest indices
 go), growth, stops, new jobs, and machine failures (the tasks placed elsewhere; the machine comes
 back empty, to the free pool). Measured usage: each job uses a share of what it reserves
 (lognormal), its tasks unevenly (a shard's load falls with its index, Zipf-like), each at most
@@ -32,8 +32,9 @@ tasks placed elsewhere (the baseline's evictions, ours planned moves). Hottest M
 measured cpu over its machines' cores is the highest, over the region's mean. Violations (ours):
 the planner's own checks (score.py) and, recomputed here on the allocator's snapshot with the
 moves applied, machines reserving more than they have and moves out of a task's dc or
-entitlement. Solve: the wall time of plan() (the board, the goals, every group's solve), one
-process, this machine.
+entitlement. Solve: the wall time of plan() (the board, every goal, every group's solve), one
+process, this machine; the round's view is built by the benchmark from the allocator's snapshot,
+outside that time (the daemon builds it from its records).
 
     .venv/bin/python bench/bench_rebalancer.py [--machines 10000] [--seed 27]
 """
@@ -59,6 +60,8 @@ from controlplane.allocator.model import Entitlement, JobRequest, Machine, Place
 from controlplane.allocator.snapshot import Snapshot  # noqa: E402
 from controlplane.rebalancer import view  # noqa: E402
 from controlplane.rebalancer.plan import plan  # noqa: E402
+from controlplane.srm.victims import choose  # noqa: E402
+from controlplane.store.records import TaskRec  # noqa: E402
 from descheduler import Node, Pod, low_node_utilization, remove_duplicates  # noqa: E402
 
 CORES, MEMORY = 16, 65536
@@ -148,10 +151,12 @@ class Region:
         return sorted(self.snap.tasks_of(job.name))
 
     def shrink_srm(self, job: Job, n: int) -> None:
-        """The SRM's victims: tasks on the machines holding the fewest of the entitlement's tasks."""
-        tasks = self.snap.tasks_of(job.name)
-        order = sorted(tasks, key=lambda i: (len(self.on[tasks[i].machine_id]), tasks[i].machine_id, -i))
-        self.remove(job, order[:n])
+        """The SRM's victims (controlplane/srm/victims.py choose(), as the daemon calls it): the
+        tasks on the machines holding the fewest of the entitlement's tasks."""
+        placed = self.snap.tasks_of(job.name)
+        records = {i: TaskRec(job.name, i, 1, {}, t.machine_id, "running") for i, t in placed.items()}
+        on_machine = {t.machine_id: len(self.on[t.machine_id]) for t in placed.values()}
+        self.remove(job, choose(records, sorted(placed), on_machine, n))
 
     def shrink_by_hand(self, job: Job, n: int) -> None:
         self.remove(job, self.live(job)[-n:])
@@ -360,7 +365,7 @@ def main() -> int:
     where_b = assignment(base_snap, jobs)
     g_freed = len(held(where0)) - len(held(where_b))  # net: the allocator may take free machines
     print(f"baseline (descheduler 20/50 + RemoveDuplicates, {PER_NODE} a node, re-placed by our allocator): "
-          f"{n_base} evictions, {g_freed} machines freed, {sum(1 for k in where0 if where_b.get(k) == where0[k])} of "
+          f"{n_base} evictions, {g_freed} machines freed (net), {sum(1 for k in where0 if where_b.get(k) == where0[k])} of "
           f"{len(where0)} tasks where they were (some evicted back to their machine), {base_s:.1f} s")
 
     reg = our_region(r, used)
@@ -375,7 +380,7 @@ def main() -> int:
     by_goal = Counter(mv.goal for mv in p.moves)
     statuses = Counter(x.status for x in p.results)
     print(f"ours: {len(p.moves)} moves ({', '.join(f'{g} {n}' for g, n in sorted(by_goal.items()))}), "
-          f"{f_freed} machines freed, {len(reg.groups)} groups ("
+          f"{f_freed} machines freed (net), {len(reg.groups)} groups ("
           + ", ".join(f"{k} {v}" for k, v in statuses.most_common()) + "), "
           f"{len(p.taken)} machines swapped with the free pool (whole free racks {p.racks_free[0]} -> "
           f"{p.racks_free[1]}), hot machines {p.before.hot_machines} -> {p.after.hot_machines}, spread excess "

@@ -13,7 +13,7 @@ from aiohttp import web
 
 from controlplane.frontend import schema as S
 from controlplane.frontend.body import body, reply
-from controlplane.rebalancer.rounds import enabled, plan_round, request
+from controlplane.rebalancer.rounds import enabled, plan_round, request_moves
 from controlplane.store import Conflict
 from controlplane.store.records import NAME, ApiError
 from controlplane.store.state import RegionState
@@ -111,5 +111,3 @@ class Rebalance:
         return {"continuous": {"all": every, "entitlements": sorted(ents)}, "moving": moving,
                 "requested": requested, "recent": recent[:50]}
 
-
-request_moves = request

@@ -48,13 +48,11 @@ class Board:
         self.msb_cpus = dict(region.msb_cpus)
         self.job_msb: dict[str, Counter] = {}
         per_job: Counter = Counter()
-        self.msbs: dict[tuple[str, str], list[tuple[str, str]]] = {}  # (entitlement, dc) -> its MSBs there
         self.msb_machines: dict[tuple[str, str], list[str]] = {}  # (dc, msb) -> the machines planned there
         self.msb_set: dict[tuple[str, str], set[tuple[str, str]]] = {}  # (entitlement, dc) -> its MSBs there
         for g in region.groups:
             gk = (g.entitlement, g.dc, g.msb)
             self.in_group[gk] = [m.id for m in g.machines]
-            self.msbs.setdefault((g.entitlement, g.dc), []).append((g.dc, g.msb))
             self.msb_set.setdefault((g.entitlement, g.dc), set()).add((g.dc, g.msb))
             self.msb_machines.setdefault((g.dc, g.msb), []).extend(m.id for m in g.machines)
             for m in g.machines:
@@ -73,6 +71,11 @@ class Board:
         self.moves: dict[Key, Planned] = {}
         self.pool: dict[str, Machine] = {m.id: m for m in region.pool}  # free machines a swap may take
         self.taken: dict[str, str] = {}  # free machine -> the entitlement a swap gives it to
+        # the region's mean load, and the line above it that makes an MSB hot: moves do not change
+        # what is used nor the MSBs' cores, so both hold for the round
+        cap = sum(self.msb_cpus.values())
+        self.mean = sum(self.msb_used.values()) / cap if cap else 0.0
+        self.msb_limit = self.mean * (1 + margin)
 
     # -- reading -------------------------------------------------------------------------------
 
@@ -84,9 +87,19 @@ class Board:
         cap = self.msb_cpus.get(msb, 0)
         return self.msb_used.get(msb, 0) / cap if cap else 0.0
 
-    def mean_load(self) -> float:
-        cap = sum(self.msb_cpus.values())
-        return sum(self.msb_used.values()) / cap if cap else 0.0
+    def stays_cool(self, msb: tuple[str, str], used: int) -> bool:
+        """Whether the MSB stays at or below the hot line with `used` more millicores measured."""
+        return self.msb_used.get(msb, 0) + used <= self.msb_limit * self.msb_cpus.get(msb, 0)
+
+    def holds(self, mid: str) -> bool:
+        """Whether the machine holds something (else it goes back to the free pool)."""
+        m = self.machines[mid]
+        return bool(self.on[mid]) or m.pinned or m.fixed_cpus > 0 or m.fixed_memory_mb > 0
+
+    def clear(self, mid: str) -> bool:
+        """Whether nothing on the machine is fixed to it (what may empty it are its tasks' moves)."""
+        m = self.machines[mid]
+        return not m.pinned and not m.fixed_cpus and not m.fixed_memory_mb
 
     def hot_limit(self, mid: str) -> float:
         """The measured cpu a machine may reach by moves onto it: the hot share of its cores, or
@@ -142,7 +155,6 @@ class Board:
         self.group_of[mid] = gk
         if gk not in self.in_group:
             self.in_group[gk] = []
-            self.msbs.setdefault((entitlement, m.dc), []).append((m.dc, m.msb))
             self.msb_set.setdefault((entitlement, m.dc), set()).add((m.dc, m.msb))
         self.in_group[gk].append(mid)
         self.msb_machines.setdefault((m.dc, m.msb), []).append(mid)
@@ -152,5 +164,4 @@ class Board:
 
     def held(self) -> set[str]:
         """The machines that hold something after the moves (the others go back to the free pool)."""
-        return {mid for mid, m in self.machines.items() if self.on[mid] or m.pinned or m.fixed_cpus
-                or m.fixed_memory_mb}
+        return {mid for mid in self.machines if self.holds(mid)}

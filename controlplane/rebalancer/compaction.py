@@ -15,8 +15,10 @@ x[t, m] = 1: task t runs on machine m; y[m] = 1: candidate machine m stays held.
   moved this round or cools down from a move) is no candidate: it is kept;
 - a task of a job that spreads over racks moves within its rack only;
 - moves per job within what is left of its churn budget.
-The solver starts from the current assignment (a hint: a feasible solution from the first moment)
-and stops at its time limit with the best it found. Moves stay within the group's MSB, so a job's
+Before the solver, a drain (_drain): the candidates, emptiest first, each emptied whole if its
+tasks fit elsewhere (best fit). Its answer is the solver's hint (a feasible solution from the first
+moment, starting from where the tasks are), and the group's answer when it is provably optimal or
+no time is left; the solver stops at its time limit with the best it found. Moves stay within the group's MSB, so a job's
 spread over dcs and MSBs is the same after them; within an MSB the allocator stacks an
 entitlement's tasks too, so what compaction makes is what the allocator would have made."""
 
@@ -58,18 +60,18 @@ def solve_group(board: Board, g: Group, time_limit: float = TIME_LIMIT, workers:
     if len(ids) < 2:
         return Result(g, tuple(ids), (), (), "nothing to compact", 0.0)
     ids = sorted(ids)
-    holding = [mid for mid in ids if _holds(board, mid)]
-    everything = ids
-    cand = _candidates(board, ids, holding)
+    holding = [mid for mid in ids if board.holds(mid)]
+    spare = _spare(board, holding)
+    cand = _candidates(board, holding, spare)
     if not cand:
         return Result(g, tuple(holding), (), (), "nothing to compact", time.monotonic() - started)
     movable = [k for mid in cand for k in sorted(board.on[mid])]
-    allowed = _destinations(board, movable, cand, everything)
+    allowed = _destinations(board, movable, cand, ids)
     hint, drained = _drain(board, cand, allowed)
     # The drain is optimal when it frees as many machines as the group's totals allow with no
     # more moves than the tasks of the machines holding fewest: nothing to ask the solver then.
     fewest = sum(sorted(len(board.on[mid]) for mid in cand)[:len(drained)])
-    if len(drained) == _spare(board, holding) and sum(1 for k in movable if hint[k] != board.where[k]) == fewest:
+    if len(drained) == spare and sum(1 for k in movable if hint[k] != board.where[k]) == fewest:
         return _apply(board, g, holding, drained, hint, movable, "optimal (drain)", started)
     if time_limit < MIN_SOLVE:
         return _apply(board, g, holding, drained, hint, movable, "drain (no time left for the solver)", started)
@@ -187,11 +189,6 @@ def _drain(board: Board, cand: list[str], allowed: dict[Key, list[str]]) -> tupl
     return target, drained
 
 
-def _holds(board: Board, mid: str) -> bool:
-    m = board.machines[mid]
-    return bool(board.on[mid]) or m.pinned or m.fixed_cpus > 0 or m.fixed_memory_mb > 0
-
-
 def _spare(board: Board, holding: list[str]) -> int:
     """How many machines the group's totals (cpus, memory) say could be freed at most."""
     cpus = sum(board.machines[mid].cpus - board.free_cpus[mid] for mid in holding)
@@ -201,15 +198,13 @@ def _spare(board: Board, holding: list[str]) -> int:
     return len(holding) - max(need_c, need_m)
 
 
-def _candidates(board: Board, ids: list[str], holding: list[str]) -> list[str]:
+def _candidates(board: Board, holding: list[str], spare: int) -> list[str]:
     """The machines a solve may free: none if the group's reservations need every machine it
-    holds; else the emptiest machines whose every task may move, at most twice as many as the
-    totals say could be freed (and MAX_CANDIDATES)."""
-    spare = _spare(board, holding)
+    holds (spare: _spare()); else the emptiest machines whose every task may move, at most twice
+    as many as the totals say could be freed (and MAX_CANDIDATES)."""
     if spare <= 0:
         return []
-    free = [mid for mid in holding if not board.machines[mid].pinned and board.machines[mid].fixed_cpus == 0
-            and board.machines[mid].fixed_memory_mb == 0 and all(board.movable(k) for k in board.on[mid])]
+    free = [mid for mid in holding if board.clear(mid) and all(board.movable(k) for k in board.on[mid])]
     free.sort(key=lambda mid: (board.machines[mid].cpus - board.free_cpus[mid], mid))
     return free[:min(MAX_CANDIDATES, 2 * spare + 2)]
 
@@ -224,12 +219,12 @@ def _needed(capacities: list[int], total: int) -> int:
     return n
 
 
-def _destinations(board: Board, movable: list[Key], cand: list[str], everything: list[str]) -> dict[Key, list[str]]:
+def _destinations(board: Board, movable: list[Key], cand: list[str], ids: list[str]) -> dict[Key, list[str]]:
     """Each movable task's possible machines: its own, the candidates and the group's other
     machines with room for it (all of its MSB, so of its dc: a job's dc requirement holds on
     each), or of its rack; in a large group, the fullest of them (the ones compaction keeps)."""
     in_cand = set(cand)
-    by_fill = sorted(everything, key=lambda mid: (board.free_cpus[mid], mid))
+    by_fill = sorted(ids, key=lambda mid: (board.free_cpus[mid], mid))
     per_task = max(2, MAX_VARS // max(1, len(movable)))
     out = {}
     for key in movable:

@@ -21,7 +21,7 @@ from controlplane.rebalancer.board import Board, Key, Planned
 
 
 def _msbs_of(board: Board, entitlement: str, dc: str) -> list[tuple[str, str]]:
-    return sorted(board.msbs.get((entitlement, dc), ()))
+    return sorted(board.msb_set.get((entitlement, dc), ()))
 
 
 def _spread_allows(board: Board, key: Key, source: tuple[str, str], target: tuple[str, str]) -> bool:
@@ -49,12 +49,10 @@ def repair(board: Board) -> list[Planned]:
                 hi = max(msbs, key=lambda k: (counts[k], k))
                 lows = sorted((k for k in msbs if counts[k] <= counts[hi] - 2), key=lambda k: (counts[k], k))
                 moved = None
-                limit = board.mean_load() * (1 + board.margin)
                 for lo in lows:
-                    cap = board.msb_cpus.get(lo, 0)
                     for key in sorted((k for k in keys if board.movable(k) and board.msb_of(board.where[k]) == hi),
                                       key=lambda k: board.tasks[k].used):
-                        if cap and board.tasks[key].used and (board.msb_used[lo] + board.tasks[key].used) / cap > limit:
+                        if board.tasks[key].used and not board.stays_cool(lo, board.tasks[key].used):
                             continue  # not into a hotspot
                         mid = board.best_fit(key, board.in_group[(ent, *lo)])
                         if mid is not None:
@@ -74,14 +72,13 @@ GIVE_UP = 200  # tasks of a hot MSB in a row that found no cooler MSB: the other
 
 def msb_hotspots(board: Board) -> list[Planned]:
     out = []
-    mean = board.mean_load()
-    limit = mean * (1 + board.margin)
+    mean, limit = board.mean, board.msb_limit
     room: dict[tuple[str, str, str], int] = {}  # a group's most free millicores on one machine (kept as moves land)
     for hot in sorted((k for k in board.msb_cpus if board.load(k) > limit), key=lambda k: (-board.load(k), k)):
         # the MSBs of its dc below the line, coolest first (their order as this MSB's pass begins)
         cools = sorted((k for k in board.msb_cpus if k[0] == hot[0] and k != hot and board.load(k) < limit),
                        key=lambda k: (board.load(k), k))
-        keys = sorted((k for mid in _machines_in(board, hot) for k in board.on[mid]),
+        keys = sorted((k for mid in board.msb_machines.get(hot, ()) for k in board.on[mid]),
                       key=lambda k: (-board.tasks[k].used, k))
         missed = 0
         by_ent: dict[str, list[tuple[str, str]]] = {}  # the cool MSBs where the entitlement holds machines
@@ -98,7 +95,7 @@ def msb_hotspots(board: Board) -> list[Planned]:
             before = board.load(hot)
             missed += 1
             for cool in by_ent[ent]:
-                if (board.msb_used[cool] + t.used) / board.msb_cpus[cool] > limit:
+                if not board.stays_cool(cool, t.used):
                     continue
                 gk = (ent, *cool)
                 if gk not in room:
@@ -114,10 +111,6 @@ def msb_hotspots(board: Board) -> list[Planned]:
                     missed = 0
                     break
     return out
-
-
-def _machines_in(board: Board, msb: tuple[str, str]) -> list[str]:
-    return board.msb_machines.get(msb, [])
 
 
 def machine_hotspots(board: Board) -> list[Planned]:

@@ -1,5 +1,5 @@
 """A rebalance round's plan: the goals in their order (goals.py: repair, then hotspots; then
-compaction.py per group) on one board, each goal's score before and after, each move with its goal
+compaction.py per group; then swaps.py) on one board, each goal's score before and after, each move with its goal
 and why, in words a person reads, and the rules checked on the result (score.py)."""
 
 from __future__ import annotations

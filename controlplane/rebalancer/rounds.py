@@ -11,7 +11,6 @@ tried, within the cool-down, and tasks with a request not yet begun, are left al
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import time
 from typing import TYPE_CHECKING
@@ -40,10 +39,7 @@ def view_for(state: RegionState, usage: "RegionUsage | None", entitlements: set[
              now: float | None = None) -> Region:
     """The region's view for a round: every entitlement's groups, or those of `entitlements`
     (the MSBs' capacity always the region's)."""
-    view = region(state, None, usage.jobs() if usage is not None else None, now)
-    if entitlements is not None:
-        view = dataclasses.replace(view, groups=[g for g in view.groups if g.entitlement in entitlements])
-    return view
+    return region(state, entitlements, usage.jobs() if usage is not None else None, now)
 
 
 async def plan_round(state: RegionState, usage: "RegionUsage | None", entitlements: set[str] | None = None,
@@ -56,7 +52,7 @@ async def plan_round(state: RegionState, usage: "RegionUsage | None", entitlemen
     return await asyncio.to_thread(plan, view, cooling=cooling(state.rebalance, now))
 
 
-async def request(state: RegionState, p: "Plan", round_id: str, now: float | None = None) -> int:
+async def request_moves(state: RegionState, p: "Plan", round_id: str, now: float | None = None) -> int:
     """Write the plan's moves as requests, each job's in its rebalance record (what it asked before
     and has not begun is replaced: this round's plan is made from the region as it is now).
     Returns how many moves were requested."""
@@ -117,7 +113,7 @@ class Continuous:
         now = time.time() if now is None else now
         chosen = None if every else ents & set(self.state.entitlements)
         p = await plan_round(self.state, self.usage, chosen, now)
-        n = await request(self.state, p, f"continuous-{int(now)}", now)
+        n = await request_moves(self.state, p, f"continuous-{int(now)}", now)
         self.counters["rounds"] += 1
         self.counters["requested"] += n
         self.last = {"at": now, "requested": n, "summary": p.summary()}

@@ -53,7 +53,7 @@ class Scores:
 
 
 def scores(board: Board) -> Scores:
-    mean = board.mean_load()
+    mean = board.mean
     hottest = max((board.load(k) for k in board.msb_cpus), default=0.0)
     held = board.held()
     ents: dict[str, list[int]] = {}

@@ -35,7 +35,6 @@ def swaps(board: Board) -> list[Planned]:
         return []
     out: list[Planned] = []
     racks = {r: list(v) for r, v in board.region.racks.items()}  # rack -> [machines, free ones]
-    limit = board.mean_load() * (1 + board.margin)
     uneven = spread_excess(board)  # (job, dc) -> tasks beyond an even spread
     by_msb: dict[tuple[str, str], list[str]] = {}  # the free machines, smallest first
     for mid, m in sorted(board.pool.items(), key=lambda kv: (kv[1].cpus, kv[1].memory_mb, kv[0])):
@@ -63,7 +62,7 @@ def swaps(board: Board) -> list[Planned]:
         for dst, free in by_msb.items():
             if dst[0] != ma.dc or not free:
                 continue
-            if dst != src and (board.msb_used.get(dst, 0) + used) > limit * board.msb_cpus.get(dst, 0):
+            if dst != src and not board.stays_cool(dst, used):
                 continue  # not into a hot MSB
             # (an MSB where no uneven job of the machine has two tasks fewer than here cannot help)
             spread = _spread_gain(board, a, dst, per_job) if spreadable and any(
@@ -104,9 +103,7 @@ def swaps(board: Board) -> list[Planned]:
 
 
 def _candidates(board: Board) -> list[str]:
-    return [mid for mid, m in board.machines.items()
-            if board.on[mid] and not m.pinned and not m.fixed_cpus and not m.fixed_memory_mb
-            and mid not in board.taken]
+    return [mid for mid in board.machines if board.on[mid] and board.clear(mid) and mid not in board.taken]
 
 
 def _spread_gain(board: Board, a: str, dst: tuple[str, str], per_job: Counter) -> int:

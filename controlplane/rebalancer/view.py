@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Collection, Mapping
 
 from controlplane.store.state import RegionState
 
@@ -71,12 +71,12 @@ class Region:
                 self.msb_cpus[key] = self.msb_cpus.get(key, 0) + sum(m.cpus for m in g.machines)
 
 
-def region(state: RegionState, entitlement: str | None = None, usage: Mapping[str, list[int]] | None = None,
-           now: float | None = None) -> Region:
+def region(state: RegionState, entitlements: Collection[str] | None = None,
+           usage: Mapping[str, list[int]] | None = None, now: float | None = None) -> Region:
     """The region's groups with each task's measured cpu (`usage`: RegionUsage.jobs(), per job
     [millicores, MiB, tasks]: a task is taken to use its job's mean), and the MSBs' capacity."""
     now = time.time() if now is None else now
-    gs = groups(state, entitlement, now, usage)
+    gs = groups(state, entitlements, now, usage)
     cap: dict[tuple[str, str], int] = {}
     pool, racks = [], {}
     for m in state.machines.values():
@@ -95,7 +95,7 @@ def region(state: RegionState, entitlement: str | None = None, usage: Mapping[st
                   {e.name: e.profile for e in state.entitlements.values()}, racks)
 
 
-def groups(state: RegionState, entitlement: str | None = None, now: float | None = None,
+def groups(state: RegionState, entitlements: Collection[str] | None = None, now: float | None = None,
            usage: Mapping[str, list[int]] | None = None) -> list[Group]:
     """The (entitlement, MSB) groups of the entitlements' healthy machines that are in no
     maintenance, with the running tasks on them; an unhealthy machine or one in maintenance is
@@ -105,7 +105,7 @@ def groups(state: RegionState, entitlement: str | None = None, now: float | None
     out: dict[tuple[str, str, str], Group] = {}
     by_machine: dict[str, Machine] = {}
     for m in state.machines.values():
-        if m.entitlement is None or (entitlement is not None and m.entitlement != entitlement):
+        if m.entitlement is None or (entitlements is not None and m.entitlement not in entitlements):
             continue
         if not m.healthy or state.maintenance.of(m.id, now) is not None:
             continue
@@ -119,8 +119,11 @@ def groups(state: RegionState, entitlement: str | None = None, now: float | None
             mach.pinned = True
         by_machine[m.id] = mach
         out.setdefault((m.entitlement, dc, msb), Group(m.entitlement, dc, msb)).machines.append(mach)
-    for handle, tasks in state.tasks.items():
-        job = state.jobs.get(handle)
+    # (a job's handle begins with its entitlement: the other entitlements' tasks are not read)
+    handles = state.tasks if entitlements is None else \
+        [h for h in state.tasks if h.partition("/")[0] in entitlements]
+    for handle in handles:
+        job, tasks = state.jobs.get(handle), state.tasks[handle]
         for t in tasks.values():
             cpus, mem = round(t.resources[0] * SCALE), t.resources[1]
             copy = by_machine.get(t.moving.machine) if t.moving is not None else None

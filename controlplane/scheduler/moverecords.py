@@ -15,14 +15,13 @@ from __future__ import annotations
 from typing import Callable, Mapping
 
 from controlplane.allocator.snapshot import Snapshot
-from controlplane.scheduler.moves import move_op
+from controlplane.scheduler.moves import move_id
 from controlplane.scheduler.reconcile import JobPlan
 from controlplane.store.keys import Keys
 from controlplane.store.records import EventRec, TaskRec
-from controlplane.taskcontrol.session import TaskControlSession
+from controlplane.taskcontrol.session import DECLINED, TaskControlSession
 
 COOL_DOWN = 3600.0  # seconds a task the ReBalancer moved (or tried to) is left alone
-DECLINED = 3  # answers of the job's TaskController without an ack before a requested move is dropped
 
 
 def moves_of(record: dict | None) -> dict[int, dict]:
@@ -42,8 +41,7 @@ def vet_requests(requests: Mapping[int, dict], tasks: Mapping[int, TaskRec], ses
     dropped: dict[int, str] = {}
     snap = None
     for i, req in sorted(requests.items()):
-        op_id = move_op(i, None, req).id
-        n = session.declined.get(op_id, 0) if session is not None else 0
+        n = session.declined.get(move_id(i, req["target"]), 0) if session is not None else 0
         if n >= DECLINED:
             dropped[i] = f"refused by the job's TaskController ({n} answers without an ack)"
             continue

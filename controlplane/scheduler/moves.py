@@ -30,9 +30,14 @@ from controlplane.store.records import JobRec, Moving, TaskRec
 MOVE_DEADLINE = 300.0  # seconds a moving copy has to run before the move is given up
 
 
+def move_id(index: int, target: str) -> str:
+    """The TaskControl operation id of a rebalance move: what the job's controller acks."""
+    return f"move/{index}/rebalance/{target}"
+
+
 def move_op(index: int, source: str | None, req: dict) -> Op:
     return Op("move", index, f"rebalance ({req.get('goal', '')}): {req.get('why', '')}",
-              f"move/{index}/rebalance/{req['target']}", source, "rebalance")
+              move_id(index, req["target"]), source, "rebalance")
 
 
 def rebalance(job: JobRec, current: dict[int, TaskRec], machines: Mapping[str, MachineStatus],

@@ -24,7 +24,7 @@ from controlplane.allocator import AllocationError, Placement, allocate
 from controlplane.opsplanner.notices import advance_notices, governing
 from controlplane.scheduler.creates import Creates
 from controlplane.scheduler.lifecycle import Lifecycle, LifecycleMetrics
-from controlplane.scheduler.moves import move_op
+from controlplane.scheduler.moves import move_id
 from controlplane.scheduler.moverecords import moves_of, moves_written, vet_requests
 from controlplane.scheduler.placement import job_request
 from controlplane.scheduler.ratelimit import Limiter, Limits
@@ -265,7 +265,7 @@ class Scheduler:
         if session is not None:
             for index, _, mv, outcome in plan.ended:
                 if outcome != "done":  # the task stays where it was: the operation is over
-                    session.finish(move_op(index, None, {"target": mv.machine}).id, "failed")
+                    session.finish(move_id(index, mv.machine), "failed")
         tc = self.sessions.in_flight_record(handle, session, plan, started)
         if not plan.empty():
             for op in plan.ops:

@@ -101,9 +101,7 @@ class Txn:
                 if t is None:
                     continue
                 # its machine, and while it moves (make-before-break) its copy's machine too
-                for mid in (t.machine,) if t.moving is None else t.holds():
-                    if not mid:
-                        continue
+                for mid in t.holds():
                     cpus, mem = t.resources
                     if sign < 0 and (new is None or mid not in new.holds()) and self._unseen(mid):
                         # its container may still run there: the machine keeps it as a tombstone

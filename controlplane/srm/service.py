@@ -30,6 +30,7 @@ from controlplane.srm.victims import choose
 from controlplane.store import Conflict
 from controlplane.store.records import EventRec, JobRec
 from controlplane.store.state import RegionState
+from controlplane.taskcontrol.session import DECLINED
 from controlplane.usage.recorder import UsageKeys
 from controlplane.usage.region import RegionUsage
 
@@ -42,7 +43,6 @@ INTERVAL = 15.0  # seconds between two passes (--srm-interval)
 EVENTS = 20  # resizes kept per job
 STEPS = 576  # (t, size, recommended) changes kept per job: 48 hours of one each 5 minutes
 STEP_EVERY = 300  # seconds: a recommendation's changes within it are one step (a resize is its own)
-DECLINED = 3  # answers without an ack before a chosen task is swapped for another
 AVOID = 600.0  # seconds a task its controller would not stop is not chosen again
 REPORTING = 0.8  # of the running tasks must report usage for a CPU reading to count
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import hashlib
+import itertools
 import json
 import logging
 import time
@@ -463,8 +464,9 @@ class RegionState:
             self._snapshot = Snapshot.build(
                 (to_machine(m, self.revs[self.keys.machine(m.id)], m.id in self._cordoned) for m in self.machines.values()),
                 (to_entitlement(e) for e in self.entitlements.values()),
-                (p for ts in self.tasks.values() for t in ts.values()
-                 for p in (to_placed(t), to_placed_copy(t) if t.moving is not None else None) if p is not None),
+                itertools.chain((p for ts in self.tasks.values() for t in ts.values() if (p := to_placed(t)) is not None),
+                                (to_placed_copy(t) for ts in self.tasks.values() for t in ts.values()
+                                 if t.moving is not None)),
                 self.revision)
             # The region as read at start lives long: out of the collector's full passes, which
             # would otherwise scan all of it (a pause that grows with the region). Freed as usual

@@ -28,6 +28,9 @@ from controlplane.taskcontrol.reach import Refused
 
 log = logging.getLogger("twine.controld.taskcontrol")
 HISTORY = 50
+# answers without an ack after which an operation counts as refused by the controller: the SRM
+# offers another task to stop, the ReBalancer drops the move (see `declined`)
+DECLINED = 3
 
 
 def op_json(handle: str, op: Op) -> dict:

@@ -97,8 +97,9 @@ class Rebalance:
     def _status(self) -> dict:
         every, ents = enabled(self.state)
         moving, requested, recent = [], 0, []
-        for handle, ts in self.state.tasks.items():
-            for t in ts.values():
+        # a move begins in the commit that writes its job's rebalance record: only those jobs' tasks can move
+        for handle in self.state.rebalance:
+            for t in self.state.tasks.get(handle, {}).values():
                 if t.moving is not None:
                     moving.append({"job": handle, "index": t.index, "source": t.machine, "target": t.moving.machine,
                                    "goal": t.moving.goal, "why": t.moving.why, "since": t.moving.since})

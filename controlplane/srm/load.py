@@ -11,6 +11,7 @@ import asyncio
 import json
 import logging
 import math
+
 import aiohttp
 
 from controlplane.store.records import JobRec

@@ -256,6 +256,9 @@ def test_a_move_in_progress_survives_a_change_of_leader(tmp_path, etcd_server):
             leader.kill(signal.SIGKILL)
             wait(lambda: leader_of(other) not in (None, leader_id), 20, "a new leader")
             assert moving(other), "the move is still in progress: the new leader read it from etcd"
+            st = other.call("GET", "/v1/rebalance")[1]
+            assert [(m["index"], m["source"], m["target"]) for m in st["moving"]] == \
+                [(mv["index"], mv["source"], mv["target"])], st
             agents.poll = True
             wait(lambda: {t["index"]: t["machine"] for t in other.call("GET", "/v1/jobs/web/small")[1]["tasks"]}
                  [mv["index"]] == mv["target"], 30, "the new leader finished the move")

@@ -215,6 +215,9 @@ class IrqAffinity(Applier):
                     f"IRQ {n} ({names}) is still delivered to CPU {format_cpus(outside)} (effective_affinity_list), "
                     f"outside {format_cpus(cpus)}, {self.settle_seconds:g} s after its list was set"
                 )
+            elif (after := self._affinity(n)) != cpus:  # a pending move the kernel gave up when it fired
+                problems.append(f"IRQ {n} ({names}) went back to smp_affinity_list {format_cpus(after or set())} "
+                                f"after {format_cpus(cpus)} was set: the kernel did not complete the move")
         if problems:
             if conflict := self._irqbalance():
                 problems.append(conflict)

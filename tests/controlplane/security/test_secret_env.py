@@ -228,7 +228,9 @@ def test_a_controller_token_is_sealed_in_etcd_and_reaches_its_controller_after_a
             return request.ops
 
     token = "tc-" + SECRET
-    with daemon_with_sim_agents(tmp_path, etcd_server.port, ("h1", "h2"), heartbeat_timeout=2.0) as (c, _agents), \
+    # machines outlive the restart below (a slow one must not fail them: a failed task is updated
+    # without asking its controller, and this test is about the call)
+    with daemon_with_sim_agents(tmp_path, etcd_server.port, ("h1", "h2"), heartbeat_timeout=10.0) as (c, _agents), \
             Background(AckAll(), token=token) as url:
         assert c.call("POST", "/v1/entitlements", {"name": "web", "machine_type": "generic", "quota": 2,
                                                  "allow_controller_networks": ["127.0.0.0/8"]})[0] == 201

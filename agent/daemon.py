@@ -372,6 +372,7 @@ class Agent:
             "health": {"ok": h.ok, "problems": list(h.problems)} if h else {"ok": False, "problems": ["not probed yet"]},
             "profile": {
                 "name": (record.get("ref") or record["profile"]) if record else None,
+                "hash": record.get("hash") if record else None,
                 "ok": ready,
                 "error": self.profile_report.error if failed else "",
             },

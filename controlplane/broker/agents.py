@@ -359,16 +359,17 @@ class AgentService:
         """Record the profile the agent reports applied, when it differs from what etcd has: the
         sidekick's gate (tasks start only on a machine whose profile is applied)."""
         m = self.state.machines.get(mid)
-        applied = profile.get("name") or None
+        applied, digest = profile.get("name") or None, profile.get("hash") or None
         ok = bool(profile.get("ok", True))
         error = str(profile.get("error") or "")
-        if m is None or (m.profile_applied, m.profile_ok, m.profile_error) == (applied, ok, error):
+        if m is None or (m.profile_applied, m.profile_hash, m.profile_ok, m.profile_error) == (applied, digest, ok, error):
             return
         key = self.keys.machine(mid)
 
         def compute(reads):
             cur = MachineRec.from_json(reads[key].value)
-            return {key: replace(cur, profile_applied=applied, profile_ok=ok, profile_error=error).to_json()}, []
+            return {key: replace(cur, profile_applied=applied, profile_hash=digest, profile_ok=ok,
+                                            profile_error=error).to_json()}, []
 
         rev = await self.store.update([key], compute)
         await self.state.wait_for(rev)

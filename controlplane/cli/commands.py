@@ -8,7 +8,7 @@ import string
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from controlplane.cli import autoscale, rebalance, render, usage
+from controlplane.cli import autoscale, rebalance, render, rollout, usage
 from controlplane.cli.api import EXIT_INPUT, EXIT_OK, Api, CliError, quoted, split_handle
 from controlplane.cli.output import Out
 from controlplane.cli.values import nullable
@@ -41,6 +41,8 @@ async def ent_create(api: Api, args, out: Out) -> int:
         body["spread"] = {"properties": DEFAULT_SPREAD if args.spread is None else args.spread, "pinned_dc": args.pin_dc}
     if args.allow_controller_network:
         body["allow_controller_networks"] = args.allow_controller_network
+    if policy := rollout.policy_of(args):
+        body["rollout"] = policy
     out(await api.call("POST", "/v1/entitlements", body), render.entitlement_show)
     return EXIT_OK
 
@@ -67,10 +69,18 @@ async def ent_modify(api: Api, args, out: Out) -> int:
             body["spread"] = spread
     if args.allow_controller_network:
         body["allow_controller_networks"] = [n for n in args.allow_controller_network if nullable(n) is not None]
+    if policy := rollout.policy_of(args):
+        body["rollout"] = policy
     if not body:
         raise CliError(EXIT_INPUT, "entitlement modify: nothing to change; give --quota, --profile, --owner, --spread, "
-                                   "--pin-dc or --allow-controller-network")
+                                   "--pin-dc, --allow-controller-network or a rollout flag")
+    before = None
+    if args.wait is not None:
+        shown = await api.call("GET", f"/v1/entitlements/{quoted(args.name)}")
+        before = (shown.get("rollout_state") or {}).get("id")
     out(await api.call("PATCH", f"/v1/entitlements/{quoted(args.name)}", body), render.entitlement_show)
+    if args.wait is not None:
+        return await rollout.wait_rollout(api, args.name, before, args.wait, getattr(args, "json", False))
     return EXIT_OK
 
 
@@ -87,6 +97,12 @@ async def job_run(api: Api, args, out: Out) -> int:
 
 
 async def job_update(api: Api, args, out: Out) -> int:
+    if getattr(args, "dry_run", False):
+        if args.wait is not None:
+            raise CliError(EXIT_INPUT, "job update: --dry-run changes nothing, so there is nothing to --wait for")
+        out(await api.call("POST", f"/v1/jobs/{split_handle(args.handle)}/dry-run", args.spec),
+            lambda body: "\n".join(body["summary"]))
+        return EXIT_OK
     job = await api.call("PUT", f"/v1/jobs/{split_handle(args.handle)}", args.spec)
     return await show_or_wait(api, args, out, job, _handle_of(job, args.handle), rollout_progress, "running")
 
@@ -116,6 +132,9 @@ async def maintenance_schedule(api: Api, args, out: Out) -> int:
         body["machines"] = args.machine
     if not (args.machine or args.dc or args.msb or args.rack):
         raise CliError(EXIT_INPUT, "name the machines: --machine ID (repeatable), --dc, --msb or --rack")
+    if getattr(args, "dry_run", False):
+        out(await api.call("POST", "/v1/dry-run/maintenance", body), lambda b: "\n".join(b["summary"]))
+        return EXIT_OK
     out(await api.call("POST", "/v1/maintenance", body), render.maintenance_show)
     return EXIT_OK
 
@@ -144,6 +163,7 @@ COMMANDS: dict[tuple[str, str | None], Command] = {
     ("entitlement", "list"): _one_call("GET", "/v1/entitlements", render.entitlement_list),
     ("entitlement", "show"): _one_call("GET", "/v1/entitlements/{name}", render.entitlement_show),
     ("entitlement", "move"): ent_move,
+    ("entitlement", "rollout"): rollout.rollout_cmd,
     ("cluster", None): _one_call("GET", "/v1/cluster", render.cluster),
     ("token", "create"): token_create,
     ("token", "list"): _one_call("GET", "/v1/tokens", render.token_list),

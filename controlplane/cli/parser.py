@@ -1,7 +1,9 @@
 """twinectl: the operator's and job owner's command line for twine-controld (docs/api.md).
 
-  twinectl entitlement create|modify|list|show ...
-  twinectl job run|update FILE [--wait [S]]   job status|resize|stop HANDLE ...   job list
+  twinectl entitlement create|modify|list|show ...   entitlement modify NAME --profile P [--wait [S]]
+  twinectl entitlement rollout status|pause|resume|rollback NAME
+  twinectl job run|update FILE [--wait [S]]   job update FILE --dry-run
+  twinectl job status|resize|stop HANDLE ...   job list
   twinectl machine list|show ID|release ID|clean ID     twinectl events     twinectl discovery HANDLE
   twinectl fleet [--by dc,msb,entitlement,profile,type]
   twinectl job usage HANDLE | entitlement usage NAME  [--since DUR] [--step DUR]
@@ -9,7 +11,7 @@
   twinectl rebalance plan|apply [--entitlement E] [--wait [S]]   rebalance status
   twinectl rebalance enable|disable [--entitlement E]
   twinectl maintenance schedule (--machine ID ... | --dc DC | --msb MSB | --rack RACK) --start WHEN
-           --duration DUR [--deadline WHEN] [--policy move|stop] [--reason TEXT]
+           --duration DUR [--deadline WHEN] [--policy move|stop] [--reason TEXT] [--dry-run]
   twinectl maintenance list [--all] | show ID | end ID
   twinectl token create --role admin|owner|reader|bootstrap [--entitlement E ...] [--expires DUR] | list | revoke ID
 
@@ -38,6 +40,15 @@ from controlplane.cli.values import count, duration, nullable, seconds, spread, 
 DEFAULT_URL = "http://127.0.0.1:8080"
 DEFAULT_TIMEOUT = 30.0
 DEFAULT_WAIT = 300.0  # `--wait` without SECONDS
+
+
+def rollout_flags(sp: argparse.ArgumentParser) -> None:
+    sp.add_argument("--max-unavailable", type=count, metavar="N",
+                    help="machines whose profile a rollout switches at once (default 1)")
+    sp.add_argument("--auto-rollback", choices=("on", "off"), help="a failed batch rolls back (on, the default) "
+                    "or pauses the rollout (off)")
+    sp.add_argument("--rollout-deadline", type=float, metavar="S", help="seconds a machine has to apply a profile, "
+                    "then its tasks to run again (default 300)")
 
 
 def common(parser: argparse.ArgumentParser) -> None:
@@ -83,6 +94,7 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--allow-controller-network", action="append", metavar="CIDR",
                    help="a network its jobs' TaskControllers may be at although controld refuses it otherwise "
                         "(loopback, link-local, the control plane's own); repeat for more")
+    rollout_flags(c)
     m = leaf(ent_sub, "modify", "change an entitlement (PATCH); '' or none clears --profile / --pin-dc")
     m.add_argument("name", metavar="NAME")
     m.add_argument("--quota", type=count, metavar="N")
@@ -92,6 +104,17 @@ def parser() -> argparse.ArgumentParser:
     m.add_argument("--pin-dc", type=nullable, default=argparse.SUPPRESS, metavar="DC")
     m.add_argument("--allow-controller-network", action="append", metavar="CIDR",
                    help="replaces the networks its TaskControllers may be at (repeat for more; none: no network)")
+    rollout_flags(m)
+    m.add_argument("--wait", nargs="?", type=float, const=1800.0, default=None, metavar="S",
+                   help="follow the profile rollout the change begins until it is done (at most S seconds, 1800 by "
+                        "default); exit 1 if it rolls back or pauses")
+    ro = ent_sub.add_parser("rollout", help="an entitlement's host-profile rollout: status, pause, resume, rollback")
+    ro_sub = ro.add_subparsers(dest="verb", required=True, metavar="VERB")
+    for verb, what in (("status", "each machine's phase, the batches, why it paused"),
+                       ("pause", "the batch in progress ends, no other begins (admin)"),
+                       ("resume", "go on; machines that failed switch again first (admin)"),
+                       ("rollback", "the machines that changed go back to the old profile, in batches (admin)")):
+        leaf(ro_sub, verb, what).add_argument("name", metavar="NAME")
     mv = leaf(ent_sub, "move", "give an entitlement to another scheduler shard (no task restarts)")
     mv.add_argument("name", metavar="NAME")
     mv.add_argument("--shard", type=int, required=True, metavar="N", help="the shard to move it to")
@@ -116,6 +139,8 @@ def parser() -> argparse.ArgumentParser:
     u = leaf(job_sub, "update", "replace a job's spec (a changed task starts a rolling update)")
     u.add_argument("file", metavar="FILE")
     wait_option(u, "every task runs at the new spec version")
+    u.add_argument("--dry-run", action="store_true", help="change nothing: print the rounds the update would take, "
+                   "as the job's TaskController answers calls marked dryRun (which tasks, in what order)")
     rs = leaf(job_sub, "resize", "change a job's task count")
     rs.add_argument("handle", metavar="HANDLE")
     rs.add_argument("count", type=count, metavar="N")
@@ -150,6 +175,8 @@ def parser() -> argparse.ArgumentParser:
                     help="for jobs without a TaskController: move tasks away before the deadline, or stop them at "
                          "it and restart them after (default: the daemon's --maintenance-policy)")
     sc.add_argument("--reason", default="", metavar="TEXT")
+    sc.add_argument("--dry-run", action="store_true", help="schedule nothing: print what each job with tasks on the "
+                    "machines would do before the deadline, as its TaskController answers calls marked dryRun")
     leaf(mt_sub, "list", "maintenance not over yet").add_argument("--all", action="store_true", help="also what is over")
     leaf(mt_sub, "show", "a maintenance with the tasks on its machines").add_argument("id", metavar="ID")
     leaf(mt_sub, "end", "end a maintenance now (before its deadline: cancel it)").add_argument("id", metavar="ID")

@@ -26,9 +26,11 @@ def plan_text(body: dict) -> str:
     if moves:
         what = (f"requested in round {body['round']}: each moves once its job's TaskController acks" if "round" in body
                 else "a dry run: nothing moved")
+        asked = any("taskcontrol" in m for m in moves)  # a plan's: each job's TaskController asked in a dry run
         out += ["", f"MOVES ({len(moves)}; {what})",
-                table(["TASK", "FROM", "TO", "WHY"], [[f"{m['job']}#{m['index']}", m["source"], m["target"], m["why"]]
-                                                     for m in moves])]
+                table(["TASK", "FROM", "TO", "WHY", *(["TASKCONTROL (dry run)"] if asked else [])],
+                      [[f"{m['job']}#{m['index']}", m["source"], m["target"], m["why"],
+                        *([m.get("taskcontrol", "")] if asked else [])] for m in moves])]
     if body.get("freed"):
         out += ["", "freed for the free pool: " + ", ".join(body["freed"])]
     for v in body.get("violations") or []:

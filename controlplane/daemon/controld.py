@@ -47,6 +47,7 @@ from controlplane.usage.recorder import SAMPLE, Recorder
 from controlplane.srm.load import Loads
 from controlplane.srm.service import INTERVAL as SRM_INTERVAL, Autoscaler
 from controlplane.rebalancer.rounds import INTERVAL as REBALANCE_INTERVAL, Continuous
+from controlplane.rollouts.driver import INTERVAL as ROLLOUT_INTERVAL
 from controlplane.usage.region import RegionUsage
 
 log = logging.getLogger("twine.controld")
@@ -77,6 +78,7 @@ class DaemonSettings:
     usage_sample: float = SAMPLE  # seconds between two samples of the usage history
     srm_interval: float = SRM_INTERVAL  # seconds between two passes of the SRM (autoscaling)
     rebalance_interval: float = REBALANCE_INTERVAL  # seconds between two rounds of the ReBalancer's continuous mode
+    rollout_interval: float = ROLLOUT_INTERVAL  # seconds between two steps of the profile rollouts (a shard's leader)
     prometheus_url: str | None = None  # the region's Prometheus server, for autoscale metrics that query it
 
 
@@ -107,7 +109,8 @@ class ControlDaemon:
         self.reach = Reach(lambda: [*(urlsplit(m.get("url", "")).hostname or "" for m in self.state.members.values()),
                                     *(host for host, _ in store.endpoints)])
         self.shards = ShardHost(self.state, store, self.agents, LifecycleMetrics(self.registry), s.limits,
-                                s.taskcontrol_interval, s.maintenance_policy, s.max_txn_ops, self.reach)
+                                s.taskcontrol_interval, s.maintenance_policy, s.max_txn_ops, self.reach,
+                                s.rollout_interval)
         self.registry.register(metrics.DaemonCollector(self.state, self.shards, self.agents, self.health,
                                                        lambda: (self.coordinator, self.relay, self.listener)))
         self.ops = OpsPlanner(self.state, s.maintenance_policy)

@@ -33,6 +33,7 @@ from controlplane.store.etcd import WRITE_TIMEOUT
 from controlplane.usage.recorder import SAMPLE
 from controlplane.srm.service import INTERVAL as SRM_INTERVAL
 from controlplane.rebalancer.rounds import INTERVAL as REBALANCE_INTERVAL
+from controlplane.rollouts.driver import INTERVAL as ROLLOUT_INTERVAL
 
 log = logging.getLogger("twine.controld")
 EXIT_OK, EXIT_INPUT, EXIT_UNAVAILABLE = 0, 2, 3
@@ -184,6 +185,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--rebalance-interval", type=float, default=REBALANCE_INTERVAL,
                    help="seconds between two rounds of the ReBalancer's continuous mode, at the leader of shard 0, "
                         "for the entitlements an admin enabled (twinectl rebalance enable; default %(default)s)")
+    p.add_argument("--rollout-interval", type=float, default=ROLLOUT_INTERVAL,
+                   help="seconds between two steps of the entitlements' host-profile rollouts at the leaders of "
+                        "their shards (a step reads each rollout; writes only what moved; default %(default)s)")
     p.add_argument("--prometheus-url", default=None,
                    help="the region's Prometheus server (http://host:9090), for autoscale policies whose metric "
                         "is a query (default: none; such policies are refused)")
@@ -234,6 +238,8 @@ def settings_of(args: argparse.Namespace) -> DaemonSettings:
         raise SystemExit(_input_error("--srm-interval", f"{args.srm_interval}: seconds, from 1 to 3600"))
     if not 1 <= args.rebalance_interval <= 86400:
         raise SystemExit(_input_error("--rebalance-interval", f"{args.rebalance_interval}: seconds, from 1 to 86400"))
+    if not 0.1 <= args.rollout_interval <= 86400:
+        raise SystemExit(_input_error("--rollout-interval", f"{args.rollout_interval}: seconds, from 0.1 to 86400"))
     if args.prometheus_url is not None and not re.match(r"^https?://[^/\s]+", args.prometheus_url):
         raise SystemExit(_input_error("--prometheus-url", f"{args.prometheus_url!r}: an http(s):// URL"))
     return DaemonSettings(
@@ -246,7 +252,7 @@ def settings_of(args: argparse.Namespace) -> DaemonSettings:
                                args.body_timeout),
         max_long_polls=args.max_long_polls, max_long_poll=args.max_long_poll, usage_sample=args.usage_sample,
         srm_interval=args.srm_interval, prometheus_url=args.prometheus_url,
-        rebalance_interval=args.rebalance_interval)
+        rebalance_interval=args.rebalance_interval, rollout_interval=args.rollout_interval)
 
 
 @dataclass

@@ -21,7 +21,7 @@ RETIRED = {"passes": 0, "commits": 0, "conflicts": 0, "placements": 0, "errors":
 class ShardHost:
     def __init__(self, state: RegionState, store: Store, agents: AgentService, metrics: LifecycleMetrics,
                  limits: Limits = Limits(), taskcontrol_interval: float = 1.0, maintenance_policy: str = "move",
-                 max_txn_ops: int = 128, reach: Reach | None = None):
+                 max_txn_ops: int = 128, reach: Reach | None = None, rollout_interval: float = 1.0):
         self.state, self.store = state, store
         self.agents = agents  # the task reports and desired-state errors its schedulers read
         self.metrics = metrics
@@ -30,6 +30,7 @@ class ShardHost:
         self.maintenance_policy = maintenance_policy
         self.max_txn_ops = max_txn_ops
         self.reach = reach  # where TaskControllers may be
+        self.rollout_interval = rollout_interval
         self.schedulers: dict[int, Scheduler] = {}  # the shards this process leads now
         self._loops: dict[int, asyncio.Task] = {}
         self.retired = dict(RETIRED)
@@ -57,7 +58,7 @@ class ShardHost:
         sched = Scheduler(self.state, self.store, self.state.keys, self.agents.report_of, self.agents.errors,
                           self.limits, self.taskcontrol_interval, maintenance_policy=self.maintenance_policy,
                           shard=fence.shard, fence=fence, max_txn_ops=self.max_txn_ops, metrics=self.metrics,
-                          reach=self.reach)
+                          reach=self.reach, rollout_interval=self.rollout_interval)
         self.state.snapshot()  # the allocator's index is built now, not by the first job's request
         self.schedulers[fence.shard] = sched
         self._loops[fence.shard] = asyncio.get_running_loop().create_task(sched.run())

@@ -4,7 +4,9 @@ each), made from the region's view and, for a job, its shard leader's work on it
 from __future__ import annotations
 
 from controlplane.broker.agents import AgentService
-from controlplane.store.records import JobRec, TaskRec, redact_task
+from controlplane.rollouts.record import summary
+from controlplane.store.jobsecrets import redact_task
+from controlplane.store.records import JobRec, TaskRec
 from controlplane.store.state import RegionState
 
 NO_WORK = {"message": "", "operations": {"held": [], "waiting": [], "rate_limited": 0}, "taskcontrol": None}
@@ -39,6 +41,8 @@ def entitlement_answer(state: RegionState, name: str, detail: bool = False) -> d
     e = state.entitlements[name]
     machines = sorted(m.id for m in state.machines.values() if m.entitlement == name)
     out = {**e.to_json(), "held": len(machines)}
+    r = state.rollouts.get(name)
+    out["rollout_state"] = summary(r) if r is not None else None
     if detail:
         out["machines"] = machines
         out["jobs"] = sorted(h for h, j in state.jobs.items() if j.entitlement == name)
@@ -50,8 +54,8 @@ def machine_answer(state: RegionState, agents: AgentService, mid: str, detail: b
     out = {
         "id": m.id, "hostname": m.hostname, "labels": m.labels, "capacity": m.capacity, "entitlement": m.entitlement,
         "healthy": m.healthy, "health_reason": m.health_reason,
-        "profile": {"desired": state.desired_profile(m), "applied": m.profile_applied, "ok": m.profile_ok,
-                    "error": m.profile_error},
+        "profile": {"desired": state.desired_profile(m), "applied": m.profile_applied, "hash": m.profile_hash,
+                    "ok": m.profile_ok, "error": m.profile_error},
         "alloc": {"tasks": m.alloc_tasks, "cpus": m.alloc_cpus, "memory_mb": m.alloc_memory_mb},
         "tombstones": [{"job": j, "index": i, "cpus": c, "memory_mb": mem, "since": at} for j, i, c, mem, at in m.tombstones],
         "agent": {"address": m.address, "version": m.agent_version, "error": agents.error_of(mid)},

@@ -5,7 +5,6 @@ as dicts (views.py); these say what they hold."""
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Annotated, Any, Literal, Union
 
 import msgspec
@@ -55,9 +54,13 @@ class Entitlement(Answer):
     created_at: Time
     allow_host_network: bool
     allow_controller_networks: Strings
+    rollout: Annotated[Union[dict[str, Any], None], Meta(description="how a change of its profile rolls out: "
+                                                         "max_unavailable, auto_rollback, deadline (null: defaults)")]
     held: Annotated[int, Meta(description="machines it holds")]
     machines: Union[Strings, msgspec.UnsetType] = msgspec.UNSET  # one entitlement's view
     jobs: Union[Strings, msgspec.UnsetType] = msgspec.UNSET
+    # its profile rollout in short (null: none yet): state, from, to, machines by phase
+    rollout_state: Union[dict[str, Any], None, msgspec.UnsetType] = msgspec.UNSET
 
 
 class EntitlementList(Answer):
@@ -151,6 +154,7 @@ class JobList(Answer):
 class ProfileView(Answer):
     desired: Union[str, None]
     applied: Union[str, None]
+    hash: Annotated[Union[str, None], Meta(description="the content hash of what its agent applied")]
     ok: bool
     error: str
 
@@ -216,9 +220,10 @@ class Revoked(Answer):
 
 class Event(Answer):
     id: str
-    kind: Annotated[Literal["failure", "maintenance", "controller", "autoscale"],
+    kind: Annotated[Literal["failure", "maintenance", "controller", "autoscale", "rebalance", "rollout"],
                     Meta(description="controller: a job's TaskController was not called at a refused address; "
-                                     "autoscale: autoscaled jobs of a shard without fresh measurements (scale-in frozen)")]
+                                     "autoscale: autoscaled jobs of a shard without fresh measurements (scale-in frozen); "
+                                     "rebalance: a ReBalancer move ended; rollout: a profile rollout's batch")]
     machines: Strings
     start: Time
     reason: str
@@ -418,71 +423,3 @@ class AutoscaleStatus(Answer):
     forecast: Union[float, None, msgspec.UnsetType] = msgspec.UNSET  # cores: the history's peak ahead
     startup_seconds: Union[float, None, msgspec.UnsetType] = msgspec.UNSET
     budget_left: Union[int, None, msgspec.UnsetType] = msgspec.UNSET  # size changes left this hour
-
-
-class PlannedMove(Answer):
-    job: str
-    index: int
-    source: str  # the machine the task is on
-    target: str  # the machine it would move to
-    goal: str
-    why: str
-
-
-class RebalancePlan(Answer):
-    entitlement: Union[str, None]  # None: every entitlement
-    goals: Annotated[dict[str, dict[str, Any]], Meta(description="each goal's score before and after")]
-    entitlements: dict[str, dict[str, Any]]
-    moves: list[PlannedMove]
-    freed: Annotated[Strings, Meta(description="machines the moves would empty, for the free pool")]
-    groups: Annotated[list[dict[str, Any]], Meta(description="the (entitlement, MSB) groups solved: size, solver "
-                                                             "status, seconds")]
-    summary: Annotated[Strings, Meta(description="the plan in words: a line a goal, in their order (compaction: a line "
-                                                         "an entitlement)")]
-    violations: Annotated[Strings, Meta(description="rules the moves would break (none: every plan is checked)")] = []
-    taken: Annotated[dict[str, str], Meta(description="free machines swaps would take, and for which entitlement")] = {}
-    seconds: float = 0.0  # the plan's wall time
-
-
-class RebalanceRound(RebalancePlan):
-    round: str = ""  # the round's id, in each request it wrote
-    requested: int = 0  # moves requested of the jobs' shard leaders
-
-
-class RebalanceStatus(Answer):
-    continuous: Annotated[dict[str, Any], Meta(description="the continuous mode: on for all, or for entitlements")]
-    moving: Annotated[list[dict[str, Any]], Meta(description="tasks moving now (make-before-break)")]
-    requested: int  # moves requested and not begun
-    recent: Annotated[list[dict[str, Any]], Meta(description="the last moves' outcomes, newest first")]
-
-
-ANSWERS: dict[str, type] = {t.__name__: t for t in (
-    Error, Health, Entitlement, EntitlementList, Task, Job, JobList, Machine, MachineList, Token, TokenList, Revoked,
-    Event, EventList, Maintenance, MaintenanceList, Discovery, Registration, DesiredState, HeartbeatReply,
-    ShutdownReply, Relayed, Cluster, Fleet, UsageHistory, AutoscaleStatus, RebalancePlan, RebalanceRound,
-    RebalanceStatus)}
-
-
-def answers_markdown() -> str:
-    """The answers' fields as docs/api.md lists them ("Answers"), made from the types above
-    (tests/controlplane/frontend/test_api_document.py checks the docs hold exactly this)."""
-    lines = []
-    parts = [t for t in globals().values() if isinstance(t, type) and issubclass(t, Answer) and t is not Answer]
-    for t in [*parts, Endpoint]:  # and the store's record an answer holds as it is
-        name = t.__name__
-        fields = t.__struct_fields__ if t in parts else tuple(f.name for f in dataclasses.fields(t))
-        unset = _optional(t) if t in parts else set()
-        required = [f for f in fields if f not in unset]
-        optional = [f for f in fields if f in unset]
-        line = f"- `{name}`: " + ", ".join(f"`{f}`" for f in required)
-        if optional:
-            line += "; sometimes " + ", ".join(f"`{f}`" for f in optional)
-        lines.append(line)
-    return "\n".join(lines) + "\n"
-
-
-def _optional(t: type) -> set[str]:
-    """The fields an answer of type `t` may leave out (their default is UNSET)."""
-    defaults = dict(zip(t.__struct_fields__[len(t.__struct_fields__) - len(t.__struct_defaults__):],
-                        t.__struct_defaults__))
-    return {f for f, d in defaults.items() if d is msgspec.UNSET}

@@ -26,7 +26,9 @@ from controlplane.frontend.services import Services
 from controlplane.frontend.tokens import Tokens
 from controlplane.frontend.usage import Usage
 from controlplane.frontend.autoscale import AutoscaleView
+from controlplane.frontend.dryruns import DryRuns
 from controlplane.frontend.rebalance import Rebalance
+from controlplane.frontend.rollouts import Rollouts
 from controlplane.frontend import ui
 
 ROUTES = [
@@ -36,11 +38,16 @@ ROUTES = [
     ("PATCH", "/v1/entitlements/{name}", Entitlements.modify),
     ("POST", "/v1/entitlements/{name}/move", Entitlements.move),
     ("GET", "/v1/entitlements/{name}/usage", Usage.entitlement),
+    ("GET", "/v1/entitlements/{name}/rollout", Rollouts.show),
+    ("POST", "/v1/entitlements/{name}/rollout/pause", Rollouts.pause),
+    ("POST", "/v1/entitlements/{name}/rollout/resume", Rollouts.resume),
+    ("POST", "/v1/entitlements/{name}/rollout/rollback", Rollouts.rollback),
     ("POST", "/v1/jobs", Jobs.create),
     ("GET", "/v1/jobs", Jobs.list),
     ("GET", "/v1/jobs/{ent}/{name}", Jobs.show),
     ("PUT", "/v1/jobs/{ent}/{name}", Jobs.update),
     ("POST", "/v1/jobs/{ent}/{name}/resize", Jobs.resize),
+    ("POST", "/v1/jobs/{ent}/{name}/dry-run", Jobs.dry_run),
     ("DELETE", "/v1/jobs/{ent}/{name}", Jobs.stop),
     ("GET", "/v1/jobs/{ent}/{name}/usage", Usage.job),
     ("GET", "/v1/jobs/{ent}/{name}/autoscale", AutoscaleView.show),
@@ -59,6 +66,7 @@ ROUTES = [
     ("DELETE", "/v1/tokens/{id}", Tokens.revoke),
     ("GET", "/v1/events", Machines.events),
     ("POST", "/v1/maintenance", Maintenance.schedule),
+    ("POST", "/v1/dry-run/maintenance", DryRuns.maintenance),
     ("GET", "/v1/maintenance", Maintenance.list),
     ("GET", "/v1/maintenance/{id}", Maintenance.show),
     ("POST", "/v1/maintenance/{id}/end", Maintenance.end),
@@ -80,7 +88,9 @@ def make_app(s: Services) -> web.Application:
         Entitlements(s.state, s.settings.profile_search),
         Jobs(s.state, s.shards, s.forwarder, s.reach, s.prometheus_url),
         AutoscaleView(s.state, s.srm, s.shards, s.forwarder),
-        Rebalance(s.state, s.usage),
+        Rebalance(s.state, s.usage, s.shards),
+        Rollouts(s.state),
+        DryRuns(s.state, s.shards, s.forwarder),
         Machines(s.state, s.agents, s.clean),
         Tokens(s.state),
         Maintenance(s.ops),

@@ -3,6 +3,7 @@ machine type, a quota and a host profile; each lives in one scheduler shard."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -12,8 +13,11 @@ from agent.errors import InputError
 from controlplane.frontend import schema as S
 from controlplane.frontend.body import body, reply
 from controlplane.frontend.answering import entitlement_answer
+from controlplane.rollouts.driver import events, next_record, wanted_doc
+from controlplane.rollouts.record import FINAL, baseline
 from controlplane.store import Versioned
 from controlplane.store.records import ApiError, EntitlementRec
+from controlplane.store.shards import least_loaded_shard
 from controlplane.store.state import RegionState
 
 
@@ -42,12 +46,14 @@ class Entitlements:
     async def create(self, request: web.Request) -> web.Response:
         st = self.state
         e = EntitlementRec.parse(await body(request, schema=S.EntitlementSpec))
-        e = replace(e, shard=st.least_loaded_shard())
+        e = replace(e, shard=least_loaded_shard(st))
         if e.name in st.entitlements:
             raise ApiError("exists", "name", f"entitlement {e.name!r} exists")
         self._check_profile(e)
-        key = st.keys.entitlement(e.name)
-        await st.write([st.guard(key)], {key: e.to_json()})
+        key, rkey, now = st.keys.entitlement(e.name), st.keys.rollout(e.name), time.time()
+        # its profile pinned from the start (controlplane/rollouts): an edit of the file rolls out
+        await st.write([st.guard(key), st.guard(rkey)],
+                       {key: e.to_json(), rkey: baseline(e.name, wanted_doc(st, e.profile), now)})
         return reply(entitlement_answer(st, e.name, detail=True), 201)
 
     async def modify(self, request: web.Request) -> web.Response:
@@ -61,7 +67,14 @@ class Entitlements:
             raise ApiError("quota", "quota", f"{new.quota} is below the {held} machines {old.name} holds now; "
                            "shrink its jobs first")
         self._check_profile(new)
-        await st.write([Versioned(key, None, read_revision)], {key: new.to_json()})
+        puts, rkey, now = {key: new.to_json()}, st.keys.rollout(old.name), time.time()
+        # a new profile begins its rollout in this write (the shard's leader moves it on); one
+        # changed during a rollout begins when that one ends
+        final = old.name in st.rollouts and st.rollouts[old.name]["state"] in FINAL
+        record, notes = next_record(st, old.name, now, new) if final else (None, [])
+        if record is not None and record is not st.rollouts.get(old.name):
+            puts.update({rkey: record, **events(st, old.name, notes, now)})
+        await st.write([Versioned(key, None, read_revision), st.guard(rkey)], puts)
         return reply(entitlement_answer(st, new.name, detail=True))
 
     async def move(self, request: web.Request) -> web.Response:

@@ -23,7 +23,8 @@ from controlplane.scheduler.placement import job_request
 from controlplane.security import tokens
 from controlplane.security.sealing import SealingError, field_of
 from controlplane.store import Conflict, Versioned
-from controlplane.store.records import NAME, ApiError, EntitlementRec, JobRec, check_job_size, keep_secrets
+from controlplane.store.jobsecrets import keep_secrets
+from controlplane.store.records import NAME, ApiError, EntitlementRec, JobRec, check_job_size
 from controlplane.store.state import RegionState
 from controlplane.taskcontrol.reach import Reach
 
@@ -132,6 +133,21 @@ class Jobs:
         return reply(self.answer(st.jobs[job.handle], quota_warnings(st, job)), 201)
 
     async def update(self, request: web.Request) -> web.Response:
+        old, new, read_revision = await self._updated(request)
+        await self._put(new, read_revision)
+        return reply(self.answer(self.state.jobs[new.handle], quota_warnings(self.state, new)))
+
+    async def dry_run(self, request: web.Request) -> web.Response:
+        """What PUT would do (its body is the same), asked of the job's TaskController in calls
+        marked dryRun: the rounds of the update, which tasks in what order. Changes nothing."""
+        old, new, _ = await self._updated(request)
+        sched = self.shards.scheduler_for(old.handle)
+        if sched is None:  # the leader of the job's shard calls its controller
+            return await self.forwarder.forward(request, self.state.shard_of_job(old.handle))
+        return reply(await sched.dry_run(new))
+
+    async def _updated(self, request: web.Request) -> tuple[JobRec, JobRec, int]:
+        """The job, its record as the update's body makes it (checked, not written), the revision read."""
         st = self.state
         old, read_revision = self._read(request)
         new = JobRec.parse(keep_secrets(await body(request, schema=S.JobSpec), old,
@@ -153,8 +169,7 @@ class Jobs:
         if new.count > old.count or new.resources() != old.resources() \
                 or (new.machine_type, new.dc) != (old.machine_type, old.dc):
             await self._fits(new)  # what the update asks for must fit; a task already without room is not its fault
-        await self._put(new, read_revision)
-        return reply(self.answer(st.jobs[new.handle], quota_warnings(st, new)))
+        return old, new, read_revision
 
     async def resize(self, request: web.Request) -> web.Response:
         st = self.state

@@ -14,6 +14,7 @@ from controlplane.frontend.body import MAX_INTERNAL_BODY, body, reply
 from controlplane.frontend.openapi import document
 from controlplane.frontend.services import Shards
 from controlplane.store.records import ApiError
+from controlplane.store.shards import shard_loads
 from controlplane.store.state import RegionState
 
 
@@ -41,7 +42,7 @@ class Meta:
         by_shard: dict[int, list[str]] = {}
         for e in st.entitlements.values():
             by_shard.setdefault(e.shard, []).append(e.name)
-        loads = st.shard_loads()
+        loads = shard_loads(st)
         shards = []
         for n in range(st.shard_count):
             leader = st.leaders.get(n)

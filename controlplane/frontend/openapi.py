@@ -60,6 +60,15 @@ PATHS = {
     },
     "/v1/entitlements/{name}/move": {"post": _op("give the entitlement to another scheduler shard (no task restarts)",
                                                   "the entitlement", "Entitlement", "EntitlementMove")},
+    "/v1/entitlements/{name}/rollout": {"get": _op("the entitlement's host-profile rollout: each machine's phase, the "
+                                                   "batches, why it paused", "the rollout", "Rollout")},
+    "/v1/entitlements/{name}/rollout/pause": {"post": _op("pause the rollout (admin): the batch in progress ends, no "
+                                                          "other begins", "the rollout", "Rollout")},
+    "/v1/entitlements/{name}/rollout/resume": {"post": _op("resume a paused rollout (admin): its failed machines switch "
+                                                           "again first", "the rollout", "Rollout")},
+    "/v1/entitlements/{name}/rollout/rollback": {"post": _op("roll back (admin): the machines that changed go back to "
+                                                             "the old profile in batches; the others never change",
+                                                             "the rollout", "Rollout")},
     "/v1/jobs": {
         "post": _op("create a job: validated, placed and committed in one transaction", "created", "Job", "JobSpec", "201"),
         "get": _op("list jobs (?entitlement=NAME)", "the jobs", "JobList"),
@@ -70,6 +79,9 @@ PATHS = {
         "delete": _op("stop a job", "stopping", "Job", status="202"),
     },
     "/v1/jobs/{ent}/{name}/resize": {"post": _op("change a job's task count", "the job", "Job", "Resize")},
+    "/v1/jobs/{ent}/{name}/dry-run": {"post": _op("what an update (PUT's body) would do, asked of the job's "
+                                                  "TaskController in calls marked dryRun: the rounds, which tasks in "
+                                                  "what order; changes nothing", "the rounds", "DryRun", "JobSpec")},
     "/v1/jobs/{ent}/{name}/usage": {"get": _op("a job's usage now and over time, against what it reserved",
                                                "the usage", "UsageHistory")},
     "/v1/jobs/{ent}/{name}/autoscale": {"get": _op("what the SRM does with a job: its recommendation and why, "
@@ -110,6 +122,9 @@ PATHS = {
                     "MaintenanceSpec", "201"),
         "get": _op("maintenance not over yet (?all=1: all)", "the maintenance", "MaintenanceList"),
     },
+    "/v1/dry-run/maintenance": {"post": _op("what each job with tasks on the machines would do before the deadline, "
+                                            "asked of its TaskController in calls marked dryRun; schedules nothing",
+                                            "the jobs' rounds", "MaintenanceDryRun", "MaintenanceSpec")},
     "/v1/maintenance/{id}": {"get": _op("a maintenance with the tasks on its machines", "the maintenance", "Maintenance")},
     "/v1/maintenance/{id}/end": {"post": _op("end a maintenance now (before its deadline: cancel it)", "the maintenance",
                                              "Maintenance")},

@@ -9,22 +9,61 @@ import asyncio
 import importlib
 import time
 
+import aiohttp
 from aiohttp import web
 
 from controlplane.frontend import schema as S
 from controlplane.frontend.body import body, reply
+from controlplane.frontend.services import Shards
 from controlplane.rebalancer.rounds import enabled, plan_round, request_moves
+from controlplane.scheduler.moves import move_id
+from controlplane.scheduler.ops import Op
 from controlplane.store import Conflict
 from controlplane.store.records import NAME, ApiError
 from controlplane.store.state import RegionState
+from controlplane.taskcontrol.session import op_json, unhealthy
 from controlplane.usage.region import RegionUsage
 
 MAX_GROUPS = 200  # groups solved for one request (a region-wide plan of a large region: ask per entitlement)
 
 
+async def ask_controllers(st: RegionState, shards: Shards | None, moves: list[dict]) -> None:
+    """Each planned move's `taskcontrol`: what its job's TaskController answers a dry-run call
+    about it (asked by this replica where it leads the job's shard, in the job's own sequence;
+    the acked ones are then reported cancelled, so a controller unaware of dry runs keeps none)."""
+    by_job: dict[str, list[dict]] = {}
+    for mv in moves:
+        by_job.setdefault(mv["job"], []).append(mv)
+    for handle, mine in by_job.items():
+        job = st.jobs.get(handle)
+        sched = shards.scheduler_for(handle) if shards is not None else None
+        if job is None or not job.controller:
+            why = "no TaskController: the job's update policy decides"
+        elif sched is None or (session := sched.sessions.for_dry_run(job)) is None:
+            why = "not asked: another replica leads the job's shard"
+        else:
+            ops = {move_id(mv["index"], mv["target"]): mv for mv in mine}
+            request = [op_json(handle, Op("move", mv["index"], "rebalance", i, mv["source"], "rebalance"))
+                       for i, mv in ops.items()]
+            run_id = f"plan-{int(time.time() * 1000)}"
+            try:
+                acked = await session.dry_call(request, [], unhealthy(st.tasks.get(handle, {}), job.live_set()),
+                                               run_id)
+                await session.dry_call([], [{**op, "outcome": "cancelled"} for op in request if op["id"] in acked],
+                                       [], run_id, end=True)
+            except (aiohttp.ClientError, TimeoutError, ValueError) as e:
+                why = f"asked, no answer: {type(e).__name__}: {e}"
+            else:
+                for i, mv in ops.items():
+                    mv["taskcontrol"] = "would ack now" if i in acked else "would not ack now"
+                continue
+        for mv in mine:
+            mv["taskcontrol"] = why
+
+
 class Rebalance:
-    def __init__(self, state: RegionState, usage: RegionUsage | None = None):
-        self.state, self.usage = state, usage
+    def __init__(self, state: RegionState, usage: RegionUsage | None = None, shards: Shards | None = None):
+        self.state, self.usage, self.shards = state, usage, shards
         self._solving = asyncio.Semaphore(1)  # one plan at a time: each uses a core while it solves
 
     def _entitlement(self, request: web.Request) -> str | None:
@@ -52,7 +91,9 @@ class Rebalance:
     async def plan(self, request: web.Request) -> web.Response:
         ent = self._entitlement(request)
         result = await self._plan(ent)
-        return reply({"entitlement": ent, **result.to_json()})
+        answer = {"entitlement": ent, **result.to_json()}
+        await ask_controllers(self.state, self.shards, answer["moves"])
+        return reply(answer)
 
     async def apply(self, request: web.Request) -> web.Response:
         """One round: the plan, and its moves requested of the jobs' shard leaders."""

@@ -19,7 +19,7 @@ import msgspec
 from msgspec import Meta, Struct
 
 from agent.decoding import error_path, error_why, field_and_why
-from controlplane.frontend.answers import ANSWERS, answers_markdown  # noqa: F401 - the document's, with the bodies
+from controlplane.frontend.answersdoc import ANSWERS, answers_markdown  # noqa: F401 - the document's, with the bodies
 from agent.models import MAX_ENV, MAX_ENV_SIZE, EnvName, TaskBody, Usage
 from controlplane.broker.agents import MACHINE_ID, MAX_LABEL
 from controlplane.allocator.model import LEVELS, STRATEGIES
@@ -45,6 +45,17 @@ class Spread(Struct, forbid_unknown_fields=True):
     pinned_dc: Union[Label, None] = None
 
 
+class RolloutPolicy(Struct, forbid_unknown_fields=True, omit_defaults=True):
+    """How a change of the entitlement's host profile reaches its machines (controlplane/rollouts)."""
+
+    max_unavailable: Union[Annotated[int, Meta(ge=1, le=10_000, description="machines switched at once (default 1)")],
+                           msgspec.UnsetType] = msgspec.UNSET
+    auto_rollback: Union[Annotated[bool, Meta(description="a failed batch rolls the changed machines back "
+                                              "(default true); else the rollout pauses")], msgspec.UnsetType] = msgspec.UNSET
+    deadline: Union[Annotated[float, Meta(ge=1, le=86_400, description="seconds a machine has to apply the profile, "
+                                          "and then its tasks to run again (default 300)")], msgspec.UnsetType] = msgspec.UNSET
+
+
 class EntitlementPatch(Struct, forbid_unknown_fields=True):
     quota: Union[Annotated[int, Meta(ge=0, le=1_000_000)], msgspec.UnsetType] = msgspec.UNSET
     profile: Union[Name, None, msgspec.UnsetType] = msgspec.UNSET
@@ -52,6 +63,7 @@ class EntitlementPatch(Struct, forbid_unknown_fields=True):
     spread: Union[Spread, msgspec.UnsetType] = msgspec.UNSET
     allow_host_network: Union[bool, msgspec.UnsetType] = msgspec.UNSET
     allow_controller_networks: Union[Networks, msgspec.UnsetType] = msgspec.UNSET
+    rollout: Union[RolloutPolicy, msgspec.UnsetType] = msgspec.UNSET
 
 
 class EntitlementSpec(Struct, forbid_unknown_fields=True):
@@ -63,6 +75,7 @@ class EntitlementSpec(Struct, forbid_unknown_fields=True):
     spread: Union[Spread, msgspec.UnsetType] = msgspec.UNSET
     allow_host_network: Annotated[bool, Meta(description="its jobs may use network_mode host (admin policy)")] = False
     allow_controller_networks: Networks = []
+    rollout: Union[RolloutPolicy, msgspec.UnsetType] = msgspec.UNSET
 
 
 class EntitlementMove(Struct, forbid_unknown_fields=True):
@@ -199,6 +212,7 @@ class HealthReport(Struct):
 
 class ProfileReport(Struct):
     name: Union[Annotated[str, Meta(max_length=4096)], None] = None
+    hash: Union[Annotated[str, Meta(max_length=128)], None] = None  # the content hash of the profile in force
     ok: bool = True
     error: Annotated[str, Meta(max_length=65536)] = ""
 

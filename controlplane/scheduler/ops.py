@@ -28,6 +28,21 @@ class Maintenance:
 
 
 @dataclass(frozen=True)
+class Reprofile:
+    """The machine is in a batch of its entitlement's host-profile rollout (controlplane/rollouts):
+    while it drains and switches, its tasks stop (each a `reprofile` operation its job's
+    TaskController acks); once the new profile is applied they start again."""
+
+    rollout: str  # the rollout's id
+    phase: str  # draining, switching, starting
+    what: str  # "web@1a2b3c4d -> web@5e6f7a8b"
+
+    @property
+    def stops(self) -> bool:
+        return self.phase in ("draining", "switching")
+
+
+@dataclass(frozen=True)
 class MachineStatus:
     """What the reconciler needs to know of a task's machine."""
 
@@ -42,16 +57,17 @@ class MachineStatus:
     # None: no report yet (after a daemon restart): task states are left as they are.
     reports: Mapping[tuple[str, int], dict] | None = None
     maintenance: Maintenance | None = None
+    reprofile: Reprofile | None = None
 
 
 @dataclass(frozen=True)
 class Op:
-    kind: str  # place, start, stop, restart, move, lost, running, failed, delete
+    kind: str  # place, start, stop, restart, move, reprofile, lost, running, failed, delete
     index: int
     reason: str
     id: str = ""  # disruptive operations only: stable across passes, what a TaskController acks
     machine: str | None = None
-    cause: str = ""  # update, machine failure, maintenance, rebalance, resize, stop
+    cause: str = ""  # update, machine failure, maintenance, rebalance, resize, stop, reprofile
     version: int | None = None  # the spec version an update brings the task to
 
     def __str__(self) -> str:

@@ -10,6 +10,7 @@ Lifecycle of a task (DESIGN.md):
     running -> starting                                   (restart for update: new spec on the same machine)
     any -> lost                                           (its machine stopped answering) -> placed elsewhere
     any -> suspended -> starting                          (its machine's maintenance began; it ended)
+    running -> suspended -> starting                      (its machine's profile switch: reprofile)
     running <-> failed                                    (the container exited; the agent restarts it)
     any -> stopping -> stopped / deleted                  (job stopped / shrunk: gone from the agent)
 """
@@ -21,11 +22,11 @@ from dataclasses import replace
 from typing import Mapping
 
 from controlplane.scheduler.moves import rebalance
-from controlplane.scheduler.ops import Gate, JobPlan, MachineStatus, Maintenance, Op
+from controlplane.scheduler.ops import Gate, JobPlan, MachineStatus, Maintenance, Op, Reprofile
 from controlplane.store.records import JobRec, TaskRec
 
 # the reconciler's values live in ops.py (moves.py shares them); its callers import them from here
-__all__ = ["Gate", "JobPlan", "MachineStatus", "Maintenance", "Op", "reconcile"]
+__all__ = ["Gate", "JobPlan", "MachineStatus", "Maintenance", "Op", "Reprofile", "reconcile"]
 
 
 def _unavailable(t: TaskRec | None) -> bool:
@@ -61,6 +62,8 @@ def reconcile(job: JobRec, tasks: Mapping[int, TaskRec], machines: Mapping[str, 
     plan.seen = dict(current)
     if not stopping_job:
         _rolling_update(job, current, machines, change, plan, gate)
+        if any(m.reprofile is not None and m.reprofile.stops for m in machines.values()):
+            _reprofile(job, current, machines, change, plan, gate)
         if requests or any(t.moving is not None for t in current.values()):
             rebalance(job, current, machines, requests or {}, change, plan, gate,
                       time.time() if now is None else now)
@@ -163,8 +166,11 @@ def _live_step(t: TaskRec, m: MachineStatus | None, change, plan: JobPlan) -> No
             why = f"machine {t.machine} {'is gone' if m is None else 'unhealthy: ' + m.health_reason}"
             change(t, t.moved(state="lost", discovery=False, reason=why), Op("lost", t.index, why))
         return
+    if t.state == "suspended" and m.reprofile is not None and m.reprofile.stops:
+        return  # stopped until its machine's new profile is applied
     if t.state in ("lost", "suspended"):
-        why = "maintenance over" if t.state == "suspended" else "machine back"
+        why = "machine back" if t.state == "lost" else \
+            "profile switched" if t.reason.startswith("profile rollout") else "maintenance over"
         # the machine may have lost its profile meanwhile (reimaged): the sidekick gate again
         state = "starting" if m.profile_ready else "allocated"
         change(t, t.moved(state=state, reason=f"{why} on {m.id}"), Op("start" if state == "starting" else state, t.index, why))
@@ -221,6 +227,31 @@ def _rolling_update(job: JobRec, current: dict[int, TaskRec], machines: Mapping[
         change(t, new, op)
         if not was_down:
             down += 1
+
+
+def _reprofile(job: JobRec, current: dict[int, TaskRec], machines: Mapping[str, MachineStatus], change,
+               plan: JobPlan, gate: Gate) -> None:
+    """Stop the tasks on machines whose profile a rollout is about to switch: each a `reprofile`
+    operation the job's TaskController acks; a job without one stops them while fewer than
+    max_unavailable tasks are down. A task down anyway is stopped at once. They stay on their
+    machine (and hold its resources) and start there again once the new profile is applied."""
+    down = sum(1 for i in job.indices() if _unavailable(current.get(i)))
+    for i, t in sorted(current.items()):
+        m = machines.get(t.machine) if t.machine else None
+        rp = m.reprofile if m is not None else None
+        if rp is None or not rp.stops or not job.live(i) or t.state not in ("starting", "running", "failed"):
+            continue
+        why = f"profile rollout {rp.rollout} on {t.machine}: {rp.what}"
+        op = Op("reprofile", i, why, f"reprofile/{i}/{t.machine}/{rp.rollout}", t.machine, "reprofile")
+        was_down = _unavailable(t)
+        if not was_down:
+            if gate.approved is None and down >= job.max_unavailable:
+                plan.held.append(replace(op, reason=f"{op.reason}: {down} of max {job.max_unavailable} unavailable"))
+                continue
+            if not gate.allow(op, plan):
+                continue
+            down += 1
+        change(t, t.moved(state="suspended", discovery=False, reason=why), op)
 
 
 def _updated(job: JobRec, t: TaskRec) -> TaskRec:

@@ -17,22 +17,25 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Callable, Mapping
 
 from controlplane.allocator import AllocationError, Placement, allocate
 from controlplane.opsplanner.notices import advance_notices, governing
 from controlplane.scheduler.creates import Creates
+from controlplane.scheduler.dryrun import dry_run, moved_off
 from controlplane.scheduler.lifecycle import Lifecycle, LifecycleMetrics
 from controlplane.scheduler.moves import move_id
 from controlplane.scheduler.moverecords import moves_of, moves_written, vet_requests
 from controlplane.scheduler.placement import job_request
 from controlplane.scheduler.ratelimit import Limiter, Limits
-from controlplane.scheduler.reconcile import Gate, JobPlan, MachineStatus, reconcile
+from controlplane.rollouts.driver import RolloutDriver
+from controlplane.rollouts.record import reprofile_of
+from controlplane.scheduler.reconcile import Gate, JobPlan, MachineStatus, Maintenance, reconcile
 from controlplane.scheduler.writer import ShardWriter
 from controlplane.store import Conflict, Store, TooLarge, Unavailable
 from controlplane.store.keys import Keys
-from controlplane.store.records import JobRec, TaskRec
+from controlplane.store.records import EventRec, JobRec, TaskRec
 from controlplane.store.state import RegionState
 from controlplane.taskcontrol.reach import Reach
 from controlplane.taskcontrol.session import TaskControlSession, unhealthy
@@ -65,7 +68,8 @@ class Scheduler:
                  agent_errors: Mapping[str, str] | None = None, limits: Limits = Limits(),
                  taskcontrol_interval: float = 1.0, taskcontrol_timeout: float = 2.0,
                  maintenance_policy: str = "move", shard: int = 0, fence: "Fence | None" = None,
-                 max_txn_ops: int = 128, metrics: LifecycleMetrics | None = None, reach: Reach | None = None):
+                 max_txn_ops: int = 128, metrics: LifecycleMetrics | None = None, reach: Reach | None = None,
+                 rollout_interval: float = 1.0):
         self.state = state
         self.store = store
         self.keys = keys
@@ -85,6 +89,8 @@ class Scheduler:
                          "errors": 0, "rate_limited": 0}
         self.writer = ShardWriter(state, store, keys, shard, self.owns, self.limiter, self.counters, fence, max_txn_ops)
         self.creates = Creates(self.writer, self.lock, lambda: self.deposed, self._allocated)
+        # its entitlements' profile rollouts
+        self.rollouts = RolloutDriver(state, self.writer, shard, self.lock, rollout_interval)
         self.sessions = Sessions(state, keys, taskcontrol_interval, taskcontrol_timeout, round_trip=lambda seconds, ok:
                                  self.metrics.taskcontrol_round_trip.labels("ok" if ok else "error").observe(seconds),
                                  reach=reach)
@@ -117,6 +123,7 @@ class Scheduler:
         at once per RESYNC_INTERVAL whatever the queue says (a safety net, spread out: no pause
         that grows with the number of jobs)."""
         queue = self.state.changed.subscribe()
+        rollouts = asyncio.get_running_loop().create_task(self.rollouts.run())
         last_retry = time.monotonic()
         cursor = 0
         try:
@@ -150,6 +157,7 @@ class Scheduler:
                 except TimeoutError:
                     pass
         finally:
+            rollouts.cancel()
             self.state.changed.unsubscribe(queue)
             await self.sessions.close()  # deposed or stopping: no call to a TaskController goes on
 
@@ -206,7 +214,8 @@ class Scheduler:
         return MachineStatus(m.id, m.healthy, m.health_reason, self.state.profile_ready(m),
                              self.state.desired_profile(m), m.address, self.agent_errors.get(mid, ""),
                              self.reports(mid),
-                             governing(self.state.maintenance, mid, m.healthy, now, self.maintenance_policy))
+                             governing(self.state.maintenance, mid, m.healthy, now, self.maintenance_policy),
+                             reprofile_of(self.state.rollouts.get(m.entitlement or ""), mid))
 
     def observe(self, handle: str) -> Observed | None:
         """The job as this pass finds it; None when it is not this shard's to schedule (stopped,
@@ -336,6 +345,27 @@ class Scheduler:
 
     async def commit_placement(self, job: JobRec, placement: Placement, indices: tuple[int, ...], **kw) -> int:
         return await self.writer.commit_placement(job, placement, indices, **kw)
+
+    async def dry_run(self, job: JobRec) -> dict:
+        """What an update to `job` (its new record, not written) would do: the rounds its
+        TaskController would ack (dryrun.py). Writes nothing."""
+        now = time.time()
+        tasks = dict(self.state.tasks.get(job.handle, {}))
+        machines = {mid: v for t in tasks.values() for mid in t.holds() if (v := self.machine_status(mid, now))}
+        session = self.sessions.for_dry_run(job)
+        return await dry_run(job, tasks, machines, session.dry_call if session is not None else None)
+
+    async def dry_run_maintenance(self, job: JobRec, e: EventRec) -> dict:
+        """What the job's TaskController would do before maintenance `e` (an event not written)
+        reaches its deadline: the moves off its machines it would ack, round by round."""
+        now = time.time()
+        tasks = dict(self.state.tasks.get(job.handle, {}))
+        mt = Maintenance(e.id, False, e.due, e.until, e.policy or self.maintenance_policy)
+        machines = {mid: replace(v, maintenance=mt) if mid in e.machines else v
+                    for t in tasks.values() for mid in t.holds() if (v := self.machine_status(mid, now))}
+        session = self.sessions.for_dry_run(job)
+        return await dry_run(job, tasks, machines, session.dry_call if session is not None else None,
+                             moved_off(job, set(e.machines)), f"before maintenance of {', '.join(e.machines)}")
 
     def status(self, handle: str) -> dict:
         """What the job's status shows of this shard's work on it: its operations (held, waiting,

@@ -76,6 +76,9 @@ class Keys:
     def rebalance(self, handle: str) -> str:  # the ReBalancer's move requests for a job, and its recent moves
         return self.root + "rebalance/" + handle
 
+    def rollout(self, entitlement: str) -> str:  # the entitlement's host-profile rollout (controlplane/rollouts)
+        return self.root + "rollouts/" + entitlement
+
     def rebalance_settings(self) -> str:  # the ReBalancer's continuous mode: on for which entitlements
         return self.root + "rebalance-settings"
 

@@ -25,7 +25,6 @@ import msgspec
 
 from agent.errors import InputError
 from agent.models import TaskSpec
-from controlplane.security.sealing import TOKEN
 from controlplane.store.autoscale import Autoscale
 from controlplane.store.errors import ApiError
 
@@ -89,6 +88,9 @@ class EntitlementRec:
     # admin policy: networks (CIDR) its jobs' TaskControllers may be at although controld refuses
     # them otherwise: loopback, link-local, the control plane's own (taskcontrol/reach.py)
     allow_controller_networks: tuple[str, ...] = ()
+    # how a change of its host profile rolls out (controlplane/rollouts): {max_unavailable,
+    # auto_rollback, deadline}, each absent one the default
+    rollout: dict | None = None
 
     def to_json(self) -> dict:
         d = _encode(self)
@@ -106,8 +108,8 @@ class EntitlementRec:
         name = data["name"]
         ent = cls(name=name, machine_type=data["machine_type"], quota=data["quota"], created_at=time.time(),
                   shard=sum(name.encode()) % max(shards, 1))
-        return ent.modified({k: v for k, v in data.items()
-                             if k in ("profile", "owner", "spread", "allow_host_network", "allow_controller_networks")})
+        return ent.modified({k: v for k, v in data.items() if k in
+                             ("profile", "owner", "spread", "allow_host_network", "allow_controller_networks", "rollout")})
 
     def modified(self, data: dict) -> EntitlementRec:
         """The entitlement with the fields of a PATCH body (schema.EntitlementPatch) changed. A
@@ -117,6 +119,8 @@ class EntitlementRec:
             changes["spread"] = Spread.parse(data["spread"])
         if "allow_controller_networks" in data:
             changes["allow_controller_networks"] = controller_networks(data["allow_controller_networks"])
+        if "rollout" in data:  # the fields given change, the others stay
+            changes["rollout"] = {**(self.rollout or {}), **data["rollout"]}
         return replace(self, **changes)
 
 
@@ -181,35 +185,6 @@ def parse_task(data: Any, handle: str) -> dict:
             raise ApiError("unprocessable", "task.secret_env", f"with task.env: {e.why}") from None
         out["secret_env"] = dict(sorted(secret.items()))
     return out
-
-
-def keep_secrets(data: Any, old: "JobRec", open_value: Callable[[str, Any], Any] = lambda var, v: v) -> Any:
-    """An update's body whose task.secret_env gives null for a name: the job's current value (the
-    API shows secrets as nulls, so a job read and sent back keeps them), opened by
-    `open_value(name, value)` (sealed at rest: controlplane/security/sealing.py). The same for
-    controller_token: null (or absent) keeps it while the controller's URL stays, "" removes it."""
-    if isinstance(data, dict) and data.get("controller_token") is None and old.controller_token \
-            and data.get("controller") == old.controller:
-        data = {**data, "controller_token": open_value(TOKEN, old.controller_token)}
-    old_task = old.task
-    task = data.get("task") if isinstance(data, dict) else None
-    secret = task.get("secret_env") if isinstance(task, dict) else None
-    if not isinstance(secret, dict) or all(v is not None for v in secret.values()):
-        return data
-    current = old_task.get("secret_env", {})
-    filled = {}
-    for k, v in secret.items():
-        if v is None and k not in current:
-            raise ApiError("unprocessable", f"task.secret_env.{k}", "null keeps the current value, and the job has none")
-        filled[k] = open_value(k, current[k]) if v is None else v
-    return {**data, "task": {**task, "secret_env": filled}}
-
-
-def redact_task(task: dict) -> dict:
-    """A task template as the API shows it: secret values are nulls."""
-    if "secret_env" not in task:
-        return task
-    return {**task, "secret_env": dict.fromkeys(task["secret_env"])}
 
 
 @dataclass(frozen=True, slots=True)
@@ -414,6 +389,7 @@ class MachineRec:
     healthy: bool = True
     health_reason: str = ""
     profile_applied: str | None = None
+    profile_hash: str | None = None  # the content hash of what its agent applied (None: an agent that does not say)
     profile_ok: bool = True
     profile_error: str = ""
     alloc_tasks: int = 0

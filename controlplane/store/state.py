@@ -22,6 +22,7 @@ import msgspec
 
 from controlplane.allocator import Entitlement, Machine, PlacedTask, Snapshot, SpreadPolicy
 from controlplane.opsplanner.maintenance import Calendar
+from controlplane.rollouts.record import doc_name, machine_doc
 from controlplane.store.records import ON_MACHINE, EntitlementRec, EventRec, JobRec, MachineRec, TaskRec
 from controlplane.security.sealing import Sealer
 from controlplane.store import Index, Store, Versioned
@@ -36,7 +37,7 @@ log = logging.getLogger("twine.controld.state")
 
 
 def _viewed(m: MachineRec) -> tuple:
-    return (m.healthy, m.health_reason, m.profile_applied, m.profile_ok, m.profile_error, m.address, m.labels,
+    return (m.healthy, m.health_reason, m.profile_applied, m.profile_hash, m.profile_ok, m.profile_error, m.address, m.labels,
             m.capacity, m.entitlement)
 
 
@@ -47,7 +48,7 @@ _TYPED = {"machines": (MachineRec, msgspec.json.Decoder(MachineRec)),
           "tasks": (TaskRec, msgspec.json.Decoder(TaskRec))}
 # the kinds of key this daemon reads (any other under the region's prefix is left undecoded)
 _KEPT = frozenset(("machines", "tasks", "jobs", "entitlements", "events", "leaders", "settings", "discovery",
-                     "members", "ratelimits", "taskcontrol", "tokens", "rebalance", "rebalance-settings"))
+                     "members", "ratelimits", "taskcontrol", "tokens", "rebalance", "rebalance-settings", "rollouts"))
 
 
 def decoded(kind: str, raw: bytes) -> Any:
@@ -128,13 +129,14 @@ class RegionState:
         self.taskcontrol: dict[str, dict] = {}  # job -> its TaskController operations in flight
         self.rebalance: dict[str, dict] = {}  # job -> the ReBalancer's move requests and its recent moves
         self.rebalance_settings: dict[str, dict] = {}  # "" -> the continuous mode's settings
+        self.rollouts: dict[str, dict] = {}  # entitlement -> its host-profile rollout (controlplane/rollouts)
         self.settings: dict = {}
         self.tokens: dict[str, dict] = {}  # API token id -> its record (controlplane/security/tokens.py)
         self.skipped: dict[str, str] = {}  # key -> why its record was not read (reported, skipped)
         # the records kept as etcd has them, by the kind in their key (built once: every change looks here)
         self._plain = {"members": self.members, "ratelimits": self.ratelimits, "taskcontrol": self.taskcontrol,
                        "tokens": self.tokens, "rebalance": self.rebalance,
-                       "rebalance-settings": self.rebalance_settings}
+                       "rebalance-settings": self.rebalance_settings, "rollouts": self.rollouts}
         self.coordination_changed = asyncio.Event()
         self._machine_waiters: dict[str, asyncio.Event] = {}
         self._snapshot: Snapshot | None = None
@@ -244,6 +246,9 @@ class RegionState:
             if kind == "members":
                 self.members_version += 1
                 self.coordination_changed.set()
+            if kind == "rollouts":  # which profile each machine should hold, and which must stop its tasks
+                self._wake_entitlement(rest, None)
+                return set(self.jobs_by_ent.get(rest, ()))
             return {rest} if kind == "rebalance" else set()
         if kind == "machines":
             viewed = self._set_machine(rest, value)  # decoded into its record (as etcd's bytes are)
@@ -385,25 +390,6 @@ class RegionState:
         ent = self.entitlements.get(job.entitlement if job else handle.partition("/")[0])
         return None if ent is None else ent.shard
 
-    def shard_loads(self) -> dict[int, int]:
-        """Tasks per shard (the entitlement-to-shard map's load), every shard listed."""
-        loads = {s: 0 for s in range(self.shard_count)}
-        for handle, ts in self.tasks.items():
-            ent = self.entitlements.get(handle.partition("/")[0])
-            if ent is not None:
-                loads[ent.shard] = loads.get(ent.shard, 0) + len(ts)
-        for e in self.entitlements.values():
-            loads.setdefault(e.shard, 0)
-        return loads
-
-    def least_loaded_shard(self) -> int:
-        """Where a new entitlement goes: the shard with the fewest tasks, then entitlements."""
-        loads = self.shard_loads()
-        ents: dict[int, int] = {}
-        for e in self.entitlements.values():
-            ents[e.shard] = ents.get(e.shard, 0) + 1
-        return min(range(self.shard_count), key=lambda s: (loads.get(s, 0), ents.get(s, 0), s))
-
     # -- long-poll wake-ups ----------------------------------------------------------------
 
     def wake_machine(self, mid: str) -> None:
@@ -417,16 +403,25 @@ class RegionState:
 
     # -- derived views ---------------------------------------------------------------------
 
-    def desired_profile(self, m: MachineRec, joining: str | None = None) -> str | None:
-        """The sidekick's rule: a machine in an entitlement wants the entitlement's profile; a
-        free machine wants none (its originals restored). `joining`: the entitlement a free
-        machine is about to join (a placement that takes it from the free pool)."""
+    def desired_document(self, m: MachineRec, joining: str | None = None) -> tuple[str | None, dict | None]:
+        """The sidekick's rule: a machine in an entitlement wants the entitlement's profile, as its
+        rollout says (a machine not switched yet keeps the old one); a free machine wants none (its
+        originals restored). `joining`: the entitlement a free machine is about to join (a
+        placement that takes it from the free pool). (name, its document or None: names only)."""
         name = m.entitlement or joining
         ent = self.entitlements.get(name) if name else None
-        return ent.profile if ent else None
+        if ent is not None and (r := self.rollouts.get(name)) is not None:
+            doc = machine_doc(r, m.id)
+            return doc_name(doc), doc if doc is not None and doc.get("sections") is not None else None
+        profile = ent.profile if ent else None
+        return profile, self.profiles.document(profile) if profile and self.profiles is not None else None
+
+    def desired_profile(self, m: MachineRec, joining: str | None = None) -> str | None:
+        return self.desired_document(m, joining)[0]
 
     def profile_ready(self, m: MachineRec, joining: str | None = None) -> bool:
-        return m.profile_ok and m.profile_applied == self.desired_profile(m, joining)
+        name, doc = self.desired_document(m, joining)
+        return m.profile_ok and m.profile_applied == name and (doc is None or m.profile_hash in (None, doc["hash"]))
 
     def tasks_on(self, mid: str) -> list[TaskRec]:
         return [self.tasks[job][i] for job, i in sorted(self.by_machine.get(mid, ()))]
@@ -442,11 +437,10 @@ class RegionState:
         ready = self.profile_ready(m)
         tasks = sorted((t for t in self.tasks_on(mid) if (t.machine == mid and t.state in ON_MACHINE)
                         or (ready and t.moving is not None and t.moving.machine == mid)), key=lambda t: (t.job, t.index))
-        name = self.desired_profile(m)
+        name, doc = self.desired_document(m)
         # the version is a hash of the tasks as etcd holds them (secret values sealed): it tells
         # nothing of a secret; the agent's copy has them opened (SealingError: one does not open)
         body = {"profile": name, "tasks": [t.agent_spec() for t in tasks]}
-        doc = self.profiles.document(name) if name and self.profiles is not None else None
         if doc is not None:
             body["profile_spec"] = doc
         digest = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:20]

@@ -116,13 +116,19 @@ class TaskController:
         self.last_sequence = -1
         self.calls: deque[dict] = deque(maxlen=1000)
         self._lock = threading.Lock()
+        self._dry: dict[str, dict[str, Operation]] = {}  # a dry run's operations in flight, by its dryRunId
 
     def decide(self, request: Request) -> Iterable[str | Operation]:
         """Which of `request.ops` may proceed now (any subset, any order)."""
         raise NotImplementedError
 
     def process(self, body: object) -> dict:
-        """One call of the TaskControl protocol: bookkeeping, then `decide`."""
+        """One call of the TaskControl protocol: bookkeeping, then `decide`. A dry run's call
+        (`dryRun: true`: what would you ack?) is answered exactly as a real one, by the same
+        `decide`, from a copy of this controller's operations in flight that the dry run's own
+        calls move forward (keyed by its `dryRunId`); nothing of the real bookkeeping changes."""
+        if isinstance(body, dict) and body.get("dryRun"):
+            return self._dry_run(body)
         request = parse_request(body)
         with self._lock:
             # completions are facts, whatever the call's age: a stale call's are taken too (the
@@ -147,6 +153,40 @@ class TaskController:
                                "completed": [op.id for op in request.completed],
                                "unhealthy": sorted(request.unhealthy_indices()),
                                "notices": [n.id for n in request.notices]})
+            return {"ack": acks}
+
+    def _dry_run(self, body: dict) -> dict:
+        request = parse_request(body)
+        run_id = str(body.get("dryRunId", ""))
+        with self._lock:
+            shadow = self._dry.pop(run_id, None)
+            if shadow is None:
+                shadow = dict(self.in_flight)  # from where the real controller stands now
+            for op in request.completed:
+                shadow.pop(op.id, None)
+            for op in request.ops:
+                shadow.pop(op.id, None)
+            asked = {op.id: op for op in request.ops}
+            real = self.in_flight
+            self.in_flight = shadow  # decide() reads self.in_flight: the dry run's, for this call
+            try:
+                choices = list(self.decide(request))
+            finally:
+                self.in_flight = real
+            acks = []
+            for choice in choices:
+                op_id = choice.id if isinstance(choice, Operation) else str(choice)
+                if op_id in asked and op_id not in acks:
+                    acks.append(op_id)
+                    shadow[op_id] = asked[op_id]
+            if not body.get("dryRunEnd"):
+                self._dry[run_id] = shadow
+                while len(self._dry) > 16:  # dry runs that never ended
+                    self._dry.pop(next(iter(self._dry)))
+            self.calls.append({"sequence": request.sequence, "request": sorted(asked), "ack": list(acks),
+                               "completed": [op.id for op in request.completed],
+                               "unhealthy": sorted(request.unhealthy_indices()),
+                               "notices": [n.id for n in request.notices], "dryRun": True})
             return {"ack": acks}
 
     def app(self, token: str | None = None) -> web.Application:

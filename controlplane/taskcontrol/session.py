@@ -53,6 +53,8 @@ def done(op: Op, tasks: Mapping[int, TaskRec]) -> bool:
         return t is None or t.state == "stopped"
     if t is None or t.state != "running":
         return False
+    if op.kind == "reprofile":  # it runs again, on its machine, after the switch
+        return True
     if op.version is not None:
         return t.spec_version >= op.version
     return t.machine != op.machine
@@ -282,6 +284,26 @@ class TaskControlSession:
             log.warning("%s: TaskController %s acked nothing: %s", self.handle, self.url, error)
         if self.on_answer is not None:
             self.on_answer()
+
+    async def dry_call(self, request: list[dict], completed: list[dict], unhealthy: list[dict], run_id: str,
+                       end: bool = False) -> list[str]:
+        """One call of a dry run (`dryRun: true`: what would the controller ack?), numbered in
+        this session's sequence (never stale to the controller, nor making the session's next
+        real call look stale). Its acks, checked as a real call's; ValueError (or aiohttp's
+        errors) when the controller did not answer one."""
+        self.seq = max(self.seq + 1, (self.epoch() << 20) if self.epoch is not None else 0)
+        body = {"jobHandle": self.handle, "request": request, "completed": completed, "advanceNotices": self.notices,
+                "allUnhealthyTasks": unhealthy, "sequenceNumber": self.seq, "dryRun": True, "dryRunId": run_id,
+                "dryRunEnd": end}
+        if self.prepare is not None:
+            await self.prepare()
+        headers = {"Authorization": f"Bearer {self.token}"} if self.token else None
+        async with self.http().post(self.url, json=body, headers=headers,
+                                    timeout=aiohttp.ClientTimeout(total=self.timeout)) as r:
+            if r.status != 200:
+                raise ValueError(f"HTTP {r.status}")
+            answer = await r.json(content_type=None)
+        return self._validate(answer, {op["id"] for op in request})
 
     @staticmethod
     def _validate(answer: object, asked: set[str]) -> list[str]:

@@ -111,6 +111,18 @@ class Sessions:
             s.sealed_token = job.controller_token
         return s
 
+    def for_dry_run(self, job: JobRec) -> TaskControlSession | None:
+        """The session a dry run of `job` (a record not written) calls its controller through: the
+        job's own while the URL stays (its sequence numbers go on), else one of its own, kept nowhere."""
+        s = self.by_job.get(job.handle)
+        if s is not None and s.url == job.controller:
+            return s
+        if not job.controller:
+            return None
+        return TaskControlSession(job.handle, job.controller, lambda h=job.handle: self.http(h), self.interval,
+                                  self.timeout, epoch=lambda: self.state.revision, token=self._token(job),
+                                  prepare=self.reach.refresh)
+
     def _token(self, job: JobRec) -> str | None:
         """The job's controller_token, opened (sealed at rest). One this process cannot open is
         sent as none: the controller refuses the calls, and the job's status says so."""

@@ -44,7 +44,10 @@ class SimAgents:
         self.paused = threading.Event()
         self.cut: set[str] = set()
         self.poll = True
-        self.desired_profile: dict[str, str | None] = {}
+        self.desired_profile: dict[str, tuple[str | None, str | None]] = {}  # (name, content hash) applied
+        # profile name -> the error an agent reports applying it (it keeps what it had, as agents do)
+        self.profile_errors: dict[str, str] = {}
+        self.profile_error: dict[str, str] = {}  # machine -> the error it reports now
         self.stop_delay = 0.0
         self.task_cpu: float | None = None  # set: heartbeats carry usage, each running task using this many cores
         # set: heartbeats carry usage, a job's tasks sharing its load (cores) equally; a job not named uses task_cpu
@@ -91,10 +94,16 @@ class SimAgents:
         if not self.poll:
             with self._lock:
                 running = dict(self.running[mid])
-            self._heartbeat(mid, cred, running, self.desired_profile.get(mid))
+            self._heartbeat(mid, cred, running, self.desired_profile.get(mid, (None, None)))
             return
         _, desired = self._any("GET", "/v1/agent/desired?wait=0", cred)
-        self.desired_profile[mid] = desired.get("profile")
+        applied = (desired.get("profile"), (desired.get("profile_spec") or {}).get("hash"))
+        if applied[0] in self.profile_errors:  # fails: keeps the profile it had
+            self.profile_error[mid] = self.profile_errors[applied[0]]
+            applied = self.desired_profile.get(mid, (None, None))
+        else:
+            self.profile_error.pop(mid, None)
+        self.desired_profile[mid] = applied
         wanted = {(t["job"], t["index"]): t["spec_version"] for t in desired.get("tasks", [])}
         with self._lock:
             now = self.running[mid]
@@ -109,11 +118,12 @@ class SimAgents:
                 del stale[key]
             self.running[mid] = dict(wanted)
             shown = {**{k: v for k, (v, _) in stale.items()}, **wanted}
-        self._heartbeat(mid, cred, shown, desired.get("profile"))
+        self._heartbeat(mid, cred, shown, applied)
 
-    def _heartbeat(self, mid: str, cred: str, shown: dict, profile: str | None) -> None:
+    def _heartbeat(self, mid: str, cred: str, shown: dict, profile: tuple[str | None, str | None]) -> None:
         tasks = [{"job": j, "index": i, "spec_version": v, "state": "running"} for (j, i), v in sorted(shown.items())]
-        reported = {"name": profile, "ok": True}
+        error = self.profile_error.get(mid, "")
+        reported = {"name": profile[0], "hash": profile[1], "ok": not error, "error": error}
         body = {"machine_id": mid, "digest": report_digest(reported, tasks), "tasks": tasks, "profile": reported}
         if self.job_load is not None:
             with self._lock:

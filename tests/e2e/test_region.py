@@ -55,7 +55,8 @@ def test_figure7_entitlement_grows_from_and_shrinks_to_the_free_pool(region, api
     a = d["tasks"][0]["machine"]
     assert api.held("fig7") == [a]
     prof = api.machine_of(a)["profile"]
-    assert prof == {"desired": "web", "applied": "web", "ok": True, "error": ""}
+    assert prof == {"desired": "web", "applied": "web", "hash": prof["hash"], "ok": True, "error": ""}
+    assert len(prof["hash"]) == 64, "the content hash of what the agent applied"
 
     api.ok("POST", "/v1/jobs", job_spec("fig7", "e", 2, cpus=1.0))
     e = api.wait_running("fig7/e")

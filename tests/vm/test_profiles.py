@@ -100,7 +100,8 @@ def test_a_profile_edited_on_the_control_vm_tunes_the_machine_kernel_and_is_undo
         c = task_container(region, vm, f"{ent}/db")
         assert c["HostConfig"]["NanoCpus"] == 250_000_000
         machine = region.machines()[vm]
-        assert machine["profile"] == {"desired": "vm-tuned", "applied": "vm-tuned", "ok": True, "error": ""}
+        assert machine["profile"] == {"desired": "vm-tuned", "applied": "vm-tuned", "ok": True, "error": "",
+                                      "hash": machine["profile"]["hash"]} and len(machine["profile"]["hash"]) == 64
         # the agent holds no file of that name: it applied what the control plane sent
         assert "No such file" in region.ssh(vm, "ls /etc/twine/profiles/vm-tuned.toml 2>&1", check=False)
     finally:

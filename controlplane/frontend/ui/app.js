@@ -243,6 +243,23 @@ async function rebalanceView(view) {
       td(r.target || "-"), td(when(r.at)), td(r.outcome)))));
 }
 
+async function rolloutsView(view) {
+  // each entitlement's profile rollout: its machines grouped by the profile version they hold
+  const ents = await api("/v1/entitlements");
+  view.append(h("h1", {}, "Profile rollouts"));
+  for (const e of ents.entitlements.filter((e) => e.rollout_state)) {
+    const r = await api(`/v1/entitlements/${encodeURIComponent(e.name)}/rollout`);
+    const versions = {};
+    for (const m of r.machines) (versions[m.holds] = versions[m.holds] || []).push(m);
+    view.append(h("h2", { "data-k": "rollout" }, link(`#/entitlement/${e.name}`, e.name), ": ",
+      h("b", { "data-k": "rollout-state" }, r.state.replace("_", " ")), ` ${r.from} \u2192 ${r.to}`,
+      r.why ? ` (${r.why})` : ""));
+    view.append(table(["profile version held", "machines", "phase in the rollout"],
+      Object.entries(versions).map(([v, ms]) => h("tr", { "data-k": "rollout-version" }, td(v),
+        td(ms.map((m) => m.id).join(", ")), td(ms.map((m) => m.phase || "-").join(", "))))));
+  }
+}
+
 // -- the page ------------------------------------------------------------------------------------
 
 async function route() {
@@ -263,6 +280,7 @@ async function route() {
     else if (parts[0] === "entitlements" || parts[0] === "jobs") await listView(view, parts[0]);
     else if (parts[0] === "events") await eventsView(view);
     else if (parts[0] === "rebalance") await rebalanceView(view);
+    else if (parts[0] === "rollouts") await rolloutsView(view);
     else await regionView(view);
     showError("");
     view.setAttribute("data-ready", parts[0]);

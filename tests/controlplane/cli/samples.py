@@ -11,13 +11,13 @@ T0 = 1714561200.0  # 2024-05-01T11:00:00Z
 ENTITLEMENT = {
     "name": "web", "owner": "team-web", "machine_type": "c2.large", "quota": 10, "profile": "web",
     "spread": {"properties": ["dc", "msb"], "pinned_dc": None}, "shard": 3, "created_at": T0,
-    "allow_host_network": False, "allow_controller_networks": [], "held": 4,
+    "allow_host_network": False, "allow_controller_networks": [], "rollout": None, "held": 4,
 }
 ENTITLEMENT_DETAIL = dict(ENTITLEMENT, machines=["m-001", "m-002", "m-003", "m-004"], jobs=["web/frontend"])
 ENTITLEMENTS = {"entitlements": [
     ENTITLEMENT,
     {"name": "batch-analytics", "owner": "", "machine_type": "m5.xlarge", "quota": 200, "profile": None,
-     "spread": {"properties": ["msb"], "pinned_dc": "dc2"}, "shard": 0, "created_at": T0, "allow_host_network": False, "allow_controller_networks": [],
+     "spread": {"properties": ["msb"], "pinned_dc": "dc2"}, "shard": 0, "created_at": T0, "allow_host_network": False, "allow_controller_networks": [], "rollout": None,
      "held": 0},
 ]}
 
@@ -62,14 +62,14 @@ MACHINE = {
     "capacity": {"cpus": 8, "memory_mb": 16384, "disk_gb": 200, "hugepage_sizes_kb": [2048],
                  "cgroup_version": 2, "supports": ["hugepages", "sysctl"]},
     "entitlement": "web", "healthy": True, "health_reason": "",
-    "profile": {"desired": "web", "applied": "web", "ok": True, "error": ""},
+    "profile": {"desired": "web", "applied": "web", "hash": "5e0f6c2d", "ok": True, "error": ""},
     "alloc": {"tasks": 2, "cpus": 1.5, "memory_mb": 128}, "tombstones": [],
     "agent": {"address": "10.0.0.1:7070", "version": "0.1.0", "error": ""}, "last_heartbeat": T0 + 3605,
 }
 MACHINES = {"machines": [
     MACHINE,
     dict(MACHINE, id="m-002", hostname="host-002.dc1", entitlement=None, healthy=False, health_reason="docker is down",
-         profile={"desired": "web", "applied": None, "ok": False, "error": "sysctl: permission denied"},
+         profile={"desired": "web", "applied": None, "hash": None, "ok": False, "error": "sysctl: permission denied"},
          alloc={"tasks": 0, "cpus": 0, "memory_mb": 0}),
 ]}
 MACHINE_DETAIL = dict(MACHINE, tasks=[task(0), task(3, state="starting")])

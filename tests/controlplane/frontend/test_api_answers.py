@@ -71,6 +71,11 @@ def test_every_answer_of_a_live_region_holds_to_the_documents_schema(tmp_path, e
         a.call("GET", "/v1/entitlements")
         a.call("GET", "/v1/entitlements/web")
         a.call("POST", "/v1/entitlements/web/move", {"shard": 0})
+        a.call("GET", "/v1/entitlements/web/rollout")
+        a.call("POST", "/v1/entitlements/web/rollout/pause", want=409)  # done: nothing to pause
+        a.call("POST", "/v1/entitlements/web/rollout/resume", want=409)
+        a.call("POST", "/v1/entitlements/web/rollout/rollback", want=409)  # its baseline: nothing came before
+        a.call("GET", "/v1/entitlements/web/rollout")
         job = {"entitlement": "web", "name": "api", "count": 2,
                "task": {**TASK, "env": {"A": "1"}, "secret_env": {"S": "s"}},
                "preferences": [{"property": "msb", "strategy": "spread"}], "update": {"max_unavailable": 1}}
@@ -81,6 +86,8 @@ def test_every_answer_of_a_live_region_holds_to_the_documents_schema(tmp_path, e
         assert shown["task"]["secret_env"] == {"S": None} and shown["tasks"][0]["where"]["dc"] == "dc1"
         a.call("GET", "/v1/jobs?entitlement=web")
         a.call("PUT", "/v1/jobs/web/api", {**job, "task": {**job["task"], "secret_env": {"S": None}}})
+        a.call("POST", "/v1/jobs/web/api/dry-run", {**job, "task": {**job["task"], "env": {"A": "2"},
+                                                                     "secret_env": {"S": None}}})
         a.call("POST", "/v1/jobs/web/api/resize", {"count": 1})
         a.call("GET", "/v1/jobs/web/api/autoscale")  # no policy: what the SRM says of that
         auto = {**job, "name": "auto", "count": 1, "task": TASK,
@@ -105,6 +112,7 @@ def test_every_answer_of_a_live_region_holds_to_the_documents_schema(tmp_path, e
 
         now = time.time()
         m = a.call("POST", "/v1/maintenance", {"machines": ["m2"], "start": now + 3600, "duration": 60}, want=201)
+        a.call("POST", "/v1/dry-run/maintenance", {"machines": ["m1"], "start": now + 3600, "duration": 60})
         a.call("GET", "/v1/maintenance?all=1")
         a.call("GET", f"/v1/maintenance/{m['id']}")
         a.call("POST", f"/v1/maintenance/{m['id']}/end")

@@ -34,10 +34,11 @@ expected-statuses = [400, 401, 403, 404, 405, 406, 409, 413, 415, 422]
 def region(tmp_path_factory, etcd_server):
     tmp = tmp_path_factory.mktemp("fuzz")
     # a long poll waits at most a second (--max-long-poll): what it answers is fuzzed, not its wait;
-    # the SRM, which sizes the fuzzed jobs' autoscale policies by itself, passes once an hour: a
-    # write of its between a request and its check would be taken for the request's
+    # the SRM, which sizes the fuzzed jobs' autoscale policies by itself, passes once an hour, and
+    # so do the profile rollouts' steps (a PATCH begins one in its own write): a write of theirs
+    # between a request and its check would be taken for the request's
     c = Controld(tmp, etcd_server.port, heartbeat_timeout=3600,
-                 extra=("--max-long-poll", "1", "--srm-interval", "3600")).start()
+                 extra=("--max-long-poll", "1", "--srm-interval", "3600", "--rollout-interval", "3600")).start()
     try:
         register(c, "m1", "dc1", "msb1", cpus=8)
         # the agents' endpoints are fuzzed as a machine with no task: what its heartbeats report

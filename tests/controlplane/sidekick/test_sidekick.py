@@ -1,5 +1,6 @@
 """The sidekick sends a machine its entitlement's profile merged, with a content hash: profiles
-are edited in one place (controld's profile directories), and an edit reaches the machine."""
+are edited in one place (controld's profile directories), and an edit reaches the machine (as a
+rollout: tests/controlplane/rollouts)."""
 
 from __future__ import annotations
 
@@ -36,10 +37,17 @@ def test_controld_sends_the_merged_profile_and_an_edit_changes_its_hash(tmp_path
         time.sleep(0.01)
         (profiles / "base.toml").write_text('[sysctl]\n"vm.swappiness" = 30\n"net.core.somaxconn" = 2048\n')
         os.utime(profiles / "base.toml")
-        # the next answer (any change wakes the poll; ask without waiting) carries the edit
-        again = c.call("GET", "/v1/agent/desired?wait=0", token=cred)[1]
+        # the edit rolls out (controlplane/rollouts): the machine's task stops, then its desired
+        # state carries the edited profile
+        deadline = time.monotonic() + 30
+        while (again := c.call("GET", "/v1/agent/desired?wait=0", token=cred)[1])["profile_spec"]["hash"] == spec["hash"]:
+            assert time.monotonic() < deadline, again
+            time.sleep(0.2)
         assert again["profile_spec"]["sections"]["sysctl"]["net.core.somaxconn"] == 2048
-        assert again["profile_spec"]["hash"] != spec["hash"] and again["version"] != desired["version"]
+        assert again["profile_spec"]["hash"] == profile_hash(again["profile_spec"]["sections"])
+        assert again["version"] != desired["version"] and again["tasks"] == []  # stopped while it switches
+        rollout = c.call("GET", "/v1/entitlements/db/rollout")[1]
+        assert rollout["from"] == f"tuned@{spec['hash'][:8]}" and rollout["to"] == f"tuned@{again['profile_spec']['hash'][:8]}"
     finally:
         c.close()
 

@@ -1,0 +1,95 @@
+"""What the API answers about operations in progress and what they would do: profile rollouts,
+TaskControl dry runs, the ReBalancer (the rest: answers.py, whose docstring says how they are used)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, Union
+
+import msgspec
+from msgspec import Meta
+
+from controlplane.frontend.answers import Answer, Strings, Time
+
+
+class RolloutMachine(Answer):
+    id: str
+    msb: str
+    phase: Annotated[str, Meta(description="pending, draining, switching, starting, done, failed ('': not in it)")]
+    batch: int
+    holds: Annotated[str, Meta(description="the profile its agent reports applied (name@hash)")]
+    wants: Annotated[str, Meta(description="the profile it should hold now")]
+    why: str
+
+
+class Rollout(Answer, rename={"from_": "from"}):
+    entitlement: str
+    id: str
+    state: Literal["rolling", "paused", "rolling_back", "done", "rolled_back"]
+    from_: str
+    to: str
+    why: Annotated[str, Meta(description="why it paused or rolls back")]
+    policy: dict[str, Any]
+    machines: list[RolloutMachine]
+    batches: list[dict[str, Any]]
+    created: Time
+    updated: Time
+
+
+class DryRunRound(Answer):
+    round: int
+    ops: Annotated[list[dict[str, Any]], Meta(description="the operations begun: id, kind, index, machine, reason")]
+    tasks: list[int]
+
+
+class DryRun(Answer):
+    job: str
+    spec_version: int
+    rounds: list[DryRunRound]
+    calls: Annotated[int, Meta(description="calls to the job's TaskController, each marked dryRun: true")]
+    stuck: Annotated[str, Meta(description="what would not proceed after the last round ('' none)")]
+    summary: Strings
+
+
+class MaintenanceDryRun(Answer):
+    machines: Strings
+    deadline: Time
+    jobs: list[DryRun]
+    summary: Strings
+
+
+class PlannedMove(Answer):
+    job: str
+    index: int
+    source: str  # the machine the task is on
+    target: str  # the machine it would move to
+    goal: str
+    why: str
+    # a plan's move: what the job's TaskController answered a dry-run call about it
+    taskcontrol: Union[str, msgspec.UnsetType] = msgspec.UNSET
+
+
+class RebalancePlan(Answer):
+    entitlement: Union[str, None]  # None: every entitlement
+    goals: Annotated[dict[str, dict[str, Any]], Meta(description="each goal's score before and after")]
+    entitlements: dict[str, dict[str, Any]]
+    moves: list[PlannedMove]
+    freed: Annotated[Strings, Meta(description="machines the moves would empty, for the free pool")]
+    groups: Annotated[list[dict[str, Any]], Meta(description="the (entitlement, MSB) groups solved: size, solver "
+                                                             "status, seconds")]
+    summary: Annotated[Strings, Meta(description="the plan in words: a line a goal, in their order (compaction: a line "
+                                                         "an entitlement)")]
+    violations: Annotated[Strings, Meta(description="rules the moves would break (none: every plan is checked)")] = []
+    taken: Annotated[dict[str, str], Meta(description="free machines swaps would take, and for which entitlement")] = {}
+    seconds: float = 0.0  # the plan's wall time
+
+
+class RebalanceRound(RebalancePlan):
+    round: str = ""  # the round's id, in each request it wrote
+    requested: int = 0  # moves requested of the jobs' shard leaders
+
+
+class RebalanceStatus(Answer):
+    continuous: Annotated[dict[str, Any], Meta(description="the continuous mode: on for all, or for entitlements")]
+    moving: Annotated[list[dict[str, Any]], Meta(description="tasks moving now (make-before-break)")]
+    requested: int  # moves requested and not begun
+    recent: Annotated[list[dict[str, Any]], Meta(description="the last moves' outcomes, newest first")]

@@ -1,0 +1,173 @@
+"""A rollout's steps, pure (controlplane/rollouts/advance.py): batches of max_unavailable machines
+spread over MSBs, each drained, switched, verified and its tasks running before the next; a failed
+batch rolls back only the machines that changed; pause, resume and rollback by an operator."""
+
+from __future__ import annotations
+
+import pytest
+
+from controlplane.rollouts.advance import MachineView, TaskView, advance, pause, resume, reverse
+from controlplane.rollouts.record import MIN_READY, begin, machine_doc, reprofile_of
+
+OLD = {"name": "base", "hash": "a" * 64, "sections": {"sysctl": {"vm.swappiness": 60}}}
+NEW = {"name": "web", "hash": "b" * 64, "sections": {"sysctl": {"vm.swappiness": 10}}}
+
+
+class Fleet:
+    """Machines whose agents apply what the rollout says, and tasks that stop and start as the
+    reconciler would make them (suspended while their machine drains or switches)."""
+
+    def __init__(self, msbs: dict[str, str], tasks: dict[str, int], broken: set[str] = frozenset()):
+        self.msbs, self.ntasks, self.broken = msbs, tasks, set(broken)
+        self.applied = {m: OLD for m in msbs}
+        self.healthy = {m: True for m in msbs}
+        self.error = {m: "" for m in msbs}
+
+    def views(self, r: dict) -> dict[str, MachineView]:
+        out = {}
+        for mid, msb in self.msbs.items():
+            rp = reprofile_of(r, mid)
+            doc = self.applied[mid]
+            if rp is not None and rp.stops:
+                state = "suspended"
+            elif mid in self.broken and doc == NEW:
+                state = "failed"  # the new profile breaks its tasks
+            else:
+                state = "running"
+            tasks = tuple(TaskView(f"e/j#{mid}{i}", state) for i in range(self.ntasks.get(mid, 0)))
+            out[mid] = MachineView(mid, msb, self.healthy[mid], "", doc["name"], doc["hash"], not self.error[mid],
+                                   self.error[mid], tasks)
+        return out
+
+    def agents(self, r: dict) -> None:
+        for mid in self.msbs:  # each agent applies what it is told (its desired document)
+            self.applied[mid] = machine_doc(r, mid)
+
+
+def run(r: dict, fleet: Fleet, now: float, until, step: float = 1.0, limit: int = 500) -> tuple[dict, float, list]:
+    notes, seen = [], []
+    for _ in range(limit):
+        fleet.agents(r)
+        r, more = advance(r, fleet.views(r), now)
+        notes += [n for n, _ in more]
+        seen.append({mid: m["phase"] for mid, m in r["machines"].items()})
+        if until(r):
+            return r, now, notes, seen
+        now += step
+    raise AssertionError(f"not reached: {r['state']} {notes}")
+
+
+def test_machines_switch_one_msb_at_a_time_and_never_two_at_once():
+    fleet = Fleet({"m1": "msb1", "m2": "msb1", "m3": "msb2"}, {"m1": 2, "m2": 1, "m3": 1})
+    r = begin("e", OLD, NEW, list(fleet.msbs), {}, 1000.0)
+    r, _, notes, seen = run(r, fleet, 1000.0, lambda r: r["state"] == "done")
+    assert all(sum(p in ("draining", "switching", "starting") for p in s.values()) <= 1 for s in seen)
+    assert [b["machines"] for b in r["batches"]] == [["m1"], ["m2"], ["m3"]]  # the MSB with more pending first
+    assert all(b["outcome"] == "done" for b in r["batches"])
+    assert fleet.applied == {"m1": NEW, "m2": NEW, "m3": NEW}
+    assert notes[0].startswith("batch 1: m1 (msb1) to web@bbbbbbbb, 2 machine(s) after it")
+    assert notes[-1] == "rollout done: the machines hold web@bbbbbbbb"
+
+
+def test_max_unavailable_two_takes_one_machine_of_each_msb():
+    fleet = Fleet({"m1": "msb1", "m2": "msb1", "m3": "msb2", "m4": "msb2"}, {})
+    r = begin("e", OLD, NEW, list(fleet.msbs), {"max_unavailable": 2}, 0.0)
+    r, _, _, seen = run(r, fleet, 0.0, lambda r: r["state"] == "done")
+    assert [b["machines"] for b in r["batches"]] == [["m1", "m3"], ["m2", "m4"]]
+    assert max(sum(p in ("draining", "switching", "starting") for p in s.values()) for s in seen) == 2
+
+
+def test_a_machine_is_done_only_after_its_tasks_ran_min_ready_seconds():
+    fleet = Fleet({"m1": "msb1"}, {"m1": 1})
+    r = begin("e", OLD, NEW, ["m1"], {}, 0.0)
+    r, now, _, _ = run(r, fleet, 0.0, lambda r: r["machines"]["m1"]["phase"] == "starting", step=0.5)
+    r, done_at, _, _ = run(r, fleet, now, lambda r: r["state"] == "done", step=0.5)
+    assert done_at - now >= MIN_READY
+
+
+def test_a_batch_whose_tasks_break_rolls_back_that_machine_and_the_others_never_change():
+    fleet = Fleet({"m1": "msb1", "m2": "msb2", "m3": "msb3"}, {"m1": 1, "m2": 1, "m3": 1}, broken={"m1"})
+    r = begin("e", OLD, NEW, list(fleet.msbs), {"deadline": 20}, 0.0)
+    r, _, notes, seen = run(r, fleet, 0.0, lambda r: r["state"] == "rolled_back")
+    assert fleet.applied == {"m1": OLD, "m2": OLD, "m3": OLD}
+    assert all(s.get("m2") in (None, "pending") and s.get("m3") in (None, "pending") for s in seen)
+    assert any(n.startswith("batch 1 failed: m1: tasks not running 20 s after the switch: e/j#m10 failed") for n in notes)
+    assert "rolling back to base@aaaaaaaa (auto_rollback): m1 changed" in notes
+    assert [b["back"] for b in r["batches"]] == [False, True] and r["batches"][1]["outcome"] == "done"
+
+
+def test_without_auto_rollback_a_failed_batch_pauses_and_resume_switches_it_again():
+    fleet = Fleet({"m1": "msb1", "m2": "msb2"}, {"m1": 1})
+    fleet.error["m1"] = ""
+    r = begin("e", OLD, NEW, list(fleet.msbs), {"auto_rollback": False}, 0.0)
+    r, now, _, _ = run(r, fleet, 0.0, lambda r: r["machines"]["m1"]["phase"] == "switching")
+    fleet.error["m1"] = "sysctl vm.swappiness: Permission denied"
+    r, now, notes, _ = run(r, fleet, now, lambda r: r["state"] == "paused")
+    assert r["why"] == "batch 1 failed: m1: the agent could not apply web@bbbbbbbb: sysctl vm.swappiness: Permission denied"
+    assert r["machines"]["m2"]["phase"] == "pending"
+    r2, more = advance(r, fleet.views(r), now + 50)
+    assert r2 is r and more == []  # paused: nothing moves
+    fleet.error["m1"] = ""
+    resume(r, now)
+    r, _, _, _ = run(r, fleet, now, lambda r: r["state"] == "done")
+    assert fleet.applied == {"m1": NEW, "m2": NEW}
+
+
+def test_the_same_error_as_before_the_switch_is_not_this_switchs():
+    # a rollback's machine still shows the error of the profile it failed on until its agent
+    # reads its new desired state: not a failure of the rollback
+    fleet = Fleet({"m1": "msb1"}, {})
+    fleet.error["m1"] = "old failure"
+    r = begin("e", OLD, NEW, ["m1"], {}, 0.0)
+    fleet.agents(r)
+    r, _ = advance(r, fleet.views(r), 0.0)  # batch 1 begins: draining
+    r, _ = advance(r, fleet.views(r), 1.0)  # nothing runs: switching
+    assert r["machines"]["m1"]["phase"] == "switching"
+    r, _ = advance(r, fleet.views(r), 2.0)
+    assert r["machines"]["m1"]["phase"] == "switching", r["machines"]["m1"]["why"]
+
+
+def test_an_operator_pauses_then_rolls_back_only_what_changed():
+    fleet = Fleet({"m1": "msb1", "m2": "msb2", "m3": "msb3"}, {})
+    r = begin("e", OLD, NEW, list(fleet.msbs), {}, 0.0)
+    r, now, _, _ = run(r, fleet, 0.0, lambda r: r["batches"] and r["batches"][0]["outcome"] == "done")
+    pause(r, "paused by admin", now)  # batch 2 had begun: it finishes, no batch begins after it
+    r, now, _, _ = run(r, fleet, now, lambda r: all(b["ended"] for b in r["batches"]), limit=30)
+    r2, _ = advance(r, fleet.views(r), now + 100)
+    assert r2 is r
+    assert r["state"] == "paused" and len(r["batches"]) == 2
+    with pytest.raises(ValueError, match="not paused"):
+        resume({**r, "state": "done"}, now)
+    reverse(r, list(fleet.msbs), "rolled back by admin", now)
+    assert sorted(r["machines"]) == ["m1", "m2"]  # m3 never changed
+    r, _, _, _ = run(r, fleet, now, lambda r: r["state"] == "rolled_back")
+    assert fleet.applied == {"m1": OLD, "m2": OLD, "m3": OLD}
+    with pytest.raises(ValueError, match="already rolled back"):
+        reverse(r, list(fleet.msbs), "again", now)
+
+
+def test_a_machine_that_joins_during_the_rollout_gets_the_new_profile_and_one_that_left_is_dropped():
+    fleet = Fleet({"m1": "msb1", "m2": "msb1"}, {})
+    r = begin("e", OLD, NEW, ["m1", "m2"], {}, 0.0)
+    assert machine_doc(r, "m9") == NEW and machine_doc(r, "m1") == OLD
+    del fleet.msbs["m2"]
+    r, _, _, _ = run(r, fleet, 0.0, lambda r: r["state"] == "done")
+    assert sorted(r["machines"]) == ["m1"]
+
+
+def test_a_machine_down_before_its_turn_gets_the_target_when_back_without_blocking_the_rollout():
+    fleet = Fleet({"m1": "msb1", "m2": "msb2"}, {})
+    fleet.healthy["m2"] = False
+    r = begin("e", OLD, NEW, list(fleet.msbs), {}, 0.0)
+    r, _, _, _ = run(r, fleet, 0.0, lambda r: r["state"] == "done")
+    assert r["machines"]["m2"]["why"].startswith("down (): it applies web@bbbbbbbb when back")
+    assert machine_doc(r, "m2") == NEW
+
+
+def test_a_machine_that_goes_down_during_its_switch_fails_the_batch():
+    fleet = Fleet({"m1": "msb1", "m2": "msb2"}, {})
+    r = begin("e", OLD, NEW, list(fleet.msbs), {"auto_rollback": False}, 0.0)
+    r, now, _, _ = run(r, fleet, 0.0, lambda r: r["machines"]["m1"]["phase"] == "switching")
+    fleet.healthy["m1"] = False
+    r, _ = advance(r, fleet.views(r), now + 1)
+    assert r["state"] == "paused" and "m1 went down during its switch" in r["why"]

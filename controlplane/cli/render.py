@@ -105,6 +105,10 @@ def entitlement_show(e: dict) -> str:
     ]
     if e.get("allow_controller_networks"):
         pairs.append(("controller networks", cell(e["allow_controller_networks"])))
+    r = e.get("rollout_state")
+    if r and not r["id"].endswith("-baseline"):  # its last profile rollout (twinectl entitlement rollout status)
+        pairs.append(("profile rollout", f"{r['state'].replace('_', ' ')}: {r['from']} -> {r['to']}"
+                      + (f" ({r['why']})" if r.get("why") else "")))
     for key in ("machines", "jobs"):  # only `show` carries them
         if isinstance(e.get(key), list):
             pairs.append((f"{key} ({len(e[key])})", cell(e[key])))

@@ -15,6 +15,12 @@ The SDK does the bookkeeping: `self.in_flight` holds the operations this control
 the scheduler has not reported completed yet (an approval the scheduler did not act on comes back
 in `request.ops` and leaves `in_flight`); `self.completed` counts what finished; sequence numbers
 are checked (an old call is answered with no acks); `self.calls` keeps a short history.
+
+Dry runs (`twinectl job update --dry-run`, maintenance and rebalance dry runs): a call marked
+`dryRun: true` asks what the controller would ack. The SDK answers it exactly as a real call, with
+the same `decide`, which sees a copy of `self.in_flight` that the dry run's own calls move forward
+(by their `dryRunId`, until the call marked `dryRunEnd`); nothing of the real bookkeeping changes,
+so `decide` needs no code for dry runs. Such calls are in `self.calls` with `"dryRun": True`.
 """
 
 from __future__ import annotations

@@ -218,15 +218,20 @@ def _rolling_update(job: JobRec, current: dict[int, TaskRec], machines: Mapping[
         kind = "move" if new.machine is None and t.machine is not None else "restart"
         op = Op(kind, t.index, f"update v{t.spec_version} -> v{job.spec_version}",
                 f"{kind}/{t.index}/v{job.spec_version}", t.machine, "update", job.spec_version)
-        if not was_down:
-            if gate.approved is None and down >= job.max_unavailable:
-                plan.held.append(replace(op, reason=f"{op.reason}: {down} of max {job.max_unavailable} unavailable"))
-                continue
-            if not gate.allow(op, plan):
-                continue
+        if not was_down and not _may_take_down(op, job, down, plan, gate):
+            continue
         change(t, new, op)
         if not was_down:
             down += 1
+
+
+def _may_take_down(op: Op, job: JobRec, down: int, plan: JobPlan, gate: Gate) -> bool:
+    """Whether an operation may take a running task down now: the job's TaskController acked it,
+    or, for a job without one, fewer than max_unavailable tasks are down (else it is held)."""
+    if gate.approved is None and down >= job.max_unavailable:
+        plan.held.append(replace(op, reason=f"{op.reason}: {down} of max {job.max_unavailable} unavailable"))
+        return False
+    return gate.allow(op, plan)
 
 
 def _reprofile(job: JobRec, current: dict[int, TaskRec], machines: Mapping[str, MachineStatus], change,
@@ -243,12 +248,8 @@ def _reprofile(job: JobRec, current: dict[int, TaskRec], machines: Mapping[str, 
             continue
         why = f"profile rollout {rp.rollout} on {t.machine}: {rp.what}"
         op = Op("reprofile", i, why, f"reprofile/{i}/{t.machine}/{rp.rollout}", t.machine, "reprofile")
-        was_down = _unavailable(t)
-        if not was_down:
-            if gate.approved is None and down >= job.max_unavailable:
-                plan.held.append(replace(op, reason=f"{op.reason}: {down} of max {job.max_unavailable} unavailable"))
-                continue
-            if not gate.allow(op, plan):
+        if not _unavailable(t):
+            if not _may_take_down(op, job, down, plan, gate):
                 continue
             down += 1
         change(t, t.moved(state="suspended", discovery=False, reason=why), op)

@@ -247,13 +247,7 @@ class TaskControlSession:
             await self.prepare()
         sent = time.monotonic()  # the round trip is the call's, not the preparation's
         try:
-            headers = {"Authorization": f"Bearer {self.token}"} if self.token else None
-            async with self.http().post(self.url, json=body, headers=headers,
-                                        timeout=aiohttp.ClientTimeout(total=self.timeout)) as r:
-                if r.status != 200:
-                    raise ValueError(f"HTTP {r.status}")
-                answer = await r.json(content_type=None)
-            acked = self._validate(answer, {op["id"] for op in request})
+            acked = await self._post(body, {op["id"] for op in request})
         except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, TypeError) as e:
             error = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
             acked = []
@@ -297,13 +291,17 @@ class TaskControlSession:
                 "dryRunEnd": end}
         if self.prepare is not None:
             await self.prepare()
+        return await self._post(body, {op["id"] for op in request})
+
+    async def _post(self, body: dict, asked: set[str]) -> list[str]:
+        """One call: the ids the answer acks, checked (ValueError, or aiohttp's errors, when none came)."""
         headers = {"Authorization": f"Bearer {self.token}"} if self.token else None
         async with self.http().post(self.url, json=body, headers=headers,
                                     timeout=aiohttp.ClientTimeout(total=self.timeout)) as r:
             if r.status != 200:
                 raise ValueError(f"HTTP {r.status}")
             answer = await r.json(content_type=None)
-        return self._validate(answer, {op["id"] for op in request})
+        return self._validate(answer, asked)
 
     @staticmethod
     def _validate(answer: object, asked: set[str]) -> list[str]:

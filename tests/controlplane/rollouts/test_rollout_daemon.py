@@ -88,15 +88,29 @@ def rollout_page(c, tmp_path) -> tuple[list[str], list[str]]:
         driver.quit()
 
 
+def profile_dir(tmp_path, **swappiness: int):
+    """controld's profile directory: a profile a name, each setting vm.swappiness."""
+    profiles = tmp_path / "profiles"
+    profiles.mkdir()
+    for name, value in swappiness.items():
+        (profiles / f"{name}.toml").write_text(f'[sysctl]\n"vm.swappiness" = {value}\n')
+    return profiles
+
+
+def three_tasks_on_base(c) -> None:
+    """Entitlement e (profile base) with job e/api's three tasks running, a machine each."""
+    assert c.call("POST", "/v1/entitlements", {"name": "e", "machine_type": "generic", "quota": 3,
+                                             "profile": "base"})[0] == 201
+    assert c.call("POST", "/v1/jobs", {"entitlement": "e", "name": "api", "count": 3, "task": TASK})[0] == 201
+    c.wait_for("/v1/jobs/e/api", lambda j: j["summary"].get("running") == 3, what="3 tasks running")
+
+
 def rollout(c, name: str, pred, what: str, timeout: float = 60) -> dict:
     return c.wait_for(f"/v1/entitlements/{name}/rollout", pred, timeout=timeout, what=what)
 
 
 def test_a_profile_change_rolls_out_one_machine_at_a_time_through_taskcontrol(tmp_path, etcd_server, capsys):
-    profiles = tmp_path / "profiles"
-    profiles.mkdir()
-    (profiles / "base.toml").write_text('[sysctl]\n"vm.swappiness" = 60\n')
-    (profiles / "web.toml").write_text('[sysctl]\n"vm.swappiness" = 10\n')
+    profiles = profile_dir(tmp_path, base=60, web=10)
     ctl = OneAtATime()
     with daemon_with_sim_agents(tmp_path, etcd_server.port, MACHINES, heartbeat_timeout=10.0,
                                 extra=("--profiles", str(profiles))) as (c, agents), Background(ctl) as url:
@@ -144,17 +158,11 @@ def test_a_profile_change_rolls_out_one_machine_at_a_time_through_taskcontrol(tm
 
 
 def test_a_profile_the_agents_cannot_apply_is_rolled_back_on_the_first_machine_only(tmp_path, etcd_server):
-    profiles = tmp_path / "profiles"
-    profiles.mkdir()
-    (profiles / "base.toml").write_text('[sysctl]\n"vm.swappiness" = 60\n')
-    (profiles / "bad.toml").write_text('[sysctl]\n"vm.swappiness" = 11\n')
+    profiles = profile_dir(tmp_path, base=60, bad=11)
     with daemon_with_sim_agents(tmp_path, etcd_server.port, MACHINES, heartbeat_timeout=10.0,
                                 extra=("--profiles", str(profiles))) as (c, agents):
         agents.profile_errors["bad"] = "sysctl vm.swappiness: Permission denied"
-        assert c.call("POST", "/v1/entitlements", {"name": "e", "machine_type": "generic", "quota": 3,
-                                                 "profile": "base"})[0] == 201
-        assert c.call("POST", "/v1/jobs", {"entitlement": "e", "name": "api", "count": 3, "task": TASK})[0] == 201
-        c.wait_for("/v1/jobs/e/api", lambda j: j["summary"].get("running") == 3, what="3 tasks running")
+        three_tasks_on_base(c)
         rollout(c, "e", lambda r: r["state"] == "done", "the baseline")
         assert c.call("PATCH", "/v1/entitlements/e", {"profile": "bad"})[0] == 200
         r = rollout(c, "e", lambda r: r["state"] == "rolled_back", "the rollback")
@@ -171,16 +179,10 @@ def test_a_profile_the_agents_cannot_apply_is_rolled_back_on_the_first_machine_o
 
 
 def test_an_admin_pauses_resumes_and_rolls_back(tmp_path, etcd_server, capsys):
-    profiles = tmp_path / "profiles"
-    profiles.mkdir()
-    (profiles / "base.toml").write_text('[sysctl]\n"vm.swappiness" = 60\n')
-    (profiles / "web.toml").write_text('[sysctl]\n"vm.swappiness" = 10\n')
+    profiles = profile_dir(tmp_path, base=60, web=10)
     with daemon_with_sim_agents(tmp_path, etcd_server.port, MACHINES, heartbeat_timeout=10.0,
                                 extra=("--profiles", str(profiles))) as (c, agents):
-        assert c.call("POST", "/v1/entitlements", {"name": "e", "machine_type": "generic", "quota": 3,
-                                                 "profile": "base"})[0] == 201
-        assert c.call("POST", "/v1/jobs", {"entitlement": "e", "name": "api", "count": 3, "task": TASK})[0] == 201
-        c.wait_for("/v1/jobs/e/api", lambda j: j["summary"].get("running") == 3, what="3 tasks running")
+        three_tasks_on_base(c)
         rollout(c, "e", lambda r: r["state"] == "done", "the baseline")
         status, refused = c.call("POST", "/v1/entitlements/e/rollout/resume")
         assert status == 409 and "not paused" in refused["why"], refused

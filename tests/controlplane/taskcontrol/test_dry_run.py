@@ -44,6 +44,17 @@ def settled_revision(c, quiet: float = 1.5, timeout: float = 30) -> int:
     raise AssertionError("etcd's revision kept changing")
 
 
+def job_running(c, ent: str, name: str, count: int, url: str) -> dict:
+    """An entitlement of `count` machines and a job of `count` tasks with a controller at `url`,
+    running: the job's spec."""
+    assert c.call("POST", "/v1/entitlements", {"name": ent, "machine_type": "generic", "quota": count,
+                                             "allow_controller_networks": ["127.0.0.0/8"]})[0] == 201
+    spec = {"entitlement": ent, "name": name, "count": count, "task": TASK, "controller": url}
+    assert c.call("POST", "/v1/jobs", spec)[0] == 201
+    c.wait_for(f"/v1/jobs/{ent}/{name}", lambda j: j["summary"].get("running") == count, what=f"{count} tasks running")
+    return spec
+
+
 class Unaware(TaskController):
     """A controller that knows nothing of dry runs (the flag stripped before the SDK sees it):
     acks everything, one at a time, keeping what it acked in flight until it hears it completed."""
@@ -59,11 +70,7 @@ def test_a_dry_run_prints_followers_first_and_the_leader_last_and_changes_nothin
     ctl = LeaderLast(lambda: 0)  # task 0 leads the ensemble
     with daemon_with_sim_agents(tmp_path, etcd_server.port, ("m1", "m2", "m3"), heartbeat_timeout=10.0) as (c, agents), \
             Background(ctl) as url:
-        assert c.call("POST", "/v1/entitlements", {"name": "zk", "machine_type": "generic", "quota": 3,
-                                                 "allow_controller_networks": ["127.0.0.0/8"]})[0] == 201
-        spec = {"entitlement": "zk", "name": "ensemble", "count": 3, "task": TASK, "controller": url}
-        assert c.call("POST", "/v1/jobs", spec)[0] == 201
-        c.wait_for("/v1/jobs/zk/ensemble", lambda j: j["summary"].get("running") == 3, what="3 tasks running")
+        spec = job_running(c, "zk", "ensemble", 3, url)
         where = {t["index"]: t["machine"] for t in c.call("GET", "/v1/jobs/zk/ensemble")[1]["tasks"]}
         f = tmp_path / "ensemble.yaml"  # JSON is YAML
         f.write_text(json.dumps({**spec, "task": {**TASK, "env": {"RELEASE": "2"}}}))
@@ -96,11 +103,7 @@ def test_a_controller_unaware_of_dry_runs_is_left_with_nothing_in_flight(tmp_pat
     ctl = Unaware()
     with daemon_with_sim_agents(tmp_path, etcd_server.port, ("m1", "m2"), heartbeat_timeout=10.0) as (c, _agents), \
             Background(ctl) as url:
-        assert c.call("POST", "/v1/entitlements", {"name": "web", "machine_type": "generic", "quota": 2,
-                                                 "allow_controller_networks": ["127.0.0.0/8"]})[0] == 201
-        spec = {"entitlement": "web", "name": "api", "count": 2, "task": TASK, "controller": url}
-        assert c.call("POST", "/v1/jobs", spec)[0] == 201
-        c.wait_for("/v1/jobs/web/api", lambda j: j["summary"].get("running") == 2, what="2 tasks running")
+        spec = job_running(c, "web", "api", 2, url)
         status, dry = c.call("POST", "/v1/jobs/web/api/dry-run", {**spec, "task": {**TASK, "env": {"V": "2"}}})
         assert status == 200 and [r["tasks"] for r in dry["rounds"]] == [[0], [1]], dry
         assert ctl.in_flight == {}, "the dry run's last call told it every op it acked completed"
@@ -114,11 +117,7 @@ def test_a_maintenance_dry_run_says_what_each_jobs_controller_would_move_and_sch
     ctl = LeaderLast(lambda: 0)
     with daemon_with_sim_agents(tmp_path, etcd_server.port, ("m1", "m2", "m3"), heartbeat_timeout=10.0) as (c, _agents), \
             Background(ctl) as url:
-        assert c.call("POST", "/v1/entitlements", {"name": "zk", "machine_type": "generic", "quota": 3,
-                                                 "allow_controller_networks": ["127.0.0.0/8"]})[0] == 201
-        assert c.call("POST", "/v1/jobs", {"entitlement": "zk", "name": "ensemble", "count": 3, "task": TASK,
-                                           "controller": url})[0] == 201
-        c.wait_for("/v1/jobs/zk/ensemble", lambda j: j["summary"].get("running") == 3, what="3 tasks running")
+        job_running(c, "zk", "ensemble", 3, url)
         where = {t["index"]: t["machine"] for t in c.call("GET", "/v1/jobs/zk/ensemble")[1]["tasks"]}
         capsys.readouterr()
         before = settled_revision(c)

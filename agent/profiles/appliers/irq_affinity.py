@@ -182,6 +182,18 @@ class IrqAffinity(Applier):
         if problems:
             raise ApplierError("; ".join(problems))
 
+    def _listed(self, targets: dict[int, set[int]]) -> dict[int, set[int] | None]:
+        """The IRQs' smp_affinity_list once each reads as its target, or as they read after
+        settle_seconds: a list just written may read back as the old one until the kernel has
+        made the move (seen on this kind of VM: "0-1" written over "0" read back "0" at once)."""
+        start = time.monotonic()
+        while True:
+            lists = {n: self._affinity(n) for n in targets}
+            if all(lists[n] == cpus or n in self._refused for n, cpus in targets.items()) \
+                    or time.monotonic() - start >= self.settle_seconds:
+                return lists
+            time.sleep(0.05)
+
     def _still_delivered_outside(self, n: int, cpus: set[int]) -> set[int] | None:
         """The CPUs outside `cpus` that IRQ n is still delivered to once a pending move had time to
         happen; None when it settles inside them, or goes quiet (delivered nowhere meanwhile)."""
@@ -203,9 +215,11 @@ class IrqAffinity(Applier):
     def verify(self, key: str, value: dict) -> Verdict:
         irqs = self._interrupts()
         problems = []
-        for n, cpus in self._targets(value).items():
+        targets = self._targets(value)
+        lists = self._listed(targets)
+        for n, cpus in targets.items():
             names = irqs.get(n, ("", "?", 0))[1]
-            have = self._affinity(n)
+            have = lists[n]
             if have != cpus:
                 why = f"; {self._refused[n]}" if n in self._refused else ""
                 problems.append(f"IRQ {n} ({names}) has smp_affinity_list {format_cpus(have or set())}, wanted {format_cpus(cpus)}{why}")

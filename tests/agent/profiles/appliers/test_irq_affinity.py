@@ -252,3 +252,20 @@ def test_verify_calls_a_move_the_kernel_gave_up_when_the_irq_fired_a_failure(tmp
     fired.join()
     assert isinstance(verdict, Differs)
     assert "IRQ 44 (virtio3-output.0) went back to smp_affinity_list 0-1 after 1 was set" in verdict.why
+
+
+def test_verify_waits_for_a_list_that_reads_back_the_old_one_until_the_kernel_moves_it(tmp_path):
+    # seen on a CI machine: "0-1" written over "0" read back "0" at once, then "0-1"
+    import threading
+
+    irq = FakeIrq(tmp_path)  # its list reads "1"
+    applier = IrqAffinity(HostContext(proc=tmp_path))
+    applier.settle_seconds = 1.0
+    key, value = "nic=virtio3-output", {"match": "virtio3-output", "cpus": "0-1"}
+    moved = threading.Timer(0.2, irq._put, ("irq/44/smp_affinity_list", "0-1\n"))
+    moved.start()
+    assert applier.verify(key, value) == Holds()
+    moved.join()
+    irq._put("irq/44/smp_affinity_list", "1\n")  # never moved: named, after the settle time
+    verdict = applier.verify(key, value)
+    assert isinstance(verdict, Differs) and "has smp_affinity_list 1, wanted 0-1" in verdict.why

@@ -110,6 +110,7 @@ class PreferenceView(Answer):
 
 class UpdateView(Answer):
     max_unavailable: int
+    reprofile: Literal["stop", "move"]
 
 
 class Operations(Answer):

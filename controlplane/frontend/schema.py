@@ -101,6 +101,9 @@ class Preference(Struct, forbid_unknown_fields=True):
 
 class Update(Struct, forbid_unknown_fields=True):
     max_unavailable: Annotated[int, Meta(ge=1, le=10_000)] = 1
+    reprofile: Annotated[Literal["stop", "move"], Meta(description="during a profile rollout of its machines: stop "
+                         "each task in place and start it after the switch, or move it to a machine not in the "
+                         "batch first (make-before-break)")] = "stop"
 
 
 class Metric(Struct, forbid_unknown_fields=True):

@@ -12,14 +12,19 @@ event (kind `rebalance`) too."""
 
 from __future__ import annotations
 
-from typing import Callable, Mapping
+from typing import TYPE_CHECKING, Callable, Mapping
 
 from controlplane.allocator.snapshot import Snapshot
+from controlplane.rollouts.record import phase, reprofile_of
+from controlplane.scheduler.ops import MachineStatus
 from controlplane.scheduler.moves import move_id
 from controlplane.scheduler.reconcile import JobPlan
 from controlplane.store.keys import Keys
-from controlplane.store.records import EventRec, TaskRec
+from controlplane.store.records import EventRec, JobRec, TaskRec
 from controlplane.taskcontrol.session import DECLINED, TaskControlSession
+
+if TYPE_CHECKING:
+    from controlplane.store.state import RegionState
 
 COOL_DOWN = 3600.0  # seconds a task the ReBalancer moved (or tried to) is left alone
 
@@ -76,15 +81,17 @@ def vet_requests(requests: Mapping[int, dict], tasks: Mapping[int, TaskRec], ses
     return ok, dropped
 
 
-def moves_written(keys: Keys, handle: str, record: dict | None, plan: JobPlan, now: float) -> dict[str, dict]:
+def moves_written(keys: Keys, handle: str, record: dict | None, plan: JobPlan, now: float,
+                  asked: Mapping[int, dict] | None = None) -> dict[str, dict]:
     """The job's rebalance record after this plan (requests begun or dropped leave it; each goes
-    to `recent`), and an event for each move that ended."""
+    to `recent`), and an event for each move that ended. `asked`: the requests the pass had (the
+    record's, and a profile rollout's moves, which no record holds)."""
     record = record or {}
     requests = {k: v for k, v in (record.get("requests") or {}).items()
                 if not (str(k).isdigit() and (int(k) in plan.dropped or int(k) in plan.begun))}
     recent = {k: v for k, v in (record.get("recent") or {}).items()
               if isinstance(v, dict) and now - float(v.get("at", 0)) < COOL_DOWN}
-    asked = moves_of(record)
+    asked = moves_of(record) if asked is None else asked
     for i, why in plan.dropped.items():
         recent[str(i)] = {"at": now, "target": asked.get(i, {}).get("target"), "outcome": f"dropped: {why}"}
     for i in plan.begun:
@@ -108,4 +115,46 @@ def cooling(records: Mapping[str, dict], now: float) -> set[tuple[str, int]]:
             if str(k).isdigit() and isinstance(v, dict) and now - float(v.get("at", 0)) < COOL_DOWN:
                 out.add((handle, int(k)))
         out.update((handle, i) for i in moves_of(record))
+    return out
+
+
+def reprofile_moves(st: "RegionState", job: JobRec, tasks: Mapping[int, TaskRec], machines: Mapping[str, MachineStatus],
+                    session: TaskControlSession | None) -> dict[int, dict]:
+    """For a job with `update.reprofile: move`: a move request for each of its running tasks on a
+    machine a profile rollout is draining, to a machine not in the rollout's batch: one that holds
+    the new profile already (its entitlement's, or a free one it takes, which gets it), else one
+    of its entitlement's not switched yet; of those, in the MSB with the fewest of the job's tasks,
+    then the best fit (the allocator's rules). None for a task whose move the controller refused (it is
+    stopped in place instead) or that nothing fits."""
+    out: dict[int, dict] = {}
+    snap = st.snapshot()
+    ent = st.entitlements.get(job.entitlement)
+    rollout = st.rollouts.get(job.entitlement)
+    for i, t in sorted(tasks.items()):
+        m = machines.get(t.machine) if t.machine else None
+        if m is None or m.reprofile is None or not m.reprofile.stops or t.state != "running" or t.moving is not None \
+                or not job.live(i) or t.spec_version != job.spec_version:
+            continue
+        if session is not None and any(k.startswith(f"move/{i}/") and n >= DECLINED for k, n in session.declined.items()):
+            continue
+        need_cpus, need_mem = t.resources
+        best: tuple | None = None
+        for c in snap.machines.values():
+            if c.id == t.machine or not c.schedulable or c.machine_type != (ent.machine_type if ent else c.machine_type):
+                continue
+            if c.entitlement not in (None, job.entitlement) or reprofile_of(rollout, c.id) is not None:
+                continue
+            cpus, mem = snap.free(c.id)
+            if cpus + 1e-9 < need_cpus or mem < need_mem:
+                continue
+            # a machine with the new profile (no second move when its turn comes), in the MSB with
+            # the fewest of the job's other tasks (its spread), its own before a free one, the best fit
+            spread = sum(1 for j, o in tasks.items() if j != i and o.machine in snap.machines
+                         and snap.machines[o.machine].msb == c.msb)
+            key = (phase(rollout, c.id) == "pending", spread, c.entitlement is None, cpus - need_cpus, c.id)
+            if best is None or key < best:
+                best = key
+        if best is not None:
+            out[i] = {"source": t.machine, "target": best[4], "goal": "reprofile", "take": best[2],
+                      "why": f"{t.machine} switches its profile ({m.reprofile.what})"}
     return out

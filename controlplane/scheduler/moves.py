@@ -36,8 +36,11 @@ def move_id(index: int, target: str) -> str:
 
 
 def move_op(index: int, source: str | None, req: dict) -> Op:
-    return Op("move", index, f"rebalance ({req.get('goal', '')}): {req.get('why', '')}",
-              move_id(index, req["target"]), source, "rebalance")
+    """A requested move's operation: the ReBalancer's (cause `rebalance`), or a profile rollout's
+    (goal `reprofile`: the job asked its tasks to move off a machine about to switch)."""
+    cause = "reprofile" if req.get("goal") == "reprofile" else "rebalance"
+    return Op("move", index, f"{cause} ({req.get('goal', '')}): {req.get('why', '')}",
+              move_id(index, req["target"]), source, cause)
 
 
 def rebalance(job: JobRec, current: dict[int, TaskRec], machines: Mapping[str, MachineStatus],

@@ -63,7 +63,7 @@ def reconcile(job: JobRec, tasks: Mapping[int, TaskRec], machines: Mapping[str, 
     if not stopping_job:
         _rolling_update(job, current, machines, change, plan, gate)
         if any(m.reprofile is not None and m.reprofile.stops for m in machines.values()):
-            _reprofile(job, current, machines, change, plan, gate)
+            _reprofile(job, current, machines, change, plan, gate, requests or {})
         if requests or any(t.moving is not None for t in current.values()):
             rebalance(job, current, machines, requests or {}, change, plan, gate,
                       time.time() if now is None else now)
@@ -235,16 +235,19 @@ def _may_take_down(op: Op, job: JobRec, down: int, plan: JobPlan, gate: Gate) ->
 
 
 def _reprofile(job: JobRec, current: dict[int, TaskRec], machines: Mapping[str, MachineStatus], change,
-               plan: JobPlan, gate: Gate) -> None:
+               plan: JobPlan, gate: Gate, requests: Mapping[int, dict]) -> None:
     """Stop the tasks on machines whose profile a rollout is about to switch: each a `reprofile`
     operation the job's TaskController acks; a job without one stops them while fewer than
     max_unavailable tasks are down. A task down anyway is stopped at once. They stay on their
-    machine (and hold its resources) and start there again once the new profile is applied."""
+    machine (and hold its resources) and start there again once the new profile is applied. A task
+    moving away (a job with `update.reprofile: move`: a move requested of it, moves.py) is left to
+    its move."""
     down = sum(1 for i in job.indices() if _unavailable(current.get(i)))
     for i, t in sorted(current.items()):
         m = machines.get(t.machine) if t.machine else None
         rp = m.reprofile if m is not None else None
-        if rp is None or not rp.stops or not job.live(i) or t.state not in ("starting", "running", "failed"):
+        if rp is None or not rp.stops or not job.live(i) or t.state not in ("starting", "running", "failed") \
+                or t.moving is not None or i in requests:
             continue
         why = f"profile rollout {rp.rollout} on {t.machine}: {rp.what}"
         op = Op("reprofile", i, why, f"reprofile/{i}/{t.machine}/{rp.rollout}", t.machine, "reprofile")

@@ -26,7 +26,7 @@ from controlplane.scheduler.creates import Creates
 from controlplane.scheduler.dryrun import dry_run, moved_off
 from controlplane.scheduler.lifecycle import Lifecycle, LifecycleMetrics
 from controlplane.scheduler.moves import move_id
-from controlplane.scheduler.moverecords import moves_of, moves_written, vet_requests
+from controlplane.scheduler.moverecords import moves_of, moves_written, reprofile_moves, vet_requests
 from controlplane.scheduler.placement import job_request
 from controlplane.scheduler.ratelimit import Limiter, Limits
 from controlplane.rollouts.driver import RolloutDriver
@@ -239,6 +239,10 @@ class Scheduler:
         wanted = {mid for t in tasks.values() for mid in t.holds()} | {r.get("target") for r in requests.values()}
         machines = {mid: v for mid in wanted if isinstance(mid, str) and (v := self.machine_status(mid, now))}
         session = self.sessions.of(job)
+        if job.reprofile == "move" and any(m.reprofile is not None and m.reprofile.stops for m in machines.values()):
+            for i, req in reprofile_moves(self.state, job, tasks, machines, session).items():
+                requests = {**requests, i: req}
+                machines.setdefault(req["target"], self.machine_status(req["target"], now))
         if session is not None:
             session.observe(tasks)
         return Observed(job, tasks, machines, session, now, requests)
@@ -283,7 +287,8 @@ class Scheduler:
                 log.info("%s rebalance move of #%d dropped: %s", handle, i, why)
             extra, guarded = {**tc}, ()
             if plan.begun or plan.dropped or plan.ended:
-                extra.update(moves_written(self.keys, handle, self.state.rebalance.get(handle), plan, seen.now))
+                extra.update(moves_written(self.keys, handle, self.state.rebalance.get(handle), plan, seen.now,
+                                           seen.requests))
                 guarded = (self.keys.rebalance(handle),)
             # a swap's move takes its free target into the entitlement (its profile follows)
             taking = {seen.requests[i]["target"] for i in plan.begun if seen.requests[i].get("take")}

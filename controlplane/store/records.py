@@ -205,6 +205,7 @@ class JobRec:
     dc: str | None = None
     preferences: tuple[Preference, ...] | None = None
     max_unavailable: int = 1
+    reprofile: str = "stop"  # its tasks during a profile rollout: stopped in place, or moved (make-before-break)
     controller: str | None = None
     state: str = "active"
     created_at: float = 0.0
@@ -265,7 +266,8 @@ class JobRec:
             "task": self.task, "spec_version": self.spec_version,
             "requirements": {"machine_type": self.machine_type, "dc": self.dc},
             "preferences": None if self.preferences is None else [_encode(p) for p in self.preferences],
-            "update": {"max_unavailable": self.max_unavailable}, "controller": self.controller,
+            "update": {"max_unavailable": self.max_unavailable, "reprofile": self.reprofile},
+            "controller": self.controller,
             "controller_token": self.controller_token,
             "state": self.state, "created_at": self.created_at, "updated_at": self.updated_at,
             "autoscale": None if self.autoscale is None else self.autoscale.to_json(), "gaps": list(self.gaps),
@@ -278,7 +280,8 @@ class JobRec:
             entitlement=d["entitlement"], name=d["name"], count=d["count"], task=d["task"],
             spec_version=d["spec_version"], machine_type=d["requirements"]["machine_type"],
             dc=d["requirements"]["dc"], preferences=None if prefs is None else tuple(Preference(**p) for p in prefs),
-            max_unavailable=d["update"]["max_unavailable"], controller=d.get("controller"), state=d["state"],
+            max_unavailable=d["update"]["max_unavailable"], reprofile=d["update"].get("reprofile", "stop"),
+            controller=d.get("controller"), state=d["state"],
             created_at=d.get("created_at", 0.0), updated_at=d.get("updated_at", 0.0),
             controller_token=d.get("controller_token"), autoscale=Autoscale.from_json(d.get("autoscale")),
             gaps=tuple(d.get("gaps") or ()),
@@ -303,7 +306,8 @@ class JobRec:
             entitlement=ent, name=name, count=count, task=task, machine_type=req.get("machine_type"), dc=req.get("dc"),
             preferences=None if prefs is None else tuple(Preference(**{**p, "weight": float(p.get("weight", 1.0))})
                                                          for p in prefs),
-            max_unavailable=update.get("max_unavailable", 1), controller=controller, controller_token=token,
+            max_unavailable=update.get("max_unavailable", 1), reprofile=update.get("reprofile", "stop"),
+            controller=controller, controller_token=token,
             created_at=now, updated_at=now, autoscale=None if autoscale is None else Autoscale.parse(autoscale),
         )
 

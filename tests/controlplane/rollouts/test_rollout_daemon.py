@@ -209,3 +209,51 @@ def test_an_admin_pauses_resumes_and_rolls_back(tmp_path, etcd_server, capsys):
         assert twinectl.main([*url_args, "entitlement", "rollout", "status", "e"]) == 0
         out = capsys.readouterr().out
         assert f"rollout {r['id']} of e: rolled back, base@" in out and "rolled back by an admin" in out, out
+
+
+def test_a_job_that_asks_for_moves_is_moved_off_each_machine_make_before_break(tmp_path, etcd_server):
+    """update.reprofile: move: each task leaves its machine before the machine switches (a move
+    its controller acks, cause reprofile), its copy running on a free machine the entitlement
+    takes (with the new profile) before the old copy stops: never down. The emptied machines go
+    back to the free pool, and leave the rollout."""
+    profiles = profile_dir(tmp_path, base=60, web=10)
+    ctl = OneAtATime()
+    machines = ("m1", "m2", "m3", "m4", "m5", "m6")
+    with daemon_with_sim_agents(tmp_path, etcd_server.port, machines, heartbeat_timeout=10.0,
+                                extra=("--profiles", str(profiles))) as (c, agents), Background(ctl) as url:
+        assert c.call("POST", "/v1/entitlements", {"name": "e", "machine_type": "generic", "quota": 6, "profile": "base",
+                                                 "allow_controller_networks": ["127.0.0.0/8"]})[0] == 201
+        assert c.call("POST", "/v1/jobs", {"entitlement": "e", "name": "api", "count": 3, "task": TASK, "controller": url,
+                                           "update": {"reprofile": "move"}})[0] == 201
+        job = c.wait_for("/v1/jobs/e/api", lambda j: j["summary"].get("running") == 3, what="3 tasks running")
+        before = {t["index"]: t["machine"] for t in job["tasks"]}
+        rollout(c, "e", lambda r: r["state"] == "done", "the baseline")
+        down: list[dict] = []
+        stop = threading.Event()
+
+        def watch():
+            while not stop.is_set():
+                j = c.call("GET", "/v1/jobs/e/api")[1]
+                if any(t["state"] != "running" for t in j["tasks"]):
+                    down.append({t["index"]: t["state"] for t in j["tasks"]})
+                time.sleep(0.02)
+
+        watcher = threading.Thread(target=watch, daemon=True)
+        watcher.start()
+        try:
+            assert c.call("PATCH", "/v1/entitlements/e", {"profile": "web"})[0] == 200
+            r = rollout(c, "e", lambda r: r["state"] == "done", "the rollout", timeout=90)
+        finally:
+            stop.set()
+            watcher.join(5)
+        after = {t["index"]: t["machine"] for t in c.call("GET", "/v1/jobs/e/api")[1]["tasks"]}
+        assert down == [], "a task was down while it moved"
+        moved = {(i, m) for kind, _, i, m in ctl.seen if kind == "move"}
+        assert moved == {(i, m) for i, m in before.items()}, ("each task moved once, off its machine", moved, after)
+        moves = {(kind, reason) for kind, reason, *_ in ctl.seen}
+        assert ("move", "reprofile") in moves and not any(kind == "reprofile" for kind, _ in moves), moves
+        held = c.call("GET", "/v1/entitlements/e")[1]["machines"]
+        assert sorted(held) == sorted(after.values()), "the emptied machines went back to the free pool"
+        assert len(held) == 3, ("still spread over MSBs (a machine, an MSB here)", after)
+        assert all(agents.desired_profile[m][0] == "web" for m in held)
+        assert r["machines"] == [] or all(m["id"] in held for m in r["machines"]), r

@@ -85,8 +85,7 @@ def _step_machine(r: dict, mid: str, m: dict, v: MachineView, now: float) -> Non
         return
     if m["phase"] == "switching":
         # (an agent that does not report hashes is taken at its name)
-        if v.applied == doc_name(tgt) and v.ok and v.applied_hash in (None, doc_hash(tgt)) if doc_hash(tgt) else \
-                v.applied == doc_name(tgt) and v.ok:
+        if v.applied == doc_name(tgt) and v.ok and (doc_hash(tgt) is None or v.applied_hash in (None, doc_hash(tgt))):
             m.update(phase="starting", since=now, ready_since=None)
         elif not v.ok and v.error and v.error != m.get("stale_error"):
             _fail(m, f"the agent could not apply {label(tgt)}: {v.error}")

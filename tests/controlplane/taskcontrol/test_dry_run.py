@@ -79,8 +79,6 @@ def test_a_dry_run_prints_followers_first_and_the_leader_last_and_changes_nothin
         before, starts = settled_revision(c), dict(agents.starts)
         assert twinectl.main([*url_args, "job", "update", str(f), "--dry-run"]) == 0
         out = capsys.readouterr().out
-        with capsys.disabled():
-            print(f"\n$ twinectl job update {f.name} --dry-run\n{out}")  # what the README shows
         assert revision(c) == before, "the dry run wrote nothing"
         assert dict(agents.starts) == starts and ctl.in_flight == {}
         lines = out.splitlines()

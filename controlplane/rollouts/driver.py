@@ -67,15 +67,16 @@ def next_record(st: RegionState, name: str, now: float, ent: EntitlementRec | No
         edited = not renamed and doc_hash(want) is not None and doc_hash(want) not in (doc_hash(pinned), r.get("rejected"))
         if not (renamed or edited):
             return None, []
-        machines = [m.id for m in st.machines.values() if m.entitlement == name]
+        views = machine_views(st, name)
+        machines = sorted(views)
         new = begin(name, pinned, want, machines, ent.rollout, now)
         why = "its file changed on the control host" if edited else "the entitlement's profile changed"
         notes: list[Note] = [(f"rollout {new['id']} begins: {label(pinned)} -> {label(want)} ({why}), "
                               f"{len(machines)} machine(s), {new['policy']['max_unavailable']} at a time", [])]
         r = new
     else:
-        notes = []
-    moved, more = advance(r, machine_views(st, name), now)
+        notes, views = [], machine_views(st, name)
+    moved, more = advance(r, views, now)
     if moved["state"] == "rolled_back" and r["state"] != "rolled_back":
         moved["rejected"] = doc_hash(moved["to"])
     return moved, notes + more

@@ -51,7 +51,7 @@ async def dry_run(job: JobRec, tasks: Mapping[int, TaskRec], machines: Mapping[s
     """The rounds an update of the job to `job` (its new record, not written) would take; or,
     with `done` and machines in maintenance, the moves away from them."""
     done = done or updated(job)
-    sim = {i: t for i, t in tasks.items()}
+    sim = dict(tasks)
     rounds: list[dict] = []
     completed: list[dict] = []
     run_id = secrets.token_hex(6)

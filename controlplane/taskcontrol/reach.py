@@ -19,6 +19,7 @@ import asyncio
 import errno
 import functools
 import ipaddress
+import logging
 import socket
 import time
 from typing import Callable, Iterable
@@ -27,6 +28,7 @@ from urllib.parse import urlsplit
 import aiohttp
 import psutil
 
+log = logging.getLogger("twine.controld.taskcontrol")
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 KINDS = (("loopback", "is_loopback"), ("link-local", "is_link_local"), ("unspecified", "is_unspecified"))
 OWN_TTL = 30.0  # seconds the control plane's own addresses are kept before they are resolved again
@@ -55,6 +57,7 @@ class Reach:
         self._own: frozenset[Address] = frozenset()
         self._own_at = -OWN_TTL
         self._resolving: asyncio.Future | None = None
+        self._unlisted = False  # this host's interfaces could not be listed (said once in the log)
 
     def refusal(self, address: str, allowed: Iterable[str] = ()) -> str | None:
         """Why a connection to `address` is refused, or None when it may be made."""
@@ -79,7 +82,15 @@ class Reach:
 
     async def _resolve(self) -> None:
         found: set[Address] = set()
-        for addrs in psutil.net_if_addrs().values():  # this host's: controld runs here
+        try:
+            interfaces = psutil.net_if_addrs().values()  # this host's: controld runs here
+        except OSError as e:  # getifaddrs needs netlink (a unit's RestrictAddressFamilies may forbid it)
+            if not self._unlisted:
+                log.warning("this host's own addresses cannot be listed (%s): a controller's URL is refused at "
+                            "loopback and link-local addresses and the members' only", e)
+            self._unlisted = True
+            interfaces = []
+        for addrs in interfaces:
             for a in addrs:
                 if a.family in (socket.AF_INET, socket.AF_INET6):
                     found.add(_address(a.address))

@@ -61,6 +61,35 @@ def test_the_control_planes_own_addresses_are_refused_names_resolved():
     assert reach.refusal(own, (f"{own}/32",)) is None
 
 
+def test_a_host_whose_interfaces_cannot_be_listed_still_checks_urls_and_says_why_once(monkeypatch, caplog):
+    """Under a systemd unit whose RestrictAddressFamilies leaves out AF_NETLINK, getifaddrs fails
+    with EAFNOSUPPORT (seen in the VM region: every job with a controller was a 500). Stood in for
+    here by psutil raising that error: the members' addresses are still refused, the URL checked,
+    and the log says it once."""
+    import errno
+    import psutil
+
+    def refused():
+        raise OSError(errno.EAFNOSUPPORT, "Address family not supported by protocol")
+
+    monkeypatch.setattr(psutil, "net_if_addrs", refused)
+    reach = Reach(lambda: ["198.51.100.9"])
+
+    async def main():
+        got = [await reach.check_url("http://198.51.100.9:9/", ()), await reach.check_url("http://127.0.0.1:9/", ()),
+               await reach.check_url("http://127.0.0.1:9/", ("127.0.0.0/8",))]
+        reach._own_at = -1e9  # noqa: SLF001 - resolved again, as after OWN_TTL
+        await reach.refresh()
+        return got
+
+    with caplog.at_level("WARNING", logger="twine.controld.taskcontrol"):
+        member, loopback, allowed = asyncio.run(main())
+    assert "the control plane itself" in member and "a loopback address" in loopback and allowed is None
+    assert [r.getMessage() for r in caplog.records if "cannot be listed" in r.getMessage()] == [
+        "this host's own addresses cannot be listed ([Errno 97] Address family not supported by protocol): a "
+        "controller's URL is refused at loopback and link-local addresses and the members' only"]
+
+
 def test_concurrent_callers_share_one_resolution_of_the_control_planes_addresses():
     asked = []
     reach = Reach(lambda: asked.append(1) or ["control-1.example"])  # a name: resolving it waits

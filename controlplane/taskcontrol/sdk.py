@@ -159,6 +159,10 @@ class TaskController:
                                "completed": [op.id for op in request.completed],
                                "unhealthy": sorted(request.unhealthy_indices()),
                                "notices": [n.id for n in request.notices]})
+            if asked or request.completed:  # a controller's log says what it decided (calls that ask nothing: not)
+                log.info("%s: call %d: asked %s; acked %s; completed %s; unhealthy %s", request.job,
+                         request.sequence, sorted(asked) or "-", acks or "-",
+                         [op.id for op in request.completed] or "-", sorted(request.unhealthy_indices()) or "-")
             return {"ack": acks}
 
     def _dry_run(self, body: dict) -> dict:

@@ -54,6 +54,18 @@ def test_acks_only_the_ids_it_was_asked_about():
     assert set(c.in_flight) == {"restart/1/v2", "restart/2/v2"}
 
 
+def test_its_log_says_what_it_decided_on_calls_that_ask_or_report_something(caplog):
+    c = Scripted(lambda r: [o.id for o in r.ops if o.index != 2])
+    with caplog.at_level("INFO", logger="twine.taskcontrol.sdk"):
+        c.process(body(1))  # nothing asked, nothing completed: no line
+        c.process(body(2, [op(1), op(2)], unhealthy=[{"job": H, "index": 4, "machine": "m4", "state": "lost"}]))
+        c.process(body(3, completed=[done(op(1))]))
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines == [f"{H}: call 2: asked ['restart/1/v2', 'restart/2/v2']; acked ['restart/1/v2']; completed -; "
+                     "unhealthy [4]",
+                     f"{H}: call 3: asked -; acked -; completed ['restart/1/v2']; unhealthy -"], lines
+
+
 def test_decide_may_return_operations_or_ids():
     c = Scripted(lambda r: [r.ops[0], r.ops[1].id])
     assert c.process(body(1, [op(0), op(1), op(2)])) == {"ack": ["restart/0/v2", "restart/1/v2"]}

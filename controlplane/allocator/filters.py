@@ -54,8 +54,9 @@ class HealthyFilter:
 
 @dataclass(frozen=True, slots=True)
 class CordonFilter:
-    """No new task on a machine in (or scheduled for) maintenance; the tasks already there stay
-    (`keeps` False: split_tasks does not move a task for it)."""
+    """No new task on a cordoned machine: in (or scheduled for) maintenance, or in a profile
+    rollout's switch; the tasks already there stay (`keeps` False: split_tasks does not move a task
+    for it)."""
 
     field: str = "maintenance"
     resource: bool = False
@@ -63,7 +64,7 @@ class CordonFilter:
 
     @property
     def name(self) -> str:
-        return "not in maintenance"
+        return "not cordoned"
 
     def passes(self, machine: Machine, overlay: Overlay) -> bool:
         return not machine.cordoned

@@ -29,7 +29,7 @@ class Machine:
     healthy: bool = True
     entitlement: str | None = None  # None: in the region's free pool
     version: int = 0  # mod revision of the machine's record; the caller's commit guard
-    cordoned: bool = False  # in (or scheduled for) maintenance: its tasks stay, it takes no new ones
+    cordoned: bool = False  # in (or scheduled for) maintenance, or a profile switch: its tasks stay, it takes no new ones
 
     @property
     def schedulable(self) -> bool:

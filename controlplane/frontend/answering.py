@@ -39,7 +39,7 @@ def job_answer(state: RegionState, job: JobRec, work: dict | None) -> dict:
 
 def entitlement_answer(state: RegionState, name: str, detail: bool = False) -> dict:
     e = state.entitlements[name]
-    machines = sorted(m.id for m in state.machines.values() if m.entitlement == name)
+    machines = [m.id for m in state.machines_of(name)]
     out = {**e.to_json(), "held": len(machines)}
     r = state.rollouts.get(name)
     out["rollout_state"] = summary(r) if r is not None else None

@@ -62,7 +62,7 @@ class Entitlements:
         key = st.keys.entitlement(old.name)
         read_revision = st.revs[key]
         new = old.modified(await body(request, schema=S.EntitlementPatch))
-        held = sum(1 for m in st.machines.values() if m.entitlement == old.name)
+        held = len(st.machines_of(old.name))
         if new.quota < held:
             raise ApiError("quota", "quota", f"{new.quota} is below the {held} machines {old.name} holds now; "
                            "shrink its jobs first")

@@ -24,7 +24,7 @@ def rollout_answer(st: RegionState, name: str) -> dict:
         raise ApiError("not_found", "rollout", f"entitlement {name!r} has no rollout record yet (its shard's leader "
                        "writes one within seconds of its creation)")
     machines = []
-    ids = sorted(set(r["machines"]) | {m.id for m in st.machines.values() if m.entitlement == name})
+    ids = sorted(set(r["machines"]) | {m.id for m in st.machines_of(name)})
     for mid in ids:
         m, entry = st.machines.get(mid), r["machines"].get(mid, {})
         if m is None:
@@ -61,7 +61,7 @@ class Rollouts:
             elif verb == "resume":
                 resume(r, now)
             else:
-                reverse(r, [m.id for m in st.machines.values() if m.entitlement == name], "rolled back by an admin", now)
+                reverse(r, [m.id for m in st.machines_of(name)], "rolled back by an admin", now)
         except ValueError as e:
             raise ApiError("conflict", "state", str(e)) from None
         await st.write([Versioned(key, None, read)], {key: r})

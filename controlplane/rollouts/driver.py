@@ -39,9 +39,7 @@ def wanted_doc(st: RegionState, profile: str | None) -> dict | None:
 
 def machine_views(st: RegionState, entitlement: str) -> dict[str, MachineView]:
     out = {}
-    for m in st.machines.values():
-        if m.entitlement != entitlement:
-            continue
+    for m in st.machines_of(entitlement):
         tasks = []
         for t in st.tasks_on(m.id):
             job = st.jobs.get(t.job)

@@ -22,7 +22,7 @@ import msgspec
 
 from controlplane.allocator import Entitlement, Machine, PlacedTask, Snapshot, SpreadPolicy
 from controlplane.opsplanner.maintenance import Calendar
-from controlplane.rollouts.record import doc_name, machine_doc
+from controlplane.rollouts.record import ACTIVE, STOPPED, doc_name, machine_doc
 from controlplane.store.records import ON_MACHINE, EntitlementRec, EventRec, JobRec, MachineRec, TaskRec
 from controlplane.security.sealing import Sealer
 from controlplane.store import Index, Store, Versioned
@@ -110,6 +110,7 @@ class RegionState:
         self.entitlements: dict[str, EntitlementRec] = {}
         self.jobs: dict[str, JobRec] = {}
         self.jobs_by_ent: dict[str, set[str]] = {}
+        self._by_ent: defaultdict[str, set[str]] = defaultdict(set)  # entitlement -> its machines' ids
         self.machines_version = 0  # bumped when a machine is added or removed
         self.members_version = 0  # bumped when a member joins, changes or leaves
         self.tasks: dict[str, dict[int, TaskRec]] = defaultdict(dict)
@@ -145,7 +146,7 @@ class RegionState:
         self._dirty_ents: set[str] = set()
         self.maintenance = Calendar()  # the maintenance events by machine (the ops planner's)
         self._open_failures: dict[str, dict[str, EventRec]] = {}  # machine -> its failure events not ended, by id
-        self._cordoned: set[str] = set()  # machines the snapshot has as unavailable for maintenance
+        self._cordoned: set[str] = set()  # machines the snapshot has as taking no new task (_refresh_cordons)
         self._parts: dict[tuple, dict] = {}  # machine labels and capacities, one of each (_share_parts)
 
     async def start(self) -> None:
@@ -309,12 +310,16 @@ class RegionState:
             self._share_parts(m)
         if old is not None and old.credential_sha256:
             self.credentials.pop(old.credential_sha256, None)
+        if old is not None and old.entitlement and (m is None or m.entitlement != old.entitlement):
+            self._by_ent[old.entitlement].discard(mid)
         if m is None:
             self.machines.pop(mid, None)
         else:
             self.machines[mid] = m
             if m.credential_sha256:
                 self.credentials[m.credential_sha256] = mid
+            if m.entitlement:
+                self._by_ent[m.entitlement].add(mid)
         if (old is None) != (m is None):
             self.machines_version += 1  # the set of machines changed
         self._dirty_machines.add(mid)
@@ -375,7 +380,11 @@ class RegionState:
         return list(self._open_failures.get(mid, {}).values())
 
     def _refresh_cordons(self, now: float) -> None:
+        """Cordoned: in (or scheduled for) maintenance, or draining or switching in a profile rollout
+        (a task placed there would only be stopped for the switch)."""
         cordoned = {mid for mid in self.maintenance.machines() if mid in self.machines and self.maintenance.of(mid, now)}
+        cordoned |= {mid for r in self.rollouts.values() if r["state"] in ACTIVE
+                     for mid, m in r["machines"].items() if m["phase"] in STOPPED and mid in self.machines}
         self._dirty_machines |= cordoned ^ self._cordoned
         self._cordoned = cordoned
 
@@ -422,6 +431,10 @@ class RegionState:
     def profile_ready(self, m: MachineRec, joining: str | None = None) -> bool:
         name, doc = self.desired_document(m, joining)
         return m.profile_ok and m.profile_applied == name and (doc is None or m.profile_hash in (None, doc["hash"]))
+
+    def machines_of(self, entitlement: str) -> list[MachineRec]:
+        """The entitlement's machines, by id (an index: no pass over the region's machines)."""
+        return [self.machines[mid] for mid in sorted(self._by_ent.get(entitlement, ()))]
 
     def tasks_on(self, mid: str) -> list[TaskRec]:
         return [self.tasks[job][i] for job, i in sorted(self.by_machine.get(mid, ()))]

@@ -17,14 +17,14 @@ def fleet():
 
 
 @pytest.mark.parametrize("request_, message, field", [
-    (job(cpus=8), "no placement for ent/job task 0: 10 machines; type=sky left 8; healthy left 7; not in maintenance left 7; "
+    (job(cpus=8), "no placement for ent/job task 0: 10 machines; type=sky left 8; healthy left 7; not cordoned left 7; "
                   "entitlement=ent or free left 6; cpu>=8 left 0; memory>=512MB left 0", "cpus"),
-    (job(memory_mb=9000), "no placement for ent/job task 0: 10 machines; type=sky left 8; healthy left 7; not in maintenance left 7; "
+    (job(memory_mb=9000), "no placement for ent/job task 0: 10 machines; type=sky left 8; healthy left 7; not cordoned left 7; "
                           "entitlement=ent or free left 6; cpu>=1 left 6; memory>=9000MB left 0", "memory_mb"),
-    (job(dc="dc9"), "no placement for ent/job task 0: 10 machines; type=sky left 8; healthy left 7; not in maintenance left 7; "
+    (job(dc="dc9"), "no placement for ent/job task 0: 10 machines; type=sky left 8; healthy left 7; not cordoned left 7; "
                     "dc=dc9 left 0; entitlement=ent or free left 0; cpu>=1 left 0; memory>=512MB left 0", "dc"),
     # The first 6 tasks fill the six machines' cpus; task 6 finds no room, the count says so.
-    (job(count=7, cpus=4), "no placement for ent/job task 6: 10 machines; type=sky left 8; healthy left 7; not in maintenance left 7; "
+    (job(count=7, cpus=4), "no placement for ent/job task 6: 10 machines; type=sky left 8; healthy left 7; not cordoned left 7; "
                            "entitlement=ent or free left 6; cpu>=4 left 0; memory>=512MB left 0", "cpus"),
 ])
 def test_no_fit_error_lists_what_each_filter_left(request_, message, field):
@@ -35,7 +35,7 @@ def test_no_fit_error_lists_what_each_filter_left(request_, message, field):
 
 def test_no_fit_counts_at_scale_use_thousands_separators():
     snap = snapshot(grid(msbs=10, racks=10, per_rack=20, cpus=1))  # 2,000 machines
-    with pytest.raises(NoPlacement, match=r"2,000 machines; type=sky left 2,000; healthy left 2,000; not in maintenance left 2,000; .* cpu>=2 left 0"):
+    with pytest.raises(NoPlacement, match=r"2,000 machines; type=sky left 2,000; healthy left 2,000; not cordoned left 2,000; .* cpu>=2 left 0"):
         allocate(snap, job(cpus=2))
 
 

@@ -152,7 +152,7 @@ def test_a_cordoned_machine_keeps_its_tasks_takes_no_new_ones_and_moves_one_on_r
     assert grown.task_machines == ("a", "a", "b") and grown.new_tasks == (2,), "kept where they are; new one elsewhere"
     moved = allocate(snap, job("ent/job", 2, replace=(1,)))
     assert moved.task_machines == ("a", "b") and moved.new_tasks == (1,)
-    with pytest.raises(NoPlacement, match="healthy left 1; not in maintenance left 0"):
+    with pytest.raises(NoPlacement, match="healthy left 1; not cordoned left 0"):
         allocate(snapshot([dc_replace(machines[0], cordoned=True)]), job("ent/other", 1))
 
 

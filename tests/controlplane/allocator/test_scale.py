@@ -72,4 +72,4 @@ def test_no_fit_counts_at_scale(region):
     with pytest.raises(NoPlacement) as e:
         allocate(region, job(cpus=16))
     assert str(e.value).startswith("no placement for ent/job task 0: 100,000 machines; type=sky left 34,000; "
-                                   "healthy left 33,320; not in maintenance left 33,320; entitlement=ent or free left 33,320; cpu>=16 left 0")
+                                   "healthy left 33,320; not cordoned left 33,320; entitlement=ent or free left 33,320; cpu>=16 left 0")

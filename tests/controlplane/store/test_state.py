@@ -102,6 +102,9 @@ def test_snapshot_follows_the_watch_in_place_and_matches_a_fresh_build():
         assert index_state(snap) == index_state(want), f"step {step}"
         assert dict(snap.machines) == dict(want.machines) and dict(snap.entitlements) == dict(want.entitlements)
         assert dict(snap._used) == dict(want._used)  # noqa: SLF001
+        for name in ("ent", "b", "c"):  # the index of an entitlement's machines, against a pass over them all
+            assert [m.id for m in state.machines_of(name)] == sorted(
+                m.id for m in state.machines.values() if m.entitlement == name), (step, name)
         if "ent" in snap.entitlements:
             request = job(f"ent/j{rnd.randrange(3)}", rnd.randrange(1, 6), cpus=1.0, memory_mb=256)
             got = [None, None]
@@ -180,3 +183,37 @@ def test_machines_of_a_rack_share_one_labels_dict_and_a_type_one_capacity_dict()
     odd = MachineRec("m4", "m4", {**labels, "extra": ["a"]}, {"cpus": 8, "memory_mb": 8192})
     state._take(KEYS.machine("m4"), encode(odd.to_json()), 4)  # noqa: SLF001
     assert state.machines["m4"].labels["extra"] == ["a"] and not state.skipped
+
+
+def test_a_machine_draining_or_switching_in_a_profile_rollout_takes_no_new_task_until_it_starts_again():
+    """A cordon, as for maintenance: a task placed on a machine about to switch would only be
+    stopped for it. The tasks already there keep it (they are stopped and started in place)."""
+    state = RegionState(None, KEYS)
+    labels = {"region": "r", "dc": "dc1", "msb": "b1", "rack": "k1", "machine_type": "sky"}
+    for rev, mid in enumerate(("a", "b"), start=1):
+        state._apply(KEYS.machine(mid), encode(MachineRec(mid, mid, labels, {"cpus": 4, "memory_mb": 8192},  # noqa: SLF001
+                                                   entitlement="ent").to_json()), rev)
+    state._apply(KEYS.entitlement("ent"), encode(EntitlementRec("ent", "sky", 2).to_json()), 3)  # noqa: SLF001
+    state._apply(KEYS.task("ent/old", 0), encode(TaskRec("ent/old", 0, 1, {"cpus": 1, "memory_mb": 256}, "a",  # noqa: SLF001
+                                                  "suspended").to_json()), 4)
+
+    def rollout(phase: str, state_: str = "rolling") -> dict:
+        return {"id": "r1", "entitlement": "ent", "state": state_, "from": None, "to": None, "machines": {
+            "a": {"phase": phase, "batch": 1}, "b": {"phase": "pending", "batch": None}}, "batches": []}
+
+    def placed(n: int) -> set[str]:  # where a new job's tasks land: the fullest machine first
+        return set(allocate(state.snapshot(), job("ent/new", count=n, cpus=0.5, memory_mb=64)).task_machines)
+
+    assert placed(1) == {"a"}  # best fit: beside the task already there
+    for rev, phase in enumerate(("draining", "switching"), start=5):
+        state._apply(KEYS.rollout("ent"), encode(rollout(phase)), rev)  # noqa: SLF001 - the watch's own path
+        assert placed(1) == {"b"}, phase
+    state._apply(KEYS.rollout("ent"), encode(rollout("starting")), 7)  # noqa: SLF001
+    assert placed(1) == {"a"}
+    state._apply(KEYS.rollout("ent"), encode(rollout("switching", "done")), 8)  # noqa: SLF001 - a rollout that ended
+    assert placed(1) == {"a"}
+    both = rollout("draining")
+    both["machines"]["b"] = {"phase": "switching", "batch": 1}  # max_unavailable 2: both in the batch
+    state._apply(KEYS.rollout("ent"), encode(both), 9)  # noqa: SLF001
+    with pytest.raises(AllocationError, match="healthy left 2; not cordoned left 0"):
+        placed(1)

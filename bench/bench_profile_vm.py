@@ -99,7 +99,7 @@ def main() -> int:
     ap.add_argument("--no-up", action="store_true", help="use the region that is up (vagrant/.region)")
     ap.add_argument("--keep", action="store_true", help="leave the region up")
     args = ap.parse_args()
-    region = Region(machines=1)
+    region = Region(machines=1, spare=False)
     if not args.no_up:
         t0 = time.monotonic()
         region.up()

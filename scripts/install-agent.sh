@@ -3,7 +3,7 @@
 #
 #   install-agent.sh --control-plane URL[,URL...] --bootstrap-token-file FILE [--dc DC] [--msb MSB]
 #                    [--rack RACK] [--machine-type TYPE] [--region R] [--listen HOST:PORT]
-#                    [--address HOST:PORT] [--wheelhouse DIR] [--control-plane-ca FILE]
+#                    [--address HOST:PORT] [--wheelhouse DIR] [--control-plane-ca FILE] [--no-start]
 #   install-agent.sh --uninstall [--purge]
 #
 # Installs /opt/twine (code in a virtualenv, shipped profiles), /etc/twine/agent.toml (written from
@@ -14,6 +14,8 @@
 # commas: the agent calls them in that order and moves to the next one when one fails.
 # --control-plane-ca FILE: the CA an https control plane's certificate chains to (/etc/twine/ca.pem).
 # --wheelhouse DIR installs offline, from wheels made by scripts/build-wheelhouse.sh.
+# --no-start installs and enables the service without starting it: a spare host that joins the
+# region (its free pool) when you run `systemctl start twine-agent`, or at its next boot.
 # --uninstall stops and removes the service and /opt/twine; task containers keep running
 # (docker ps); --purge also removes /etc/twine and the agent's state (its machine credential).
 # Checks first: cgroup v2, Docker answering, a machine id; each failure says what to do.
@@ -22,7 +24,7 @@ src=$(cd "$(dirname "$0")/.." && pwd)
 . "$src/scripts/install-lib.sh"
 
 control_plane="" token_file="" wheelhouse="" uninstall=0 purge=0 ca_file=""
-listen="" address="" region="" dc="" msb="" rack="" machine_type=""
+listen="" address="" region="" dc="" msb="" rack="" machine_type="" start=start
 while [ $# -gt 0 ]; do
   case $1 in
     --control-plane) control_plane=${2:?}; shift 2;;
@@ -38,6 +40,7 @@ while [ $# -gt 0 ]; do
     --address) address=${2:?}; shift 2;;
     --uninstall) uninstall=1; shift;;
     --purge) purge=1; shift;;
+    --no-start) start=no-start; shift;;
     -h|--help) sed -n '2,/^set -e/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0;;
     *) usage_error "unknown argument: $1";;
   esac
@@ -116,4 +119,4 @@ fi
 /opt/twine/venv/bin/twine-agent --config $config profile current >/dev/null \
   || die "$config is not valid (see the message above)"
 
-install_unit twine-agent "$src"
+install_unit twine-agent "$src" $start

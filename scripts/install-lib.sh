@@ -45,9 +45,10 @@ install_code() {
   mkdir -p /etc/twine/profiles
 }
 
-# install_unit NAME SRC: the unit file, then daemon-reload; start or restart it (an upgrade).
+# install_unit NAME SRC [no-start]: the unit file, then daemon-reload; enable it and start or restart
+# it (an upgrade); with no-start, enabled (it starts at the next boot) and not started now.
 install_unit() {
-  local name=$1 src=$2
+  local name=$1 src=$2 start=${3:-start}
   install -m 0644 "$src/systemd/$name.service" "/etc/systemd/system/$name.service"
   if ! have_systemd; then
     echo "${0##*/}: systemd is not PID 1 here: $name.service installed, not started"
@@ -55,6 +56,10 @@ install_unit() {
   fi
   systemctl daemon-reload
   systemctl enable "$name.service" >/dev/null 2>&1
+  if [ "$start" = no-start ]; then
+    echo "${0##*/}: $name.service installed and enabled, not started (systemctl start $name)"
+    return 0
+  fi
   systemctl restart "$name.service" || {
     journalctl -u "$name.service" -n 30 --no-pager >&2 || true
     die "$name.service did not start (journalctl -u $name.service)"

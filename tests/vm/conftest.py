@@ -1,5 +1,5 @@
 """The Vagrant region, brought up once per test session with the same `vagrant up` users run:
-a control VM and two machine VMs. It boots in the background from the moment the VM tests are
+a control VM, two machine VMs and a spare whose agent is held (tests/vm/region.py). It boots in the background from the moment the VM tests are
 collected (tests/conftest.py starts it and orders the VM tests last), so the other tests run
 meanwhile. Under CI=true a missing part fails the tests; elsewhere they are skipped.
 TWINE_VM_KEEP=1 leaves the region up at the end, and a region that is up is then used as it is

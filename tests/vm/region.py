@@ -23,7 +23,8 @@ REPO = Path(__file__).resolve().parents[2]
 VAGRANT = REPO / "vagrant"
 VMENV = VAGRANT / "vmenv.sh"
 REGION = VAGRANT / ".region"
-MACHINES = ("m1", "m2")
+MACHINES = ("m1", "m2")  # the machine VMs every VM test has
+SPARE = "m3"  # up with the region, its agent held (not started) until a test adds it (Region.add)
 API_PORT = 17080
 
 
@@ -43,14 +44,20 @@ def kvm_usable() -> bool:
 
 
 class Region:
-    def __init__(self, machines: int = len(MACHINES)) -> None:
+    def __init__(self, machines: int = len(MACHINES), spare: bool = True) -> None:
+        # `up` starts control and the first `machines` machine VMs, then the spare (m3) with its
+        # agent installed and not started (TWINE_HELD): it is no machine of the region until a test
+        # starts its agent (`add`), and it is destroyed (`remove`) when that test is done.
+        self.base = ("control", *(f"m{i}" for i in range(1, machines + 1)))
+        self.spare = f"m{machines + 1}" if spare else None
         self.env = {
             **os.environ,
-            "TWINE_MACHINES": str(machines),
-            # m1 has 2 vCPUs (IRQs to move between, irqbalance to hold off), m2 and control 1: more
+            "TWINE_MACHINES": str(machines + spare),
+            "TWINE_HELD": self.spare or "",
+            # m1 has 2 vCPUs (IRQs to move between, irqbalance to hold off), the others 1: more
             # emulated vCPUs than host cores slows every guest sharply.
-            "TWINE_VM_CPUS": "2 1",
-            "TWINE_LABELS": "dc1/msb1 dc2/msb2",
+            "TWINE_VM_CPUS": "2 1 1",
+            "TWINE_LABELS": "dc1/msb1 dc2/msb2 dc1/msb3",
             "TWINE_VM_MEMORY": "768",
             "TWINE_API_PORT": str(API_PORT),
             "TWINE_LIBVIRT_DRIVER": os.environ.get("TWINE_LIBVIRT_DRIVER") or ("kvm" if kvm_usable() else "qemu"),
@@ -139,11 +146,17 @@ class Region:
         if self.run(str(VMENV), "status", inside=False, check=False).returncode != 0:
             return False
         out = self.run("vagrant", "status", "--machine-readable", check=False).stdout
-        states = [line.split(",")[3] for line in out.splitlines() if ",state," in line]
-        if not states or any(s != "running" for s in states):
+        states = {line.split(",")[1]: line.split(",")[3] for line in out.splitlines() if ",state," in line}
+        if any(states.get(vm) != "running" for vm in self.base):
             return False
-        self.ssh_config.write_text(self.run("vagrant", "ssh-config", timeout=300).stdout)
+        self.write_ssh_config()
         return True
+
+    def write_ssh_config(self) -> None:
+        """ssh's settings for every VM that is running (`vagrant ssh-config` fails on one not created)."""
+        out = self.run("vagrant", "status", "--machine-readable", check=False).stdout
+        running = [line.split(",")[1] for line in out.splitlines() if line.split(",")[2:4] == ["state", "running"]]
+        self.ssh_config.write_text(self.run("vagrant", "ssh-config", *running, timeout=300).stdout)
 
     def up(self) -> None:
         t0 = time.monotonic()
@@ -155,10 +168,27 @@ class Region:
         log(f"box ready in {self.timings['box']:.0f} s: {r.stdout.strip().splitlines()[-1] if r.stdout.strip() else ''}")
         self.run(str(VMENV), "up", inside=False, timeout=120)
         t0 = time.monotonic()
-        self.vagrant("up", timeout=2400)
+        self.vagrant("up", *self.base, timeout=2400)
         self.timings["up"] = time.monotonic() - t0
-        config = self.run("vagrant", "ssh-config", timeout=300).stdout
-        self.ssh_config.write_text(config)
+        if self.spare:  # once the others are up: fewer emulated boots at once beside the host's tests
+            t0 = time.monotonic()
+            self.vagrant("up", self.spare, timeout=2400)
+            self.timings["spare"] = time.monotonic() - t0
+        self.write_ssh_config()
+
+    def add(self, vm: str) -> None:
+        """The spare machine VM joins the region: its agent started (the VM brought up first if it
+        is not running, e.g. a kept region whose spare a test removed)."""
+        out = self.run("vagrant", "status", vm, "--machine-readable", check=False).stdout
+        if f",{vm},state,running" not in out:
+            self.vagrant("up", vm, timeout=2400)
+            self.write_ssh_config()
+        self.ssh(vm, "systemctl start twine-agent")
+
+    def remove(self, vm: str) -> None:
+        """Destroy a spare machine VM: its machine stays in the region as one that stopped answering."""
+        self.vagrant("destroy", "-f", vm, timeout=900)
+        self.write_ssh_config()
 
     def down(self) -> None:
         t0 = time.monotonic()

@@ -1,72 +1,168 @@
-"""Host-profile rollouts on real guest kernels (issue #28): an entitlement holding both machine VMs
-and a job with a task on each (max_unavailable 1: the built-in policy; a TaskController of the job's
-would sit on the host, which the control VM cannot call). A profile change reaches the VMs one at
-a time, each task stopped before its VM switches and started after; each guest's kernel holds the
-new value afterwards. A profile that breaks the tasks (they exit when vm.swappiness is 23) fails
-its first batch when the task does not run within the deadline: that VM is rolled back, and the
-other is never switched (its kernel never held the value)."""
+"""Host-profile rollouts on real guest kernels (issue #28): an entitlement of three machine VMs (the
+region's two and its spare, m3, whose agent this test starts: three MSBs) and a replica-aware job, one
+shard with a replica on each VM, whose TaskController (the SDK's replica_aware program) runs on the
+control VM beside controld under systemd.
+
+A profile change reaches the VMs one at a time: each task stopped (a `reprofile` operation its
+controller acked) before its VM switches and started after, never two replicas down, never two VMs
+in a batch; each guest's kernel holds the new value afterwards. A profile that breaks the tasks
+(they exit while vm.swappiness is 23) fails its first batch when the task does not run within the
+deadline: that VM is rolled back, and the others never change (their kernels sampled throughout)."""
 
 from __future__ import annotations
 
 import json
+import subprocess
+import threading
+import time
 
 import pytest
 
+from tests.vm.region import MACHINES, SPARE
 from tests.vm.test_profiles import back_in_the_free_pool
 
-pytestmark = [pytest.mark.vm, pytest.mark.timeout(2700)]
+pytestmark = [pytest.mark.vm, pytest.mark.timeout(3600)]
 
+VMS = (*MACHINES, SPARE)
 PROFILE = '[sysctl]\n"vm.swappiness" = {}\n'
 # exits (and exits again at each restart) while the kernel holds swappiness 23
 TASK = ["sh", "-c", "trap 'exit 0' TERM; while true; do [ \"$(cat /proc/sys/vm/swappiness)\" = 23 ] && exit 1; "
         "sleep 1; done"]
+CONTROLLER = "twine-test-controller"  # a transient unit on the control VM
+PORT = 9091
+
+
+@pytest.fixture(scope="module")
+def three(region):
+    """The region with its spare machine VM's agent started (it joins the free pool); the VM is
+    destroyed afterwards: the other VM tests hold the region's two machines."""
+    try:
+        region.add(SPARE)
+        region.wait(lambda: region.machines().get(SPARE, {}).get("healthy"), 600, f"{SPARE} healthy")
+        yield region
+    finally:
+        region.remove(SPARE)
+
+
+@pytest.fixture
+def controller(three):
+    """The replica-aware controller on the control VM: one shard, replicas on tasks 0, 1 and 2."""
+    three.ssh("control", f"echo '{json.dumps({'s': [0, 1, 2]})}' > /root/shards.json && "
+                         f"systemd-run --unit {CONTROLLER} /opt/twine/venv/bin/python -m "
+                         f"controlplane.taskcontrol.controllers.replica_aware --listen 127.0.0.1:{PORT} "
+                         "--shards /root/shards.json")
+    three.wait(lambda: f":{PORT} " in three.ssh("control", "ss -Hltn"), 300, "the controller listening")
+    try:
+        yield f"http://127.0.0.1:{PORT}/"
+    finally:
+        three.ssh("control", f"systemctl stop {CONTROLLER}; systemctl reset-failed {CONTROLLER}", check=False)
 
 
 def swappiness(region) -> dict[str, str]:
-    return {vm: region.ssh(vm, "cat /proc/sys/vm/swappiness").strip() for vm in ("m1", "m2")}
+    return {vm: region.ssh(vm, "cat /proc/sys/vm/swappiness").strip() for vm in VMS}
 
 
-def test_a_profile_rolls_out_one_vm_at_a_time_and_a_bad_one_is_rolled_back_on_the_first(region, tmp_path):
+class Watch(threading.Thread):
+    """About every second, from controld's answers: the most tasks of the job not running at once,
+    the most machines in a batch's phases at once, and the VMs whose task was seen not running while
+    their machine was in a batch. With `kernels`, also each VM's vm.swappiness as sampled."""
+
+    def __init__(self, region, ent: str, kernels: bool = False):
+        super().__init__(daemon=True)
+        self.region, self.ent, self.kernels = region, ent, kernels
+        self.most_down = self.most_busy = 0
+        self.stopped_on: set[str] = set()
+        self.seen: dict[str, set[str]] = {vm: set() for vm in VMS}
+        self.samples, self.errors = 0, []
+        self.halt = threading.Event()
+
+    def run(self) -> None:
+        hosts = {m["id"]: host for host, m in self.region.machines().items()}
+        while not self.halt.is_set():
+            try:
+                self.sample(hosts)
+            except (AssertionError, KeyError, subprocess.TimeoutExpired) as e:  # a slow answer: the next sample
+                self.errors.append(str(e)[-300:])
+            time.sleep(1)
+
+    def sample(self, hosts: dict[str, str]) -> None:
+        if self.kernels:
+            for vm, value in swappiness(self.region).items():
+                self.seen[vm].add(value)
+        tasks = self.region.ctl("job", "status", f"{self.ent}/svc")["tasks"]
+        running_on = {hosts.get(t.get("machine")) for t in tasks if t["state"] == "running"}
+        self.most_down = max(self.most_down, 3 - sum(t["state"] == "running" for t in tasks))
+        r = self.region.ctl("entitlement", "rollout", "status", self.ent)
+        busy = [hosts[m["id"]] for m in r.get("machines", []) if m["phase"] in ("draining", "switching", "starting")]
+        self.most_busy = max(self.most_busy, len(busy))
+        self.stopped_on |= {vm for vm in busy if vm not in running_on}
+        self.samples += 1
+
+
+def watching(region, ent: str, *args: str, kernels: bool = False):
+    watch = Watch(region, ent, kernels)
+    watch.start()
+    try:
+        return region.ctl("entitlement", "modify", ent, *args, check=False), watch
+    finally:
+        watch.halt.set()
+        watch.join(60)
+
+
+def test_a_profile_rolls_out_one_vm_at_a_time_past_a_replica_aware_controller_and_a_bad_one_is_rolled_back(
+        three, controller, tmp_path):
+    region = three
     for name, value in (("vm-roll-a", 21), ("vm-roll-b", 22), ("vm-roll-bad", 23)):
         region.ssh("control", f"cat > /etc/twine/profiles/{name}.toml <<'EOF'\n{PROFILE.format(value)}EOF")
     ent = region.name("roll")
-    region.ctl("entitlement", "create", ent, "--machine-type", "generic", "--quota", "2", "--profile", "vm-roll-a",
-               "--rollout-deadline", "300")
+    region.ctl("entitlement", "create", ent, "--machine-type", "generic", "--quota", "3", "--profile", "vm-roll-a",
+               "--rollout-deadline", "300", "--allow-controller-network", "127.0.0.0/8")
     spec = tmp_path / "svc.yaml"
-    spec.write_text(json.dumps({"entitlement": ent, "name": "svc", "count": 2, "update": {"max_unavailable": 1},
+    spec.write_text(json.dumps({"entitlement": ent, "name": "svc", "count": 3, "controller": controller,
                                 "task": {"image": "twine/busybox:1", "command": TASK, "cpus": 0.1, "memory_mb": 16}}))
     try:
         region.ctl("job", "run", str(spec), "--wait", "900")
-        assert swappiness(region) == {"m1": "21", "m2": "21"}
-        started = {vm: region.containers(vm) for vm in ("m1", "m2")}
+        assert swappiness(region) == {vm: "21" for vm in VMS}
+        started = {vm: region.containers(vm) for vm in VMS}
+        assert all(len(c) == 1 for c in started.values()), started  # a replica on each VM (three MSBs)
 
-        done = region.ctl("entitlement", "modify", ent, "--profile", "vm-roll-b", "--wait", "1200", check=False)
+        done, watch = watching(region, ent, "--profile", "vm-roll-b", "--wait", "1500")
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        print(f"$ twinectl entitlement modify {ent} --profile vm-roll-b --wait 1500\n{done.stdout}")
         r = region.ctl("entitlement", "rollout", "status", ent)
-        assert r["state"] == "done" and [len(b["machines"]) for b in r["batches"]] == [1, 1], r
-        assert swappiness(region) == {"m1": "22", "m2": "22"}, "each guest's kernel holds the new value"
-        for vm in ("m1", "m2"):  # its task was stopped around the switch: a new container
+        assert r["state"] == "done" and [len(b["machines"]) for b in r["batches"]] == [1, 1, 1], r
+        assert swappiness(region) == {vm: "22" for vm in VMS}, "each guest's kernel holds the new value"
+        print(f"{watch.samples} samples of controld's answers ({len(watch.errors)} failed)")
+        assert watch.most_busy == 1, "never two VMs at once"
+        assert watch.most_down <= 1, "the replica-aware controller never had two replicas down"
+        assert watch.stopped_on == set(VMS), f"each VM's task seen stopped around its switch: {watch.stopped_on}"
+        for vm in VMS:  # its task was stopped and started again: a new container
             now = region.containers(vm)
             assert now and set(now.values()).isdisjoint(started[vm].values()), (started[vm], now)
-        region.wait(lambda: region.ctl("job", "status", f"{ent}/svc")["summary"].get("running") == 2, 600,
-                    "both tasks running")
+        decided = region.ssh("control", f"journalctl -u {CONTROLLER} --no-pager -o cat")
+        acked = {line.split("acked ")[1].split(";")[0] for line in decided.splitlines() if "reprofile/" in line
+                 and "acked ['reprofile/" in line}
+        assert len(acked) >= 3 and all(a.count("reprofile/") == 1 for a in acked), decided[-3000:]
+        region.wait(lambda: region.ctl("job", "status", f"{ent}/svc")["summary"].get("running") == 3, 600,
+                    "the three tasks running")
 
         region.ctl("entitlement", "modify", ent, "--rollout-deadline", "60")
-        bad = region.ctl("entitlement", "modify", ent, "--profile", "vm-roll-bad", "--wait", "1200", check=False)
+        bad, watch = watching(region, ent, "--profile", "vm-roll-bad", "--wait", "1500", kernels=True)
         assert bad.returncode == 1, bad.stdout[-3000:] + bad.stderr[-3000:]
         r = region.ctl("entitlement", "rollout", "status", ent)
         first = r["batches"][0]
         assert r["state"] == "rolled_back" and first["outcome"] == "failed", r
         assert "tasks not running 60 s after the switch" in first["why"], first
         assert [b["machines"] for b in r["batches"]] == [first["machines"], first["machines"]]
-        assert swappiness(region) == {"m1": "22", "m2": "22"}
-        by_id = {m["id"]: host for host, m in region.machines().items()}
-        other = next(m["id"] for m in r["machines"] if m["id"] != first["machines"][0])
-        assert by_id[other] in ("m1", "m2") and all(other not in b["machines"] for b in r["batches"])
+        assert swappiness(region) == {vm: "22" for vm in VMS}
+        hosts = {m["id"]: host for host, m in region.machines().items()}
+        changed = hosts[first["machines"][0]]
+        assert watch.seen[changed] >= {"22", "23"}, watch.seen  # it held the bad value, and holds 22 again
+        assert all(watch.seen[vm] == {"22"} for vm in VMS if vm != changed), watch.seen
         assert region.ctl("entitlement", "show", ent)["profile"] == "vm-roll-b"
-        region.wait(lambda: region.ctl("job", "status", f"{ent}/svc")["summary"].get("running") == 2, 600,
-                    "both tasks running again")
+        region.wait(lambda: region.ctl("job", "status", f"{ent}/svc")["summary"].get("running") == 3, 600,
+                    "the three tasks running again")
     finally:
         region.ctl("job", "stop", f"{ent}/svc", "--wait", "600", check=False)
-    for vm in ("m1", "m2"):
+    for vm in VMS:
         back_in_the_free_pool(region, vm)

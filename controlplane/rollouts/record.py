@@ -72,6 +72,14 @@ def machine_doc(r: dict, mid: str) -> dict | None:
     return target(r)
 
 
+def stopping(r: object) -> list[str]:
+    """The machines an active rollout record has draining or switching (their tasks stopped: they
+    take no new task); a record of another shape has none (read by every placement: never raises)."""
+    if not isinstance(r, dict) or r.get("state") not in ACTIVE or not isinstance(r.get("machines"), dict):
+        return []
+    return [mid for mid, m in r["machines"].items() if isinstance(m, dict) and m.get("phase") in STOPPED]
+
+
 def phase(r: dict | None, mid: str) -> str | None:
     """The machine's phase in an active rollout (None: not in one)."""
     if r is None or r["state"] not in ACTIVE:

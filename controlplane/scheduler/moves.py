@@ -75,6 +75,8 @@ def _unfit(job: JobRec, t: TaskRec | None, req: dict, target: MachineStatus | No
         return f"{req.get('target')} is not healthy"
     if target.maintenance is not None:
         return f"{req.get('target')} is in maintenance"
+    if target.reprofile is not None and target.reprofile.stops:
+        return f"{req.get('target')} is {target.reprofile.phase} in a profile rollout"
     if not target.profile_ready and not req.get("take"):  # (a free machine taken gets the profile then)
         return f"{req.get('target')} does not have its entitlement's profile ready"
     return ""

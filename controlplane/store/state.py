@@ -22,7 +22,7 @@ import msgspec
 
 from controlplane.allocator import Entitlement, Machine, PlacedTask, Snapshot, SpreadPolicy
 from controlplane.opsplanner.maintenance import Calendar
-from controlplane.rollouts.record import ACTIVE, STOPPED, doc_name, machine_doc
+from controlplane.rollouts.record import doc_name, machine_doc, stopping
 from controlplane.store.records import ON_MACHINE, EntitlementRec, EventRec, JobRec, MachineRec, TaskRec
 from controlplane.security.sealing import Sealer
 from controlplane.store import Index, Store, Versioned
@@ -311,7 +311,7 @@ class RegionState:
         if old is not None and old.credential_sha256:
             self.credentials.pop(old.credential_sha256, None)
         if old is not None and old.entitlement and (m is None or m.entitlement != old.entitlement):
-            self._by_ent[old.entitlement].discard(mid)
+            self._by_ent[old.entitlement].discard(mid)  # (an empty set stays: one per entitlement seen)
         if m is None:
             self.machines.pop(mid, None)
         else:
@@ -380,11 +380,9 @@ class RegionState:
         return list(self._open_failures.get(mid, {}).values())
 
     def _refresh_cordons(self, now: float) -> None:
-        """Cordoned: in (or scheduled for) maintenance, or draining or switching in a profile rollout
-        (a task placed there would only be stopped for the switch)."""
+        """Cordoned: in (or scheduled for) maintenance, or draining or switching in a profile rollout."""
         cordoned = {mid for mid in self.maintenance.machines() if mid in self.machines and self.maintenance.of(mid, now)}
-        cordoned |= {mid for r in self.rollouts.values() if r["state"] in ACTIVE
-                     for mid, m in r["machines"].items() if m["phase"] in STOPPED and mid in self.machines}
+        cordoned |= {mid for r in self.rollouts.values() for mid in stopping(r) if mid in self.machines}
         self._dirty_machines |= cordoned ^ self._cordoned
         self._cordoned = cordoned
 

@@ -5,6 +5,9 @@ copy fails, is late, or its machine fails; requests that cannot start are droppe
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+from controlplane.scheduler.ops import Reprofile
 from controlplane.scheduler.reconcile import Gate, MachineStatus, reconcile
 from controlplane.store.records import Moving
 from tests.controlplane.scheduler.test_reconcile import H, job, running, task
@@ -75,6 +78,8 @@ def test_requests_that_cannot_start_are_dropped_with_why():
     cases = [({0: {**REQ, "source": "m9"}}, {"m2": machine("m2")}, "no longer running on m9"),
              ({0: REQ}, {"m2": machine("m2", healthy=False)}, "m2 is not healthy"),
              ({0: REQ}, {"m2": machine("m2", ready=False)}, "does not have its entitlement's profile ready"),
+             ({0: REQ}, {"m2": replace(machine("m2"), reprofile=Reprofile("r1", "draining", "a -> b"))},
+              "m2 is draining in a profile rollout"),
              ({0: REQ}, {}, "m2 is not healthy"),
              ({1: REQ}, {"m2": machine("m2")}, "the task is gone")]
     for requests, ms, why in cases:

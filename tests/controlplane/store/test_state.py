@@ -212,8 +212,11 @@ def test_a_machine_draining_or_switching_in_a_profile_rollout_takes_no_new_task_
     assert placed(1) == {"a"}
     state._apply(KEYS.rollout("ent"), encode(rollout("switching", "done")), 8)  # noqa: SLF001 - a rollout that ended
     assert placed(1) == {"a"}
+    for bad in ({"state": "rolling"}, {"state": "rolling", "machines": {"a": "draining"}}, ["not", "a", "record"]):
+        state._apply(KEYS.rollout("ent"), encode(bad), 9)  # noqa: SLF001 - unchecked JSON: it cordons nothing
+        assert placed(1) == {"a"}, bad
     both = rollout("draining")
     both["machines"]["b"] = {"phase": "switching", "batch": 1}  # max_unavailable 2: both in the batch
-    state._apply(KEYS.rollout("ent"), encode(both), 9)  # noqa: SLF001
+    state._apply(KEYS.rollout("ent"), encode(both), 10)  # noqa: SLF001
     with pytest.raises(AllocationError, match="healthy left 2; not cordoned left 0"):
         placed(1)

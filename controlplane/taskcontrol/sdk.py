@@ -123,6 +123,7 @@ class TaskController:
         self.calls: deque[dict] = deque(maxlen=1000)
         self._lock = threading.Lock()
         self._dry: dict[str, dict[str, Operation]] = {}  # a dry run's operations in flight, by its dryRunId
+        self._last_logged: tuple = ()  # the last decision its log said
 
     def decide(self, request: Request) -> Iterable[str | Operation]:
         """Which of `request.ops` may proceed now (any subset, any order)."""
@@ -159,7 +160,9 @@ class TaskController:
                                "completed": [op.id for op in request.completed],
                                "unhealthy": sorted(request.unhealthy_indices()),
                                "notices": [n.id for n in request.notices]})
-            if asked or request.completed:  # a controller's log says what it decided (calls that ask nothing: not)
+            decided = (request.job, tuple(sorted(asked)), tuple(acks))
+            if request.completed or (asked and decided != self._last_logged):  # its log says what it decided,
+                self._last_logged = decided  # once: an op it holds back is asked again at every call
                 log.info("%s: call %d: asked %s; acked %s; completed %s; unhealthy %s", request.job,
                          request.sequence, sorted(asked) or "-", acks or "-",
                          [op.id for op in request.completed] or "-", sorted(request.unhealthy_indices()) or "-")

@@ -54,16 +54,19 @@ def test_acks_only_the_ids_it_was_asked_about():
     assert set(c.in_flight) == {"restart/1/v2", "restart/2/v2"}
 
 
-def test_its_log_says_what_it_decided_on_calls_that_ask_or_report_something(caplog):
+def test_its_log_says_each_decision_once_and_each_completion(caplog):
     c = Scripted(lambda r: [o.id for o in r.ops if o.index != 2])
     with caplog.at_level("INFO", logger="twine.taskcontrol.sdk"):
         c.process(body(1))  # nothing asked, nothing completed: no line
         c.process(body(2, [op(1), op(2)], unhealthy=[{"job": H, "index": 4, "machine": "m4", "state": "lost"}]))
-        c.process(body(3, completed=[done(op(1))]))
+        c.process(body(3, [op(2)]))  # the op it holds back, asked again: a new decision
+        c.process(body(4, [op(2)]))  # and again: the same decision, no line
+        c.process(body(5, completed=[done(op(1))]))
     lines = [r.getMessage() for r in caplog.records]
     assert lines == [f"{H}: call 2: asked ['restart/1/v2', 'restart/2/v2']; acked ['restart/1/v2']; completed -; "
                      "unhealthy [4]",
-                     f"{H}: call 3: asked -; acked -; completed ['restart/1/v2']; unhealthy -"], lines
+                     f"{H}: call 3: asked ['restart/2/v2']; acked -; completed -; unhealthy -",
+                     f"{H}: call 5: asked -; acked -; completed ['restart/1/v2']; unhealthy -"], lines
 
 
 def test_decide_may_return_operations_or_ids():

@@ -46,7 +46,8 @@ install_code() {
 }
 
 # install_unit NAME SRC [no-start]: the unit file, then daemon-reload; enable it and start or restart
-# it (an upgrade); with no-start, enabled (it starts at the next boot) and not started now.
+# it (an upgrade); with no-start, enabled (it starts at the next boot) and not started now unless
+# it runs already (then restarted: an upgrade).
 install_unit() {
   local name=$1 src=$2 start=${3:-start}
   install -m 0644 "$src/systemd/$name.service" "/etc/systemd/system/$name.service"
@@ -56,10 +57,10 @@ install_unit() {
   fi
   systemctl daemon-reload
   systemctl enable "$name.service" >/dev/null 2>&1
-  if [ "$start" = no-start ]; then
+  if [ "$start" = no-start ] && ! systemctl -q is-active "$name.service"; then
     echo "${0##*/}: $name.service installed and enabled, not started (systemctl start $name)"
     return 0
-  fi
+  fi  # (one running is restarted on the new code all the same)
   systemctl restart "$name.service" || {
     journalctl -u "$name.service" -n 30 --no-pager >&2 || true
     die "$name.service did not start (journalctl -u $name.service)"

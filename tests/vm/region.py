@@ -92,11 +92,11 @@ class Region:
                      "--", "sudo", "bash", "-c", shlex.quote(command), timeout=timeout, check=check)
         return r.stdout
 
-    def ctl(self, *args: str, check: bool = True):
+    def ctl(self, *args: str, check: bool = True, timeout: float = 1200):
         """twinectl on this host, as an operator runs it; --json answers parsed."""
         env = {"TWINE_URL": f"https://127.0.0.1:{API_PORT}", "TWINE_CA": str(REGION / "pki" / "ca.pem"),
                "TWINE_TOKEN_FILE": str(REGION / "api-token")}
-        r = self.run(str(REPO / ".venv/bin/twinectl"), "--json", *args, env=env, timeout=1200, check=check)
+        r = self.run(str(REPO / ".venv/bin/twinectl"), "--json", *args, env=env, timeout=timeout, check=check)
         if not check:
             return r
         return json.loads(r.stdout) if r.stdout.strip() else None
@@ -120,8 +120,9 @@ class Region:
     # -- what tests read --------------------------------------------------------------------
 
     def machines(self) -> dict[str, dict]:
-        """controld's machines by hostname."""
-        return {m["hostname"]: m for m in self.ctl("machine", "list")["machines"]}
+        """controld's machines by hostname (a hostname that registered again, as a spare brought up
+        anew in a kept region does: its healthy record)."""
+        return {m["hostname"]: m for m in sorted(self.ctl("machine", "list")["machines"], key=lambda m: m["healthy"])}
 
     def containers(self, vm: str) -> dict[str, tuple[str, str, int]]:
         """The VM's task containers: name -> (id, StartedAt, RestartCount)."""

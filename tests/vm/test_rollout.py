@@ -12,7 +12,6 @@ deadline: that VM is rolled back, and the others never change (their kernels sam
 from __future__ import annotations
 
 import json
-import subprocess
 import threading
 import time
 
@@ -63,39 +62,35 @@ def swappiness(region) -> dict[str, str]:
 
 
 class Watch(threading.Thread):
-    """About every second, from controld's answers: the most tasks of the job not running at once,
-    the most machines in a batch's phases at once, and the VMs whose task was seen not running while
-    their machine was in a batch. With `kernels`, also each VM's vm.swappiness as sampled."""
+    """About every second, from controld's answers: the most tasks of the job not running at once
+    and the most machines in a batch's phases at once. With `kernels`, also each VM's vm.swappiness
+    as sampled."""
 
     def __init__(self, region, ent: str, kernels: bool = False):
         super().__init__(daemon=True)
         self.region, self.ent, self.kernels = region, ent, kernels
         self.most_down = self.most_busy = 0
-        self.stopped_on: set[str] = set()
         self.seen: dict[str, set[str]] = {vm: set() for vm in VMS}
         self.samples, self.errors = 0, []
         self.halt = threading.Event()
 
     def run(self) -> None:
-        hosts = {m["id"]: host for host, m in self.region.machines().items()}
         while not self.halt.is_set():
             try:
-                self.sample(hosts)
-            except (AssertionError, KeyError, subprocess.TimeoutExpired) as e:  # a slow answer: the next sample
-                self.errors.append(str(e)[-300:])
+                self.sample()
+            except Exception as e:  # noqa: BLE001 - a slow or odd answer: counted, and the next sample
+                self.errors.append(f"{type(e).__name__}: {str(e)[-300:]}")
             time.sleep(1)
 
-    def sample(self, hosts: dict[str, str]) -> None:
+    def sample(self) -> None:
         if self.kernels:
             for vm, value in swappiness(self.region).items():
                 self.seen[vm].add(value)
         tasks = self.region.ctl("job", "status", f"{self.ent}/svc")["tasks"]
-        running_on = {hosts.get(t.get("machine")) for t in tasks if t["state"] == "running"}
         self.most_down = max(self.most_down, 3 - sum(t["state"] == "running" for t in tasks))
         r = self.region.ctl("entitlement", "rollout", "status", self.ent)
-        busy = [hosts[m["id"]] for m in r.get("machines", []) if m["phase"] in ("draining", "switching", "starting")]
+        busy = [m["id"] for m in r["machines"] if m["phase"] in ("draining", "switching", "starting")]
         self.most_busy = max(self.most_busy, len(busy))
-        self.stopped_on |= {vm for vm in busy if vm not in running_on}
         self.samples += 1
 
 
@@ -103,10 +98,16 @@ def watching(region, ent: str, *args: str, kernels: bool = False):
     watch = Watch(region, ent, kernels)
     watch.start()
     try:
-        return region.ctl("entitlement", "modify", ent, *args, check=False), watch
+        return region.ctl("entitlement", "modify", ent, *args, check=False, timeout=1600), watch
     finally:
         watch.halt.set()
         watch.join(60)
+
+
+def decisions(region) -> list[str]:
+    """The controller's log: a line for each decision and each completion it was told of."""
+    return [line for line in region.ssh("control", f"journalctl -u {CONTROLLER} --no-pager -o cat").splitlines()
+            if ": call " in line]
 
 
 def test_a_profile_rolls_out_one_vm_at_a_time_past_a_replica_aware_controller_and_a_bad_one_is_rolled_back(
@@ -132,17 +133,18 @@ def test_a_profile_rolls_out_one_vm_at_a_time_past_a_replica_aware_controller_an
         r = region.ctl("entitlement", "rollout", "status", ent)
         assert r["state"] == "done" and [len(b["machines"]) for b in r["batches"]] == [1, 1, 1], r
         assert swappiness(region) == {vm: "22" for vm in VMS}, "each guest's kernel holds the new value"
-        print(f"{watch.samples} samples of controld's answers ({len(watch.errors)} failed)")
+        print(f"{watch.samples} samples of controld's answers ({len(watch.errors)} failed: {watch.errors[-3:]})")
+        assert watch.samples >= 10, watch.errors[-5:]
         assert watch.most_busy == 1, "never two VMs at once"
-        assert watch.most_down <= 1, "the replica-aware controller never had two replicas down"
-        assert watch.stopped_on == set(VMS), f"each VM's task seen stopped around its switch: {watch.stopped_on}"
+        assert watch.most_down <= 1, "never two replicas down"
         for vm in VMS:  # its task was stopped and started again: a new container
             now = region.containers(vm)
             assert now and set(now.values()).isdisjoint(started[vm].values()), (started[vm], now)
-        decided = region.ssh("control", f"journalctl -u {CONTROLLER} --no-pager -o cat")
-        acked = {line.split("acked ")[1].split(";")[0] for line in decided.splitlines() if "reprofile/" in line
-                 and "acked ['reprofile/" in line}
-        assert len(acked) >= 3 and all(a.count("reprofile/") == 1 for a in acked), decided[-3000:]
+        # each task's stop was a reprofile operation its controller acked, and was told of done
+        log = decisions(region)
+        for i in range(3):
+            assert any(f"acked ['reprofile/{i}/" in line for line in log), (i, log[-20:])
+            assert any(f"completed ['reprofile/{i}/" in line for line in log), (i, log[-20:])
         region.wait(lambda: region.ctl("job", "status", f"{ent}/svc")["summary"].get("running") == 3, 600,
                     "the three tasks running")
 

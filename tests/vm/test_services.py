@@ -117,7 +117,7 @@ def test_restart_and_sigkill_of_the_agent_restart_no_container(region, tmp_path)
                         and u["MainPID"] not in ("0", pids[vm]), 300, f"{vm}'s agent back under systemd")
         assert region.unit("m2", "twine-agent")["NRestarts"] != "0", "systemd did not restart the killed agent"
         # back in touch with controld, and the tasks untouched: same containers, same start, no restart
-        region.wait(lambda: all(m["healthy"] for m in region.machines().values()), 120, "machines healthy")
+        region.wait(lambda: all(region.machines()[vm]["healthy"] for vm in MACHINES), 120, "machines healthy")
         # an agent back within the heartbeat timeout is no failure: nothing was replaced
         assert [e for e in region.ctl("events")["events"] if e["kind"] == "failure"] == failures_before
         job = region.ctl("job", "status", f"{ent}/loop")

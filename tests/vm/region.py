@@ -24,7 +24,7 @@ VAGRANT = REPO / "vagrant"
 VMENV = VAGRANT / "vmenv.sh"
 REGION = VAGRANT / ".region"
 MACHINES = ("m1", "m2")  # the machine VMs every VM test has
-SPARE = "m3"  # up with the region, its agent held (not started) until a test adds it (Region.add)
+SPARE = "m3"  # up with the region, paused, its agent held (not started) until a test adds it (Region.add)
 API_PORT = 17080
 
 
@@ -46,8 +46,9 @@ def kvm_usable() -> bool:
 class Region:
     def __init__(self, machines: int = len(MACHINES), spare: bool = True) -> None:
         # `up` starts control and the first `machines` machine VMs, then the spare (m3) with its
-        # agent installed and not started (TWINE_HELD): it is no machine of the region until a test
-        # starts its agent (`add`), and it is destroyed (`remove`) when that test is done.
+        # agent installed and not started (TWINE_HELD), and pauses it: it is no machine of the
+        # region until a test resumes it and starts its agent (`add`), and it is destroyed
+        # (`remove`) when that test is done.
         self.base = ("control", *(f"m{i}" for i in range(1, machines + 1)))
         self.spare = f"m{machines + 1}" if spare else None
         self.env = {
@@ -174,16 +175,26 @@ class Region:
         if self.spare:  # once the others are up: fewer emulated boots at once beside the host's tests
             t0 = time.monotonic()
             self.vagrant("up", self.spare, timeout=2400)
+            # paused until a test adds it: an idle emulated guest still takes a share of the host's
+            # two cores from the guests the other tests use
+            self.virsh("suspend", self.spare)
             self.timings["spare"] = time.monotonic() - t0
         self.write_ssh_config()
 
+    def virsh(self, verb: str, vm: str) -> None:
+        names = self.run("virsh", "-c", "qemu:///system", "list", "--all", "--name").stdout.split()
+        domain = next(n for n in names if n.endswith(f"_{vm}"))  # vagrant-libvirt names it <folder>_<vm>
+        self.run("virsh", "-c", "qemu:///system", verb, domain)
+
     def add(self, vm: str) -> None:
-        """The spare machine VM joins the region: its agent started (the VM brought up first if it
-        is not running, e.g. a kept region whose spare a test removed)."""
+        """The spare machine VM joins the region: resumed, and its agent started (the VM brought
+        up first if it is not there, e.g. a kept region whose spare a test removed)."""
         out = self.run("vagrant", "status", vm, "--machine-readable", check=False).stdout
-        if f",{vm},state,running" not in out:
+        if f",{vm},state,paused" in out:
+            self.virsh("resume", vm)
+        elif f",{vm},state,running" not in out:
             self.vagrant("up", vm, timeout=2400)
-            self.write_ssh_config()
+        self.write_ssh_config()
         self.ssh(vm, "systemctl start twine-agent")
 
     def remove(self, vm: str) -> None:

@@ -64,7 +64,26 @@ def docker_client():
             pytest.fail(f"docker is not running (CI=true: the Docker tests fail, they do not skip): {e}")
         pytest.skip(f"docker is not running: {e}")
     subprocess.run([str(Path(__file__).parents[1] / "scripts" / "build-images.sh")], check=True)
+    sweep_stale_test_containers(client)
     return client
+
+
+STALE_AFTER = 3600.0  # seconds: no test runs this long, so a test machine's container older than this was left
+
+
+def sweep_stale_test_containers(client, older_than: float = STALE_AFTER, prefix: str = "test") -> list[str]:
+    """Remove the containers of test machines (`machine_id`: "test" + hex) that a run killed with
+    its host (no fixture teardown ran) left behind; a run going on beside this one has none this old."""
+    import time
+    from datetime import datetime
+
+    removed = []
+    for c in client.containers.list(all=True, filters={"label": "twine.machine"}, ignore_removed=True):
+        created = datetime.fromisoformat(c.attrs["Created"][:26].rstrip("Z") + "+00:00").timestamp()
+        if c.labels.get("twine.machine", "").startswith(prefix) and time.time() - created > older_than:
+            c.remove(force=True)
+            removed.append(c.name)
+    return removed
 
 
 @pytest.fixture

@@ -58,7 +58,7 @@ class CordonFilter:
     rollout's switch; the tasks already there stay (`keeps` False: split_tasks does not move a task
     for it)."""
 
-    field: str = "maintenance"
+    field: str = "cordon"
     resource: bool = False
     keeps: ClassVar[bool] = False
 

@@ -371,9 +371,8 @@ class RegionState:
     def _wake_entitlement(self, name: str, old: EntitlementRec | None) -> None:
         new = self.entitlements.get(name)
         if old is None or new is None or old.profile != new.profile:
-            for m in self.machines.values():
-                if m.entitlement == name:
-                    self.wake_machine(m.id)
+            for m in self.machines_of(name):
+                self.wake_machine(m.id)
 
     def open_failures(self, mid: str) -> list[EventRec]:
         """The machine's failure events not ended (an index: no pass over every event)."""

@@ -24,7 +24,7 @@ VAGRANT = REPO / "vagrant"
 VMENV = VAGRANT / "vmenv.sh"
 REGION = VAGRANT / ".region"
 MACHINES = ("m1", "m2")  # the machine VMs every VM test has
-SPARE = "m3"  # up with the region, paused, its agent held (not started) until a test adds it (Region.add)
+SPARE = f"m{len(MACHINES) + 1}"  # up with the region, paused, its agent held (not started) until a test adds it (Region.add)
 API_PORT = 17080
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
 
@@ -42,6 +43,15 @@ def host_files():
 
 def sysctl_path(name: str) -> Path:
     return Path("/proc/sys") / name.replace(".", "/")
+
+
+def missing_part(part: str) -> NoReturn:
+    """A test whose real part is missing here (a kind of interrupt, a kernel feature): skipped on
+    a developer's machine, failed under CI=true with the part named (CI never passes a test by
+    skipping it). Call it only after the host is restored, or from a test whose fixtures restore it."""
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"missing real part (CI=true fails, it does not skip): {part}")
+    pytest.skip(part)
 
 
 TEST_IMAGE = "twine/busybox:1"

@@ -13,7 +13,7 @@ from agent.profiles.appliers.base import HostContext
 from agent.profiles.appliers.irq_affinity import IrqAffinity
 from agent.profiles.engine import Engine
 from agent.profiles.model import Outcome
-from tests.conftest import sysctl_path
+from tests.conftest import missing_part, sysctl_path
 
 pytestmark = pytest.mark.host
 NR_2M = Path("/sys/kernel/mm/hugepages/hugepages-2048kB/nr_hugepages")
@@ -50,7 +50,7 @@ def snapshot(queue) -> dict:
 def test_profile_changes_sysctls_hugepages_and_irq_affinity_and_rollback_restores_all(host, tmp_path):
     engine, queue = host
     if not queue:
-        pytest.skip("no NIC queue interrupt on this host")
+        missing_part("no NIC queue interrupt on this host")
     n, names = queue[0]
     # pinned to a CPU other than its list's, where it is delivered now: the kernel moves it at
     # once; a move to another CPU waits until the IRQ fires and can be given up then (seen on CI)
@@ -84,7 +84,7 @@ def test_failure_in_a_late_applier_rolls_back_the_earlier_ones(host, tmp_path):
     engine, queue = host
     managed = irqs(r"virtio\d+-req\.\d+|nvme\d+q\d+")
     if not managed:
-        pytest.skip("no managed interrupt on this host")
+        missing_part("no managed interrupt on this host")
     n, names = managed[0]
     Path(f"/proc/irq/{n}/smp_affinity_list").read_text()  # saved below, in case it is not managed
     before = snapshot(queue)
@@ -102,7 +102,8 @@ def test_failure_in_a_late_applier_rolls_back_the_earlier_ones(host, tmp_path):
     report = engine.apply("bad")
     if report.ok:  # this host let us move it after all: put it back and say so
         Path(f"/proc/irq/{n}/smp_affinity_list").write_text(original_irq)
-        pytest.skip(f"IRQ {n} ({names}) is not managed here")
+        engine.rollback()
+        missing_part(f"IRQ {n} ({names}) is not managed here")
     outcomes = {r.setting_id.split("=")[0]: r.outcome for r in report.results}
     assert outcomes["irq_affinity:blk"] is Outcome.FAILED
     assert outcomes["sysctl:vm.swappiness"] is Outcome.ROLLED_BACK

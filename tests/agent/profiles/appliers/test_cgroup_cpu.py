@@ -3,7 +3,8 @@
 This host's cpu controller is bound to a cgroup v1 hierarchy, so `[cgroup_cpu]` is not applicable
 here, and switching v2 cpu itself is covered inside VMs later. The mechanism (top-down enable,
 bottom-up disable, the root left alone) is the same for every v2 controller: it is exercised for
-real on this host's cgroup2 hierarchy at /sys/fs/cgroup/unified with the `hugetlb` controller.
+real on this host's cgroup2 hierarchy with the `hugetlb` controller: found in the mount table
+(/sys/fs/cgroup/unified on a hybrid host like this one, /sys/fs/cgroup itself on a plain v2 host).
 """
 
 from __future__ import annotations
@@ -17,19 +18,35 @@ from agent.errors import ProfileError
 from agent.profiles.appliers.base import HostContext
 from agent.profiles.appliers.cgroup_cpu import CgroupCpu
 from agent.profiles.model import Holds
+from tests.conftest import missing_part
 
-UNIFIED = Path("/sys/fs/cgroup/unified")
+
+
+def cgroup2_mount() -> Path | None:
+    for line in Path("/proc/self/mounts").read_text().splitlines():
+        _, where, kind, *_ = line.split()
+        if kind == "cgroup2":
+            return Path(where)
+    return None
+
+
+UNIFIED = cgroup2_mount() or Path("/sys/fs/cgroup/unified")
 
 
 def subtree(group: Path) -> list[str]:
     return (group / "cgroup.subtree_control").read_text().split()
 
 
-def test_v1_host_is_not_applicable_with_the_reason():
+def test_this_host_says_whether_the_switch_applies_and_why_not():
     applier = CgroupCpu(HostContext())
-    if (HostContext().cgroup_root / "cgroup.controllers").exists():
-        pytest.skip("this host runs cgroup v2 at its cgroup root")
     verdict = applier.applicable("enabled")
+    root = HostContext().cgroup_root
+    if (root / "cgroup.controllers").exists():  # cgroup v2 at the root: applicable where cpu is offered
+        offered = "cpu" in (root / "cgroup.controllers").read_text().split()
+        assert (verdict is None) == offered, verdict
+        if not offered:
+            assert "without the cpu controller" in verdict.why
+        return
     assert verdict is not None
     assert "cgroup v1 host" in verdict.why and "/sys/fs/cgroup/cpu" in verdict.why
     assert "cannot be switched per subtree" in verdict.why
@@ -46,8 +63,8 @@ def test_parse_wants_one_boolean(section):
 def hugetlb_tree():
     """A unique two-level task group in the cgroup2 hierarchy; removed bottom-up afterwards and the
     root's subtree_control put back."""
-    if "hugetlb" not in (UNIFIED / "cgroup.controllers").read_text().split():
-        pytest.skip(f"no cgroup2 hierarchy with hugetlb at {UNIFIED}")
+    if cgroup2_mount() is None or "hugetlb" not in (UNIFIED / "cgroup.controllers").read_text().split():
+        missing_part(f"a cgroup2 hierarchy with the hugetlb controller (looked at {UNIFIED})")
     top = f"twine-test-{uuid.uuid4().hex[:8]}"
     root_had = "hugetlb" in subtree(UNIFIED)
     try:

@@ -11,6 +11,7 @@ from agent.errors import ProfileError
 from agent.profiles.appliers.base import ApplierError, HostContext
 from agent.profiles.appliers.irq_affinity import IrqAffinity, format_cpus, parse_cpus
 from agent.profiles.model import Differs, Holds
+from tests.conftest import missing_part
 
 QUEUE = re.compile(r"virtio\d+-(rx|tx|input|output)|(eth|ens|enp)\w*-(rx|tx|TxRx)")
 MANAGED = re.compile(r"virtio\d+-req\.\d+|nvme\d+q\d+")
@@ -38,7 +39,7 @@ def test_rule_pins_a_queue_irq_and_the_read_value_restores_it(applier, host_file
     # then needs no deferred move, so effective_affinity_list follows at once.
     picks = [(n, names) for n, names in candidates(applier, QUEUE) if len(cpus_of(n)) > 1]
     if not picks:
-        pytest.skip("no network or virtio queue IRQ spread over several CPUs on this host")
+        missing_part("no network or virtio queue IRQ spread over several CPUs on this host")
     host_files.save(*(irq_file(n) for n, _ in picks))
     for n, names in picks:
         target = min(cpus_of(n, "effective_affinity_list"))
@@ -53,7 +54,7 @@ def test_rule_pins_a_queue_irq_and_the_read_value_restores_it(applier, host_file
             continue  # a managed interrupt on this host: try the next queue
         break
     else:
-        pytest.skip("the kernel refuses to move every queue IRQ on this host")
+        missing_part("the kernel refuses to move every queue IRQ on this host")
 
     for i in before:
         assert cpus_of(i) == {target} != before[i]
@@ -88,14 +89,14 @@ def test_verify_names_the_irq_and_what_it_has(applier):
 def test_managed_interrupt_refusal_names_the_irq(applier, host_files):
     picks = candidates(applier, MANAGED)
     if not picks:
-        pytest.skip("no block-queue IRQ here to try")
+        missing_part("no block-queue IRQ here to try")
     n, names = picks[0]
     host_files.save(irq_file(n))
     have = cpus_of(n)
     online = parse_cpus(Path("/sys/devices/system/cpu/online").read_text())
     target = min(online - have) if online - have else min(have)
     if have == {target}:
-        pytest.skip(f"IRQ {n} is pinned to the only candidate CPU")
+        missing_part(f"IRQ {n} is pinned to the only candidate CPU")
     key, value = f"blk=^{re.escape(names)}$", {"match": f"^{re.escape(names)}$", "cpus": str(target)}
     try:
         applier.write(key, value)
@@ -105,7 +106,7 @@ def test_managed_interrupt_refusal_names_the_irq(applier, host_files):
         assert isinstance(verdict, Differs) and f"IRQ {n}" in verdict.why and "refuses" in verdict.why
         assert cpus_of(n) == have
     else:
-        pytest.skip(f"IRQ {n} ({names}) is not a managed interrupt on this host")
+        missing_part(f"IRQ {n} ({names}) is not a managed interrupt on this host")
 
 
 def test_rule_matching_no_irq_is_not_applicable(applier):
@@ -150,7 +151,7 @@ def test_a_quiet_irq_whose_move_is_pending_holds_for_any_applier(applier, host_f
         if irq_file(n, "effective_affinity_list").exists() and online - cpus_of(n, "effective_affinity_list")
     ]
     if not picks:
-        pytest.skip("no quiet config IRQ with an effective affinity file here")
+        missing_part("no quiet config IRQ with an effective affinity file here")
     n, names = picks[0]
     host_files.save(irq_file(n))
     target = min(online - cpus_of(n, "effective_affinity_list"))
@@ -158,7 +159,7 @@ def test_a_quiet_irq_whose_move_is_pending_holds_for_any_applier(applier, host_f
     applier.write(key, value)
     assert cpus_of(n) == {target}
     if cpus_of(n, "effective_affinity_list") <= {target}:
-        pytest.skip("this kernel moved the IRQ at once (interrupt remapping)")
+        missing_part("this kernel moved the IRQ at once (interrupt remapping)")
     assert applier.verify(key, value) == Holds()
     assert IrqAffinity(HostContext()).verify(key, value) == Holds()
 

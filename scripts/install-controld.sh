@@ -212,6 +212,9 @@ $peer_tls
 # Larger transactions than etcd's default 128 operations: a job in one (controld's max_txn_ops).
 ETCD_MAX_TXN_OPS=$max_txn_ops
 ETCD_MAX_REQUEST_BYTES=33554432
+# A bounded history: usage and SRM records are rewritten hourly; an hour of versions is kept.
+ETCD_AUTO_COMPACTION_MODE=periodic
+ETCD_AUTO_COMPACTION_RETENTION=1h
 ETCD
 mv /etc/default/etcd.new /etc/default/etcd
 mkdir -p "$etcd_data"

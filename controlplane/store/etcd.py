@@ -175,7 +175,11 @@ class TooLarge(Exception):
 
 # etcd's defaults (128 operations, 1.5 MiB a request) serve any job: the scheduler commits in
 # batches of --max-txn-ops. Our etcds run with these larger limits all the same (fewer batches).
-ETCD_FLAGS = ("--max-txn-ops", "65536", "--max-request-bytes", str(32 * 1024 * 1024))
+# Their history is bounded: usage and SRM records are rewritten every hour, so without compaction
+# etcd keeps every version until its backend quota fills; an hour's history is kept (a watcher
+# that falls further behind reads afresh, as after any compaction).
+ETCD_COMPACTION = ("--auto-compaction-mode", "periodic", "--auto-compaction-retention", "1h")
+ETCD_FLAGS = ("--max-txn-ops", "65536", "--max-request-bytes", str(32 * 1024 * 1024), *ETCD_COMPACTION)
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,7 +22,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from controlplane.store.etcd import ETCD_FLAGS
+from controlplane.store.etcd import ETCD_COMPACTION, ETCD_FLAGS
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -107,7 +107,7 @@ class EtcdServer:
             "--initial-cluster", self.initial_cluster or f"{self.name}={peer}",
             "--initial-cluster-token", self.cluster_token, "--initial-cluster-state", self.initial_state,
             "--log-level", self.log_level, "--logger", "zap",
-            *(ETCD_FLAGS if self.raised_limits else ()), *self.extra_flags,
+            *(ETCD_FLAGS if self.raised_limits else ETCD_COMPACTION), *self.extra_flags,
             *(("--cert-file", self.tls[0], "--key-file", self.tls[1], "--trusted-ca-file", self.tls[2],
                 "--client-cert-auth") if self.tls else ()),
             *(("--peer-cert-file", self.peer_tls[0], "--peer-key-file", self.peer_tls[1],

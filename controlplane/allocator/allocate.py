@@ -13,10 +13,12 @@ to and a score over a few dozen bins, not a pass over every machine.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from .candidates import Candidates
-from .errors import AllocationError, NoPlacement, QuotaExceeded
-from .filters import count_survivors
-from .model import JobRequest, Placement
+from .errors import AllocationError, AllocatorInconsistency, NoPlacement, QuotaExceeded
+from .filters import Filter, count_survivors
+from .model import JobRequest, Machine, Placement
 from .preferences import BinCounts
 from .request import Requirements, build_placement, resolve, split_tasks
 from .snapshot import Snapshot
@@ -25,7 +27,8 @@ from .overlay import Overlay
 
 def allocate(snapshot: Snapshot, request: JobRequest) -> Placement:
     """Place tasks 0..count-1 of `request.job`. Raises InvalidRequest, NoPlacement or
-    QuotaExceeded (all AllocationError, each naming the request field at fault)."""
+    QuotaExceeded (all AllocationError, each naming the request field at fault); and
+    AllocatorInconsistency, a bug, should the index and the filters disagree."""
     return place(snapshot, resolve(snapshot, request))
 
 
@@ -46,7 +49,8 @@ def place(snapshot: Snapshot, req: Requirements) -> Placement:
         if mid is None:
             raise no_fit(snapshot, req, overlay, i)
         m = snapshot.machines[mid]
-        assert all(f.passes(m, overlay) for f in filters), f"picked {mid} against a filter"
+        if not all(f.passes(m, overlay) for f in filters):
+            raise _refused(filters, m, overlay, r.job, i)
         path = m.path(req.level)
         overlay.consume(m, r.cpus, r.memory_mb, path)
         counts.add(m)
@@ -68,6 +72,22 @@ def no_fit(snapshot: Snapshot, req: Requirements, overlay: Overlay, task: int) -
             return QuotaExceeded(r.job, task, ent.name, ent.quota, overlay.held())
     filters = req.filters(allow_free=quota_open)
     survivors = count_survivors(filters, machines, overlay, total)
-    assert survivors[-1][1] == 0, f"the index found no machine, the filters found {survivors[-1][1]}"
+    if survivors[-1][1]:
+        raise _missed(filters, machines, overlay, r.job, task, survivors[-1][1])
     field = next(f.field for f, (_, left) in zip(filters, survivors[1:]) if left == 0)
     return NoPlacement(r.job, task, survivors, field)
+
+
+def _refused(filters: tuple[Filter, ...], m: Machine, overlay: Overlay, job: str, task: int) -> AllocatorInconsistency:
+    """The index picked `m` for `task`, and a filter refuses it."""
+    refused = ", ".join(f"{f.name} ({f.field})" for f in filters if not f.passes(m, overlay))
+    return AllocatorInconsistency(f"the allocator's index and its filters disagree: the index picked machine "
+                                  f"{m.id} for task {task}, which the filters refuse: {refused}", job)
+
+
+def _missed(filters: tuple[Filter, ...], machines: Iterable[Machine], overlay: Overlay, job: str, task: int,
+            passing: int) -> AllocatorInconsistency:
+    """The index found no machine for `task`, but `passing` machines pass every filter."""
+    some = [m.id for m in machines if all(f.passes(m, overlay) for f in filters)][:3]
+    return AllocatorInconsistency(f"the allocator's index and its filters disagree: the index found no machine "
+                                  f"for task {task}, the filters pass {passing:,} (e.g. {', '.join(some)})", job)

@@ -1,5 +1,5 @@
 """Errors a user can cause. Each names the request field that is wrong, so the front end can turn
-it into a 4xx with that field and the message."""
+it into a 4xx with that field and the message. And the one a bug causes: AllocatorInconsistency."""
 
 from __future__ import annotations
 
@@ -45,3 +45,18 @@ class QuotaExceeded(AllocationError):
         self.entitlement = entitlement
         self.quota = quota
         self.held = held
+
+
+class AllocatorInconsistency(Exception):
+    """A bug, not a user's error: the machine index disagrees with the filters (the definition it
+    must agree with) or with the machines it indexes. Not an AllocationError, so never a 4xx: the
+    front end answers 500 naming the job. A check that raises, not an assert: it holds under -O."""
+
+    def __init__(self, what: str, job: str | None = None) -> None:
+        super().__init__(what)
+        self.what = what
+        self.job = job  # None where no job is in sight (the index's update); a caller may name it
+
+    def __str__(self) -> str:
+        return f"allocator inconsistency placing {self.job}: {self.what}" if self.job else \
+            f"allocator inconsistency: {self.what}"

@@ -18,6 +18,7 @@ from __future__ import annotations
 from bisect import bisect_left, insort
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
+from .errors import AllocatorInconsistency
 from .model import EPSILON, Machine
 
 # Bins the index keeps. A preference on "region" or "dc" is scored over msb bins (an msb lies
@@ -106,22 +107,28 @@ class MachineIndex:
         """A machine's entry changed within the same bins."""
         group = (m.machine_type, m.entitlement)
         for level, path in _paths(m):
-            b = self._buckets[level][group][path]
-            i = bisect_left(b, old)
-            assert i < len(b) and b[i] == old, f"index out of step for machine {m.id}"
-            del b[i]
+            b = self._buckets[level].get(group, {}).get(path, [])
+            del b[_position(b, old, m.id, level, path)]
             insort(b, new)
 
     def _remove(self, level: str, group: GroupKey, path: Path, e: Entry, machine_id: str) -> None:
         bins = self._buckets[level].get(group, {})
         b = bins.get(path, [])
-        i = bisect_left(b, e)
-        assert i < len(b) and b[i] == e, f"index out of step for machine {machine_id}"
-        del b[i]
+        del b[_position(b, e, machine_id, level, path)]
         if not b:
             del bins[path]  # an empty bin is no candidate
             if not bins:
                 del self._buckets[level][group]
+
+
+def _position(b: Bucket, e: Entry, machine_id: str, level: str, path: Path) -> int:
+    """Where the machine's stored entry is in its bin. Missing: the index is out of step with the
+    machines it indexes, a bug."""
+    i = bisect_left(b, e)
+    if i < len(b) and b[i] == e:
+        return i
+    raise AllocatorInconsistency(f"the allocator's index is out of step with machine {machine_id}: its entry "
+                                 f"(free cpus {e[0]:g}, memory {e[1]} MB) is not in its {level} bin {'/'.join(path)}")
 
 
 def _paths(m: Machine) -> tuple[tuple[str, Path], tuple[str, Path]]:

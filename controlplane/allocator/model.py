@@ -39,12 +39,6 @@ class Machine:
         full = (self.region, self.dc, self.msb, self.rack)
         return full[: LEVELS.index(level) + 1]
 
-    def placement_properties(self) -> tuple:
-        """What a placement depends on. Ownership and version are left out on purpose: a free
-        machine that our own commit moved into the entitlement has not changed for the cache."""
-        return (self.region, self.dc, self.msb, self.rack, self.machine_type,
-                self.cpus, self.memory_mb, self.healthy, self.cordoned)
-
 
 @dataclass(frozen=True, slots=True)
 class SoftPreference:

@@ -1,6 +1,6 @@
 """A job request resolved against its entitlement: the filters it implies, its preferences, and
-which of the job's existing tasks stay where they are. Shared by the indexed allocator, the
-full-scan reference and the cache, so all three mean the same thing by a request."""
+which of the job's existing tasks stay where they are. Shared by the indexed allocator and the
+full-scan reference (naive.py), so both mean the same thing by a request."""
 
 from __future__ import annotations
 

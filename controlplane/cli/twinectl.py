@@ -7,6 +7,8 @@ API api.py's. Exit codes (scripts rely on them):
   2  bad input: a spec file or argument (nothing was sent), or the daemon's 400
   3  the daemon is unreachable (or did not answer within --timeout)
   4  unauthorized: the daemon's 401/403 (a missing or wrong token)
+  141  stdout's reader went away (`twinectl fleet | head`): 128 + SIGPIPE, as a shell reports a
+       writer the closed pipe ended; nothing on stderr
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ from controlplane.cli.commands import COMMANDS, Command, job_update
 from controlplane.cli.output import Out
 from controlplane.cli.parser import DEFAULT_TIMEOUT, DEFAULT_URL, parser
 from controlplane.cli.specfile import SpecError, read_spec, spec_handle
+
+EXIT_BROKEN_PIPE = 141
 
 
 def _settings(args: argparse.Namespace, env: dict) -> tuple[str, str | None, float, bool]:
@@ -79,6 +83,26 @@ async def _run(command: Command, args: argparse.Namespace, url: str, token: str 
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except BrokenPipeError:
+        # The reader went away (`twinectl fleet | head`): end quietly, as kubectl does. Stdout now
+        # points at /dev/null, so the interpreter's flush at exit finds nothing left to fail on.
+        _stdout_to_devnull()
+        return EXIT_BROKEN_PIPE
+
+
+def _stdout_to_devnull() -> None:
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):  # not a file (a test's capture): nothing to flush at exit
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, fd)
+    os.close(devnull)
+
+
+def _main(argv: list[str] | None) -> int:
     values.NOW.clear()  # relative times are relative to this command's start
     try:
         args = parser().parse_args(argv)

@@ -9,10 +9,12 @@ the cause (docs/api.md, "When etcd is unreachable").
 
 from __future__ import annotations
 
+import logging
 from typing import Awaitable, Callable
 
 from aiohttp import web
 
+from controlplane.allocator.errors import AllocatorInconsistency
 from controlplane.frontend.auth import MACHINE, PRINCIPAL, Authenticator
 from controlplane.frontend.body import reply
 from controlplane.frontend.forward import FORWARDED, FORWARDED_TO
@@ -22,6 +24,7 @@ from controlplane.store.etcd import UNREACHABLE
 from controlplane.store.records import ApiError
 from controlplane.store.state import RegionState
 
+log = logging.getLogger("twine.controld.api")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 PUBLIC = ("/v1/openapi.json", "/healthz")
 PAGE = "/ui"  # the fleet page's static files (frontend/ui.py): no data, no token; it calls the API with one
@@ -100,7 +103,8 @@ class Gate:
 
     def _error(self, request: web.Request, e: Exception) -> web.Response | None:
         """The answer to a request that raised `e`: a 4xx naming the field, 409 for a lost race, 503
-        naming why etcd cannot take it; None for a bug (the server's 500)."""
+        naming why etcd cannot take it, 500 naming the job for an allocator's inconsistency; None for
+        any other bug (the server's 500)."""
         st = self.state
         if isinstance(e, ApiError):
             response = reply(e.to_json(), e.status)
@@ -120,6 +124,8 @@ class Gate:
             # written, but the cache cannot show it yet: waiting for the watch (read-your-writes) timed out
             return reply(ApiError("unavailable", None, f"{stale} (this request's change may have been "
                                   "written: read it again once etcd answers)").to_json(), 503)
+        if isinstance(e, AllocatorInconsistency):
+            return _allocator_bug(request, e)
         if isinstance(e, web.HTTPNotFound):
             return reply(ApiError("not_found", "path", f"no such endpoint {request.path}").to_json(), 404)
         if isinstance(e, web.HTTPMethodNotAllowed):
@@ -128,6 +134,14 @@ class Gate:
             response.headers["Allow"] = ", ".join(sorted(e.allowed_methods))
             return response
         return None
+
+
+def _allocator_bug(request: web.Request, e: AllocatorInconsistency) -> web.Response:
+    """A bug, not the request's fault: a 500 that names the job and what disagreed, logged here once
+    with its traceback (the answer stands in for aiohttp's bare 500 and its log of it)."""
+    log.error("%s %s: %s", request.method, request.path, e, exc_info=e)
+    return reply({"error": "internal", "field": None, "job": e.job,
+                  "why": f"{e} (a bug in twine-controld, not in the request; nothing was written)"}, 500)
 
 
 def _header(text: str) -> str:

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Callable, Mapping
 
 from controlplane.allocator import AllocationError, Placement, allocate
+from controlplane.allocator.errors import AllocatorInconsistency
 from controlplane.opsplanner.notices import advance_notices, governing
 from controlplane.scheduler.creates import Creates
 from controlplane.scheduler.dryrun import dry_run, moved_off
@@ -307,6 +308,12 @@ class Scheduler:
                 if self.messages.get(handle) != e.message:
                     log.warning("%s: %s", handle, e.message)
                 self.messages[handle] = e.message
+                return
+            except AllocatorInconsistency as e:  # a bug: each pass retries it, the log has it once
+                self.counters["errors"] += 1
+                if self.messages.get(handle) != str(e):
+                    log.error("%s: %s", handle, e, exc_info=e)
+                self.messages[handle] = str(e)
                 return
             self.messages.pop(handle, None)
             rev = await self.writer.commit_placement(job, placement, plan.place, destructive=plan.destructive, extra=tc)

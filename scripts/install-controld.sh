@@ -4,7 +4,7 @@
 #   install-controld.sh [--listen HOST:PORT] [--region R] [--heartbeat-timeout S]
 #                       [--api-token-file F] [--bootstrap-token-file F] [--wheelhouse DIR]
 #                       [--etcd-data-dir DIR] [--tls-cert F --tls-key F [--tls-ca F]]
-#                       [--etcd-peer-ip IP] [--etcd-endpoints HOST:PORT,...]
+#                       [--etcd-peer-ip IP] [--etcd-endpoints HOST:PORT,...] [--advertise URL]
 #   install-controld.sh --etcd-add-member NAME=IP --etcd-bundle FILE     (on the first host: it holds the etcd CA's key)
 #   install-controld.sh --etcd-join --etcd-bundle FILE --etcd-peer-ip IP [the options above]
 #   install-controld.sh --uninstall [--purge]
@@ -31,6 +31,9 @@
 # seals secret task values in etcd: /etc/twine/secret-keys, made the first time and kept.
 # --tls-cert/--tls-key: the API is served over https with this certificate (installed in
 # /etc/twine/tls, the key mode 0600); --tls-ca: the CA that replicas verify each other against.
+# --advertise URL: how the region's other replicas and its agents reach this controld (they forward
+# to the shard leaders and send heartbeats to the health checker by it); default, on a member of a
+# cluster, http(s)://IP:PORT of --etcd-peer-ip and --listen's port (a re-run keeps it).
 # Re-running it upgrades the code and restarts controld (etcd keeps its data).
 # --uninstall stops and removes controld (etcd and its data stay); --purge also removes
 # /etc/twine/controld.toml and the token files (the sealing key stays, as etcd's data does: the
@@ -41,7 +44,7 @@ src=$(cd "$(dirname "$0")/.." && pwd)
 
 listen=0.0.0.0:7080 region=region1 heartbeat_timeout=5 api_file="" boot_file="" wheelhouse=""
 etcd_data=/var/lib/etcd/twine uninstall=0 purge=0 tls_cert="" tls_key="" tls_ca=""
-peer_ip="" add_member="" bundle="" join=0 endpoints=""
+peer_ip="" add_member="" bundle="" join=0 endpoints="" advertise=""
 max_txn_ops=65536  # etcd's limit and controld's batch size: a job in one transaction
 while [ $# -gt 0 ]; do
   case $1 in
@@ -60,6 +63,7 @@ while [ $# -gt 0 ]; do
     --etcd-bundle) bundle=${2:?}; shift 2;;
     --etcd-join) join=1; shift;;
     --etcd-endpoints) endpoints=${2:?}; shift 2;;
+    --advertise) advertise=${2:?}; shift 2;;
     --uninstall) uninstall=1; shift;;
     --purge) purge=1; shift;;
     -h|--help) sed -n '2,/^set -e/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0;;
@@ -120,6 +124,7 @@ if [ $join = 1 ]; then
 fi
 [ -z "$peer_ip" ] || valid_ip "$peer_ip" || usage_error "--etcd-peer-ip $peer_ip: not an IP address"
 case $listen in *:[0-9]*) ;; *) usage_error "--listen $listen: must be HOST:PORT";; esac
+case $advertise in ""|http://?*|https://?*) ;; *) usage_error "--advertise $advertise: must be an http(s) URL";; esac
 if [ -n "$tls_cert$tls_key" ] && { [ -z "$tls_cert" ] || [ -z "$tls_key" ]; }; then
   usage_error "--tls-cert and --tls-key go together"
 fi
@@ -137,10 +142,11 @@ install -d -m 0700 "$etcd_pki"
 name=$(hostname -s) cert=etcd members=""
 member_state=/etc/twine/etcd-member  # what an earlier run made this host in the cluster
 if [ $join = 0 ] && [ -r "$member_state" ]; then
-  kept_name=$name kept_peer_ip="" kept_cert=etcd kept_members=""
+  kept_name=$name kept_peer_ip="" kept_cert=etcd kept_members="" kept_advertise=""
   # shellcheck source=/dev/null
   . "$member_state"
   peer_ip=${peer_ip:-$kept_peer_ip} name=$kept_name cert=$kept_cert members=$kept_members
+  advertise=${advertise:-$kept_advertise}
 fi
 if [ $join = 1 ]; then
   work=$(mktemp -d)
@@ -170,6 +176,7 @@ kept_name=$name
 kept_peer_ip=$peer_ip
 kept_cert=$cert
 kept_members=$members
+kept_advertise=$advertise
 STATE
 install -d -m 0750 -o root -g "$etcd_group" "$etcd_tls"
 install -m 0644 "$etcd_pki/ca.pem" "$etcd_tls/ca.pem"
@@ -257,6 +264,14 @@ if [ -e /etc/twine/tls/controld.pem ] && [ -e /etc/twine/tls/controld-key.pem ];
 fi
 # controld talks to its own host's member first, then to the other members it knows of
 etcd_members=${members%,}
+# Replicas forward to each other and agents heartbeat to the health checker at this URL: on a
+# member of a cluster, its address (a replica that said 127.0.0.1 would be forwarded to by itself).
+if [ -z "$advertise" ] && [ -n "$peer_ip" ]; then
+  scheme=http; [ -z "$tls_conf" ] || scheme=https
+  advertise=$scheme://$peer_ip:${listen##*:}
+  sed -i "s|^kept_advertise=.*|kept_advertise=$advertise|" "$member_state"
+fi
+advertise_conf=${advertise:+advertise = \"$advertise\"}
 cat > /etc/twine/controld.toml.new <<CONF
 # Written by install-controld.sh; see /opt/twine/README.md and twine-controld --help.
 etcd = "$etcd_members"
@@ -271,6 +286,7 @@ secret_key_file = "/etc/twine/secret-keys"
 heartbeat_timeout = $heartbeat_timeout
 max_txn_ops = $max_txn_ops
 profiles = ["/etc/twine/profiles", "/opt/twine/profiles"]
+$advertise_conf
 $tls_conf
 CONF
 install -m 0640 -o root -g twine /etc/twine/controld.toml.new /etc/twine/controld.toml

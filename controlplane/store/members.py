@@ -7,7 +7,12 @@ cluster it will join), then the new host's etcd starts with that cluster and
 member added but never started leaves the cluster one vote short: remove it (`remove`).
 
     python -m controlplane.store.members --endpoint 127.0.0.1:2379 --ca CA --cert ROOT.pem --key ROOT-key.pem \\
-        list | add NAME https://IP:2380 | remove NAME
+        list | status | add NAME https://IP:2380 | remove NAME | move-leader NAME
+
+`status` asks every member at its client URL (as `etcdctl endpoint status --cluster`): a line
+each, `NAME leader|follower|unreachable (why) revision R`; it exits 3 unless every member answers
+and all follow one leader. `move-leader NAME` hands the leadership to that member (before taking
+the leader's host down for maintenance).
 
 With etcd's auth on, the admin's certificate (common name root) is the one that may change members.
 Exit codes: 0 done, 2 bad input (a file, a name, a URL), 3 etcd unreachable or refusing.
@@ -67,6 +72,76 @@ async def add(endpoint: str, name: str, peer_url: str, admin: EtcdTls | None = N
     return ",".join(sorted(everyone))
 
 
+class Unhealthy(Exception):
+    """`status` found a member that does not answer, or no one leader."""
+
+
+@dataclass(frozen=True)
+class Status:
+    member: Member
+    leader: int  # the leader's id as this member sees it; 0: none
+    revision: int
+    error: str = ""  # why it did not answer
+
+    @property
+    def line(self) -> str:
+        name = self.member.name or "(not started)"
+        if self.error:
+            return f"{name} unreachable ({self.error})"
+        return f"{name} {'leader' if self.leader == self.member.id else 'follower'} revision {self.revision}"
+
+
+def _client_endpoint(m: Member) -> str | None:
+    """A member's client address HOST:PORT, another host's where it has one (its loopback URL only
+    reaches it from its own host)."""
+    hosts = [urlsplit(u) for u in m.client_urls]
+    for u in sorted(hosts, key=lambda u: u.hostname.startswith("127.")):
+        return f"{u.hostname}:{u.port}"
+    return None
+
+
+async def status(endpoint: str, admin: EtcdTls | None = None, timeout: float = 5.0) -> list[Status]:
+    """Every member's own answer: reachable, whom it follows, its revision."""
+    found = []
+    for m in await members(endpoint, admin, timeout):
+        at = _client_endpoint(m)
+        if at is None:
+            found.append(Status(m, 0, 0, "no client URL: added, never started"))
+            continue
+        channel = grpc.aio.secure_channel(at, admin.credentials()) if admin else grpc.aio.insecure_channel(at)
+        try:
+            async with channel:
+                s = await rpc_pb2_grpc.MaintenanceStub(channel).Status(rpc_pb2.StatusRequest(), timeout=timeout)
+            found.append(Status(m, s.leader, s.header.revision))
+        except grpc.aio.AioRpcError as e:
+            found.append(Status(m, 0, 0, f"{at}: {e.code().name}"))
+    return found
+
+
+def healthy(found: list[Status]) -> bool:
+    leaders = {s.leader for s in found}
+    return all(not s.error for s in found) and len(leaders) == 1 and 0 not in leaders \
+        and any(s.member.id in leaders for s in found)
+
+
+async def move_leader(endpoint: str, name: str, admin: EtcdTls | None = None, timeout: float = 10.0) -> Member:
+    """Hand the leadership to the member `name` (etcd takes it at the leader: it is asked there)."""
+    found = await status(endpoint, admin, timeout)
+    target = [s.member for s in found if s.member.name == name or str(s.member.id) == name]
+    if not target:
+        raise InputError("command line", "NAME", name, "no such member (list them: members list)")
+    leader = next((s.member for s in found if not s.error and s.leader == s.member.id), None)
+    if leader is None:
+        raise InputError("command line", "NAME", name, "the cluster has no leader now to hand it over")
+    if leader.id != target[0].id:
+        at = _client_endpoint(leader)
+        channel = grpc.aio.secure_channel(at, admin.credentials()) if admin else grpc.aio.insecure_channel(at)
+        async with channel:
+            await rpc_pb2_grpc.MaintenanceStub(channel).MoveLeader(
+                rpc_pb2.MoveLeaderRequest(targetID=target[0].id), timeout=timeout)
+    return target[0]
+
+
 async def remove(endpoint: str, name: str, admin: EtcdTls | None = None, timeout: float = 10.0) -> Member:
     found = [m for m in await members(endpoint, admin, timeout) if m.name == name or str(m.id) == name]
     if not found:
@@ -85,6 +160,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--key", help="its private key (PEM)")
     sub = p.add_subparsers(dest="command", required=True)
     sub.add_parser("list", help="the members: id, name, peer and client URLs")
+    sub.add_parser("status", help="every member asked at its client URL: leader, follower or unreachable; "
+                                  "exit 3 unless all answer and follow one leader")
+    ml = sub.add_parser("move-leader", help="hand the leadership to a member (by name or id)")
+    ml.add_argument("name")
     a = sub.add_parser("add", help="tell the cluster of a new member; prints the cluster it is to start with")
     a.add_argument("name")
     a.add_argument("peer_url", metavar="PEER_URL", help="https://HOST:2380")
@@ -97,6 +176,15 @@ def main(argv: list[str] | None = None) -> int:
             for m in asyncio.run(members(args.endpoint, admin)):
                 print(f"{m.id:x} {m.name or '(not started)'} peers={','.join(m.peer_urls)} "
                       f"clients={','.join(m.client_urls) or '-'}")
+        elif args.command == "status":
+            found = asyncio.run(status(args.endpoint, admin))
+            for s in found:
+                print(s.line)
+            if not healthy(found):
+                raise Unhealthy("not every member answers and follows one leader")
+        elif args.command == "move-leader":
+            m = asyncio.run(move_leader(args.endpoint, args.name, admin))
+            print(f"leader: {m.id:x} {m.name}")
         elif args.command == "add":
             print(f"ETCD_INITIAL_CLUSTER={asyncio.run(add(args.endpoint, args.name, args.peer_url, admin))}")
             print("ETCD_INITIAL_CLUSTER_STATE=existing")
@@ -104,7 +192,11 @@ def main(argv: list[str] | None = None) -> int:
             m = asyncio.run(remove(args.endpoint, args.name, admin))
             print(f"removed {m.id:x} {m.name}")
 
-    return admin_command("members", args.endpoint, act)
+    try:
+        return admin_command("members", args.endpoint, act)
+    except Unhealthy as e:
+        print(f"members: {e}", file=sys.stderr)
+        return 3
 
 if __name__ == "__main__":
     sys.exit(main())

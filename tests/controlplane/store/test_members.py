@@ -68,3 +68,36 @@ def test_an_unknown_member_or_a_bad_url_is_refused_naming_it(tmp_path, capsys):
         assert " solo peers=" in capsys.readouterr().out
     finally:
         first.stop()
+
+
+def test_status_names_the_leader_and_move_leader_hands_it_over_and_a_member_down_fails_it(capsys):
+    from controlplane.store.etcdproc import EtcdCluster
+
+    cluster = EtcdCluster(3).start()
+    try:
+        first = cluster.members[0].endpoint
+
+        said = {}
+
+        def status() -> tuple[int, dict[str, str]]:
+            code = members.main(["--endpoint", first, "status"])
+            out = capsys.readouterr()
+            said["err"] = out.err
+            return code, {line.split()[0]: line.split()[1] for line in out.out.splitlines()}
+
+        code, roles = status()
+        assert code == 0 and sorted(roles.values()) == ["follower", "follower", "leader"], roles
+        target = next(name for name, role in roles.items() if role == "follower" and name != "test-1")
+        assert members.main(["--endpoint", first, "move-leader", target]) == 0
+        assert capsys.readouterr().out.strip().endswith(f" {target}")
+        code, roles = status()
+        assert code == 0 and roles[target] == "leader", roles
+        assert members.main(["--endpoint", first, "move-leader", "nobody"]) == 2
+        assert "no such member" in capsys.readouterr().err
+
+        cluster.members[2].halt()
+        code, roles = status()
+        assert code == 3 and roles["test-3"] == "unreachable", roles
+        assert "not every member answers" in said["err"]
+    finally:
+        cluster.stop()

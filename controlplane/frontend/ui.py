@@ -14,7 +14,8 @@ from pathlib import Path
 from aiohttp import web
 
 HERE = Path(__file__).resolve().parent / "ui"
-OURS = {"index.html": "text/html", "app.js": "text/javascript", "app.css": "text/css"}
+# the icon: declared by the page, or Chromium asks for /favicon.ico, which the API answers 401
+OURS = {"index.html": "text/html", "app.js": "text/javascript", "app.css": "text/css", "favicon.svg": "image/svg+xml"}
 VENDOR = {"uPlot.iife.min.js": "text/javascript", "uPlot.min.css": "text/css"}
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; "
        "base-uri 'none'; form-action 'self'; frame-ancestors 'none'")

@@ -6,6 +6,7 @@
 "use strict";
 
 const KEY = "twine-token";
+const WINDOW = 6 * 3600; // the seconds of history a usage chart shows (the API's since)
 const $ = (id) => document.getElementById(id);
 
 function h(tag, attrs, ...children) {
@@ -116,6 +117,10 @@ async function msbView(view, dc, msb) {
         td(m.healthy ? "yes" : `no: ${m.health_reason}`), td(m.alloc.tasks), td(`${num(m.alloc.cpus)} / ${m.capacity.cpus}`)))));
 }
 
+// A chart's x axis is the window asked for, whatever the points: uPlot would scale it to them (a
+// thousand days around a single point). `usage.since` is the window's start on the server's clock.
+const xWindow = (usage) => ({ time: true, range: () => [usage.since, usage.since + WINDOW] });
+
 function chart(where, usage, extra) {
   const pts = usage.points;
   if (!pts.length || typeof uPlot === "undefined") {
@@ -133,8 +138,8 @@ function chart(where, usage, extra) {
   }
   const box = h("div", { className: "chart" });
   where.append(box);
-  new uPlot({ width: 760, height: 240, series, scales: { y: { range: (u, lo, hi) => [0, Math.max(hi, 0.1) * 1.1] } } },
-    data, box);
+  box.chart = new uPlot({ width: 760, height: 240, series, // on its box: what a test reads of its scales
+    scales: { x: xWindow(usage), y: { range: (u, lo, hi) => [0, Math.max(hi, 0.1) * 1.1] } } }, data, box);
 }
 
 function usageBlock(view, usage, extra) {
@@ -147,8 +152,8 @@ function usageBlock(view, usage, extra) {
 }
 
 async function entitlementView(view, name) {
-  const [ent, usage, fleet] = await Promise.all([api(`/v1/entitlements/${name}`), api(`/v1/entitlements/${name}/usage?since=21600`),
-    api("/v1/fleet?by=entitlement,type")]);
+  const [ent, usage, fleet] = await Promise.all([api(`/v1/entitlements/${name}`),
+    api(`/v1/entitlements/${name}/usage?since=${WINDOW}`), api("/v1/fleet?by=entitlement,type")]);
   const cells = fleet.cells.filter((c) => c.entitlement === name);
   const perMachine = cells.reduce((a, c) => a + c.cpus, 0) / Math.max(1, cells.reduce((a, c) => a + c.machines, 0));
   view.append(h("h1", {}, `Entitlement ${name}`),
@@ -163,7 +168,8 @@ async function entitlementView(view, name) {
 }
 
 async function jobView(view, handle) {
-  const [job, usage] = await Promise.all([api(`/v1/jobs/${handle}`), api(`/v1/jobs/${handle}/usage?since=21600`)]);
+  const [job, usage] = await Promise.all([api(`/v1/jobs/${handle}`),
+    api(`/v1/jobs/${handle}/usage?since=${WINDOW}`)]);
   view.append(h("h1", {}, `Job ${handle}`),
     h("p", {}, "tasks ", h("b", { "data-k": "count" }, job.count), `, spec version ${job.spec_version}, ${job.state}: `,
       h("span", { "data-k": "summary" }, Object.entries(job.summary || {}).map(([k, n]) => `${n} ${k}`).join(", ") || "no task"),
@@ -197,8 +203,8 @@ function autoscaleBlock(view, job, usage, a) {
       { label: "recommended", stroke: "#2e7d32", dash: [6, 4], paths: uPlot.paths.stepped({ align: 1 }) }];
     const box = h("div", { className: "chart", "data-k": "autoscale-chart" });
     view.append(box);
-    new uPlot({ width: 760, height: 240, series, scales: { y: { range: (u, lo, hi) => [0, Math.max(hi, 1) * 1.1] } } },
-      data, box);
+    box.chart = new uPlot({ width: 760, height: 240, series,
+      scales: { x: xWindow(usage), y: { range: (u, lo, hi) => [0, Math.max(hi, 1) * 1.1] } } }, data, box);
   }
   const when = (t) => new Date(t * 1000).toISOString().replace(".000", "");
   view.append(h("h3", {}, "Resizes"), table(["at", "from", "to", "reason"], a.events.slice().reverse().map((e) =>

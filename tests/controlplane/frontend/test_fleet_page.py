@@ -55,6 +55,7 @@ def chrome(tmp_path, *extra: str, hosts: tuple[str, ...] = ("127.0.0.1",)):
 
     opts = webdriver.ChromeOptions()
     opts.binary_location = CHROMIUM
+    opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})  # driver.get_log("browser"): every console line
     for a in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1280,900",
               f"--user-data-dir={tmp_path / 'chromium'}", "--no-first-run", "--disable-background-networking",
               "--disable-component-update", "--disable-sync", "--disable-default-apps",
@@ -195,4 +196,76 @@ def test_the_fleet_page_shows_what_the_api_says_and_a_wrong_token_an_error(tmp_p
         print(f"\nscreenshots: {shots}")
     finally:
         stop.set()
+        c.close()
+
+
+WINDOW = 6 * 3600  # what the page asks the usage API for (since=21600)
+
+
+async def one_point(port: int, region: str, minute: int) -> None:
+    """One minute of history for web/api and its entitlement, as a leader writes it at the hour's end."""
+    store = Store([("127.0.0.1", port)])
+    series = H.Series()
+    series.put_minute(minute, 1500, 80)
+    keys = UsageKeys(region)
+    await store.commit([], {keys.minutes(k, minute // 60): H.hour_record(series, minute // 60)
+                            for k in (("job", "web/api"), ("entitlement", "web"))})
+    await store.close()
+
+
+def drawn(driver, view: str) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as EC
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    name = view.split("/")[0]
+    WebDriverWait(driver, 20).until(EC.presence_of_element_located((By.CSS_SELECTOR, f'#view[data-ready="{name}"]')))
+
+
+def test_a_usage_chart_spans_the_window_asked_for_whatever_its_points(tmp_path, etcd_server, browser):
+    """Issue #35: with one point uPlot would scale the x axis to the point (Feb 2027 to Aug 2029);
+    every usage chart of the job and entitlement views spans the six hours the page asked for, ending now."""
+    c = Controld(tmp_path, etcd_server.port).start()
+    try:
+        register(c, "m1", "dc1", "msb1", cpus=4, memory_mb=4096)
+        minute = int(time.time() // 60) - 90  # in an hour already closed (the current one is not written yet)
+        asyncio.run(one_point(etcd_server.port, c.region, minute))  # before the series exist: the leader loads it
+        assert c.call("POST", "/v1/entitlements", {"name": "web", "machine_type": "generic", "quota": 1})[0] == 201
+        status, job = c.call("POST", "/v1/jobs", {"entitlement": "web", "name": "api", "count": 1, "task": TASK,
+                                                 "autoscale": {"min": 1, "max": 2, "target_cpu": 0.5}})
+        assert status == 201, job
+        for path in ("/v1/jobs/web/api/usage", "/v1/entitlements/web/usage"):
+            c.wait_for(f"{path}?since={WINDOW}", lambda u: len(u["points"]) == 1, what=f"{path}: one point")
+        sign_in(browser, c.url, API_TOKEN, "job/web/api")
+        for view, charts in (("job/web/api", 2), ("entitlement/web", 1)):  # the job's: usage, autoscaling
+            browser.get(f"{c.url}/ui/#/{view}")
+            drawn(browser, view)
+            scales = browser.execute_script("return [...document.querySelectorAll('#view .chart')]"
+                                            ".map((b) => [b.chart.scales.x.min, b.chart.scales.x.max])")
+            now = time.time()
+            assert len(scales) == charts, (view, scales)
+            for lo, hi in scales:
+                assert hi - lo == pytest.approx(WINDOW, abs=60), (view, lo, hi)
+                assert now - 60 <= hi <= now + 60, (view, hi, now)
+                assert lo <= minute * 60 <= hi
+            if view.startswith("job"):
+                browser.save_screenshot("/tmp/fleet-axis.png")
+    finally:
+        c.close()
+
+
+def test_the_page_asks_for_no_icon_the_api_refuses(tmp_path, etcd_server, browser):
+    """Issue #35: Chromium asked for /favicon.ico on every view and logged the API's 401; the page
+    declares its own icon, served with its other files (no token), and the console stays clean."""
+    c = Controld(tmp_path, etcd_server.port).start()
+    try:
+        with urllib.request.urlopen(c.url + "/ui/favicon.svg", timeout=10) as r:
+            assert r.status == 200 and r.headers["Content-Type"] == "image/svg+xml" and b"<svg" in r.read()
+        sign_in(browser, c.url, API_TOKEN, "jobs")
+        browser.get(f"{c.url}/ui/#/entitlements")
+        drawn(browser, "entitlements")
+        time.sleep(1)  # the browser asks for the icon after the page has loaded
+        logs = browser.get_log("browser")
+        assert not [e for e in logs if e["level"] == "SEVERE"], logs
+    finally:
         c.close()

@@ -34,7 +34,9 @@
 # --advertise URL: how the region's other replicas and its agents reach this controld (they forward
 # to the shard leaders and send heartbeats to the health checker by it); default, on a member of a
 # cluster, http(s)://IP:PORT of --etcd-peer-ip and --listen's port (a re-run keeps it).
-# Re-running it upgrades the code and restarts controld (etcd keeps its data).
+# Re-running it upgrades the code and restarts controld (etcd keeps its data); what is not given
+# again (--listen, --region, --heartbeat-timeout, TLS, the cluster) is kept from the last run.
+# The installers are kept in /opt/twine/scripts: run them from there later.
 # --uninstall stops and removes controld (etcd and its data stay); --purge also removes
 # /etc/twine/controld.toml and the token files (the sealing key stays, as etcd's data does: the
 # secret values held there are sealed with it).
@@ -42,7 +44,7 @@ set -euo pipefail
 src=$(cd "$(dirname "$0")/.." && pwd)
 . "$src/scripts/install-lib.sh"
 
-listen=0.0.0.0:7080 region=region1 heartbeat_timeout=5 api_file="" boot_file="" wheelhouse=""
+listen="" region="" heartbeat_timeout="" api_file="" boot_file="" wheelhouse=""
 etcd_data=/var/lib/etcd/twine uninstall=0 purge=0 tls_cert="" tls_key="" tls_ca=""
 peer_ip="" add_member="" bundle="" join=0 endpoints="" advertise=""
 max_txn_ops=65536  # etcd's limit and controld's batch size: a job in one transaction
@@ -71,6 +73,11 @@ while [ $# -gt 0 ]; do
   esac
 done
 [ "$(id -u)" = 0 ] || die "run as root"
+# A re-run (an upgrade, --etcd-endpoints) keeps what the last run wrote unless told otherwise.
+from_conf() { [ -r /etc/twine/controld.toml ] || return 0; sed -n "s/^$1 = \"\{0,1\}\([^\"]*\)\"\{0,1\}\$/\1/p" /etc/twine/controld.toml | head -n 1; }
+listen=${listen:-$(from_conf listen)} region=${region:-$(from_conf region)}
+heartbeat_timeout=${heartbeat_timeout:-$(from_conf heartbeat_timeout)}
+listen=${listen:-0.0.0.0:7080} region=${region:-region1} heartbeat_timeout=${heartbeat_timeout:-5}
 
 if [ $uninstall = 1 ]; then
   have_systemd && systemctl disable --now twine-controld.service 2>/dev/null || true

@@ -37,11 +37,17 @@ install_code() {
       break
     fi
   done
-  rm -rf /opt/twine/profiles.new
-  cp -r "$src/profiles" /opt/twine/profiles.new
-  rm -rf /opt/twine/profiles
-  mv /opt/twine/profiles.new /opt/twine/profiles
-  install -m 0644 "$src/README.md" /opt/twine/README.md
+  # the profiles, and the installers with what they read (units, README): a host runs them again
+  # from /opt/twine/scripts later (an upgrade, --etcd-add-member on a control host) without the
+  # source tree it was installed from (a guest's /tmp is emptied at boot)
+  local part
+  for part in profiles scripts systemd; do
+    rm -rf "/opt/twine/$part.new"
+    cp -r "$src/$part" "/opt/twine/$part.new"
+    rm -rf "/opt/twine/$part"
+    mv "/opt/twine/$part.new" "/opt/twine/$part"
+  done
+  [ "$src/README.md" -ef /opt/twine/README.md ] || install -m 0644 "$src/README.md" /opt/twine/README.md
   mkdir -p /etc/twine/profiles
 }
 

@@ -7,12 +7,14 @@ cluster it will join), then the new host's etcd starts with that cluster and
 member added but never started leaves the cluster one vote short: remove it (`remove`).
 
     python -m controlplane.store.members --endpoint 127.0.0.1:2379 --ca CA --cert ROOT.pem --key ROOT-key.pem \\
-        list | status | add NAME https://IP:2380 | remove NAME | move-leader NAME
+        list | status | add NAME https://IP:2380 | remove NAME | move-leader NAME | defrag [NAME]
 
 `status` asks every member at its client URL (as `etcdctl endpoint status --cluster`): a line
 each, `NAME leader|follower|unreachable (why) revision R`; it exits 3 unless every member answers
 and all follow one leader. `move-leader NAME` hands the leadership to that member (before taking
-the leader's host down for maintenance).
+the leader's host down for maintenance). `defrag` gives each member's free pages back to the disk,
+one member at a time (compaction frees revisions, not disk; a member defragmenting answers nothing
+meanwhile: do it at a quiet hour).
 
 With etcd's auth on, the admin's certificate (common name root) is the one that may change members.
 Exit codes: 0 done, 2 bad input (a file, a name, a URL), 3 etcd unreachable or refusing.
@@ -142,6 +144,21 @@ async def move_leader(endpoint: str, name: str, admin: EtcdTls | None = None, ti
     return target[0]
 
 
+async def defrag(endpoint: str, name: str | None = None, admin: EtcdTls | None = None,
+                 timeout: float = 120.0) -> list[Member]:
+    """Defragment each member (or the one named), one after another, at its client URL."""
+    every = await members(endpoint, admin)
+    chosen = [m for m in every if name is None or m.name == name or str(m.id) == name]
+    if not chosen:
+        raise InputError("command line", "NAME", name, "no such member (list them: members list)")
+    for m in chosen:
+        at = _client_endpoint(m)
+        channel = grpc.aio.secure_channel(at, admin.credentials()) if admin else grpc.aio.insecure_channel(at)
+        async with channel:
+            await rpc_pb2_grpc.MaintenanceStub(channel).Defragment(rpc_pb2.DefragmentRequest(), timeout=timeout)
+    return chosen
+
+
 async def remove(endpoint: str, name: str, admin: EtcdTls | None = None, timeout: float = 10.0) -> Member:
     found = [m for m in await members(endpoint, admin, timeout) if m.name == name or str(m.id) == name]
     if not found:
@@ -164,6 +181,8 @@ def main(argv: list[str] | None = None) -> int:
                                   "exit 3 unless all answer and follow one leader")
     ml = sub.add_parser("move-leader", help="hand the leadership to a member (by name or id)")
     ml.add_argument("name")
+    d = sub.add_parser("defrag", help="give each member's free pages back to the disk, one at a time (or NAME's)")
+    d.add_argument("name", nargs="?")
     a = sub.add_parser("add", help="tell the cluster of a new member; prints the cluster it is to start with")
     a.add_argument("name")
     a.add_argument("peer_url", metavar="PEER_URL", help="https://HOST:2380")
@@ -185,6 +204,9 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "move-leader":
             m = asyncio.run(move_leader(args.endpoint, args.name, admin))
             print(f"leader: {m.id:x} {m.name}")
+        elif args.command == "defrag":
+            for m in asyncio.run(defrag(args.endpoint, args.name, admin)):
+                print(f"defragmented {m.id:x} {m.name}")
         elif args.command == "add":
             print(f"ETCD_INITIAL_CLUSTER={asyncio.run(add(args.endpoint, args.name, args.peer_url, admin))}")
             print("ETCD_INITIAL_CLUSTER_STATE=existing")

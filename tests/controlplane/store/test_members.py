@@ -95,6 +95,9 @@ def test_status_names_the_leader_and_move_leader_hands_it_over_and_a_member_down
         assert members.main(["--endpoint", first, "move-leader", "nobody"]) == 2
         assert "no such member" in capsys.readouterr().err
 
+        assert members.main(["--endpoint", first, "defrag"]) == 0
+        assert sorted(line.split()[-1] for line in capsys.readouterr().out.splitlines()) == ["test-1", "test-2", "test-3"]
+
         cluster.members[2].halt()
         code, roles = status()
         assert code == 3 and roles["test-3"] == "unreachable", roles

@@ -6,7 +6,7 @@
   twinectl job status|resize|stop HANDLE ...   job list
   twinectl machine list|show ID|release ID|clean ID     twinectl events     twinectl discovery HANDLE
   twinectl fleet [--by dc,msb,entitlement,profile,type]
-  twinectl job usage HANDLE | entitlement usage NAME  [--since DUR] [--step DUR]
+  twinectl job usage HANDLE [--tasks] | entitlement usage NAME  [--since DUR] [--step DUR]
   twinectl job autoscale HANDLE
   twinectl rebalance plan|apply [--entitlement E] [--wait [S]]   rebalance status
   twinectl rebalance enable|disable [--entitlement E]
@@ -134,6 +134,8 @@ def parser() -> argparse.ArgumentParser:
          "last resizes").add_argument("handle", metavar="HANDLE")
     ju = leaf(job_sub, "usage", "what a job's tasks use, now and over time, against what they reserve")
     ju.add_argument("handle", metavar="HANDLE")
+    ju.add_argument("--tasks", action="store_true", help="and each task's: its machine, cores and memory as its "
+                    "agent last measured them")
     window_options(ju)
     leaf(job_sub, "list", "list jobs").add_argument("--entitlement", metavar="E", help="only this entitlement's jobs")
     u = leaf(job_sub, "update", "replace a job's spec (a changed task starts a rolling update)")

@@ -1,6 +1,6 @@
 """twinectl's usage commands (issue #25): `twinectl fleet [--by ...]`, the region's machines summed
 per cell as tables; `twinectl job usage HANDLE` and `twinectl entitlement usage NAME`, recent usage
-against what is reserved, with a sparkline of the points."""
+against what is reserved, with a sparkline of the points; `--tasks`, a job's tasks one a row (#35)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 
 from controlplane.cli.api import EXIT_OK, Api, quoted, split_handle
 from controlplane.cli.output import Out
-from controlplane.cli.render import NONE, _num, key_values, table
+from controlplane.cli.render import NONE, _num, key_values, table, when
 from controlplane.cli.values import duration
 
 BY = ("dc", "msb", "entitlement", "profile", "type")
@@ -65,7 +65,21 @@ def usage_text(body: dict) -> str:
                   ("memory MiB", f"{sparkline(mem, reserved.get('memory_mb') or 0)}  peak {max(p[4] for p in points)}")]
     else:
         pairs.append(("history", "no point yet in this window (a point a minute, kept by the shard's leader)"))
-    return key_values(pairs)
+    text = key_values(pairs)
+    tasks = body.get("tasks")
+    if isinstance(tasks, list):  # asked for (--tasks)
+        text += "\n\n" + (tasks_text(tasks) if tasks else "(no tasks)")
+    return text
+
+
+TASK_USAGE_HEADERS = ("INDEX", "MACHINE", "STATE", "CPUS", "MEM MiB", "MEASURED")
+
+
+def tasks_text(tasks: list) -> str:
+    """A job's tasks, one a row, as their agents last measured them ("-": not measured yet)."""
+    rows = [[t.get("index"), t.get("machine"), t.get("state"), _num(t.get("cpus")), _num(t.get("memory_mb")),
+             when(t.get("measured_at"))] if isinstance(t, dict) else [t, None, None, None, None, None] for t in tasks]
+    return table(TASK_USAGE_HEADERS, rows)
 
 
 def _window(args) -> dict:
@@ -79,7 +93,8 @@ async def fleet(api: Api, args, out: Out) -> int:
 
 
 async def job_usage(api: Api, args, out: Out) -> int:
-    out(await api.call("GET", f"/v1/jobs/{split_handle(args.handle)}/usage", params=_window(args)), usage_text)
+    params = {**_window(args), **({"tasks": "1"} if args.tasks else {})}
+    out(await api.call("GET", f"/v1/jobs/{split_handle(args.handle)}/usage", params=params), usage_text)
     return EXIT_OK
 
 

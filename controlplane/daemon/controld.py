@@ -42,6 +42,7 @@ from controlplane.store.state import RegionState
 from controlplane.taskcontrol.reach import Reach
 from controlplane.usage.fleet import Tallies
 from controlplane.usage.metrics import UsageCollector
+from controlplane.usage.peers import PeerTasks
 from controlplane.srm.metrics import SrmCollector
 from controlplane.usage.recorder import SAMPLE, Recorder
 from controlplane.srm.load import Loads
@@ -164,6 +165,7 @@ class ControlDaemon:
                                        self.shards.depose, ttl=s.lease_ttl, member_id=s.member_id)
         self.relay = Relay(self.state, self.agents, self.health, self.coordinator, self.http, min(self.api_tokens),
                            usage=self.usage)
+        self.usage.peer_tasks = PeerTasks(self.coordinator, self.http, min(self.api_tokens))  # each task's figures
         self.health.coordinator = self.agents.coordinator = self.coordinator
         self.agents.relay = self.relay
 

@@ -1,5 +1,6 @@
 """Every answer type by name (the OpenAPI document's answer schemas: schema.py), and the answers'
-fields as docs/api.md lists them, made from the answer types (answers.py, answers_ops.py)."""
+fields as docs/api.md lists them, made from the answer types (answers.py, answers_usage.py,
+answers_ops.py)."""
 
 from __future__ import annotations
 
@@ -7,12 +8,12 @@ import dataclasses
 
 import msgspec
 
-from controlplane.frontend import answers, answers_ops
+from controlplane.frontend import answers, answers_ops, answers_usage
 from controlplane.frontend.answers import (Answer, AutoscaleStatus, Cluster, DesiredState, Discovery, Entitlement,
-                                           EntitlementList, Error, Event, EventList, Fleet, Health, HeartbeatReply,
-                                           Job, JobList, Machine, MachineList, Maintenance, MaintenanceList,
-                                           Registration, Relayed, Revoked, ShutdownReply, Task, Token, TokenList,
-                                           UsageHistory)
+                                           EntitlementList, Error, Event, EventList, Health, HeartbeatReply, Job,
+                                           JobList, Machine, MachineList, Maintenance, MaintenanceList, Registration,
+                                           Relayed, Revoked, ShutdownReply, Task, Token, TokenList)
+from controlplane.frontend.answers_usage import Fleet, TaskFigures, UsageHistory
 from controlplane.frontend.answers_ops import (DryRun, MaintenanceDryRun, RebalancePlan, RebalanceRound,
                                                RebalanceStatus, Rollout)
 from controlplane.store.records import Endpoint
@@ -20,15 +21,15 @@ from controlplane.store.records import Endpoint
 ANSWERS: dict[str, type] = {t.__name__: t for t in (
     Error, Health, Entitlement, EntitlementList, Rollout, DryRun, MaintenanceDryRun, Task, Job, JobList, Machine,
     MachineList, Token, TokenList, Revoked, Event, EventList, Maintenance, MaintenanceList, Discovery, Registration,
-    DesiredState, HeartbeatReply, ShutdownReply, Relayed, Cluster, Fleet, UsageHistory, AutoscaleStatus,
-    RebalancePlan, RebalanceRound, RebalanceStatus)}
+    DesiredState, HeartbeatReply, ShutdownReply, Relayed, Cluster, Fleet, UsageHistory, TaskFigures,
+    AutoscaleStatus, RebalancePlan, RebalanceRound, RebalanceStatus)}
 
 
 def answers_markdown() -> str:
-    """The answers' fields as docs/api.md lists them ("Answers"), made from the types of answers.py
+    """The answers' fields as docs/api.md lists them ("Answers"), made from the types of answers*.py
     (tests/controlplane/frontend/test_api_document.py checks the docs hold exactly this)."""
     lines = []
-    parts = [t for module in (answers, answers_ops) for t in vars(module).values() if isinstance(t, type)
+    parts = [t for module in (answers, answers_usage, answers_ops) for t in vars(module).values() if isinstance(t, type)
              and issubclass(t, Answer) and t is not Answer and t.__module__ == module.__name__]
     for t in [*parts, Endpoint]:  # and the store's record an answer holds as it is
         name = t.__name__

@@ -79,6 +79,7 @@ ROUTES = [
     ("GET", "/v1/metrics", Meta.metrics),
     ("GET", "/v1/cluster", Meta.cluster),
     ("POST", "/v1/internal/relay", Meta.relay_in),
+    ("GET", "/v1/internal/usage/tasks", Usage.tasks_here),
     ("GET", "/healthz", Meta.healthz),
 ]
 

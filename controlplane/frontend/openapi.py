@@ -11,6 +11,7 @@ from functools import cache
 
 from controlplane.frontend import schema as schemas_of
 from controlplane.frontend import usage
+from controlplane.usage import peers
 from controlplane.store.records import NAME
 
 
@@ -82,8 +83,8 @@ PATHS = {
     "/v1/jobs/{ent}/{name}/dry-run": {"post": _op("what an update (PUT's body) would do, asked of the job's "
                                                   "TaskController in calls marked dryRun: the rounds, which tasks in "
                                                   "what order; changes nothing", "the rounds", "DryRun", "JobSpec")},
-    "/v1/jobs/{ent}/{name}/usage": {"get": _op("a job's usage now and over time, against what it reserved",
-                                               "the usage", "UsageHistory")},
+    "/v1/jobs/{ent}/{name}/usage": {"get": _op("a job's usage now and over time, against what it reserved "
+                                               "(?tasks=1: and each task's)", "the usage", "UsageHistory")},
     "/v1/jobs/{ent}/{name}/autoscale": {"get": _op("what the SRM does with a job: its recommendation and why, "
                                                    "its last resizes, its size over time", "the status",
                                                    "AutoscaleStatus")},
@@ -142,6 +143,9 @@ PATHS = {
                                "Cluster")},
     "/v1/internal/relay": {"post": _op("heartbeats and task reports relayed between replicas", "accepted", "Relayed",
                                        "Relay")},
+    "/v1/internal/usage/tasks": {"get": _op("each task's usage as this replica's heartbeats carried it (the "
+                                            "replicas ask each other for it)", "the tasks' figures",
+                                            "TaskFigures")},
     "/v1/openapi.json": {"get": {"summary": "this document", "security": [], "responses": {"200": {"description": "OpenAPI"}}}},
     "/healthz": {"get": {"summary": "200 while etcd answers, else 503 saying why (no token)", "security": [],
                          "responses": {"200": {"description": "serving", **_json(_ref("Health"))},
@@ -162,7 +166,14 @@ HISTORY_PARAMS = [("since", {"type": "integer", "minimum": 60, "maximum": usage.
                    "most 10,000 points (else 422)")]
 QUERY_PARAMS = {
     ("/v1/jobs", "get"): [("entitlement", NAME_PARAM, "only the jobs of this entitlement")],
-    ("/v1/jobs/{ent}/{name}/usage", "get"): HISTORY_PARAMS,
+    ("/v1/jobs/{ent}/{name}/usage", "get"): [*HISTORY_PARAMS, ("tasks", {"type": "string",
+                                                                          "enum": list(schemas_of.ALL)},
+                                                               "1: also each task's usage (tasks)")],
+    ("/v1/internal/usage/tasks", "get"): [
+        ("job", {"type": "array", "maxItems": peers.MAX_NAMES,
+                 "items": {"type": "string", "pattern": usage.HANDLE.pattern}}, "the tasks of these jobs"),
+        ("entitlement", {"type": "array", "maxItems": peers.MAX_NAMES, "items": NAME_PARAM},
+         "and of these entitlements' jobs (neither: every job's)")],
     ("/v1/entitlements/{name}/usage", "get"): HISTORY_PARAMS,
     ("/v1/machines", "get"): [("dc", {"type": "string", "minLength": 1, "maxLength": 253}, "only this dc's machines"),
                               ("msb", {"type": "string", "minLength": 1, "maxLength": 253}, "only this MSB's machines")],

@@ -1,6 +1,8 @@
 """/v1/fleet and /v1/{jobs,entitlements}/.../usage (issue #25): what the region uses, now and over
 time. The fleet is summed by whichever replica is asked (controlplane/usage/fleet.py); a series'
-history lives at the leader of its shard (usage/recorder.py), where the request is forwarded."""
+history lives at the leader of its shard (usage/recorder.py), where the request is forwarded.
+A job's answer with ?tasks=1 lists each task's own figures (issue #35), which the replicas their
+machines heartbeat to hold: each gives its book's (/v1/internal/usage/tasks, usage/peers.py)."""
 
 from __future__ import annotations
 
@@ -12,11 +14,14 @@ from aiohttp import web
 
 from controlplane.frontend.body import reply
 from controlplane.frontend.forward import Forwarder
+from controlplane.frontend.schema import ALL
 from controlplane.frontend.services import Shards
-from controlplane.store.records import ApiError
+from controlplane.store.records import NAME, ApiError, TaskRec
 from controlplane.store.state import RegionState
 from controlplane.usage import history as H
+from controlplane.usage.book import TaskUsage
 from controlplane.usage.fleet import DIMENSIONS, Tallies, fleet
+from controlplane.usage.peers import MAX_NAMES
 from controlplane.usage.recorder import Recorder
 from controlplane.usage.region import RegionUsage
 
@@ -27,6 +32,8 @@ MAX_STEP = 7 * 86400
 MAX_POINTS = 10_000  # since / step
 BY = re.compile(f"^({'|'.join(DIMENSIONS)})(,({'|'.join(DIMENSIONS)}))*$")
 FIELDS = ["t", "cpu", "cpu_max", "memory_mb", "memory_mb_max"]
+_NAME = NAME.pattern[1:NAME.pattern.index("$")]  # a name's, without its anchors
+HANDLE = re.compile(f"^{_NAME}/{_NAME}$(?!\\n)")  # a job's: <entitlement>/<name>
 
 
 def seconds(request: web.Request, field: str, default: int, low: int, high: int) -> int:
@@ -76,6 +83,38 @@ def points(series: H.Series | None, since: int, step: int, now: float) -> list[l
     return [[t, round(b[0] / b[4] / 1000, 3), b[1] / 1000, round(b[2] / b[4]), b[3]] for t, b in sorted(buckets.items())]
 
 
+def flag(request: web.Request, field: str) -> bool:
+    text = request.query.get(field, "0")
+    if text not in ALL:
+        raise ApiError("invalid", field, f"{text[:40]!r}: one of {', '.join(ALL)}")
+    return text in ("1", "true")
+
+
+def names(request: web.Request, field: str, pattern: re.Pattern, what: str) -> list[str] | None:
+    """A repeated query parameter's values (None: not given), each matching `pattern`."""
+    values = request.query.getall(field, None)
+    if values is not None:
+        if len(values) > MAX_NAMES:
+            raise ApiError("invalid", field, f"{len(values)} given; at most {MAX_NAMES}")
+        for v in values:
+            if not pattern.fullmatch(v):
+                raise ApiError("invalid", field, f"{v[:80]!r} is not {what}")
+    return values
+
+
+def tasks_view(tasks: dict[int, TaskRec], measured: dict[tuple[str, int, str], TaskUsage]) -> list[dict]:
+    """Each task of a job, by index, with its figures where it runs now (a moving task's copy's
+    are not its own yet)."""
+    out = []
+    for index in sorted(tasks):
+        t = tasks[index]
+        m = measured.get((t.job, index, t.machine)) if t.machine else None
+        out.append({"index": index, "machine": t.machine, "state": t.state,
+                    "cpus": None if m is None else m.cpu_m / 1000, "memory_mb": None if m is None else m.memory_mb,
+                    "measured_at": None if m is None else m.at})
+    return out
+
+
 class Usage:
     def __init__(self, state: RegionState, usage: RegionUsage, recorder: Recorder | None, shards: Shards,
                  forwarder: Forwarder, tallies: Tallies):
@@ -105,15 +144,27 @@ class Usage:
         series = self._series(("job", handle), shard)
         if series is False:
             return await self.forwarder.forward(request, shard)
+        per_task = flag(request, "tasks")
+        measured = await self.usage.tasks(jobs=[handle]) if per_task else {}
         now = time.time()
         current = self.usage.job(handle)
         cpus, mem = job.resources()
-        return reply({"job": handle, "count": job.count,
-                      "reserved": {"cpus": round(cpus * job.count, 3), "memory_mb": mem * job.count},
-                      "current": None if current is None else
-                      {"cpus": current[0] / 1000, "memory_mb": current[1], "tasks_reporting": current[2]},
-                      "since": int(now) - since, "step": step, "fields": FIELDS,
-                      "points": points(series, since, step, now)})
+        answer = {"job": handle, "count": job.count,
+                  "reserved": {"cpus": round(cpus * job.count, 3), "memory_mb": mem * job.count},
+                  "current": None if current is None else
+                  {"cpus": current[0] / 1000, "memory_mb": current[1], "tasks_reporting": current[2]},
+                  "since": int(now) - since, "step": step, "fields": FIELDS,
+                  "points": points(series, since, step, now)}
+        if per_task:
+            answer["tasks"] = tasks_view(self.state.tasks.get(handle, {}), measured)
+        return reply(answer)
+
+    async def tasks_here(self, request: web.Request) -> web.Response:
+        """The task figures this replica's book holds (another replica asks: usage/peers.py), of
+        the jobs named and the entitlements' jobs, or of every job."""
+        jobs = names(request, "job", HANDLE, "a job handle (<entitlement>/<name>)")
+        ents = names(request, "entitlement", NAME, "an entitlement name")
+        return reply({"tasks": [list(t) for t in self.usage.own_tasks(jobs, ents)]})
 
     async def entitlement(self, request: web.Request) -> web.StreamResponse:
         name = request.match_info["name"]

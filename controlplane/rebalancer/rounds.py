@@ -36,19 +36,29 @@ def enabled(state: RegionState) -> tuple[bool, set[str]]:
 
 
 def view_for(state: RegionState, usage: "RegionUsage | None", entitlements: set[str] | None = None,
-             now: float | None = None) -> Region:
+             now: float | None = None, measured: dict[tuple[str, int, str], int] | None = None) -> Region:
     """The region's view for a round: every entitlement's groups, or those of `entitlements`
-    (the MSBs' capacity always the region's)."""
-    return region(state, entitlements, usage.jobs() if usage is not None else None, now)
+    (the MSBs' capacity always the region's), with the tasks' `measured` figures (measured_for)."""
+    return region(state, entitlements, usage.jobs() if usage is not None else None, now, measured)
+
+
+async def measured_for(usage: "RegionUsage | None", entitlements: set[str] | None = None
+                       ) -> dict[tuple[str, int, str], int]:
+    """(job, index, machine) -> the millicores each task of the entitlements uses there, from every
+    replica's book (the tasks' figures stay where their heartbeats came: usage/peers.py)."""
+    if usage is None:
+        return {}
+    return {key: t.cpu_m for key, t in (await usage.tasks(entitlements=entitlements)).items()}
 
 
 async def plan_round(state: RegionState, usage: "RegionUsage | None", entitlements: set[str] | None = None,
                      now: float | None = None) -> "Plan":
-    """A round's plan: the view taken on the event loop at once (the region's records change
-    under it otherwise), solved in a thread meanwhile."""
+    """A round's plan: the tasks' figures gathered first, then the view taken on the event loop at
+    once (the region's records change under it otherwise), solved in a thread meanwhile."""
     from controlplane.rebalancer.plan import plan  # OR-Tools: loaded at the first plan, not at start
     now = time.time() if now is None else now
-    view = view_for(state, usage, entitlements, now)
+    measured = await measured_for(usage, entitlements)
+    view = view_for(state, usage, entitlements, now, measured)
     return await asyncio.to_thread(plan, view, cooling=cooling(state.rebalance, now))
 
 

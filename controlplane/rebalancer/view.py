@@ -35,7 +35,7 @@ class Task:
     cpus: int  # millicores reserved
     memory_mb: int
     keep_rack: bool = False  # its job spreads over racks: it moves within its rack only
-    used: int = 0  # millicores measured (its job's measured cpu over its running tasks)
+    used: int = 0  # millicores measured: its own, or its job's mean while it has no figure of its own
     spreads_msb: bool = True  # its job spreads over MSBs: a move between MSBs must not make that worse
 
 
@@ -72,11 +72,13 @@ class Region:
 
 
 def region(state: RegionState, entitlements: Collection[str] | None = None,
-           usage: Mapping[str, list[int]] | None = None, now: float | None = None) -> Region:
-    """The region's groups with each task's measured cpu (`usage`: RegionUsage.jobs(), per job
-    [millicores, MiB, tasks]: a task is taken to use its job's mean), and the MSBs' capacity."""
+           usage: Mapping[str, list[int]] | None = None, now: float | None = None,
+           measured: Mapping[tuple[str, int, str], int] | None = None) -> Region:
+    """The region's groups with each task's measured cpu (`measured`: (job, index, machine) -> its
+    own millicores there; `usage`: RegionUsage.jobs(), per job [millicores, MiB, tasks], whose mean
+    a task without a figure of its own is taken to use), and the MSBs' capacity."""
     now = time.time() if now is None else now
-    gs = groups(state, entitlements, now, usage)
+    gs = groups(state, entitlements, now, usage, measured)
     cap: dict[tuple[str, str], int] = {}
     pool, racks = [], {}
     for m in state.machines.values():
@@ -96,12 +98,13 @@ def region(state: RegionState, entitlements: Collection[str] | None = None,
 
 
 def groups(state: RegionState, entitlements: Collection[str] | None = None, now: float | None = None,
-           usage: Mapping[str, list[int]] | None = None) -> list[Group]:
+           usage: Mapping[str, list[int]] | None = None,
+           measured: Mapping[tuple[str, int, str], int] | None = None) -> list[Group]:
     """The (entitlement, MSB) groups of the entitlements' healthy machines that are in no
     maintenance, with the running tasks on them; an unhealthy machine or one in maintenance is
     left out whole (nothing moves to or from it)."""
     now = time.time() if now is None else now
-    usage = usage or {}
+    usage, measured = usage or {}, measured or {}
     out: dict[tuple[str, str, str], Group] = {}
     by_machine: dict[str, Machine] = {}
     for m in state.machines.values():
@@ -143,8 +146,13 @@ def groups(state: RegionState, entitlements: Collection[str] | None = None, now:
             ent = state.entitlements.get(job.entitlement)
             props = [p.property for p in job.preferences] if job.preferences is not None else \
                 list(ent.spread.properties if ent is not None else ())
-            measured = usage.get(handle)
-            used = round(measured[0] / measured[2]) if measured and measured[2] else 0
+            # its own figure where it runs: a job's tasks differ (one serves the hot keys), and the
+            # mean would spread a hot task's load over its job's machines, hiding the machine it heats;
+            # the mean only for a task not measured yet (just placed, or its replica did not answer)
+            used = measured.get((handle, t.index, mach.id))
+            if used is None:
+                mean = usage.get(handle)
+                used = round(mean[0] / mean[2]) if mean and mean[2] else 0
             out[(mach.entitlement, mach.dc, mach.msb)].tasks.append(
                 Task(handle, t.index, mach.id, cpus, mem, "rack" in props, used, "msb" in props))
     return [g for _, g in sorted(out.items())]

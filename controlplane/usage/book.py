@@ -3,13 +3,29 @@ their sums per job and per fleet cell (dc, msb, entitlement, host profile, machi
 as each report comes (a report replaces the machine's last: its old figures are taken out of the
 sums, its new ones put in). Figures are integers (millicores, MiB, milliwatts), so that sums
 taken out and put in a million times stay exact. A machine not heard from for `stale` seconds
-is taken out (`sweep`): its health owner moved, or it went silent."""
+is taken out (`sweep`): its health owner moved, or it went silent.
+
+Each task's own last figures are kept too, by job (issue #35: a job's answer lists them, and the
+ReBalancer weighs a machine by its own tasks); they stay with this replica, never in the sums it
+relays (usage/peers.py asks the other replicas for them when they are wanted)."""
 
 from __future__ import annotations
 
-from typing import Container, NamedTuple
+import time
+from typing import Collection, Container, NamedTuple
 
 Cell = tuple[str, str, str, str, str]  # dc, msb, entitlement ("": the free pool), profile ("": none), machine type
+
+
+class TaskUsage(NamedTuple):
+    """One task's figures as its machine's agent last reported them."""
+
+    job: str
+    index: int
+    machine: str
+    cpu_m: int  # millicores
+    memory_mb: int  # MiB
+    at: float  # wall clock: when the report came
 
 
 class Held(NamedTuple):
@@ -21,6 +37,7 @@ class Held(NamedTuple):
     memory_mb: int  # the host's MiB in use
     power_mw: int | None  # None: not measured
     tasks: tuple[tuple[str, int, int, int], ...]  # (job, millicores, MiB, tasks) of each known job on it
+    each: tuple[TaskUsage, ...] = ()  # each task of a known job on it
 
 
 class UsageBook:
@@ -28,17 +45,23 @@ class UsageBook:
         self.stale = stale
         self.machines: dict[str, Held] = {}
         self.jobs: dict[str, list[int]] = {}  # handle -> [millicores, MiB, tasks reporting]
+        self.by_job: dict[str, dict[tuple[int, str], TaskUsage]] = {}  # handle -> (index, machine) -> its figures
         # cell -> [tasks' millicores, tasks' MiB, hosts' millicores, hosts' MiB, milliwatts, machines
         # reporting, machines reporting power]
         self.cells: dict[Cell, list[int]] = {}
 
-    def note(self, mid: str, cell: Cell, usage: dict, known: Container[str], now: float) -> None:
-        """A heartbeat's usage (checked: agent/models.py Usage and usage_beyond). Tasks of jobs not
-        in `known` (the region's) are left out: an agent names no job into the sums."""
+    def note(self, mid: str, cell: Cell, usage: dict, known: Container[str], now: float,
+             wall: float | None = None) -> None:
+        """A heartbeat's usage (checked: agent/models.py Usage and usage_beyond), come at `now`
+        (monotonic; `wall`: the wall clock). Tasks of jobs not in `known` (the region's) are left
+        out: an agent names no job into the sums."""
         power = usage.get("power_w")
+        wall = time.time() if wall is None else wall
         per_job: dict[str, list] = {}  # a machine's tasks of one job, summed first: one entry in the sums
-        for job, _, cpu, mem in usage.get("tasks") or ():
+        each = []
+        for job, index, cpu, mem in usage.get("tasks") or ():
             if job in known:
+                each.append(TaskUsage(job, index, mid, round(cpu * 1000), round(mem), wall))
                 s = per_job.get(job)
                 if s is None:
                     per_job[job] = [cpu, mem, 1]
@@ -48,7 +71,7 @@ class UsageBook:
                     s[2] += 1
         tasks = tuple((job, round(c * 1000), round(m), n) for job, (c, m, n) in per_job.items())
         held = Held(now, cell, round(usage["cpu"] * 1000), round(usage["memory_mb"]),
-                    None if power is None else round(power * 1000), tasks)
+                    None if power is None else round(power * 1000), tasks, tuple(each))
         self.drop(mid)
         self.machines[mid] = held
         self._add(held, 1)
@@ -65,7 +88,27 @@ class UsageBook:
             self.drop(mid)
         return len(gone)
 
+    def tasks(self, jobs: Collection[str] | None = None, entitlements: Collection[str] | None = None
+              ) -> list[TaskUsage]:
+        """The figures of each task of `jobs` and of the jobs of `entitlements`; of every job when
+        neither is given."""
+        by_job = self.by_job
+        if jobs is None and entitlements is None:
+            return [t for mine in by_job.values() for t in mine.values()]
+        handles = {h for h in jobs or () if h in by_job}
+        if entitlements:  # (a job's handle begins with its entitlement)
+            handles |= {h for h in by_job if h.partition("/")[0] in entitlements}
+        return [t for h in sorted(handles) for t in by_job[h].values()]
+
     def _add(self, h: Held, sign: int) -> None:
+        by_job = self.by_job
+        for t in h.each:
+            if sign > 0:
+                by_job.setdefault(t.job, {})[(t.index, t.machine)] = t
+            elif (mine := by_job.get(t.job)) is not None:
+                mine.pop((t.index, t.machine), None)
+                if not mine:
+                    del by_job[t.job]
         cpu = mem = 0
         jobs = self.jobs
         for job, c, m, n in h.tasks:

@@ -45,6 +45,12 @@ class UsageCollector(Collector):
         if self.recorder is not None:
             for k, v in self.recorder.counters.items():
                 yield CounterMetricFamily(f"twine_usage_{k}", f"usage history: {k.replace('_', ' ')}", value=v)
+        if (counters := getattr(self.usage.peer_tasks, "counters", None)) is not None:  # usage/peers.py
+            yield CounterMetricFamily("twine_usage_peer_asks", "asks to another replica for its tasks' usage",
+                                      value=counters["asked"])
+            yield CounterMetricFamily("twine_usage_peer_ask_failures", "asks to another replica for its tasks' "
+                                      "usage it did not answer in time (its tasks showed as not measured)",
+                                      value=counters["failures"])
         st = self.state
         jobs = self.usage.jobs()
         job_rows: dict[str, dict[tuple, float]] = {k: {} for k in ("cr", "cu", "mr", "mu")}

@@ -5,15 +5,20 @@ not the machines. A partial not renewed within `stale` seconds is left out (its 
 its machines' agents heartbeat to another member, whose partial counts them).
 
 A machine whose heartbeats move from one replica to another (a change of health owner) counts in
-both until the first replica's book lets it go (UsageBook.stale, a few heartbeat intervals)."""
+both until the first replica's book lets it go (UsageBook.stale, a few heartbeat intervals).
+
+Each task's own figures are not in the partials (they follow the tasks): `tasks` asks the other
+replicas for those it wants when it wants them (`peer_tasks`, usage/peers.py), and adds its book's."""
 
 from __future__ import annotations
 
 import time
-from typing import Iterable
+from typing import Awaitable, Callable, Collection, Iterable
 
-from controlplane.usage.book import Cell, UsageBook
+from controlplane.usage.book import Cell, TaskUsage, UsageBook
 
+# the other replicas' task figures: (jobs, entitlements) -> theirs (None for both: every job's)
+AskPeers = Callable[[Collection[str] | None, Collection[str] | None], Awaitable[list[TaskUsage]]]
 CELL_FIGURES = 7  # tasks' millicores, tasks' MiB, hosts' millicores, hosts' MiB, milliwatts, machines, machines with power
 
 
@@ -33,6 +38,7 @@ class RegionUsage:
         self.stale = stale
         self.peers: dict[str, tuple[float, dict[str, list[int]], dict[Cell, list[int]]]] = {}
         self._swept = float("-inf")
+        self.peer_tasks: AskPeers | None = None  # None: no other replica to ask (tests)
 
     def _sweep(self, now: float) -> None:
         """The book lets go of machines gone silent: a pass over its machines, once a second at most."""
@@ -89,3 +95,22 @@ class RegionUsage:
     def cells(self, now: float | None = None) -> dict[Cell, list[int]]:
         """Cell -> its CELL_FIGURES, summed over the replicas."""
         return self._summed(1, now)
+
+    def own_tasks(self, jobs: Collection[str] | None = None, entitlements: Collection[str] | None = None,
+                  now: float | None = None) -> list[TaskUsage]:
+        """The task figures this replica's book holds (UsageBook.tasks)."""
+        self._sweep(time.monotonic() if now is None else now)
+        return self.book.tasks(jobs, entitlements)
+
+    async def tasks(self, jobs: Collection[str] | None = None, entitlements: Collection[str] | None = None,
+                    now: float | None = None) -> dict[tuple[str, int, str], TaskUsage]:
+        """(job, index, machine) -> that task's last figures there, from this replica's book and the
+        others' (`jobs`, or the jobs of `entitlements`, or every job). A machine whose heartbeats
+        moved may be in two books for a while: its newer report wins."""
+        theirs = await self.peer_tasks(jobs, entitlements) if self.peer_tasks is not None else []
+        out: dict[tuple[str, int, str], TaskUsage] = {}
+        for t in [*theirs, *self.own_tasks(jobs, entitlements, now)]:
+            key = (t.job, t.index, t.machine)
+            if (had := out.get(key)) is None or t.at > had.at:
+                out[key] = t
+        return out

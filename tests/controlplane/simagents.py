@@ -52,6 +52,8 @@ class SimAgents:
         self.task_cpu: float | None = None  # set: heartbeats carry usage, each running task using this many cores
         # set: heartbeats carry usage, a job's tasks sharing its load (cores) equally; a job not named uses task_cpu
         self.job_load: dict[str, float] | None = None
+        # set: heartbeats carry usage, these tasks using these (cores, MiB), whatever the above say
+        self.task_figures: dict[tuple[str, int], tuple[float, float]] = {}
         self.stale: dict[str, dict[tuple[str, int], tuple[int, float]]] = {m: {} for m in creds}  # -> (version, since)
 
     def __enter__(self) -> "SimAgents":
@@ -125,17 +127,18 @@ class SimAgents:
         error = self.profile_error.get(mid, "")
         reported = {"name": profile[0], "hash": profile[1], "ok": not error, "error": error}
         body = {"machine_id": mid, "digest": report_digest(reported, tasks), "tasks": tasks, "profile": reported}
+        used = None
         if self.job_load is not None:
             with self._lock:
                 per_job = Counter(j for tasks in self.running.values() for (j, _) in tasks)
             loads = {j: self.job_load[j] / n for j, n in per_job.items() if j in self.job_load}
             used = [[j, i, loads.get(j, self.task_cpu or 0.0), 10.0] for (j, i) in sorted(shown)]
+        elif self.task_cpu is not None or self.task_figures:  # as agent/usage.py measures: cores over the window
+            used = [[j, i, self.task_cpu or 0.0, 10.0] for (j, i) in sorted(shown)]
+        if used is not None:
+            used = [[j, i, *self.task_figures.get((j, i), (c, m))] for j, i, c, m in used]
             body["usage"] = {"window": self.interval, "cpus": 64, "cpu": sum(u[2] for u in used) + 0.1,
-                             "memory_mb": 100.0 + 10 * len(used), "memory_total_mb": 65536.0, "tasks": used}
-        elif self.task_cpu is not None:  # as agent/usage.py measures it: cores over the window, MiB
-            used = [[j, i, self.task_cpu, 10.0] for (j, i) in sorted(shown)]
-            body["usage"] = {"window": self.interval, "cpus": 64, "cpu": self.task_cpu * len(used) + 0.1,
-                             "memory_mb": 100.0 + 10 * len(used), "memory_total_mb": 65536.0, "tasks": used}
+                             "memory_mb": 100.0 + sum(u[3] for u in used), "memory_total_mb": 65536.0, "tasks": used}
         hinted = self.hints.get(mid) if self.follow_hint else None
         url, answer = self._any("POST", "/v1/agent/heartbeat", cred, body, first=hinted)
         self.sent[url] += 1

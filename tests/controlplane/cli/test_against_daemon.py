@@ -199,3 +199,32 @@ def test_fleet_and_job_usage_show_what_the_agents_report(ctl, daemon, capsys, tm
         assert "whole hours" in capsys.readouterr().err
     finally:
         daemon.agents.task_cpu = None
+
+
+def test_job_usage_tasks_prints_each_tasks_machine_cores_and_memory(ctl, daemon, capsys, tmp_path):
+    """Issue #35: `twinectl job usage HANDLE --tasks` adds a table of the job's tasks, one a row, with
+    each one's own figures as its agent measured them (not the job's mean)."""
+    assert ctl("entitlement", "create", "taskent", "--machine-type", "generic", "--quota", "3") == EXIT_OK
+    assert ctl("job", "run", str(spec(tmp_path, "taskent")), "--wait", "20") == EXIT_OK
+    figures = {0: (0.25, 40.0), 1: (1.2, 200.0), 2: (0.05, 12.0)}
+    daemon.agents.task_figures = {("taskent/frontend", i): f for i, f in figures.items()}
+    try:
+        daemon.wait_for("/v1/jobs/taskent/frontend/usage?tasks=1",
+                        lambda u: [t["cpus"] for t in u["tasks"]] == [0.25, 1.2, 0.05], what="each task's figures")
+        where = {t["index"]: t["machine"] for t in daemon.call("GET", "/v1/jobs/taskent/frontend")[1]["tasks"]}
+        capsys.readouterr()
+        assert ctl("job", "usage", "taskent/frontend", "--tasks") == EXIT_OK
+        lines = capsys.readouterr().out.splitlines()
+        assert "cpus used/reserved:       1.5/1.5" in lines, lines  # the job's sum first, as without --tasks
+        at = lines.index(next(line for line in lines if line.startswith("INDEX")))
+        assert lines[at].split() == ["INDEX", "MACHINE", "STATE", "CPUS", "MEM", "MiB", "MEASURED"]
+        rows = [line.split() for line in lines[at + 1:]]
+        assert [r[:5] for r in rows] == [[str(i), where[i], "running", f"{c:g}", f"{m:g}"]
+                                         for i, (c, m) in figures.items()], lines
+        assert all(r[5].endswith("Z") for r in rows), rows  # when the heartbeat came (UTC)
+        assert ctl("job", "usage", "taskent/frontend") == EXIT_OK
+        assert "INDEX" not in capsys.readouterr().out  # asked for only
+        assert ctl("--json", "job", "usage", "taskent/frontend", "--tasks") == EXIT_OK
+        assert [t["memory_mb"] for t in json.loads(capsys.readouterr().out)["tasks"]] == [40, 200, 12]
+    finally:
+        daemon.agents.task_figures = {}

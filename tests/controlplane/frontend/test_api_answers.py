@@ -131,6 +131,9 @@ def test_every_answer_of_a_live_region_holds_to_the_documents_schema(tmp_path, e
         assert sum(c["used"]["cpus"] for c in fleet["cells"]) == 0.26, fleet["cells"]
         a.call("GET", "/v1/fleet?by=entitlement,type")
         assert a.call("GET", "/v1/jobs/web/api/usage?since=86400&step=3600")["current"]["cpus"] == 0.26
+        per_task = a.call("GET", "/v1/jobs/web/api/usage?tasks=1")["tasks"]
+        assert [t["cpus"] for t in per_task if t["index"] == on["tasks"][0]["index"]] == [0.25], per_task
+        assert len(a.call("GET", "/v1/internal/usage/tasks?entitlement=web")["tasks"]) == 1
         a.call("GET", "/v1/entitlements/web/usage?since=1209600")
         a.call("GET", "/v1/jobs/web/api/usage?step=7", want=400)
         a.call("POST", "/v1/internal/relay", {"from": "elsewhere", "seen": ["m1"], "reports": {}})

@@ -51,3 +51,37 @@ def test_the_plan_frees_a_half_empty_machine_and_moves_nothing(tmp_path, etcd_se
             assert status == 400 and body["field"] == "entitlement"
     finally:
         c.close()
+
+
+def test_the_hotspot_goal_sees_the_machine_its_hot_task_heats_not_the_jobs_mean(tmp_path, etcd_server):
+    """Issue #35: two tasks of one job on one machine use 1.0 and 0.7 core of its 2, the job's third
+    task 0.05 on another: that machine is hot (85 %). With each task taken at its job's mean (0.58
+    core) no machine was (58 % at most), and the hottest task stayed where it was."""
+    c = Controld(tmp_path, etcd_server.port, heartbeat_timeout=5.0).start()
+    try:
+        creds = {m: register(c, m, "dc1", "msb1", cpus=2, memory_mb=4096) for m in ("m1", "m2", "m3")}
+        with SimAgents(creds, [c.url], interval=0.2) as agents:
+            assert c.call("POST", "/v1/entitlements", {"name": "hot", "machine_type": "generic", "quota": 3})[0] == 201
+            status, body = c.call("POST", "/v1/jobs", {"entitlement": "hot", "name": "api", "count": 3,
+                                                       "task": {**TASK, "cpus": 0.75}})
+            assert status == 201, body
+            job = c.wait_for("/v1/jobs/hot/api", lambda j: j["summary"].get("running") == 3, what="api running")
+            where = {t["index"]: t["machine"] for t in job["tasks"]}
+            pair = [i for i in where if list(where.values()).count(where[i]) == 2]
+            assert len(pair) == 2, where  # the allocator packs (best fit): two on one machine, one on another
+            (lone,) = set(where) - set(pair)
+            hot, hottest = where[pair[0]], pair[0]
+            agents.task_figures = {("hot/api", hottest): (1.0, 50.0), ("hot/api", pair[1]): (0.7, 50.0),
+                                   ("hot/api", lone): (0.05, 10.0)}
+            c.wait_for("/v1/jobs/hot/api/usage?tasks=1", what="each task's figures",
+                       predicate=lambda u: {t["index"]: t["cpus"] for t in u["tasks"]} == {hottest: 1.0, pair[1]: 0.7,
+                                                                                            lone: 0.05})
+
+            status, p = c.call("GET", "/v1/rebalance/plan?entitlement=hot")
+            assert status == 200, p
+            assert p["goals"]["hotspots"]["hot_machines"] == {"before": 1, "after": 0}, p["goals"]
+            (mv,) = [mv for mv in p["moves"] if mv["goal"] == "hotspots"]
+            assert (mv["job"], mv["index"], mv["source"], mv["target"]) == ("hot/api", hottest, hot, where[lone]), mv
+            assert mv["why"] == f"hotspots: {hot} uses 85% of its cores (hot above 80%)", mv
+    finally:
+        c.close()

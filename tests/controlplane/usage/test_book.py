@@ -46,3 +46,25 @@ def test_machines_not_heard_from_are_swept_and_nothing_is_left_behind():
     assert book.jobs == {} and list(book.cells) == [POOL] and list(book.machines) == ["m2"]
     book.drop("m2")
     assert book.cells == {} and book.machines == {}
+
+
+def test_each_tasks_own_figures_are_kept_replaced_and_let_go_with_its_machine():
+    """Issue #35: beside the sums, each task's last figures where it runs, by job and entitlement."""
+    book = UsageBook(stale=5)
+    known = {"web/api", "web/db", "batch/etl"}
+    book.note("m1", CELL, usage(2.0, 900, [["web/api", 0, 1.5, 300.4], ["web/db", 0, 0.1, 50.0],
+                                           ["made/up", 0, 1.0, 1.0]]), known, 0, wall=100.0)
+    book.note("m2", CELL, usage(1.0, 200, [["web/api", 1, 0.05, 20.0], ["batch/etl", 0, 0.5, 64.0]]), known, 1,
+              wall=101.0)
+    rows = lambda ts: sorted(tuple(t) for t in ts)  # noqa: E731
+    assert rows(book.tasks(["web/api"])) == [("web/api", 0, "m1", 1500, 300, 100.0), ("web/api", 1, "m2", 50, 20, 101.0)]
+    assert {t.job for t in book.tasks(entitlements={"web"})} == {"web/api", "web/db"}
+    assert {t.job for t in book.tasks(["batch/etl"], {"web"})} == {"web/api", "web/db", "batch/etl"}
+    assert len(book.tasks()) == 4 and book.tasks(["made/up"]) == []  # no job of the region's: not kept
+    book.note("m1", CELL, usage(1.0, 800, [["web/api", 0, 0.9, 310.0]]), known, 2, wall=102.0)  # web/db gone from m1
+    assert rows(book.tasks(entitlements={"web"})) == [("web/api", 0, "m1", 900, 310, 102.0),
+                                                     ("web/api", 1, "m2", 50, 20, 101.0)]
+    assert book.sweep(now=6.5) == 1  # m2 silent for 5.5 s
+    assert rows(book.tasks()) == [("web/api", 0, "m1", 900, 310, 102.0)] and list(book.by_job) == ["web/api"]
+    book.drop("m1")
+    assert book.tasks() == [] and book.by_job == {}

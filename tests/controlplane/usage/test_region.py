@@ -3,10 +3,12 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import msgspec
 
 from controlplane.frontend.schema import UsagePartial
-from controlplane.usage.book import UsageBook
+from controlplane.usage.book import TaskUsage, UsageBook
 from controlplane.usage.region import RegionUsage
 
 CELL = ("dc1", "msb1", "web", "base", "generic")
@@ -41,3 +43,27 @@ def test_a_partials_size_follows_jobs_and_cells_not_machines():
     partial = r.partial(now=1)
     assert partial["jobs"] == {"web/api": [500_000, 10_000, 1000]} and len(partial["cells"]) == 1
     assert len(msgspec.json.encode(partial)) < 200
+
+
+def test_each_tasks_figures_are_the_books_and_the_other_replicas_newest_first():
+    """Issue #35: the figures of a task stay with the replica its machine heartbeats to; `tasks`
+    adds the other replicas' (asked for, not relayed), the newer report winning for a machine whose
+    heartbeats moved (it is in both books until the first lets it go)."""
+    r = RegionUsage(UsageBook(stale=100))
+    r.book.note("m1", CELL, report(1.0, [["web/api", 0, 0.8, 100.0]]), {"web/api"}, 0, wall=200.0)
+    r.book.note("m3", CELL, report(1.0, [["web/api", 2, 0.3, 30.0]]), {"web/api"}, 0, wall=200.0)
+    asked = []
+
+    async def peers(jobs, entitlements):
+        asked.append((jobs, entitlements))
+        return [TaskUsage("web/api", 1, "m2", 50, 20, 199.0), TaskUsage("web/api", 2, "m3", 900, 90, 201.0),
+                TaskUsage("web/api", 0, "m1", 100, 10, 150.0)]
+
+    r.peer_tasks = peers
+    got = asyncio.run(r.tasks(jobs=["web/api"], now=1))
+    assert asked == [(["web/api"], None)]
+    assert {k: (t.cpu_m, t.at) for k, t in got.items()} == {("web/api", 0, "m1"): (800, 200.0),
+                                                            ("web/api", 1, "m2"): (50, 199.0),
+                                                            ("web/api", 2, "m3"): (900, 201.0)}
+    r.peer_tasks = None  # a lone replica: its book's
+    assert set(asyncio.run(r.tasks(entitlements={"web"}, now=2))) == {("web/api", 0, "m1"), ("web/api", 2, "m3")}

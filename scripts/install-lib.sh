@@ -19,10 +19,18 @@ install_code() {
   if [ -n "$wheelhouse" ]; then
     [ -d "$wheelhouse" ] || die "--wheelhouse $wheelhouse: no such directory (make one with scripts/build-wheelhouse.sh)"
     ls "$wheelhouse"/twine-*.whl >/dev/null 2>&1 || die "--wheelhouse $wheelhouse: holds no twine wheel (make one with scripts/build-wheelhouse.sh)"
-    /opt/twine/venv/bin/pip install -q --no-index --find-links "$wheelhouse" --upgrade --force-reinstall --no-deps twine >"$log" 2>&1 \
-      && /opt/twine/venv/bin/pip install -q --no-index --find-links "$wheelhouse" twine >>"$log" 2>&1 \
-      || { cat "$log" >&2; rm -f "$log"; die "pip install from $wheelhouse failed"; }
+    # the wheelhouse installed last (both installers on one host, a re-run to change a flag): kept
+    local stamp
+    stamp=$(cat "$wheelhouse"/*.whl | sha256sum | cut -c1-16)
+    if [ "$(cat /opt/twine/.wheelhouse 2>/dev/null)" != "$stamp" ]; then
+      rm -f /opt/twine/.wheelhouse
+      /opt/twine/venv/bin/pip install -q --no-index --find-links "$wheelhouse" --upgrade --force-reinstall --no-deps twine >"$log" 2>&1 \
+        && /opt/twine/venv/bin/pip install -q --no-index --find-links "$wheelhouse" twine >>"$log" 2>&1 \
+        || { cat "$log" >&2; rm -f "$log"; die "pip install from $wheelhouse failed"; }
+      echo "$stamp" > /opt/twine/.wheelhouse
+    fi
   else
+    rm -f /opt/twine/.wheelhouse
     /opt/twine/venv/bin/pip install -q --upgrade --force-reinstall --no-deps "$src" >"$log" 2>&1 \
       && /opt/twine/venv/bin/pip install -q "$src" >>"$log" 2>&1 \
       || { cat "$log" >&2; rm -f "$log"; die "pip install failed (no internet? use --wheelhouse DIR)"; }

@@ -26,6 +26,14 @@ REGION = VAGRANT / ".region"
 MACHINES = ("m1", "m2")  # the machine VMs every VM test has
 SPARE = f"m{len(MACHINES) + 1}"  # up with the region, paused, its agent held (not started) until a test adds it (Region.add)
 API_PORT = 17080
+# A highly available control plane (TWINE_CONTROL=3): etcd and twine-controld on control and on m1
+# and m2 as well, joined by the installer's flags; controld on mN answers at API_PORT + N here.
+CONTROL = ("control", "m1", "m2")
+NET = "192.168.56"  # the Vagrantfile's TWINE_NET: control .10, mN .10+N
+
+
+def guest_ip(vm: str) -> str:
+    return f"{NET}.{10 if vm == 'control' else 10 + int(vm[1:])}"
 
 
 def log(message: str) -> None:
@@ -55,6 +63,7 @@ class Region:
             **os.environ,
             "TWINE_MACHINES": str(machines + spare),
             "TWINE_HELD": self.spare or "",
+            "TWINE_CONTROL": str(len(CONTROL)),
             # m1 has 2 vCPUs (IRQs to move between, irqbalance to hold off), the others 1: more
             # emulated vCPUs than host cores slows every guest sharply.
             "TWINE_VM_CPUS": "2 1 1",
@@ -93,14 +102,22 @@ class Region:
                      "--", "sudo", "bash", "-c", shlex.quote(command), timeout=timeout, check=check)
         return r.stdout
 
-    def ctl(self, *args: str, check: bool = True, timeout: float = 1200):
-        """twinectl on this host, as an operator runs it; --json answers parsed."""
-        env = {"TWINE_URL": f"https://127.0.0.1:{API_PORT}", "TWINE_CA": str(REGION / "pki" / "ca.pem"),
+    def ctl(self, *args: str, check: bool = True, timeout: float = 1200, via: str = "control"):
+        """twinectl on this host, as an operator runs it, at the controld of the control host `via`;
+        --json answers parsed."""
+        port = API_PORT + CONTROL.index(via)
+        env = {"TWINE_URL": f"https://127.0.0.1:{port}", "TWINE_CA": str(REGION / "pki" / "ca.pem"),
                "TWINE_TOKEN_FILE": str(REGION / "api-token")}
         r = self.run(str(REPO / ".venv/bin/twinectl"), "--json", *args, env=env, timeout=timeout, check=check)
         if not check:
             return r
         return json.loads(r.stdout) if r.stdout.strip() else None
+
+    def put_profile(self, name: str, text: str) -> None:
+        """A host profile file on every control host (each controld replica reads its own
+        /etc/twine/profiles: an operator keeps them the same, as with any configuration)."""
+        for vm in CONTROL:
+            self.ssh(vm, f"cat > /etc/twine/profiles/{name}.toml <<'EOF'\n{text.rstrip()}\nEOF")
 
     def wait(self, predicate, timeout: float, what: str, every: float = 2.0):
         deadline = time.monotonic() + timeout
@@ -190,11 +207,14 @@ class Region:
         """The spare machine VM joins the region: resumed, and its agent started (the VM brought
         up first if it is not there, e.g. a kept region whose spare a test removed)."""
         out = self.run("vagrant", "status", vm, "--machine-readable", check=False).stdout
-        if f",{vm},state,paused" in out:
+        resumed = f",{vm},state,paused" in out
+        if resumed:
             self.virsh("resume", vm)
         elif f",{vm},state,running" not in out:
             self.vagrant("up", vm, timeout=2400)
         self.write_ssh_config()
+        if resumed:  # its clock stood still while paused: set it as NTP would (certificates issued since are "not yet valid" to it otherwise)
+            self.ssh(vm, f"date -s @{time.time():.3f} >/dev/null")
         self.ssh(vm, "systemctl start twine-agent")
 
     def remove(self, vm: str) -> None:

@@ -27,7 +27,7 @@ def swappiness(region, vm: str) -> str:
 
 
 def test_a_hard_killed_machine_loses_its_tasks_to_another_and_comes_back_clean(region, tmp_path):
-    region.ssh("control", "cat > /etc/twine/profiles/vm-ha.toml <<'EOF'\n[sysctl]\n\"vm.swappiness\" = 17\nEOF")
+    region.put_profile("vm-ha", '[sysctl]\n"vm.swappiness" = 17')
     boot = {vm: swappiness(region, vm) for vm in ("m1", "m2")}
     assert "17" not in boot.values()
     ent = region.name("ha")
@@ -69,7 +69,7 @@ def test_a_hard_killed_machine_loses_its_tasks_to_another_and_comes_back_clean(r
 
 
 def test_a_clean_reboot_is_no_failure_and_the_task_returns_after_the_profile(region, tmp_path):
-    region.ssh("control", f"cat > /etc/twine/profiles/vm-tuned.toml <<'EOF'\n{TUNED}\nEOF")
+    region.put_profile("vm-tuned", TUNED)
     ent = region.name("rb")
     region.ctl("entitlement", "create", ent, "--machine-type", "generic", "--quota", "1", "--profile", "vm-tuned",
                "--pin-dc", "dc1")  # m1: the VM with two CPUs to pin IRQs between

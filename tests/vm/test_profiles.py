@@ -1,5 +1,5 @@
-"""Host profiles switched on real kernels: an entitlement's profile, edited in one place (the
-control VM's /etc/twine/profiles), reaches a machine VM with the job placed there and changes its
+"""Host profiles switched on real kernels: an entitlement's profile, edited on the control hosts
+(their /etc/twine/profiles), reaches a machine VM with the job placed there and changes its
 kernel; the machine back in the free pool has every value restored."""
 
 from __future__ import annotations
@@ -85,7 +85,7 @@ def settled(region) -> dict[str, dict[str, str]]:
 
 
 def test_a_profile_edited_on_the_control_vm_tunes_the_machine_kernel_and_is_undone_after(region, tmp_path):
-    region.ssh("control", f"cat > /etc/twine/profiles/vm-tuned.toml <<'EOF'\n{TUNED}\nEOF")
+    region.put_profile("vm-tuned", TUNED)
     ent = region.name("tuned")
     region.ctl("entitlement", "create", ent, "--machine-type", "generic", "--quota", "1", "--profile", "vm-tuned",
                "--pin-dc", "dc1")  # m1: the VM with two CPUs to pin IRQs between
@@ -102,8 +102,6 @@ def test_a_profile_edited_on_the_control_vm_tunes_the_machine_kernel_and_is_undo
         machine = region.machines()[vm]
         assert machine["profile"] == {"desired": "vm-tuned", "applied": "vm-tuned", "ok": True, "error": "",
                                       "hash": machine["profile"]["hash"]} and len(machine["profile"]["hash"]) == 64
-        # the agent holds no file of that name: it applied what the control plane sent
-        assert "No such file" in region.ssh(vm, "ls /etc/twine/profiles/vm-tuned.toml 2>&1", check=False)
     finally:
         region.ctl("job", "stop", f"{ent}/db", "--wait", "600", check=False)
     back_in_the_free_pool(region, vm)
@@ -111,7 +109,7 @@ def test_a_profile_edited_on_the_control_vm_tunes_the_machine_kernel_and_is_undo
 
 
 def test_a_profile_that_turns_the_cpu_controller_off_starts_tasks_without_a_cpu_limit(region, tmp_path):
-    region.ssh("control", f"cat > /etc/twine/profiles/vm-batch.toml <<'EOF'\n{BATCH}\nEOF")
+    region.put_profile("vm-batch", BATCH)
     ent = region.name("batch")
     region.ctl("entitlement", "create", ent, "--machine-type", "generic", "--quota", "1", "--profile", "vm-batch")
     before = settled(region)

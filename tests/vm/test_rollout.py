@@ -1,7 +1,8 @@
 """Host-profile rollouts on real guest kernels (issue #28): an entitlement of three machine VMs (the
 region's two and its spare, m3, whose agent this test starts: three MSBs) and a replica-aware job, one
 shard with a replica on each VM, whose TaskController (the SDK's replica_aware program) runs on the
-control VM beside controld under systemd.
+spare, m3, under systemd (not a task: a profile switch leaves it running), where every controld
+replica reaches it (the control hosts', loopback included, are refused as controller addresses).
 
 A profile change reaches the VMs one at a time: each task stopped (a `reprofile` operation its
 controller acked) before its VM switches and started after, never two replicas down, never two VMs
@@ -17,8 +18,9 @@ import time
 
 import pytest
 
-from tests.vm.region import MACHINES, SPARE
+from tests.vm.region import MACHINES, SPARE, guest_ip
 from tests.vm.test_profiles import back_in_the_free_pool
+from tests.vm.test_services import token_search
 
 pytestmark = [pytest.mark.vm, pytest.mark.timeout(3600)]
 
@@ -27,7 +29,7 @@ PROFILE = '[sysctl]\n"vm.swappiness" = {}\n'
 # exits (and exits again at each restart) while the kernel holds swappiness 23
 TASK = ["sh", "-c", "trap 'exit 0' TERM; while true; do [ \"$(cat /proc/sys/vm/swappiness)\" = 23 ] && exit 1; "
         "sleep 1; done"]
-CONTROLLER = "twine-test-controller"  # a transient unit on the control VM
+CONTROLLER = "twine-test-controller"  # a transient unit on the spare VM
 PORT = 9091
 
 
@@ -38,6 +40,8 @@ def three(region):
     try:
         region.add(SPARE)
         region.wait(lambda: region.machines().get(SPARE, {}).get("healthy"), 600, f"{SPARE} healthy")
+        # a machine that is no control host holds no admin token (the control hosts alone: test_services)
+        assert region.ssh(SPARE, f"{token_search()}; echo rc=$?", check=False).split() == ["rc=1"]
         yield region
     finally:
         region.remove(SPARE)
@@ -45,16 +49,16 @@ def three(region):
 
 @pytest.fixture
 def controller(three):
-    """The replica-aware controller on the control VM: one shard, replicas on tasks 0, 1 and 2."""
-    three.ssh("control", f"echo '{json.dumps({'s': [0, 1, 2]})}' > /root/shards.json && "
-                         f"systemd-run --unit {CONTROLLER} /opt/twine/venv/bin/python -m "
-                         f"controlplane.taskcontrol.controllers.replica_aware --listen 127.0.0.1:{PORT} "
-                         "--shards /root/shards.json")
-    three.wait(lambda: f":{PORT} " in three.ssh("control", "ss -Hltn"), 300, "the controller listening")
+    """The replica-aware controller on the spare VM: one shard, replicas on tasks 0, 1 and 2."""
+    at = f"{guest_ip(SPARE)}:{PORT}"
+    three.ssh(SPARE, f"echo '{json.dumps({'s': [0, 1, 2]})}' > /root/shards.json && "
+                     f"systemd-run --unit {CONTROLLER} /opt/twine/venv/bin/python -m "
+                     f"controlplane.taskcontrol.controllers.replica_aware --listen {at} --shards /root/shards.json")
+    three.wait(lambda: f" {at} " in three.ssh(SPARE, "ss -Hltn"), 300, "the controller listening")
     try:
-        yield f"http://127.0.0.1:{PORT}/"
+        yield f"http://{at}/"
     finally:
-        three.ssh("control", f"systemctl stop {CONTROLLER}; systemctl reset-failed {CONTROLLER}", check=False)
+        three.ssh(SPARE, f"systemctl stop {CONTROLLER}; systemctl reset-failed {CONTROLLER}", check=False)
 
 
 def swappiness(region) -> dict[str, str]:
@@ -106,7 +110,7 @@ def watching(region, ent: str, *args: str, kernels: bool = False):
 
 def decisions(region) -> list[str]:
     """The controller's log: a line for each decision and each completion it was told of."""
-    return [line for line in region.ssh("control", f"journalctl -u {CONTROLLER} --no-pager -o cat").splitlines()
+    return [line for line in region.ssh(SPARE, f"journalctl -u {CONTROLLER} --no-pager -o cat").splitlines()
             if ": call " in line]
 
 
@@ -114,10 +118,10 @@ def test_a_profile_rolls_out_one_vm_at_a_time_past_a_replica_aware_controller_an
         three, controller, tmp_path):
     region = three
     for name, value in (("vm-roll-a", 21), ("vm-roll-b", 22), ("vm-roll-bad", 23)):
-        region.ssh("control", f"cat > /etc/twine/profiles/{name}.toml <<'EOF'\n{PROFILE.format(value)}EOF")
+        region.put_profile(name, PROFILE.format(value))
     ent = region.name("roll")
     region.ctl("entitlement", "create", ent, "--machine-type", "generic", "--quota", "3", "--profile", "vm-roll-a",
-               "--rollout-deadline", "300", "--allow-controller-network", "127.0.0.0/8")
+               "--rollout-deadline", "300", "--allow-controller-network", f"{guest_ip(SPARE)}/32")
     spec = tmp_path / "svc.yaml"
     spec.write_text(json.dumps({"entitlement": ent, "name": "svc", "count": 3, "controller": controller,
                                 "task": {"image": "twine/busybox:1", "command": TASK, "cpus": 0.1, "memory_mb": 16}}))

@@ -8,7 +8,7 @@ import shlex
 
 import pytest
 
-from tests.vm.region import MACHINES, REGION
+from tests.vm.region import CONTROL, MACHINES, REGION, guest_ip
 
 pytestmark = [pytest.mark.vm, pytest.mark.timeout(2700)]  # the first one brings the region up
 
@@ -60,10 +60,17 @@ finally:
 """
 
 
+def token_search() -> str:
+    """A shell command that lists the files of a VM holding the region's admin token."""
+    token = (REGION / "api-token").read_text().strip()
+    return f"grep -rlF -- {shlex.quote(token)} /tmp /etc /opt/twine /root /home 2>/dev/null"
+
+
 def test_every_unit_is_active_under_systemd_and_every_machine_joined(region):
-    for unit in ("etcd", "twine-controld"):
-        u = region.unit("control", unit)
-        assert u["ActiveState"] == "active", (unit, u)
+    for vm in CONTROL:
+        for unit in ("etcd", "twine-controld"):
+            u = region.unit(vm, unit)
+            assert u["ActiveState"] == "active", (vm, unit, u)
     controld = region.unit("control", "twine-controld")
     assert controld["Type"] == "notify" and controld["WatchdogUSec"] != "0"
     assert region.ssh("control", "stat -c '%a %U' /etc/twine/api-tokens /etc/twine/bootstrap-tokens").split("\n")[:2] \
@@ -73,18 +80,17 @@ def test_every_unit_is_active_under_systemd_and_every_machine_joined(region):
                       "/etc/twine/etcd-pki/root-key.pem").split("\n")[:3] == ["600 twine", "600 root", "600 root"]
     probe = region.ssh("control", f"/opt/twine/venv/bin/python - <<'EOF'\n{ETCD_PROBE}\nEOF").split("\n")
     assert probe[:4] == ["plain refused", "anonymous UNAVAILABLE", "intruder PERMISSION_DENIED", "controld ok"], probe
-    # the admin token and controld's key reach the control VM alone (staged apart from the rest)
-    # (the same search finds the token where it is: controld's token file)
-    token = (REGION / "api-token").read_text().strip()
-    search = f"grep -rlF -- {shlex.quote(token)} /tmp /etc /opt/twine /root /home 2>/dev/null"
-    assert region.ssh("control", search, check=False).split() == ["/etc/twine/api-tokens"], "installed, and no copy left"
-    for vm in MACHINES:  # each command's last line is its exit code (an ssh that failed says nothing)
-        holding = region.ssh(vm, f"{search}; echo rc=$?", check=False).split()
-        staged = region.ssh(vm, "ls -A /tmp/twine 2>/dev/null; ls -d /tmp/twine-control 2>/dev/null; echo done",
-                            check=False).split()
-        assert holding == ["rc=1"], (vm, holding)  # grep: nothing found
-        assert staged[-1:] == ["done"] and not {"api-token", "controld-key.pem", "/tmp/twine-control"} & set(staged), \
+    # the admin token and controld's key reach the control hosts alone (staged apart from the
+    # rest, removed once installed); each holds the token where controld reads it, and nowhere else
+    for vm in CONTROL:  # each command's last line is its exit code (an ssh that failed says nothing)
+        holding = region.ssh(vm, f"{token_search()}; echo rc=$?", check=False).split()
+        assert holding == ["/etc/twine/api-tokens", "rc=0"], (vm, holding)
+        staged = region.ssh(vm, "ls -A /tmp/twine /tmp/twine-control 2>/dev/null; echo done", check=False).split()
+        assert staged[-1:] == ["done"] and not {"api-token", "controld-key.pem", "join-key"} & set(staged), \
             (vm, staged)
+    for vm in CONTROL[1:]:  # the other members: etcd joined, a controld replica that says where it is
+        assert region.unit(vm, "etcd")["ActiveState"] == "active"
+        assert f'advertise = "https://{guest_ip(vm)}:7080"' in region.ssh(vm, "cat /etc/twine/controld.toml")
     for vm in MACHINES:
         agent = region.unit(vm, "twine-agent")
         assert agent["ActiveState"] == "active" and agent["Type"] == "notify" and agent["KillMode"] == "process", agent

@@ -1,0 +1,185 @@
+"""A highly available control plane built the way operators build it (issue #35): etcd and
+twine-controld on three guests (control, m1 and m2), joined by install-controld.sh's
+--etcd-add-member and --etcd-join in the README's order (the Vagrantfile's TWINE_CONTROL=3).
+
+The guest holding etcd's leader and the scheduler shard's leader is powered off hard (virsh
+destroy): writes are accepted again through another replica within 10 s, every acknowledged job is
+there, the tasks on the other guests never restart, and the guest powered on again rejoins by
+itself (its etcd member healthy, its controld a follower). Then a member is replaced: m2's taken out of
+the cluster, and a fresh guest (the spare, m3) joined by the installer.
+
+It runs after the other VM tests (tests/conftest.py): it leaves the region with another member."""
+
+from __future__ import annotations
+
+import base64
+import json
+import threading
+import time
+
+import pytest
+
+from tests.vm.region import CONTROL, MACHINES, REGION, SPARE, guest_ip
+
+pytestmark = [pytest.mark.vm, pytest.mark.timeout(3600)]
+
+LOOP = ["sh", "-c", "trap 'exit 0' TERM; while true; do sleep 1; done"]
+RECOVERY = 10.0  # seconds from the power cut to a write accepted through another replica (the issue's bound)
+INSTALL = "bash /opt/twine/scripts/install-controld.sh"  # kept there by the installer (a guest's /tmp is emptied at boot)
+ROOT = "--ca /etc/twine/etcd-pki/ca.pem --cert /etc/twine/etcd-pki/root.pem --key /etc/twine/etcd-pki/root-key.pem"
+# On another member there is no admin certificate (the etcd CA's host alone has it): controld's
+# client certificate lists the members and asks each its status.
+PEER = "--ca /etc/twine/tls/etcd-ca.pem --cert /etc/twine/tls/etcd-client.pem --key /etc/twine/tls/etcd-client-key.pem"
+
+
+def members_cmd(vm: str, verb: str) -> str:
+    return f"/opt/twine/venv/bin/python -m controlplane.store.members {ROOT if vm == 'control' else PEER} {verb}"
+
+
+def etcd_status(region, vm: str) -> tuple[int, dict[str, str]]:
+    """`members status` on `vm`: its exit code and each member's role (leader, follower, unreachable)."""
+    lines = region.ssh(vm, f"{members_cmd(vm, 'status')}; echo rc=$?", check=False).strip().split("\n")
+    roles = {line.split()[0]: line.split()[1] for line in lines[:-1] if line.strip()}
+    return int(lines[-1].removeprefix("rc=")), roles
+
+
+def shard_leader(region, via: str) -> str | None:
+    """The guest whose controld leads shard 0 (by its advertised URL), as `via`'s controld answers."""
+    url = region.ctl("cluster", via=via)["shards"][0]["leader_url"] or ""
+    return next((vm for vm in (*CONTROL, SPARE) if f"//{guest_ip(vm)}:" in url), None)
+
+
+class Writer(threading.Thread):
+    """Jobs of no task written one after another through one replica, each call bounded by
+    --timeout 3: (sent, answered, name, accepted) for each."""
+
+    def __init__(self, region, ent: str, via: str, tmp_path) -> None:
+        super().__init__(daemon=True)
+        self.region, self.ent, self.via, self.dir = region, ent, via, tmp_path
+        self.tries: list[tuple[float, float, str, bool]] = []
+        self.halt = threading.Event()
+
+    def run(self) -> None:
+        i = 0
+        while not self.halt.is_set():
+            name = f"w{i}"
+            spec = self.dir / f"{name}.yaml"
+            spec.write_text(json.dumps({"entitlement": self.ent, "name": name, "count": 0, "task": {
+                "image": "twine/busybox:1", "command": LOOP, "cpus": 0.1, "memory_mb": 16}}))
+            sent = time.monotonic()
+            try:
+                ok = self.region.ctl("--timeout", "3", "job", "run", str(spec), check=False, timeout=60,
+                                     via=self.via).returncode == 0
+            except Exception:  # noqa: BLE001 - a call that hung past 60 s is a write not acknowledged
+                ok = False
+            self.tries.append((sent, time.monotonic(), name, ok))
+            i += 1
+            time.sleep(0.2)
+
+    def accepted_after(self, t: float) -> float | None:
+        """When the first write sent after `t` was answered with success."""
+        return next((answered for sent, answered, _, ok in self.tries if ok and sent > t), None)
+
+
+def test_a_control_host_powered_off_hard_fails_over_and_rejoins_and_a_member_is_replaced(region, tmp_path):
+    code, roles = region.wait(lambda: (s := etcd_status(region, "control"))[0] == 0 and s, 300,
+                              "three etcd members answering one leader")
+    assert sorted(roles) == sorted(CONTROL), roles
+    replicas = {m["url"] for m in region.ctl("cluster")["members"]}
+    assert {f"https://{guest_ip(vm)}:7080" for vm in CONTROL} <= replicas, replicas
+
+    ent = region.name("avail")
+    region.ctl("entitlement", "create", ent, "--machine-type", "generic", "--quota", "2")
+    spec = tmp_path / "steady.yaml"
+    spec.write_text(json.dumps({"entitlement": ent, "name": "steady", "count": 2, "task": {
+        "image": "twine/busybox:1", "command": LOOP, "cpus": 0.1, "memory_mb": 16},
+        "preferences": [{"property": "msb", "strategy": "spread"}]}))
+    writer = None
+    try:
+        region.ctl("job", "run", str(spec), "--wait", "600")
+        before = {vm: region.containers(vm) for vm in MACHINES}
+        assert sorted(len(c) for c in before.values()) == [1, 1], before
+
+        # Both leaders on control: etcd's handed over; the shard's moves off a replica restarted.
+        region.ssh("control", members_cmd("control", "move-leader control"))
+        for _ in range(8):
+            leader = region.wait(lambda: shard_leader(region, "control"), 120, "a shard leader")
+            if leader == "control":
+                break
+            region.ssh(leader, "systemctl restart twine-controld")
+            region.wait(lambda: shard_leader(region, "control") not in (None, leader), 120, "another shard leader")
+        assert shard_leader(region, "control") == "control"
+        assert etcd_status(region, "control")[1]["control"] == "leader"
+
+        writer = Writer(region, ent, "m1", tmp_path)
+        writer.start()
+        region.wait(lambda: sum(ok for *_, ok in writer.tries) >= 3, 120, "writes through m1's controld")
+        cut = time.monotonic()
+        region.virsh("destroy", "control")  # power off: no shutdown, no notice
+        region.wait(lambda: writer.accepted_after(cut), 120, "a write accepted after the cut", every=0.5)
+        recovered = writer.accepted_after(cut) - cut
+        region.wait(lambda: sum(ok for sent, _, _, ok in writer.tries if sent > cut) >= 5, 120, "writes going on")
+        writer.halt.set()
+        writer.join(90)
+        failed = [(round(s - cut, 1), n) for s, _, n, ok in writer.tries if not ok]
+        print(f"\npower cut of control (etcd and shard leader) to a write accepted through m1: {recovered:.1f} s; "
+              f"{len(writer.tries)} writes, not acknowledged (s after the cut, job): {failed}")
+        assert recovered <= RECOVERY, (recovered, writer.tries)
+
+        acked = {name for *_, name, ok in writer.tries if ok}
+        listed = {j["name"] for j in region.ctl("job", "list", via="m1")["jobs"] if j["entitlement"] == ent}
+        assert acked <= listed, f"acknowledged and lost: {sorted(acked - listed)}"
+        assert shard_leader(region, "m1") in ("m1", "m2")
+        assert {vm: region.containers(vm) for vm in MACHINES} == before, "a task was restarted"
+
+        # powered on again (`vagrant up`: the domain started, with the forwarded port to its API that
+        # Vagrant keeps, and nothing provisioned): its etcd rejoins and its controld follows by themselves
+        region.vagrant("up", "control", timeout=1200)
+        region.wait(lambda: etcd_status(region, "m1")[0] == 0 and len(etcd_status(region, "m1")[1]) == 3, 900,
+                    "control's etcd a healthy member again", every=5)
+        region.wait(lambda: any(f"//{guest_ip('control')}:" in m["url"] for m in region.ctl("cluster", via="m1")["members"]),
+                    600, "control's controld a replica again", every=5)
+        assert shard_leader(region, "m1") != "control"
+        assert region.unit("control", "twine-controld")["ActiveState"] == "active"
+        assert shard_leader(region, "control") != "control"  # its API answers again, from a follower
+        assert {vm: region.containers(vm) for vm in MACHINES} == before, "a task was restarted"
+
+        replace_member(region, "m2", SPARE)
+        after = tmp_path / "after.yaml"
+        after.write_text(json.dumps({"entitlement": ent, "name": "after", "count": 0, "task": {
+            "image": "twine/busybox:1", "command": LOOP, "cpus": 0.1, "memory_mb": 16}}))
+        region.ctl("job", "run", str(after), via="m1")
+        assert "after" in {j["name"] for j in region.ctl("job", "list", via="control")["jobs"]}
+        assert {vm: region.containers(vm) for vm in MACHINES} == before, "a task was restarted"
+    finally:
+        if writer is not None:
+            writer.halt.set()
+        region.ctl("job", "stop", f"{ent}/steady", "--wait", "600", check=False, via="m1")
+
+
+def replace_member(region, old: str, new: str) -> None:
+    """The README's member replacement: `old` taken out of the cluster (its etcd and controld
+    stopped there), `new` added on the first host and joined by the installer with the bundle,
+    copied as an operator copies it, and a certificate of the region's CA for its controld."""
+    region.ssh("control", members_cmd("control", f"remove {old}"))
+    region.ssh(old, f"{INSTALL} --uninstall && systemctl disable --now etcd && rm -rf /var/lib/etcd/twine")
+    region.add(new)  # the spare: resumed (or booted anew), a machine of the region
+    ip = guest_ip(new)
+    region.run(str(REGION.parent.parent / ".venv/bin/python"), "-m", "controlplane.security.pki", str(REGION / "pki"),
+               "--server", f"controld-{new}", "--ip", ip, "--ip", "127.0.0.1", inside=False)
+    for name in (f"controld-{new}.pem", f"controld-{new}-key.pem"):
+        data = base64.b64encode((REGION / "pki" / name).read_bytes()).decode()
+        region.ssh(new, f"install -d -m 0700 /root/join && base64 -d > /root/join/{name} <<'EOF'\n{data}\nEOF")
+    bundle = region.ssh("control", f"{INSTALL} --etcd-add-member {new}={ip} --etcd-bundle /root/{new}.tgz >&2 && "
+                                   f"base64 -w0 /root/{new}.tgz && rm -f /root/{new}.tgz")
+    region.ssh(new, f"base64 -d > /root/join/bundle.tgz <<'EOF'\n{bundle.strip()}\nEOF")
+    region.ssh(new, f"bash /tmp/twine/src/scripts/install-controld.sh --wheelhouse /tmp/twine/wheelhouse "
+                    f"--listen 0.0.0.0:7080 --etcd-join "
+                    f"--etcd-bundle /root/join/bundle.tgz --etcd-peer-ip {ip} --tls-cert /root/join/controld-{new}.pem "
+                    f"--tls-key /root/join/controld-{new}-key.pem --tls-ca /tmp/twine/ca.pem && rm -rf /root/join",
+               timeout=900)
+    code, roles = region.wait(lambda: (s := etcd_status(region, "control"))[0] == 0 and s, 300,
+                              f"{new} a healthy member")
+    assert sorted(roles) == sorted(["control", "m1", new]), roles
+    region.wait(lambda: any(f"//{ip}:" in m["url"] for m in region.ctl("cluster")["members"]), 300,
+                f"{new}'s controld a replica")

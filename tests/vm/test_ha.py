@@ -183,3 +183,11 @@ def replace_member(region, old: str, new: str) -> None:
     assert sorted(roles) == sorted(["control", "m1", new]), roles
     region.wait(lambda: any(f"//{ip}:" in m["url"] for m in region.ctl("cluster")["members"]), 300,
                 f"{new}'s controld a replica")
+    # control's controld given the members as they are now: a re-run with that flag alone keeps the rest
+    others = f"{guest_ip('m1')}:2379,{ip}:2379"
+    timeout_line = next(line for line in region.ssh("control", "cat /etc/twine/controld.toml").splitlines()
+                        if line.startswith("heartbeat_timeout = "))
+    region.ssh("control", f"{INSTALL} --wheelhouse /tmp/twine/wheelhouse --etcd-endpoints {others}", timeout=900)
+    conf = region.ssh("control", "cat /etc/twine/controld.toml")
+    assert f'etcd = "127.0.0.1:2379,{others}"' in conf and timeout_line in conf.splitlines(), conf
+    assert f'advertise = "https://{guest_ip("control")}:7080"' in conf, conf

@@ -8,7 +8,9 @@ there, the tasks on the other guests never restart, and the guest powered on aga
 itself (its etcd member healthy, its controld a follower). Then a member is replaced: m2's taken out of
 the cluster, and a fresh guest (the spare, m3) joined by the installer.
 
-It runs after the other VM tests (tests/conftest.py): it leaves the region with another member."""
+It needs the region's HA shape, TWINE_VM_CONTROL=3 (tests/vm/region.py says why that is not the
+default): `TWINE_VM_CONTROL=3 bash scripts/test.sh tests/vm`; it runs after the other VM tests
+(tests/conftest.py), leaving the region with another member."""
 
 from __future__ import annotations
 

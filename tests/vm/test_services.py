@@ -88,6 +88,13 @@ def test_every_unit_is_active_under_systemd_and_every_machine_joined(region):
         staged = region.ssh(vm, "ls -A /tmp/twine /tmp/twine-control 2>/dev/null; echo done", check=False).split()
         assert staged[-1:] == ["done"] and not {"api-token", "controld-key.pem", "join-key"} & set(staged), \
             (vm, staged)
+    for vm in set(MACHINES) - set(CONTROL):  # a machine that is no control host holds neither
+        holding = region.ssh(vm, f"{token_search()}; echo rc=$?", check=False).split()
+        staged = region.ssh(vm, "ls -A /tmp/twine 2>/dev/null; ls -d /tmp/twine-control 2>/dev/null; echo done",
+                            check=False).split()
+        assert holding == ["rc=1"], (vm, holding)  # grep: nothing found
+        assert staged[-1:] == ["done"] and not {"api-token", "controld-key.pem", "/tmp/twine-control"} & set(staged), \
+            (vm, staged)
     for vm in CONTROL[1:]:  # the other members: etcd joined, a controld replica that says where it is
         assert region.unit(vm, "etcd")["ActiveState"] == "active"
         assert f'advertise = "https://{guest_ip(vm)}:7080"' in region.ssh(vm, "cat /etc/twine/controld.toml")

@@ -343,13 +343,15 @@ def test_a_good_answer_after_a_bad_one_clears_the_error():
     answers = iter([web.json_response({}, status=503), web.json_response({"ack": ["restart/0/v2"]})])
 
     async def body():
-        async with Stub(lambda b: next(answers)) as stub, Scheduler(stub.url, interval=0.05) as sch:
+        # the default interval (60 s): "at once" below holds however slow the host (with 50 ms, a
+        # loaded host's next offer came after the interval and called again)
+        async with Stub(lambda b: next(answers)) as stub, Scheduler(stub.url) as sch:
             await sch.offer([restart(0)])
             assert sch.s.status["ok"] is False and sch.s.status["error"] == "ValueError: HTTP 503"
             call = sch.s._task
             sch.s.offer([restart(0)], [])  # at once: not called again (no loop against a failing controller)
             assert sch.s._task is call and not sch.s._again and len(stub.bodies) == 1
-            sch.s._last_call_at -= 1  # the interval has passed (no waiting on the clock)
+            sch.s._last_call_at -= sch.s.interval  # the interval has passed (no waiting on the clock)
             await sch.offer([restart(0)], [])  # called again
             return sch.s
 

@@ -47,10 +47,22 @@ def _member(m) -> Member:
     return Member(m.ID, m.name, tuple(m.peerURLs), tuple(m.clientURLs))
 
 
-async def _cluster(endpoint: str, admin: EtcdTls | None, call, timeout: float):
+async def _call(endpoint: str, admin: EtcdTls | None, stub, call, timeout: float):
+    """`call(stub(channel), timeout)` on a channel to `endpoint` (TLS with the admin's certificate)."""
     channel = grpc.aio.secure_channel(endpoint, admin.credentials()) if admin else grpc.aio.insecure_channel(endpoint)
     async with channel:
-        return await call(rpc_pb2_grpc.ClusterStub(channel), timeout)
+        return await call(stub(channel), timeout)
+
+
+async def _cluster(endpoint: str, admin: EtcdTls | None, call, timeout: float):
+    return await _call(endpoint, admin, rpc_pb2_grpc.ClusterStub, call, timeout)
+
+
+def _named(found: list[Member], name: str) -> Member:
+    for m in found:
+        if m.name == name or str(m.id) == name:
+            return m
+    raise InputError("command line", "NAME", name, "no such member (list them: members list)")
 
 
 async def members(endpoint: str, admin: EtcdTls | None = None, timeout: float = 10.0) -> list[Member]:
@@ -95,29 +107,33 @@ class Status:
 
 def _client_endpoint(m: Member) -> str | None:
     """A member's client address HOST:PORT, another host's where it has one (its loopback URL only
-    reaches it from its own host)."""
-    hosts = [urlsplit(u) for u in m.client_urls]
-    for u in sorted(hosts, key=lambda u: u.hostname.startswith("127.")):
-        return f"{u.hostname}:{u.port}"
-    return None
+    reaches it from its own host); None for a member added that never started."""
+    urls = sorted((urlsplit(u) for u in m.client_urls), key=lambda u: u.hostname.startswith("127."))
+    return f"{urls[0].hostname}:{urls[0].port}" if urls else None
+
+
+async def _maintenance(m: Member, admin: EtcdTls | None, call, timeout: float):
+    """A maintenance call at the member itself (status, leadership and defragmentation are each
+    member's own)."""
+    at = _client_endpoint(m)
+    if at is None:
+        raise InputError("command line", "NAME", m.name or f"{m.id:x}", "added, never started: no client URL")
+    return await _call(at, admin, rpc_pb2_grpc.MaintenanceStub, call, timeout)
+
+
+async def _status(m: Member, admin: EtcdTls | None, timeout: float) -> Status:
+    try:
+        s = await _maintenance(m, admin, lambda st, t: st.Status(rpc_pb2.StatusRequest(), timeout=t), timeout)
+    except InputError as e:
+        return Status(m, 0, 0, e.why)
+    except grpc.aio.AioRpcError as e:
+        return Status(m, 0, 0, f"{_client_endpoint(m)}: {e.code().name}")
+    return Status(m, s.leader, s.header.revision)
 
 
 async def status(endpoint: str, admin: EtcdTls | None = None, timeout: float = 5.0) -> list[Status]:
-    """Every member's own answer: reachable, whom it follows, its revision."""
-    found = []
-    for m in await members(endpoint, admin, timeout):
-        at = _client_endpoint(m)
-        if at is None:
-            found.append(Status(m, 0, 0, "no client URL: added, never started"))
-            continue
-        channel = grpc.aio.secure_channel(at, admin.credentials()) if admin else grpc.aio.insecure_channel(at)
-        try:
-            async with channel:
-                s = await rpc_pb2_grpc.MaintenanceStub(channel).Status(rpc_pb2.StatusRequest(), timeout=timeout)
-            found.append(Status(m, s.leader, s.header.revision))
-        except grpc.aio.AioRpcError as e:
-            found.append(Status(m, 0, 0, f"{at}: {e.code().name}"))
-    return found
+    """Every member's own answer, asked at once: reachable, whom it follows, its revision."""
+    return list(await asyncio.gather(*(_status(m, admin, timeout) for m in await members(endpoint, admin, timeout))))
 
 
 def healthy(found: list[Status]) -> bool:
@@ -129,43 +145,32 @@ def healthy(found: list[Status]) -> bool:
 async def move_leader(endpoint: str, name: str, admin: EtcdTls | None = None, timeout: float = 10.0) -> Member:
     """Hand the leadership to the member `name` (etcd takes it at the leader: it is asked there)."""
     found = await status(endpoint, admin, timeout)
-    target = [s.member for s in found if s.member.name == name or str(s.member.id) == name]
-    if not target:
-        raise InputError("command line", "NAME", name, "no such member (list them: members list)")
+    target = _named([s.member for s in found], name)
     leader = next((s.member for s in found if not s.error and s.leader == s.member.id), None)
     if leader is None:
         raise InputError("command line", "NAME", name, "the cluster has no leader now to hand it over")
-    if leader.id != target[0].id:
-        at = _client_endpoint(leader)
-        channel = grpc.aio.secure_channel(at, admin.credentials()) if admin else grpc.aio.insecure_channel(at)
-        async with channel:
-            await rpc_pb2_grpc.MaintenanceStub(channel).MoveLeader(
-                rpc_pb2.MoveLeaderRequest(targetID=target[0].id), timeout=timeout)
-    return target[0]
+    if leader.id != target.id:
+        await _maintenance(leader, admin, lambda st, t: st.MoveLeader(rpc_pb2.MoveLeaderRequest(targetID=target.id),
+                                                                       timeout=t), timeout)
+    return target
 
 
 async def defrag(endpoint: str, name: str | None = None, admin: EtcdTls | None = None,
                  timeout: float = 120.0) -> list[Member]:
-    """Defragment each member (or the one named), one after another, at its client URL."""
+    """Defragment each member (or the one named), one after another (a member answers nothing
+    while it defragments: never two at once)."""
     every = await members(endpoint, admin)
-    chosen = [m for m in every if name is None or m.name == name or str(m.id) == name]
-    if not chosen:
-        raise InputError("command line", "NAME", name, "no such member (list them: members list)")
+    chosen = every if name is None else [_named(every, name)]
     for m in chosen:
-        at = _client_endpoint(m)
-        channel = grpc.aio.secure_channel(at, admin.credentials()) if admin else grpc.aio.insecure_channel(at)
-        async with channel:
-            await rpc_pb2_grpc.MaintenanceStub(channel).Defragment(rpc_pb2.DefragmentRequest(), timeout=timeout)
+        await _maintenance(m, admin, lambda st, t: st.Defragment(rpc_pb2.DefragmentRequest(), timeout=t), timeout)
     return chosen
 
 
 async def remove(endpoint: str, name: str, admin: EtcdTls | None = None, timeout: float = 10.0) -> Member:
-    found = [m for m in await members(endpoint, admin, timeout) if m.name == name or str(m.id) == name]
-    if not found:
-        raise InputError("command line", "NAME", name, "no such member (list them: members list)")
-    await _cluster(endpoint, admin, lambda s, t: s.MemberRemove(rpc_pb2.MemberRemoveRequest(ID=found[0].id),
+    gone = _named(await members(endpoint, admin, timeout), name)
+    await _cluster(endpoint, admin, lambda s, t: s.MemberRemove(rpc_pb2.MemberRemoveRequest(ID=gone.id),
                                                                 timeout=t), timeout)
-    return found[0]
+    return gone
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -19,6 +19,14 @@ BODY_TIMEOUT = web.AppKey("body_timeout", float)  # seconds a request has to sen
 _encode = msgspec.json.Encoder(enc_hook=str).encode  # what JSON has no form for, as its text
 
 
+def query_flag(request: web.Request, field: str) -> bool:
+    """A yes/no query parameter (`?all=1`, `?tasks=true`): 0, 1, true or false; absent is no."""
+    text = request.query.get(field, "0")
+    if text not in S.ALL:
+        raise ApiError("invalid", field, f"{text[:80]!r}: 1 (or true) for yes, 0 (or false) for no")
+    return text in ("1", "true")
+
+
 def reply(data: Any, status: int = 200) -> web.Response:
     return web.Response(body=_encode(data), status=status, content_type="application/json")
 

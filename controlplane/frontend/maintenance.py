@@ -7,9 +7,8 @@ import time
 from aiohttp import web
 
 from controlplane.frontend import schema as S
-from controlplane.frontend.body import body, reply
+from controlplane.frontend.body import body, query_flag, reply
 from controlplane.opsplanner.planner import OpsPlanner
-from controlplane.store.records import ApiError
 
 
 class Maintenance:
@@ -23,10 +22,7 @@ class Maintenance:
 
     async def list(self, request: web.Request) -> web.Response:
         now = time.time()
-        every = request.query.get("all", "0")
-        if every not in S.ALL:
-            raise ApiError("invalid", "all", f"{every[:80]!r}: 1 (or true) for all, 0 (or false) for those not over")
-        events = self.ops.listing(every in ("1", "true"), now)
+        events = self.ops.listing(query_flag(request, "all"), now)  # all, or those not over
         return reply({"maintenance": [self.ops.answer(e, now) for e in events]})
 
     async def show(self, request: web.Request) -> web.Response:

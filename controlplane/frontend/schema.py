@@ -264,7 +264,7 @@ class Relay(Struct, forbid_unknown_fields=True, rename={"from_": "from"}):
 # query parameters, bounded here once (app.py checks them, openapi.py declares them)
 MAX_VERSION = 64  # characters of a desired state's ?version
 MAX_WAIT_ASKED = 3600  # seconds a long poll's ?wait may ask for (at most --max-long-poll are waited)
-ALL = ("0", "1", "true", "false")  # ?all= of GET /v1/maintenance
+ALL = ("0", "1", "true", "false")  # a yes/no query parameter (body.query_flag)
 
 BODIES: dict[str, type] = {t.__name__: t for t in (EntitlementSpec, EntitlementPatch, EntitlementMove, JobSpec,
                                                    Resize, RebalanceSwitch, TokenSpec, MaintenanceSpec, Relay,

@@ -12,9 +12,8 @@ import time
 
 from aiohttp import web
 
-from controlplane.frontend.body import reply
+from controlplane.frontend.body import query_flag, reply
 from controlplane.frontend.forward import Forwarder
-from controlplane.frontend.schema import ALL
 from controlplane.frontend.services import Shards
 from controlplane.store.records import NAME, ApiError, TaskRec
 from controlplane.store.state import RegionState
@@ -83,13 +82,6 @@ def points(series: H.Series | None, since: int, step: int, now: float) -> list[l
     return [[t, round(b[0] / b[4] / 1000, 3), b[1] / 1000, round(b[2] / b[4]), b[3]] for t, b in sorted(buckets.items())]
 
 
-def flag(request: web.Request, field: str) -> bool:
-    text = request.query.get(field, "0")
-    if text not in ALL:
-        raise ApiError("invalid", field, f"{text[:40]!r}: one of {', '.join(ALL)}")
-    return text in ("1", "true")
-
-
 def names(request: web.Request, field: str, pattern: re.Pattern, what: str) -> list[str] | None:
     """A repeated query parameter's values (None: not given), each matching `pattern`."""
     values = request.query.getall(field, None)
@@ -144,7 +136,7 @@ class Usage:
         series = self._series(("job", handle), shard)
         if series is False:
             return await self.forwarder.forward(request, shard)
-        per_task = flag(request, "tasks")
+        per_task = query_flag(request, "tasks")
         measured = await self.usage.tasks(jobs=[handle]) if per_task else {}
         now = time.time()
         current = self.usage.job(handle)

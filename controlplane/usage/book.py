@@ -28,6 +28,14 @@ class TaskUsage(NamedTuple):
     at: float  # wall clock: when the report came
 
 
+def chosen(job: str, jobs: Collection[str] | None, entitlements: Collection[str] | None) -> bool:
+    """Whether a task of `job` is among those asked for: of `jobs`, of the jobs of `entitlements`,
+    or of every job when neither is given (a job's handle begins with its entitlement)."""
+    if jobs is None and entitlements is None:
+        return True
+    return job in (jobs or ()) or job.partition("/")[0] in (entitlements or ())
+
+
 class Held(NamedTuple):
     """One machine's last report, as its figures went into the sums."""
 
@@ -92,13 +100,9 @@ class UsageBook:
               ) -> list[TaskUsage]:
         """The figures of each task of `jobs` and of the jobs of `entitlements`; of every job when
         neither is given."""
-        by_job = self.by_job
-        if jobs is None and entitlements is None:
-            return [t for mine in by_job.values() for t in mine.values()]
-        handles = {h for h in jobs or () if h in by_job}
-        if entitlements:  # (a job's handle begins with its entitlement)
-            handles |= {h for h in by_job if h.partition("/")[0] in entitlements}
-        return [t for h in sorted(handles) for t in by_job[h].values()]
+        if entitlements is None and jobs is not None:  # a few jobs: no pass over every job's
+            return [t for h in sorted(set(jobs)) for t in self.by_job.get(h, {}).values()]
+        return [t for h in sorted(self.by_job) if chosen(h, jobs, entitlements) for t in self.by_job[h].values()]
 
     def _add(self, h: Held, sign: int) -> None:
         by_job = self.by_job

@@ -19,7 +19,7 @@ import msgspec
 
 from controlplane.frontend.answers_usage import TaskFigures
 from controlplane.frontend.forward import FORWARDED
-from controlplane.usage.book import TaskUsage
+from controlplane.usage.book import TaskUsage, chosen
 
 if TYPE_CHECKING:
     from controlplane.coordination.coordinator import Coordinator
@@ -32,17 +32,10 @@ TIMEOUT = 2.0  # seconds a member has to answer (it answers from memory)
 
 def query(jobs: Collection[str] | None, entitlements: Collection[str] | None) -> list[tuple[str, str]]:
     """The ask's query parameters; none asks for every job's tasks (also when there are too many
-    names for one ask: `wanted` then keeps those asked for)."""
+    names for one ask: book.chosen then keeps those asked for)."""
     if len(jobs or ()) > MAX_NAMES or len(entitlements or ()) > MAX_NAMES:
         return []
     return [("job", h) for h in sorted(jobs or ())] + [("entitlement", e) for e in sorted(entitlements or ())]
-
-
-def wanted(t: TaskUsage, jobs: Collection[str] | None, entitlements: Collection[str] | None) -> bool:
-    """As UsageBook.tasks chooses."""
-    if jobs is None and entitlements is None:
-        return True
-    return t.job in (jobs or ()) or t.job.partition("/")[0] in (entitlements or ())
 
 
 class PeerTasks:
@@ -62,7 +55,7 @@ class PeerTasks:
         others = [m for m in sorted(coord.state.members) if m != coord.id]
         params = query(jobs, entitlements)
         answers = await asyncio.gather(*(self._ask(m, params) for m in others))
-        return [t for ts in answers for t in ts if wanted(t, jobs, entitlements)]
+        return [t for ts in answers for t in ts if chosen(t.job, jobs, entitlements)]
 
     async def _ask(self, member: str, params: list[tuple[str, str]]) -> list[TaskUsage]:
         url = self.coordinator.member_url(member)

@@ -77,8 +77,8 @@ TASK_USAGE_HEADERS = ("INDEX", "MACHINE", "STATE", "CPUS", "MEM MiB", "MEASURED"
 
 def tasks_text(tasks: list) -> str:
     """A job's tasks, one a row, as their agents last measured them ("-": not measured yet)."""
-    rows = [[t.get("index"), t.get("machine"), t.get("state"), _num(t.get("cpus")), _num(t.get("memory_mb")),
-             when(t.get("measured_at"))] if isinstance(t, dict) else [t, None, None, None, None, None] for t in tasks]
+    rows = [[t["index"], t["machine"], t["state"], _num(t["cpus"]), _num(t["memory_mb"]), when(t["measured_at"])]
+            for t in tasks]
     return table(TASK_USAGE_HEADERS, rows)
 
 

@@ -33,7 +33,7 @@
 # /etc/twine/tls, the key mode 0600); --tls-ca: the CA that replicas verify each other against.
 # --advertise URL: how the region's other replicas and its agents reach this controld (they forward
 # to the shard leaders and send heartbeats to the health checker by it); default, on a member of a
-# cluster, http(s)://IP:PORT of --etcd-peer-ip and --listen's port (a re-run keeps it).
+# cluster, http(s)://IP:PORT of --etcd-peer-ip and --listen's port (a re-run keeps one given).
 # Re-running it upgrades the code and restarts controld (etcd keeps its data); what is not given
 # again (--listen, --region, --heartbeat-timeout, TLS, the cluster) is kept from the last run.
 # The installers are kept in /opt/twine/scripts: run them from there later.
@@ -273,10 +273,10 @@ fi
 etcd_members=${members%,}
 # Replicas forward to each other and agents heartbeat to the health checker at this URL: on a
 # member of a cluster, its address (a replica that said 127.0.0.1 would be forwarded to by itself).
+# An --advertise given is kept (etcd-member); the default is derived anew at each run.
 if [ -z "$advertise" ] && [ -n "$peer_ip" ]; then
   scheme=http; [ -z "$tls_conf" ] || scheme=https
   advertise=$scheme://$peer_ip:${listen##*:}
-  sed -i "s|^kept_advertise=.*|kept_advertise=$advertise|" "$member_state"
 fi
 advertise_conf=${advertise:+advertise = \"$advertise\"}
 cat > /etc/twine/controld.toml.new <<CONF

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from controlplane.store.autoscale import Autoscale
 
 DEFAULT_STARTUP = 60.0  # seconds from a scale-out to its tasks running, until one is measured
+REPORTING = 0.8  # of the running tasks must report usage for a CPU reading to count
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +45,16 @@ class Decision:
     reason: str
     stale: bool = False  # no fresh measurement: scale-in is frozen
     clamped: str = ""  # why the recommendation was held below what load asks (max, quota)
+
+
+def usage_reading(millicores: float | None, reporting: int, running: int) -> Reading:
+    """A job's CPU reading from its usage sum over the `reporting` tasks that sent one: nothing when
+    fewer than REPORTING of its running tasks report; the sum scaled to all running tasks when
+    some are missing (each missing task counted at the reporters' mean), so that a partial report
+    never reads as a fall in load."""
+    if millicores is None or not reporting or reporting < REPORTING * running:
+        return Reading(None, math.inf, running)
+    return Reading(millicores / 1000 * max(1.0, running / reporting), 0.0, running)
 
 
 @dataclass(slots=True)

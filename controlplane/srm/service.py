@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Callable
 
 from controlplane.srm.forecast import EVERY as FORECAST_EVERY, refresh
 from controlplane.srm.load import Loads
-from controlplane.srm.recommend import Decision, Memory, Reading, budget_left, recommend
+from controlplane.srm.recommend import Decision, Memory, Reading, budget_left, recommend, usage_reading
 from controlplane.srm.victims import choose
 from controlplane.store import Conflict
 from controlplane.store.records import EventRec, JobRec
@@ -44,7 +44,6 @@ EVENTS = 20  # resizes kept per job
 STEPS = 576  # (t, size, recommended) changes kept per job: 48 hours of one each 5 minutes
 STEP_EVERY = 300  # seconds: a recommendation's changes within it are one step (a resize is its own)
 AVOID = 600.0  # seconds a task its controller would not stop is not chosen again
-REPORTING = 0.8  # of the running tasks must report usage for a CPU reading to count
 
 
 def tasks_per_machine(cpus_cap: float, memory_cap: int, cpus: float, memory_mb: int) -> int:
@@ -155,9 +154,7 @@ class Autoscaler:
             value, at = self.loads.value(job.handle)
             return Reading(value, now - at if value is not None else math.inf, running)
         u = usage.get(job.handle)
-        if u is None or not u[2] or u[2] < REPORTING * running:
-            return Reading(None, math.inf, running)  # missing, or too few of its tasks report
-        return Reading(u[0] / 1000, 0.0, running)
+        return usage_reading(None, 0, running) if u is None else usage_reading(u[0], u[2], running)
 
     def room(self, job: JobRec, reserved: dict[str, list[float]]) -> int | None:
         """Tasks of this job the entitlement's quota holds, beside its other jobs' reservations:

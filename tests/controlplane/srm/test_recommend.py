@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from controlplane.srm.forecast import peak
-from controlplane.srm.recommend import Memory, Reading, recommend
+from controlplane.srm.recommend import Memory, Reading, recommend, usage_reading
 from controlplane.srm.victims import choose
 from controlplane.store.autoscale import Autoscale
 from controlplane.store.records import TaskRec
@@ -134,3 +134,16 @@ def test_a_scale_in_stays_above_the_coming_hours_forecast_and_takes_no_step_with
     for i in range(22):
         d = run(P, mem, i * 15, 20, 2.0)
     assert d.size == 20 and "fits 20" in d.reason
+
+
+def test_a_partial_usage_report_reads_as_the_whole_jobs_load_never_as_a_fall():
+    # 10 running tasks at 0.5 core each; 8 report (4 cores summed): the job's load is still 5 cores
+    r = usage_reading(4000, 8, 10)
+    assert (r.load, r.age, r.running) == (5.0, 0.0, 10)
+    mem = Memory()
+    sizes = [recommend(P, mem, i * 15, 10, usage_reading(4000, 8, 10), PER, PER).size for i in range(30)]
+    assert sizes == [10] * 30, "a fifth of the tasks not reporting is no reason to stop two (the sum read 0.8 of the target)"
+    # fewer than 80 % report: no reading at all (scale-in frozen), as before
+    assert usage_reading(3500, 7, 10).load is None and usage_reading(None, 0, 10).load is None
+    # tasks starting report too: never scaled below the sum
+    assert usage_reading(6000, 12, 10).load == 6.0

@@ -45,7 +45,8 @@ def autoscale_text(body: dict) -> str:
                f"{m['load']:g} ({m['running']} running, {m['per_task']:g} a task at target"
                f"{_age(m)})"),
               ("forecast peak", "not used (predictive: false)" if not p["predictive"] else
-               "none (no history for this time)" if body.get("forecast") is None else f"{body['forecast']:g} cores"),
+               "none (no history for this time)" if body.get("forecast") is None else
+               f"{body['forecast']:g} cores (its rises trusted {body.get('forecast_trust', 1.0):.0%})"),
               ("start-up", f"{body.get('startup_seconds')}s"), ("flap budget left", body.get("budget_left"))]
     events = body.get("events") or []
     out = key_values(pairs)

@@ -347,5 +347,6 @@ class AutoscaleStatus(Answer):
     decided_at: Union[Time, None, msgspec.UnsetType] = msgspec.UNSET
     measured: Union[Measured, None, msgspec.UnsetType] = msgspec.UNSET
     forecast: Union[float, None, msgspec.UnsetType] = msgspec.UNSET  # cores: the history's peak ahead
+    forecast_trust: Union[float, None, msgspec.UnsetType] = msgspec.UNSET  # the share of a forecast rise taken as a floor
     startup_seconds: Union[float, None, msgspec.UnsetType] = msgspec.UNSET
     budget_left: Union[int, None, msgspec.UnsetType] = msgspec.UNSET  # size changes left this hour

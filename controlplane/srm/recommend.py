@@ -24,6 +24,9 @@ from controlplane.store.autoscale import Autoscale
 
 DEFAULT_STARTUP = 60.0  # seconds from a scale-out to its tasks running, until one is measured
 REPORTING = 0.8  # of the running tasks must report usage for a CPU reading to count
+SKILL_KEPT = 96  # forecasts whose skill is kept (a day's worth that asked for a rise, at one each 5 minutes)
+JUDGE_AFTER = 3600.0  # a forecast is judged by the load of the hour after it (history's hourly grain)
+TRUST_AFTER = 6  # forecasts judged before a forecast's rises are trusted less than fully
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +73,13 @@ class Memory:
     forecast_hour: float | None = None  # the forecast peak of the coming hour: a scale-in stays above it
     forecast_until: float = -math.inf
     last: Decision | None = None
+    # The forecast's skill (trust()): each forecast read is judged JUDGE_AFTER later: [when,
+    # need measured when it was read, tasks it asked for, peak need measured since] (tasks: load /
+    # per task); one that asked for a rise beyond the tolerance keeps the share of it that came.
+    judged: float = -math.inf  # the forecast_until of the last forecast taken for judging
+    pending: deque = field(default_factory=deque)
+    skill: deque = field(default_factory=lambda: deque(maxlen=SKILL_KEPT))
+    trust: float = 1.0  # the share of a forecast rise taken as a floor (1: all of it)
 
     def changed(self, now: float, old: int, new: int) -> None:
         """The job's size changed from `old` to `new` (the service calls this when it resized)."""
@@ -82,6 +92,25 @@ class Memory:
             seconds = now - self.grew[0]
             self.startup = seconds if self.startup == DEFAULT_STARTUP else 0.7 * self.startup + 0.3 * seconds
             self.grew = None
+
+
+def trust(skill) -> float:
+    """The share of a forecast rise a job takes as a floor: the mean share of the rises its
+    forecasts asked for that came within the hour (Memory.skill, each within 0..1). A history that
+    repeats (a diurnal load) keeps nearly all of it; one whose bursts fall at other times each week
+    keeps little, and holds no capacity for load that does not come."""
+    if len(skill) < TRUST_AFTER:
+        return 1.0
+    return sum(skill) / len(skill)
+
+
+def judge(p: Autoscale, mem: Memory, now: float) -> None:
+    """The forecasts read JUDGE_AFTER ago, against the load that came since."""
+    while mem.pending and mem.pending[0][0] <= now:
+        _, base, asked, seen = mem.pending.popleft()
+        if asked > base * (1 + p.tolerance):  # it asked for a rise
+            mem.skill.append(min(1.0, max(0.0, (seen - base) / (asked - base))))
+            mem.trust = trust(mem.skill)
 
 
 def budget_left(p: Autoscale, mem: Memory, now: float) -> int:
@@ -109,6 +138,9 @@ def recommend(p: Autoscale, mem: Memory, now: float, size: int, reading: Reading
         measured = reading.running or size
         ratio = load / (measured * per_task) if measured else math.inf
         reactive = size if abs(ratio - 1.0) <= p.tolerance else math.ceil(load / per_task - 1e-9)
+        need = load / per_task
+        for e in mem.pending:
+            e[3] = max(e[3], need)
         w = mem.window
         while w and w[-1][1] <= reactive:
             w.pop()
@@ -119,9 +151,21 @@ def recommend(p: Autoscale, mem: Memory, now: float, size: int, reading: Reading
     w = mem.window
     while w and w[0][0] < now - p.scale_down_after:
         w.popleft()
+    # a forecast's rise over what is measured now (or over the size, with nothing measured) is taken
+    # as far as its rises have come (trust)
+    ref = load / per_task if fresh else size
+
+    def floor(forecast: float) -> int:
+        asked = math.ceil(forecast / forecast_per_task - 1e-9)
+        return asked if asked <= ref else math.ceil(ref + mem.trust * (asked - ref) - 1e-9)
+
     predictive = None
     if p.predictive and mem.forecast is not None:
-        predictive = math.ceil(mem.forecast / forecast_per_task - 1e-9)
+        if fresh and mem.judged != mem.forecast_until:
+            mem.judged = mem.forecast_until
+            mem.pending.append([mem.forecast_until + mem.startup, need, math.ceil(mem.forecast / forecast_per_task - 1e-9), need])
+        predictive = floor(mem.forecast)
+    judge(p, mem, now)
     want = max(reactive or 0, predictive or 0) if (reactive is not None or predictive is not None) else size
     if want > hi and not clamped:
         clamped = f"max {p.max}"
@@ -147,7 +191,7 @@ def recommend(p: Autoscale, mem: Memory, now: float, size: int, reading: Reading
                                                                         f" (the last is {reading.age:.0f} s old)"))
     hold = 0
     if p.predictive and mem.forecast_hour is not None:
-        hold = math.ceil(mem.forecast_hour / forecast_per_task - 1e-9)
+        hold = floor(mem.forecast_hour)
     target = max(w[0][1] if w else size, predictive or 0, hold, lo)
     if target >= size or (size - target < p.tolerance * size and target > lo):
         # no step smaller than the tolerance: a step that small is noise's, and comes back

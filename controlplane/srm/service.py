@@ -302,6 +302,7 @@ class Autoscaler:
                                                 "age": None if r.age == math.inf else round(r.age, 1),
                                                 "running": r.running, "per_task": view.per_task},
             "forecast": None if mem is None or mem.forecast is None else round(mem.forecast, 4),
+            "forecast_trust": None if mem is None else round(mem.trust, 3),
             "startup_seconds": None if mem is None else round(mem.startup, 1),
             "budget_left": None if mem is None else budget_left(p, mem, self.clock()),
             "events": list(view.events) if view else [],

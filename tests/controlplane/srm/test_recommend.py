@@ -147,3 +147,25 @@ def test_a_partial_usage_report_reads_as_the_whole_jobs_load_never_as_a_fall():
     assert usage_reading(3500, 7, 10).load is None and usage_reading(None, 0, 10).load is None
     # tasks starting report too: never scaled below the sum
     assert usage_reading(6000, 12, 10).load == 6.0
+
+
+def trusting(rise_comes: bool) -> tuple[Memory, list]:
+    """A job measured at 2 cores (4 tasks' worth) whose forecast reads 5 cores (10 tasks) for every
+    5-minute window for 3 hours; the load rises to the forecast within each window, or never does."""
+    mem, decisions = Memory(startup=60.0), []
+    for i in range(3 * 3600 // 15):
+        now = i * 15.0
+        if now >= mem.forecast_until:  # as forecast.refresh reads a forecast each EVERY seconds
+            mem.forecast, mem.forecast_hour, mem.forecast_until = 5.0, 5.0, now + 300
+        load = 5.0 if rise_comes and (now % 300) >= 120 else 2.0
+        decisions.append(run(P, mem, now, 10, load))
+    return mem, decisions
+
+
+def test_a_forecast_whose_rises_come_keeps_its_trust_and_one_whose_rises_never_come_loses_it():
+    mem, decisions = trusting(rise_comes=True)
+    assert mem.trust == 1.0 and len(mem.skill) >= 30 and decisions[-1].predictive == 10
+    mem, decisions = trusting(rise_comes=False)
+    assert decisions[0].predictive == 10, "trusted at first"
+    assert mem.trust == 0.0 and len(mem.skill) >= 30, mem.skill
+    assert decisions[-1].predictive == 4 and decisions[-1].size == 4, "the floor is what is measured: no capacity held for load that never came"

@@ -156,6 +156,20 @@ def job_loads(base: list[float], jobs: int, seed: int, noise_seed: int) -> list[
     return out
 
 
+def split(trace: list[float], name: str, history: list[float] | None = None,
+          history_name: str | None = None) -> tuple[list[float], list[float] | None, str]:
+    """(the minutes measured, the srm's history or None, the words saying which): the history is
+    never the measured minutes. A history given: its last week. Else a trace longer than a week:
+    its first week, and the rest measured. Else none (prediction off)."""
+    if history is not None:
+        return trace, history[-WEEK:], f"trace {name}, history {history_name}; no metrics outage"
+    if len(trace) > WEEK:
+        return (trace[WEEK:], trace[:WEEK], f"trace {name}: its first week the srm's history, the "
+                f"{(len(trace) - WEEK) / 1440:.1f} days after it measured; no metrics outage")
+    return trace, None, (f"trace {name}: one week or less, so no history: measured with prediction off "
+                         f"(srm is srm-nopred); no metrics outage")
+
+
 def need(load: list[float], minimum: int) -> int:
     """The least churn any policy could have while keeping each minute's load per task within the
     tolerance band around the target (target x 0.9 to target x 1.1: never over target, never
@@ -514,18 +528,9 @@ def main() -> None:
         p.error("--history goes with --trace (the built-in week has its own)")
     predictive = True
     if args.trace:
-        trace, outages = read_trace(args.trace), ()
-        if args.history:
-            base, before = trace, read_trace(args.history)[-WEEK:]
-            where = f"trace {args.trace}, history {args.history}"
-        elif len(trace) > WEEK:
-            base, before = trace[WEEK:], trace[:WEEK]
-            where = f"trace {args.trace}: its first week the srm's history, the {len(base) / 1440:.1f} days after it measured"
-        else:
-            base, before, predictive = trace, None, False
-            where = (f"trace {args.trace}: one week or less, so no history: measured with prediction off "
-                     f"(srm is srm-nopred)")
-        where += "; no metrics outage"
+        base, before, where = split(read_trace(args.trace), args.trace,
+                                    read_trace(args.history) if args.history else None, args.history)
+        predictive, outages = before is not None, ()
     else:
         base, outages = builtin_trace(args.seed), BUILTIN_OUTAGES
         before = builtin_trace(args.seed + 1, flash=False, level=0.9, drift=40)

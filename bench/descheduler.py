@@ -1,6 +1,6 @@
-"""The Kubernetes descheduler's LowNodeUtilization and RemoveDuplicates strategies, a baseline for
-bench_rebalancer.py, written from the descheduler's documentation (its README, "Policy and
-Strategies"), with the thresholds the issue names:
+"""The Kubernetes descheduler's LowNodeUtilization, HighNodeUtilization and RemoveDuplicates
+strategies, baselines for bench_rebalancer.py, written from the descheduler's documentation (its
+README, "Policy and Strategies"), with the thresholds the issues name:
 
 LowNodeUtilization (thresholds cpu/memory/pods 20 %, targetThresholds 50 %; utilization is what
 the pods *request* over what the node has):
@@ -10,6 +10,17 @@ the pods *request* over what the node has):
 - pods are evicted from the overutilized nodes, the most utilized node first, until the node is
   no longer above any target threshold, or until the room the underutilized nodes have up to the
   target thresholds is used up (the evicted pods' requests count against it);
+- at most maxNoOfPodsToEvictPerNode pods a node.
+
+HighNodeUtilization (thresholds cpu/memory/pods 20 %; meant to run with the scheduler scoring
+MostAllocated, so that evicted pods land compactly and the emptied nodes can be scaled down):
+- a node is underutilized when every resource is below its threshold; every other node is
+  appropriately utilized, and is where pods go;
+- with no underutilized node (or no more than numberOfNodes of them), or no other node, nothing
+  is evicted;
+- pods are evicted from the underutilized nodes, the least utilized first, while the other nodes
+  have room left in every resource up to what they have (the evicted pods' requests count against
+  it; the last may overshoot, as the descheduler checks the room before each eviction);
 - at most maxNoOfPodsToEvictPerNode pods a node.
 
 RemoveDuplicates: the pods of one owner (a ReplicaSet; here a job) on one node beyond the first are
@@ -87,6 +98,40 @@ def low_node_utilization(nodes: list[Node], pods: list[Pod], thresholds: dict = 
             count += 1
             for r, v in (("cpu", p.cpus), ("memory", p.memory_mb), ("pods", 1)):
                 use[n.id][r] -= v
+                room[r] -= v
+        if any(room[r] <= 0 for r in room):
+            break
+    return evicted
+
+
+def high_node_utilization(nodes: list[Node], pods: list[Pod], thresholds: dict = THRESHOLDS,
+                          per_node: int | None = None, number_of_nodes: int = 0) -> list[Pod]:
+    """The pods HighNodeUtilization evicts in one run."""
+    use = {n.id: {"cpu": 0.0, "memory": 0.0, "pods": 0.0} for n in nodes}
+    on: dict[str, list[Pod]] = {n.id: [] for n in nodes}
+    for p in pods:
+        u = use[p.node]
+        u["cpu"] += p.cpus
+        u["memory"] += p.memory_mb
+        u["pods"] += 1
+        on[p.node].append(p)
+    pct = {n.id: _percent(n, use[n.id]) for n in nodes}
+    under = [n for n in nodes if all(pct[n.id][r] < thresholds[r] for r in thresholds)]
+    rest = [n for n in nodes if n not in under]
+    if len(under) <= number_of_nodes or not rest:
+        return []
+    room = {"cpu": sum(n.cpus - use[n.id]["cpu"] for n in rest),
+            "memory": sum(n.memory_mb - use[n.id]["memory"] for n in rest),
+            "pods": sum(n.pods - use[n.id]["pods"] for n in rest)}
+    evicted = []
+    for n in sorted(under, key=lambda n: (sum(pct[n.id].values()), n.id)):
+        count = 0
+        for p in sorted(on[n.id], key=lambda p: (p.owner, p.key)):
+            if any(room[r] <= 0 for r in room) or (per_node is not None and count >= per_node):
+                break
+            evicted.append(p)
+            count += 1
+            for r, v in (("cpu", p.cpus), ("memory", p.memory_mb), ("pods", 1)):
                 room[r] -= v
         if any(room[r] <= 0 for r in room):
             break

@@ -9,7 +9,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
-from descheduler import Node, Pod, low_node_utilization, remove_duplicates  # noqa: E402
+from descheduler import Node, Pod, high_node_utilization, low_node_utilization, remove_duplicates  # noqa: E402
 
 
 def node(i: str) -> Node:
@@ -51,3 +51,31 @@ def test_remove_duplicates_balances_an_owner_over_its_feasible_nodes():
     # one pod a node: no duplicates
     assert remove_duplicates(pods("a", 1) + pods("b", 1, start=1), {"j": 2}) == []
     assert len(remove_duplicates(pods("a", 4), {"j": 4}, per_node=1)) == 1
+
+
+def test_high_node_utilization_empties_the_underutilized_nodes_least_utilized_first():
+    # a at 10 %, b at 0 % (no pods: nothing to evict), c at 60 %: a's pod goes, c is where it lands
+    assert [p.key for p in high_node_utilization([node("a"), node("b"), node("c")],
+                                                 pods("a", 1) + pods("c", 6, start=1))] == [("j", 0)]
+    # a at 10 % cpu, d at 19 % (one pod of 1.9 cores): both underutilized, a the less, so a first
+    ns = [node("a"), node("d"), node("c")]
+    ev = high_node_utilization(ns, pods("d", 1, cpus=1900) + pods("a", 1, start=1) + pods("c", 6, start=2))
+    assert [p.node for p in ev] == ["a", "d"], "the least utilized node first"
+
+
+def test_high_node_utilization_needs_room_on_the_other_nodes_and_an_other_node():
+    # c at 90 % cpu has 1 core of room: a's 1-core pod is evicted, then the room is gone, d's stay
+    ev = high_node_utilization([node("a"), node("d"), node("c")],
+                               pods("a", 1) + pods("d", 1, start=1, cpus=1500) + pods("c", 9, start=2))
+    assert [p.node for p in ev] == ["a"]
+    # every node underutilized: nowhere for pods to go, nothing evicted
+    assert high_node_utilization([node("a"), node("b")], pods("a", 1) + pods("b", 1, start=1)) == []
+    # a node at 20 % is not underutilized ("below" the threshold)
+    assert high_node_utilization([node("a"), node("c")], pods("a", 2) + pods("c", 6, start=2)) == []
+
+
+def test_high_node_utilization_per_node_limit_and_number_of_nodes():
+    ns = [node("a"), node("c")]
+    two = pods("a", 1, cpus=500) + pods("a", 1, start=1, cpus=500) + pods("c", 5, start=2)
+    assert len(high_node_utilization(ns, two, per_node=1)) == 1
+    assert high_node_utilization(ns, two, number_of_nodes=1) == [], "one underutilized node is not more than 1"

@@ -20,7 +20,7 @@ rules, written here."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
 
 SCAN_INTERVAL = 10.0
@@ -29,8 +29,55 @@ UNNEEDED_TIME = 600.0
 DELAY_AFTER_ADD = 600.0
 
 
+@dataclass(frozen=True)
+class Node:
+    """What the autoscaler reads of a machine: what it has, and its pods' requests (cpu, memory)."""
+
+    cpus: float
+    memory: float
+    pods: Mapping[Hashable, tuple[float, float]]
+
+    def requested(self) -> float:
+        """The larger of its pods' cpu and memory requests over what it has."""
+        return max(sum(c for c, _ in self.pods.values()) / self.cpus, sum(m for _, m in self.pods.values()) / self.memory)
+
+
+def unneeded(nodes: Mapping[str, Node], candidate: Callable[[str], bool] = lambda _: True
+             ) -> list[tuple[str, dict[Hashable, str]]]:
+    """One scan's unneeded nodes, the least requested first, each with where its pods would go:
+    each pod, best fit, on the fullest other node that holds it; the pods of the nodes found before
+    it count as moved already, and no pod goes to a node found unneeded. `candidate`: the nodes
+    that may be removed (the others are only where pods go)."""
+    free = {n: [v.cpus - sum(c for c, _ in v.pods.values()), v.memory - sum(m for _, m in v.pods.values())]
+            for n, v in nodes.items()}
+    found: list[tuple[str, dict[Hashable, str]]] = []
+    removed: set[str] = set()
+    for name in sorted(nodes, key=lambda n: (nodes[n].requested(), n)):
+        node = nodes[name]
+        if not node.pods or node.requested() >= THRESHOLD or not candidate(name):
+            continue
+        room = {o: list(free[o]) for o in nodes if o != name and o not in removed}
+        place: dict[Hashable, str] = {}
+        for key, (c, m) in sorted(node.pods.items(), key=lambda kv: (-kv[1][0], -kv[1][1], kv[0])):
+            fits = [o for o, (fc, fm) in room.items() if fc >= c and fm >= m]
+            if not fits:
+                break
+            o = min(fits, key=lambda o: (room[o][0], room[o][1], o))
+            room[o][0] -= c
+            room[o][1] -= m
+            place[key] = o
+        if len(place) < len(node.pods):
+            continue
+        free.update(room)
+        removed.add(name)
+        found.append((name, place))
+    return found
+
+
 @dataclass
 class ClusterAutoscaler:
+    """The scale-down of one node group over time (the timers)."""
+
     slots: int  # tasks a machine holds (each requests 1 / slots of its cpu and memory)
     unneeded_since: dict[str, float] = field(default_factory=dict)
     last_add: float = float("-inf")
@@ -48,30 +95,14 @@ class ClusterAutoscaler:
         None. Empty machines are not the caller's to keep (they go at once; the caller returns
         them), so only machines with tasks are considered."""
         self.last_scan = now
-        room = {m: self.slots - n for m, n in machines.items()}
-        unneeded: list[str] = []
-        # the least utilized first: the nodes whose pods are fewest to place elsewhere
-        for m in sorted(machines, key=lambda m: (machines[m], m)):
-            n = machines[m]
-            if n == 0 or n / self.slots >= THRESHOLD:
-                continue
-            others = {o: r for o, r in room.items() if o != m and o not in unneeded and r > 0}
-            if sum(others.values()) < n:
-                continue
-            # best fit: each pod on the fullest machine with room (pods here are alike)
-            for _ in range(n):
-                o = min(others, key=lambda o: (others[o], o))
-                others[o] -= 1
-                room[o] -= 1
-                if not others[o]:
-                    del others[o]
-            unneeded.append(m)
-        self.unneeded_since = {m: self.unneeded_since.get(m, now) for m in unneeded}
+        nodes = {m: Node(self.slots, self.slots, {i: (1, 1) for i in range(n)}) for m, n in machines.items()}
+        found = [name for name, _ in unneeded(nodes)]
+        self.unneeded_since = {m: self.unneeded_since.get(m, now) for m in found}
         if now < self.last_add + DELAY_AFTER_ADD:
             return None
-        ripe = [m for m in unneeded if now - self.unneeded_since[m] >= UNNEEDED_TIME - 1e-9]
+        ripe = [m for m in found if now - self.unneeded_since[m] >= UNNEEDED_TIME - 1e-9]
         if not ripe:
             return None
-        victim = ripe[0]  # the first found: the least utilized of those unneeded long enough
+        victim = ripe[0]  # the first found: the least requested of those unneeded long enough
         del self.unneeded_since[victim]
         return victim

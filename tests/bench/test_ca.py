@@ -9,7 +9,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
-from ca import DELAY_AFTER_ADD, SCAN_INTERVAL, UNNEEDED_TIME, ClusterAutoscaler  # noqa: E402
+from ca import DELAY_AFTER_ADD, SCAN_INTERVAL, UNNEEDED_TIME, ClusterAutoscaler, Node, unneeded  # noqa: E402
 
 
 def scans(ca: ClusterAutoscaler, machines: dict[str, int], start: float, until: float) -> list[tuple[float, str]]:
@@ -71,3 +71,14 @@ def test_no_scale_down_for_ten_minutes_after_the_group_grew():
     ca.grew(500.0)
     assert ca.scan(UNNEEDED_TIME, {"a": 1, "b": 2}) is None, "unneeded long enough, but the group grew at 500 s"
     assert ca.scan(500.0 + DELAY_AFTER_ADD, {"a": 1, "b": 2}) == "a"
+
+
+def test_both_cpu_and_memory_must_be_under_half_and_each_pod_must_fit_by_its_requests():
+    big = {"a": Node(16, 64, {"p": (2, 40)}),  # 12 % of cpu, 62 % of memory: needed
+           "b": Node(16, 64, {"q": (4, 8)}),  # 25 % and 12 %: unneeded if q fits elsewhere
+           "c": Node(16, 64, {"r": (10, 20)})}
+    assert [(n, place) for n, place in unneeded(big)] == [("b", {"q": "c"})], "q on the fullest that holds it"
+    # q needs 7 cores: c has 6 left, a has 14: it goes to a
+    assert unneeded({**big, "b": Node(16, 64, {"q": (7, 8)})}) == [("b", {"q": "a"})]
+    # a candidate filter: b may not be removed (its pods may not move), so nothing is
+    assert unneeded(big, candidate=lambda n: n != "b") == []

@@ -580,7 +580,8 @@ def main() -> None:
     goals = [("S <= 0.85 H", srm.machine_seconds <= 0.85 * ca.machine_seconds),
              ("A <= B / 2", srm.over <= ca.over / 2), ("C <= D / 2", srm.above_need <= ca.above_need / 2),
              ("E = 0", srm.outage_scale_ins == 0)]
-    print("goals (issue #36, for the built-in week): " + "; ".join(f"{g} {'met' if ok else 'NOT MET'}" for g, ok in goals))
+    print(f"issue #36's goals ({'set for the built-in week, here on this trace' if args.trace else 'the built-in week'}): "
+          + "; ".join(f"{g} {'met' if ok else 'NOT MET'}" for g, ok in goals))
     print(f"srm: machine-hours {srm.machine_seconds / 3600:.0f} (hpa+ca {ca.machine_seconds / 3600:.0f}, static "
           f"{static.machine_seconds / 3600:.0f}); over-target minutes {srm.over} (hpa+ca {ca.over}); churn above need "
           f"{srm.above_need} (hpa+ca {ca.above_need}); scale-ins during outages {srm.outage_scale_ins} "

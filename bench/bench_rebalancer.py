@@ -319,6 +319,22 @@ class Side:
         return self.before.machines_held - self.after.machines_held
 
 
+def _start(reg: view.Region, churn: float) -> tuple[Board, Scores, Before, float]:
+    """A baseline's board from the region ours starts from, scored and kept for the checker."""
+    began = time.perf_counter()
+    board = Board(reg, churn)
+    before = scores(board)
+    return board, before, Before(board, before), began
+
+
+def _scopes(board: Board, scope) -> dict:
+    """The machines of the groups (entitlement, dc, msb), by scope(entitlement, dc, msb)."""
+    out: dict = {}
+    for (ent, dc, msb), mids in board.in_group.items():
+        out.setdefault(scope(ent, dc, msb), []).extend(mids)
+    return out
+
+
 def _done(name: str, board: Board, before: Scores, checked: Before, began: float) -> Side:
     after = scores(board)
     return Side(name, len(board.moves), before, after, violations(checked, board, after), time.perf_counter() - began)
@@ -331,13 +347,8 @@ def ca_scale_down(reg: view.Region, same_msb: bool, churn: float = 0.25) -> Side
     the others by requests (the autoscaler reads requests, not usage), within the same per-job
     budget as ours. Each scan's drains are applied (found on consistent room), then it scans again,
     until nothing changes."""
-    began = time.perf_counter()
-    board = Board(reg, churn)
-    before = scores(board)
-    checked = Before(board, before)
-    scope: dict[tuple, list[str]] = {}
-    for (ent, dc, msb), mids in board.in_group.items():
-        scope.setdefault((ent, dc, msb) if same_msb else (ent, dc), []).extend(mids)
+    board, before, checked, began = _start(reg, churn)
+    scope = _scopes(board, (lambda ent, dc, msb: (ent, dc, msb)) if same_msb else (lambda ent, dc, msb: (ent, dc)))
     gone: set[str] = set()
     changed = True
     while changed:
@@ -361,14 +372,8 @@ def high_node(reg: view.Region, churn: float = 0.25) -> Side:
     entitlement's machines; the evicted tasks placed again as the scheduler scoring MostAllocated
     places them: on the fullest machine of the entitlement in the task's dc that holds it by
     requests (possibly the one it left)."""
-    began = time.perf_counter()
-    board = Board(reg, churn)
-    before = scores(board)
-    checked = Before(board, before)
-    by_ent: dict[str, list[str]] = {}
-    for (ent, _dc, _msb), mids in board.in_group.items():
-        by_ent.setdefault(ent, []).extend(mids)
-    for ent, mids in sorted(by_ent.items()):
+    board, before, checked, began = _start(reg, churn)
+    for ent, mids in sorted(_scopes(board, lambda ent, dc, msb: ent).items()):
         nodes = [Node(mid, board.machines[mid].cpus, board.machines[mid].memory_mb) for mid in mids]
         pods = [Pod(k, mid, k[0], board.tasks[k].cpus, board.tasks[k].memory_mb) for mid in mids for k in board.on[mid]]
         evicted = high_node_utilization(nodes, pods, per_node=PER_NODE)

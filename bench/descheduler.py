@@ -63,10 +63,8 @@ def _percent(node: Node, use: dict[str, float]) -> dict[str, float]:
             "pods": 100.0 * use["pods"] / node.pods}
 
 
-def low_node_utilization(nodes: list[Node], pods: list[Pod], thresholds: dict = THRESHOLDS,
-                         targets: dict = TARGETS, per_node: int | None = None,
-                         number_of_nodes: int = 0) -> list[Pod]:
-    """The pods LowNodeUtilization evicts in one run."""
+def _requested(nodes: list[Node], pods: list[Pod]) -> tuple[dict[str, dict[str, float]], dict[str, list[Pod]]]:
+    """Each node's requested cpu, memory and pods, and its pods."""
     use = {n.id: {"cpu": 0.0, "memory": 0.0, "pods": 0.0} for n in nodes}
     on: dict[str, list[Pod]] = {n.id: [] for n in nodes}
     for p in pods:
@@ -75,6 +73,14 @@ def low_node_utilization(nodes: list[Node], pods: list[Pod], thresholds: dict = 
         u["memory"] += p.memory_mb
         u["pods"] += 1
         on[p.node].append(p)
+    return use, on
+
+
+def low_node_utilization(nodes: list[Node], pods: list[Pod], thresholds: dict = THRESHOLDS,
+                         targets: dict = TARGETS, per_node: int | None = None,
+                         number_of_nodes: int = 0) -> list[Pod]:
+    """The pods LowNodeUtilization evicts in one run."""
+    use, on = _requested(nodes, pods)
     by_id = {n.id: n for n in nodes}
     pct = {n.id: _percent(n, use[n.id]) for n in nodes}
     under = [n for n in nodes if all(pct[n.id][r] < thresholds[r] for r in thresholds)]
@@ -107,14 +113,7 @@ def low_node_utilization(nodes: list[Node], pods: list[Pod], thresholds: dict = 
 def high_node_utilization(nodes: list[Node], pods: list[Pod], thresholds: dict = THRESHOLDS,
                           per_node: int | None = None, number_of_nodes: int = 0) -> list[Pod]:
     """The pods HighNodeUtilization evicts in one run."""
-    use = {n.id: {"cpu": 0.0, "memory": 0.0, "pods": 0.0} for n in nodes}
-    on: dict[str, list[Pod]] = {n.id: [] for n in nodes}
-    for p in pods:
-        u = use[p.node]
-        u["cpu"] += p.cpus
-        u["memory"] += p.memory_mb
-        u["pods"] += 1
-        on[p.node].append(p)
+    use, on = _requested(nodes, pods)
     pct = {n.id: _percent(n, use[n.id]) for n in nodes}
     under = [n for n in nodes if all(pct[n.id][r] < thresholds[r] for r in thresholds)]
     rest = [n for n in nodes if n not in under]

@@ -2,7 +2,7 @@
 machine of the same dc and machine type, which the entitlement takes, and goes back to the pool
 itself: the entitlement holds as many machines as before, in a better place.
 
-A swap is made only when it makes one of two things better and neither worse:
+A swap is made only when it makes one of two things better and neither worse (no job's spread):
 - spread: the jobs on the machine are more even over their MSBs after it (the free machine is in an
   MSB where they have fewer tasks, one where the entitlement had no room: repair, which runs
   first, uses the room there is);
@@ -23,11 +23,6 @@ from controlplane.rebalancer.score import job_excess, spread_excess
 SWITCH_COST = 4  # a profile switch on the machine taken, in moves
 MAX_SWAPS = 20  # a round's
 MAX_TRIED = 2000  # machines a round looks at for a swap (those with the fewest tasks: the cheapest)
-
-
-def _excess(counts: Counter, msbs: set[tuple[str, str]]) -> int:
-    per = [counts[k] for k in msbs]
-    return max(0, max(per) - min(per) - 1) if per else 0
 
 
 def swaps(board: Board) -> list[Planned]:
@@ -108,24 +103,31 @@ def _candidates(board: Board) -> list[str]:
 
 def _spread_gain(board: Board, a: str, dst: tuple[str, str], per_job: Counter) -> int:
     """How much more even the jobs of machine a are over their MSBs once its tasks run on a free
-    machine of MSB dst (the entitlement holding it, and no longer a)."""
+    machine of MSB dst (the entitlement holding it, and no longer a), by the checker's measure
+    (score.job_excess); -1 when any of them would be less even: a swap that evens one job never
+    makes another's spread worse."""
     ma = board.machines[a]
     src = (ma.dc, ma.msb)
     if src == dst:
         return 0
     ent = ma.entitlement
-    msbs = set(board.msb_set.get((ent, ma.dc), ()))
-    after = msbs | {dst}  # (the MSB it leaves still counts: a job all in one MSB is not spread)
-    spreads = {board.tasks[k].job for k in board.on[a] if board.tasks[k].spreads_msb}
-    gain = 0
-    for job, n in per_job.items():
-        if job not in spreads:
-            continue
-        counts = board.job_msb[job]
-        before = _excess(counts, msbs)
-        counts[src] -= n  # as if moved (put back below: no copy of the counts)
-        counts[dst] += n
-        gain += before - _excess(counts, after)
-        counts[src] += n
-        counts[dst] -= n
-    return gain
+    spreads = {board.tasks[k].job for k in board.on[a] if board.tasks[k].spreads_msb and not board.tasks[k].keep_rack}
+    jobs = [(job, n) for job, n in sorted(per_job.items()) if job in spreads]
+    before = {job: job_excess(board, job, ent, ma.dc) for job, _ in jobs}
+    mine = board.msb_set.setdefault((ent, ma.dc), set())
+    added = dst not in mine
+    mine.add(dst)  # as if taken and moved (all put back below: no copy of the counts)
+    for job, n in jobs:
+        board.job_msb[job][src] -= n
+        board.job_msb[job][dst] += n
+    try:
+        after = {job: job_excess(board, job, ent, ma.dc) for job, _ in jobs}
+    finally:
+        for job, n in jobs:
+            board.job_msb[job][src] += n
+            board.job_msb[job][dst] -= n
+        if added:
+            mine.discard(dst)
+    if any(after[job] > before[job] for job, _ in jobs):
+        return -1
+    return sum(before[job] - after[job] for job, _ in jobs)

@@ -225,3 +225,23 @@ def test_a_swap_frees_a_whole_rack_and_never_makes_a_spread_worse():
     # nothing to gain (each rack has a held machine that stays): no swap
     region.racks = {"r1": [3, 1], "r2": [3, 1]}
     assert plan(region, churn=1.0).moves == ()
+
+
+def test_a_swap_that_evens_one_job_never_makes_another_jobs_spread_worse():
+    # api: 3 tasks in msb1, none in msb2 (full); db: one in each. Swapping w1 (api#0, api#1, db#0)
+    # for a free machine of msb2 evens api (excess 2 -> 0) but puts both of db's tasks in msb2 (0 -> 1)
+    w1 = Machine("w1", "web", "dc1", "msb1", 4000, 8192, rack="r1", type="generic")
+    w2 = Machine("w2", "web", "dc1", "msb1", 4000, 8192, rack="r1", type="generic")
+    w3 = Machine("w3", "web", "dc1", "msb2", 4000, 8192, rack="r2", type="generic")
+    tasks1 = [task("web/api", 0, "w1"), task("web/api", 1, "w1"), task("web/db", 0, "w1"),
+              task("web/api", 2, "w2"), task("web/fill", 0, "w2", cpus=3000)]
+    tasks2 = [task("web/db", 1, "w3"), task("web/fill", 1, "w3", cpus=3000)]
+    region = Region([Group("web", "dc1", "msb1", [w1, w2], tasks1), Group("web", "dc1", "msb2", [w3], tasks2)],
+                    pool=pool("msb2", 1, "r3"), types={"web": "generic"}, profiles={"web": "web"},
+                    racks={"r1": [2, 0], "r2": [1, 0], "r3": [2, 1]})
+    p = plan(region, churn=1.0)
+    assert p.violations == (), p.violations
+    # (w2's swap would even api and break fill's spread the same way): msb1's machines stay; the swap
+    # that frees w3's rack, within msb2, changes no spread and may be made
+    assert all(mv.source == "w3" for mv in p.moves), p.moves
+    assert p.after.spread_excess <= p.before.spread_excess

@@ -1,0 +1,46 @@
+"""bench_rebalancer.py's baselines on a board of a few machines: the autoscaler's rule per MSB and
+entitlement-wide, and HighNodeUtilization's placement as MostAllocated's, each judged by the plan
+checker like ours (issue #36)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+
+from bench_rebalancer import ca_scale_down, high_node  # noqa: E402
+from controlplane.rebalancer.view import Group, Machine, Region, Task  # noqa: E402
+
+
+def region() -> Region:
+    """web in dc1: msb1 holds a (1 of 16 cores requested) and b (12 of 16); msb2 holds c (2 of 16)
+    and d (10 of 16). api spreads over both MSBs, one task in each."""
+    ms = {n: Machine(n, "web", "dc1", msb, 16_000, 65_536, rack=f"r{n}") for n, msb in
+          (("a", "msb1"), ("b", "msb1"), ("c", "msb2"), ("d", "msb2"))}
+    tasks = {"msb1": [Task("web/api", 0, "a", 1000, 1024), Task("web/big", 0, "b", 12_000, 8192)],
+             "msb2": [Task("web/api", 1, "c", 2000, 1024), Task("web/big", 1, "d", 10_000, 8192)]}
+    groups = [Group("web", "dc1", msb, [m for m in ms.values() if m.msb == msb], tasks[msb]) for msb in ("msb1", "msb2")]
+    return Region(groups, {("dc1", "msb1"): 32_000, ("dc1", "msb2"): 32_000})
+
+
+def test_ca_scale_down_drains_within_the_msb_and_entitlement_wide_across_msbs():
+    # the same per-job budget as ours (a quarter of api's 2 tasks: 1 move): a is drained, not c
+    assert (ca_scale_down(region(), same_msb=True).freed, ca_scale_down(region(), same_msb=True).moves) == (1, 1)
+    per_msb = ca_scale_down(region(), same_msb=True, churn=1.0)
+    # a (6 % requested) fits on b; c (12 %) fits on d: both drained, each within its MSB
+    assert (per_msb.freed, per_msb.moves, per_msb.violations) == (2, 2, []), per_msb
+    assert per_msb.after.spread_excess == per_msb.before.spread_excess == 0
+    wide = ca_scale_down(region(), same_msb=False, churn=1.0)
+    # a first (least requested), best fit over the dc: b (4 cores free, the fullest that holds it);
+    # then c's 2 cores: b again (3 free), in msb1: api's two tasks share an MSB, which the checker reports
+    assert (wide.freed, wide.moves) == (2, 2)
+    assert wide.after.spread_excess == 1 and wide.violations == ["web/api's spread over the MSBs of dc1 made worse"]
+
+
+def test_high_node_utilization_places_evicted_tasks_on_the_fullest_machine():
+    side = high_node(region(), churn=1.0)
+    # a (6 % < 20 %) and c (12 %): underutilized; their tasks go to the fullest machine of the dc
+    # that holds them (b: 4 cores free)
+    assert side.freed == 2 and side.moves == 2, side
+    assert side.after.spread_excess > 0 and side.violations, "both api tasks in msb1: the spread made worse"

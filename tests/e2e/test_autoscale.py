@@ -130,8 +130,13 @@ def test_figure_18_machines_move_between_web_and_batch_with_the_load_and_are_ret
         print(f"\nnight: {night}\nday: {day}\nmoved from batch to web and re-tuned: {moved}")
         events = {h: api.ok("GET", f"/v1/jobs/{h}/autoscale")["events"] for h in ("web/api", "batch/work")}
         assert max(e["to"] for e in events["batch/work"]) == 3 and max(e["to"] for e in events["web/api"]) == 3
-        shrink = events["batch/work"][-1]
-        assert (shrink["was"], shrink["to"], len(shrink["stopped"])) == (3, 1, 2), events
+        # batch's scale-in from its peak to 1, each step stopping tasks: at once, or in steps while its
+        # measured load falls (a fresh-clone run with the host's cores busy saw 3 -> 2 at "load 0.07
+        # fit 2 for 8 s", then 2 -> 1)
+        batch = events["batch/work"]
+        shrinks = batch[max(i for i, e in enumerate(batch) if e["to"] == 3) + 1:]
+        assert shrinks and shrinks[0]["was"] == 3 and shrinks[-1]["to"] == 1, events
+        assert all(e["to"] < e["was"] and len(e["stopped"]) == e["was"] - e["to"] for e in shrinks), events
         deadline = time.monotonic() + 30  # what Docker runs, as the knobs' thread last looked
         while not all(load.seen.get(m) == {"web", "batch"} for m in moved) and time.monotonic() < deadline:
             time.sleep(0.5)

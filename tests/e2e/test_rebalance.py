@@ -47,10 +47,17 @@ class RefusesTheFirstMove(ReplicaAware):
     def __init__(self):
         super().__init__({"A": [0, 1]})
         self.refused: str | None = None
+        self._dry_call = threading.local()
+
+    def process(self, body: object) -> dict:
+        # the plan asks in dry-run calls what would be acked (GET /v1/rebalance/plan): the move to
+        # refuse is the first a real call asks for (an earlier plan may propose another task's)
+        self._dry_call.now = isinstance(body, dict) and bool(body.get("dryRun"))
+        return super().process(body)
 
     def decide(self, request: Request) -> list[str]:
         for op in request.ops:
-            if op.kind == "move" and op.reason == "rebalance" and self.refused is None:
+            if op.kind == "move" and op.reason == "rebalance" and self.refused is None and not self._dry_call.now:
                 self.refused = op.id
         ops = tuple(op for op in request.ops if op.id != self.refused)
         return super().decide(dataclasses.replace(request, ops=ops))

@@ -121,6 +121,9 @@ def test_a_control_host_powered_off_hard_fails_over_and_rejoins_and_a_member_is_
         writer = Writer(region, ent, "m1", tmp_path)
         writer.start()
         region.wait(lambda: sum(ok for *_, ok in writer.tries) >= 3, 120, "writes through m1's controld")
+        region.ssh("control", members_cmd("control", "move-leader control"))  # again: it may have moved meanwhile
+        leaders = (etcd_status(region, "control")[1].get("control"), shard_leader(region, "control"))
+        assert leaders == ("leader", "control"), f"control's etcd member is {leaders[0]}, the shard leader {leaders[1]}"
         cut = time.monotonic()
         region.virsh("destroy", "control")  # power off: no shutdown, no notice
         region.wait(lambda: writer.accepted_after(cut), 120, "a write accepted after the cut", every=0.5)

@@ -159,6 +159,19 @@ def pytest_collection_modifyitems(config, items):
         items[:] = [i for i in items if i.get_closest_marker("vm") is None] + vm
 
 
+def pytest_sessionstart(session):
+    """What an earlier test run killed before its teardown left (its regions' namespaces and task
+    containers) is removed first: a teardown that never ran cannot clean up, the next run does."""
+    import os
+
+    if os.geteuid() != 0:
+        return
+    from controlplane.devregion.region import sweep_orphans
+
+    for what in sweep_orphans():
+        print(f"removed, left by a run killed before its teardown: {what}")
+
+
 def pytest_collection_finish(session):
     import os
 

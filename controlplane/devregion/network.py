@@ -17,7 +17,8 @@ import signal
 import socket
 import tempfile
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Collection
 from dataclasses import asdict, dataclass
 from typing import Self, TypeVar
 
@@ -334,6 +335,32 @@ class Network:
         problems = self.destroy()
         if problems:
             log.warning("network %s teardown: %s", self.prefix, "; ".join(problems))
+
+
+PREFIX_RE = re.compile(r"tw[0-9a-f]{4}")
+
+
+def orphaned_prefixes(min_age: float = 600.0, only: Collection[str] | None = None) -> list[str]:
+    """The prefixes (of `only`, if given) of networks a process that is gone left behind (SIGKILLed before its teardown):
+    every namespace of the prefix empty of processes and made more than `min_age` seconds ago (a
+    network being built by a live process has a process in it within seconds)."""
+    from pyroute2 import netns as pnetns
+
+    by_prefix: dict[str, list[str]] = {}
+    for ns in pnetns.listnetns():
+        prefix, _, member = ns.partition("-")
+        if member and PREFIX_RE.fullmatch(prefix) and (only is None or prefix in only):
+            by_prefix.setdefault(prefix, []).append(ns)
+    now = time.time()
+    out = []
+    for prefix, spaces in sorted(by_prefix.items()):
+        try:
+            old = all(now - os.stat(f"/var/run/netns/{ns}").st_mtime > min_age for ns in spaces)
+        except OSError:
+            continue
+        if old and not any(_pids_in_netns(ns) for ns in spaces):
+            out.append(prefix)
+    return out
 
 
 def _pids_in_netns(ns: str) -> list[int]:

@@ -16,7 +16,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Self
@@ -28,7 +28,7 @@ from controlplane.security.sealing import Sealer
 from controlplane.devregion.etcd import Etcd
 from controlplane.devregion.faults import Faults
 from controlplane.devregion.layout import ETCD_USER, MEMBER_COUNTS, STATE_FILE, Layout, is_etcd_member
-from controlplane.devregion.network import MAX_AGENTS, NAME_RE, Network, ip_binary, ns_http_get
+from controlplane.devregion.network import MAX_AGENTS, NAME_RE, Network, ip_binary, ns_http_get, orphaned_prefixes
 from controlplane.devregion.procs import REPO, ProcRef, child_env, log_tail, spawn, stop_process
 from controlplane.devregion.spec import AgentSpec
 
@@ -464,6 +464,29 @@ class Region(Layout, Etcd, Faults):
         problems = self.stop()
         if problems:
             log.warning("region teardown: %s", "; ".join(problems))
+
+
+def sweep_orphans(min_age: float = 600.0, only: Collection[str] | None = None) -> list[str]:
+    """Remove what regions whose process was killed before its teardown left on this host (their
+    namespaces, links and task containers: network.orphaned_prefixes()). Returns what was removed."""
+    prefixes = orphaned_prefixes(min_age, only)
+    removed: list[str] = []
+    if not prefixes:
+        return removed
+    try:
+        client = _docker()
+        containers = client.containers.list(all=True, filters={"label": MACHINE_LABEL}, ignore_removed=True)
+    except Exception as e:  # noqa: BLE001 - no Docker: the namespaces still go
+        log.warning("orphaned regions %s: their containers not looked for: %s", prefixes, e)
+        containers = []
+    for c in containers:
+        if c.labels.get(MACHINE_LABEL, "").partition("-")[0] in prefixes:
+            c.remove(force=True)
+            removed.append(f"container {c.name}")
+    for prefix in prefixes:
+        Network(prefix).destroy()
+        removed.append(f"network {prefix}")
+    return removed
 
 
 def _docker():

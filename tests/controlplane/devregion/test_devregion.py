@@ -17,6 +17,7 @@ import signal
 import socket
 import stat
 import subprocess
+import time
 import sys
 import threading
 import urllib.request
@@ -582,3 +583,30 @@ def test_full_region_with_controld_and_agents(tmp_path, cleanup):
     r.start_controld()
     assert r.containers() == []
     assert r.stop() == []
+
+
+def test_a_network_a_killed_run_left_is_swept_and_a_live_one_is_not():
+    from controlplane.devregion.network import Network, _pids_in_netns
+    from controlplane.devregion.region import sweep_orphans
+
+    left, live = Network().create(), Network().create()
+    proc = None
+    try:
+        left.add_namespace("m1")
+        live.add_namespace("m1")
+        proc = subprocess.Popen(["ip", "netns", "exec", live.netns_name("m1"), "sleep", "120"])
+        deadline = time.monotonic() + 10
+        while not _pids_in_netns(live.netns_name("m1")):  # (ip netns exec enters it, then runs sleep)
+            assert time.monotonic() < deadline, "the process never entered the namespace"
+            time.sleep(0.05)
+        mine = {left.prefix, live.prefix}  # (another run's networks on this host are not this test's to sweep)
+        assert sweep_orphans(only=mine) == [], "made just now (less than 10 minutes ago): neither is swept"
+        removed = sweep_orphans(min_age=0, only=mine)
+        assert f"network {left.prefix}" in removed and f"network {live.prefix}" not in removed, removed
+        assert left.leftovers() == {"links": [], "netns": []}
+        assert live.leftovers()["netns"] == [live.netns_name("m1")], "a process runs in it: not swept"
+    finally:
+        if proc is not None:
+            proc.kill()
+            proc.wait()
+        assert left.destroy() == [] and live.destroy() == []

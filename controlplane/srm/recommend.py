@@ -25,7 +25,6 @@ from controlplane.store.autoscale import Autoscale
 DEFAULT_STARTUP = 60.0  # seconds from a scale-out to its tasks running, until one is measured
 REPORTING = 0.8  # of the running tasks must report usage for a CPU reading to count
 SKILL_KEPT = 96  # forecasts whose skill is kept (a day's worth that asked for a rise, at one each 5 minutes)
-JUDGE_AFTER = 3600.0  # a forecast is judged by the load of the hour after it (history's hourly grain)
 TRUST_AFTER = 6  # forecasts judged before a forecast's rises are trusted less than fully
 
 
@@ -73,9 +72,10 @@ class Memory:
     forecast_hour: float | None = None  # the forecast peak of the coming hour: a scale-in stays above it
     forecast_until: float = -math.inf
     last: Decision | None = None
-    # The forecast's skill (trust()): each forecast read is judged JUDGE_AFTER later: [when,
-    # need measured when it was read, tasks it asked for, peak need measured since] (tasks: load /
-    # per task); one that asked for a rise beyond the tolerance keeps the share of it that came.
+    # The forecast's skill (trust()): each forecast read is judged at the end of the horizon it was
+    # read for (forecast_until + startup): [when, need measured when it was read, tasks it asked
+    # for, peak need measured since] (tasks: load / per task); one that asked for a rise beyond the
+    # tolerance keeps the share of it that came.
     judged: float = -math.inf  # the forecast_until of the last forecast taken for judging
     pending: deque = field(default_factory=deque)
     skill: deque = field(default_factory=lambda: deque(maxlen=SKILL_KEPT))
@@ -96,7 +96,7 @@ class Memory:
 
 def trust(skill) -> float:
     """The share of a forecast rise a job takes as a floor: the mean share of the rises its
-    forecasts asked for that came within the hour (Memory.skill, each within 0..1). A history that
+    forecasts asked for that came within their horizon (Memory.skill, each within 0..1). A history that
     repeats (a diurnal load) keeps nearly all of it; one whose bursts fall at other times each week
     keeps little, and holds no capacity for load that does not come."""
     if len(skill) < TRUST_AFTER:
@@ -105,7 +105,7 @@ def trust(skill) -> float:
 
 
 def judge(p: Autoscale, mem: Memory, now: float) -> None:
-    """The forecasts read JUDGE_AFTER ago, against the load that came since."""
+    """The forecasts whose horizon has passed, against the load that came within it."""
     while mem.pending and mem.pending[0][0] <= now:
         _, base, asked, seen = mem.pending.popleft()
         if asked > base * (1 + p.tolerance):  # it asked for a rise
@@ -163,7 +163,8 @@ def recommend(p: Autoscale, mem: Memory, now: float, size: int, reading: Reading
     if p.predictive and mem.forecast is not None:
         if fresh and mem.judged != mem.forecast_until:
             mem.judged = mem.forecast_until
-            mem.pending.append([mem.forecast_until + mem.startup, need, math.ceil(mem.forecast / forecast_per_task - 1e-9), need])
+            asked = math.ceil(mem.forecast / forecast_per_task - 1e-9)
+            mem.pending.append([mem.forecast_until + mem.startup, need, asked, need])
         predictive = floor(mem.forecast)
     judge(p, mem, now)
     want = max(reactive or 0, predictive or 0) if (reactive is not None or predictive is not None) else size

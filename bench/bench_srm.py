@@ -440,15 +440,14 @@ def simulate(loads: list[list[float]], history: list[list[float]] | None, outage
                     if side.kind == "srm":
                         job["mem"].changed(T0 + now, size, sim.size())
                 ca = job.get("ca")
-                if ca is not None:  # its scans (every 10 s) within this step
-                    t = now
+                if ca is not None:  # its scans (every SCAN_INTERVAL) that fall within this step
+                    t = max(now, ca.last_scan + SCAN_INTERVAL)
                     while t < now + STEP:
-                        if ca.due(t):
-                            victim = ca.scan(t, {m: len(ts) for m, ts in sim.machines.items()})
-                            if victim is not None:
-                                res.moves += len(sim.machines[victim])
-                                sim.drain(victim, t)
-                        t += SCAN_INTERVAL / 2
+                        victim = ca.scan(t, {m: len(ts) for m, ts in sim.machines.items()})
+                        if victim is not None:
+                            res.moves += len(sim.machines[victim])
+                            sim.drain(victim, t)
+                        t += SCAN_INTERVAL
             res.machine_seconds += side.pool.held * STEP
         if (step + 1) % steps_per_minute == 0:
             for side in sides:

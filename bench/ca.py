@@ -87,9 +87,6 @@ class ClusterAutoscaler:
         """The node group took a machine (its scale-up)."""
         self.last_add = now
 
-    def due(self, now: float) -> bool:
-        return now >= self.last_scan + SCAN_INTERVAL - 1e-9
-
     def scan(self, now: float, machines: Mapping[str, int]) -> str | None:
         """One scan over the group's machines (name -> tasks on it): the machine to drain now, or
         None. Empty machines are not the caller's to keep (they go at once; the caller returns

@@ -113,7 +113,8 @@ if [ -n "$control_plane$dc$msb$rack$machine_type$region$listen$address" ] || [ !
   mv $config.new $config
 fi
 [ -z "$token_file" ] || put_secret "$token_file" /etc/twine/bootstrap-token root
-[ -z "$ca_file" ] || install -m 0644 "$ca_file" /etc/twine/ca.pem
+# (the installed one given again, as a re-run to change a flag may: kept as it is)
+[ -z "$ca_file" ] || [ "$ca_file" -ef /etc/twine/ca.pem ] || install -m 0644 "$ca_file" /etc/twine/ca.pem
 [ -e /etc/twine/desired.toml ] || printf 'tasks = []\n' > /etc/twine/desired.toml
 # Bad config is exit 2 before anything starts: say so here rather than in a unit that will not run.
 /opt/twine/venv/bin/twine-agent --config $config profile current >/dev/null \

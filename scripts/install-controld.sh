@@ -260,9 +260,11 @@ chmod 0600 /etc/twine/secret-keys
 tls_conf=""
 if [ -n "$tls_cert" ]; then
   install -d -m 0750 -o root -g twine /etc/twine/tls
-  install -m 0644 "$tls_cert" /etc/twine/tls/controld.pem
-  install -m 0600 -o twine -g twine "$tls_key" /etc/twine/tls/controld-key.pem
-  [ -z "$tls_ca" ] || install -m 0644 "$tls_ca" /etc/twine/tls/ca.pem
+  # (the installed files given again, as a re-run to change a flag may: kept as they are)
+  [ "$tls_cert" -ef /etc/twine/tls/controld.pem ] || install -m 0644 "$tls_cert" /etc/twine/tls/controld.pem
+  [ "$tls_key" -ef /etc/twine/tls/controld-key.pem ] \
+    || install -m 0600 -o twine -g twine "$tls_key" /etc/twine/tls/controld-key.pem
+  [ -z "$tls_ca" ] || [ "$tls_ca" -ef /etc/twine/tls/ca.pem ] || install -m 0644 "$tls_ca" /etc/twine/tls/ca.pem
 fi
 # TLS installed now or by an earlier run: a re-run without the flags keeps it (agents use https)
 if [ -e /etc/twine/tls/controld.pem ] && [ -e /etc/twine/tls/controld-key.pem ]; then

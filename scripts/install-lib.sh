@@ -6,7 +6,9 @@ usage_error() { echo "${0##*/}: $*" >&2; echo "see: ${0##*/} --help" >&2; exit 2
 have_systemd() { [ "$(ps -o comm= -p 1)" = systemd ]; }
 
 # install_code SRC WHEELHOUSE: /opt/twine/venv with twine installed (upgraded when re-run),
-# the shipped profiles in /opt/twine/profiles and the README beside them.
+# the shipped profiles in /opt/twine/profiles and the README beside them. Run from /opt/twine/scripts
+# without a wheelhouse (to change a flag, or to make a host that runs the agent a control host),
+# the code installed is kept.
 install_code() {
   local src=$1 wheelhouse=$2 log
   command -v python3 >/dev/null || die "python3 is missing: apt-get install python3 python3-venv"
@@ -29,6 +31,11 @@ install_code() {
         || { cat "$log" >&2; rm -f "$log"; die "pip install from $wheelhouse failed"; }
       echo "$stamp" > /opt/twine/.wheelhouse
     fi
+  elif [ ! -e "$src/pyproject.toml" ] && [ "$src" -ef /opt/twine ]; then
+    # run from the installed copy (/opt/twine/scripts) without a wheelhouse: no source to install
+    # from, so the code installed (by either installer) is kept as it is
+    /opt/twine/venv/bin/python -c 'import controlplane, agent' 2>/dev/null \
+      || die "no twine installed in /opt/twine/venv to keep: give --wheelhouse DIR (scripts/build-wheelhouse.sh)"
   else
     rm -f /opt/twine/.wheelhouse
     /opt/twine/venv/bin/pip install -q --upgrade --force-reinstall --no-deps "$src" >"$log" 2>&1 \

@@ -145,16 +145,12 @@ def _vm_items(items) -> list:
 
 def pytest_collection_modifyitems(config, items):
     """VM tests last, so that their region has the whole run of the others to boot; of them, the
-    control plane's failover last (it leaves the region's etcd with another member), and only in a
-    region of the HA shape (TWINE_VM_CONTROL=3 bash scripts/test.sh tests/vm)."""
+    control plane's failover last: it grows the region to three control hosts (etcd and controld on
+    the machine VMs as well, which would starve the others' tasks under emulation) and leaves its
+    etcd with other members."""
     vm = _vm_items(items)
     if vm:
-        from tests.vm.region import CONTROL
-
         ha = [i for i in vm if i.nodeid.startswith("tests/vm/test_ha.py")]
-        if ha and len(CONTROL) < 3:  # it needs the region's HA shape: TWINE_VM_CONTROL=3 (tests/vm/region.py)
-            config.hook.pytest_deselected(items=ha)
-            vm = [i for i in vm if i not in ha]
         vm.sort(key=lambda i: i in ha)  # stable: the rest keep their order
         items[:] = [i for i in items if i.get_closest_marker("vm") is None] + vm
 

@@ -30,7 +30,8 @@ API_PORT = 17080
 # plane (the Vagrantfile's TWINE_CONTROL=3: etcd and twine-controld on m1 and m2 as well, joined by
 # the installer's flags; controld on mN answers at API_PORT + N here). Not the default: beside the
 # agents of the 1-vCPU machine guests, etcd and controld took a third of m1's emulated CPU (11 and 8
-# minutes of it in 40), so tasks measured 0.4-0.6 of a core they burn and heartbeats were missed.
+# minutes of it in 40), so tasks measured 0.4-0.6 of a core they burn and heartbeats were missed:
+# the default region grows to three control hosts in its last test instead (tests/vm/test_ha.py).
 CONTROL = ("control", "m1", "m2")[:3 if os.environ.get("TWINE_VM_CONTROL") == "3" else 1]
 NET = "192.168.56"  # the Vagrantfile's TWINE_NET: control .10, mN .10+N
 
@@ -58,10 +59,11 @@ class Region:
     def __init__(self, machines: int = len(MACHINES), spare: bool = True) -> None:
         # `up` starts control and the first `machines` machine VMs, then the spare (m3) with its
         # agent installed and not started (TWINE_HELD), and pauses it: it is no machine of the
-        # region until a test resumes it and starts its agent (`add`), and it is destroyed
-        # (`remove`) when that test is done.
+        # region until a test resumes it and starts its agent (`add`), and paused again (`park`)
+        # when that test is done.
         self.base = ("control", *(f"m{i}" for i in range(1, machines + 1)))
         self.spare = f"m{machines + 1}" if spare else None
+        self.control = list(CONTROL)  # the control hosts now: a test that grows the region adds to them
         self.env = {
             **os.environ,
             "TWINE_MACHINES": str(machines + spare),
@@ -108,7 +110,7 @@ class Region:
     def ctl(self, *args: str, check: bool = True, timeout: float = 1200, via: str = "control"):
         """twinectl on this host, as an operator runs it, at the controld of the control host `via`;
         --json answers parsed."""
-        port = API_PORT + CONTROL.index(via)
+        port = API_PORT + (0 if via == "control" else int(via[1:]))  # the Vagrantfile's forwarded ports
         env = {"TWINE_URL": f"https://127.0.0.1:{port}", "TWINE_CA": str(REGION / "pki" / "ca.pem"),
                "TWINE_TOKEN_FILE": str(REGION / "api-token")}
         r = self.run(str(REPO / ".venv/bin/twinectl"), "--json", *args, env=env, timeout=timeout, check=check)
@@ -119,7 +121,7 @@ class Region:
     def put_profile(self, name: str, text: str) -> None:
         """A host profile file on every control host (each controld replica reads its own
         /etc/twine/profiles: an operator keeps them the same, as with any configuration)."""
-        for vm in CONTROL:
+        for vm in self.control:
             self.ssh(vm, f"cat > /etc/twine/profiles/{name}.toml <<'EOF'\n{text.rstrip()}\nEOF")
 
     def wait(self, predicate, timeout: float, what: str, every: float = 2.0):
@@ -220,10 +222,14 @@ class Region:
             self.ssh(vm, f"date -s @{time.time():.3f} >/dev/null")
         self.ssh(vm, "systemctl start twine-agent")
 
-    def remove(self, vm: str) -> None:
-        """Destroy a spare machine VM: its machine stays in the region as one that stopped answering."""
-        self.vagrant("destroy", "-f", vm, timeout=900)
-        self.write_ssh_config()
+    def park(self, vm: str) -> None:
+        """Pause a spare machine VM that a test added: no share of the host's cores, no tasks; its
+        machine is failed (silent past the heartbeat timeout) before this returns, so that no later
+        test sees that failure happen. `add` resumes it."""
+        mid = self.machines()[vm]["id"]
+        self.virsh("suspend", vm)
+        self.wait(lambda: not next(m for m in self.ctl("machine", "list")["machines"] if m["id"] == mid)["healthy"],
+                  300, f"{vm}'s machine failed")
 
     def down(self) -> None:
         t0 = time.monotonic()

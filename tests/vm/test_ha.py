@@ -1,16 +1,19 @@
 """A highly available control plane built the way operators build it (issue #35): etcd and
 twine-controld on three guests (control, m1 and m2), joined by install-controld.sh's
---etcd-add-member and --etcd-join in the README's order (the Vagrantfile's TWINE_CONTROL=3).
+--etcd-add-member and --etcd-join in the README's order.
+
+The region the other VM tests used (one control host, whose etcd is a member others can join) is
+grown to three first, one host at a time, by the README's steps ("Install a highly available control
+plane"): the installer run on the machine VMs that hold the agent already, control's controld given
+every member, every agent every replica. (A region of that shape from the start is the Vagrantfile's
+TWINE_CONTROL=3, TWINE_VM_CONTROL=3 here: the join then runs while provisioning.)
 
 The guest holding etcd's leader and the scheduler shard's leader is powered off hard (virsh
 destroy): writes are accepted again through another replica within 10 s, every acknowledged job is
 there, the tasks on the other guests never restart, and the guest powered on again rejoins by
-itself (its etcd member healthy, its controld a follower). Then a member is replaced: m2's taken out of
-the cluster, and a fresh guest (the spare, m3) joined by the installer.
-
-It needs the region's HA shape, TWINE_VM_CONTROL=3 (tests/vm/region.py says why that is not the
-default): `TWINE_VM_CONTROL=3 bash scripts/test.sh tests/vm`; it runs after the other VM tests
-(tests/conftest.py), leaving the region with another member."""
+itself (its etcd member healthy, its controld a follower). Then a member is replaced: m2's taken out
+of the cluster, and a fresh guest (the spare, m3) joined by the installer. It runs after the other
+VM tests (tests/conftest.py): it leaves the region with other members."""
 
 from __future__ import annotations
 
@@ -18,16 +21,21 @@ import base64
 import json
 import threading
 import time
+import tomllib
 
 import pytest
 
-from tests.vm.region import CONTROL, MACHINES, REGION, SPARE, guest_ip
+from tests.vm.region import MACHINES, REGION, SPARE, guest_ip
 
 pytestmark = [pytest.mark.vm, pytest.mark.timeout(3600)]
 
 LOOP = ["sh", "-c", "trap 'exit 0' TERM; while true; do sleep 1; done"]
 RECOVERY = 10.0  # seconds from the power cut to a write accepted through another replica (the issue's bound)
-INSTALL = "bash /opt/twine/scripts/install-controld.sh"  # kept there by the installer (a guest's /tmp is emptied at boot)
+# kept there by the installers (a guest's /tmp is emptied at boot); run from there without a
+# wheelhouse, they keep the code installed (on a machine VM, the agent's)
+INSTALL = "bash /opt/twine/scripts/install-controld.sh"
+INSTALL_AGENT = "bash /opt/twine/scripts/install-agent.sh"
+HA = ("control", "m1", "m2")
 ROOT = "--ca /etc/twine/etcd-pki/ca.pem --cert /etc/twine/etcd-pki/root.pem --key /etc/twine/etcd-pki/root-key.pem"
 # On another member there is no admin certificate (the etcd CA's host alone has it): controld's
 # client certificate lists the members and asks each its status.
@@ -48,7 +56,7 @@ def etcd_status(region, vm: str) -> tuple[int, dict[str, str]]:
 def shard_leader(region, via: str) -> str | None:
     """The guest whose controld leads shard 0 (by its advertised URL), as `via`'s controld answers."""
     url = region.ctl("cluster", via=via)["shards"][0]["leader_url"] or ""
-    return next((vm for vm in (*CONTROL, SPARE) if f"//{guest_ip(vm)}:" in url), None)
+    return next((vm for vm in (*HA, SPARE) if f"//{guest_ip(vm)}:" in url), None)
 
 
 class Writer(threading.Thread):
@@ -84,11 +92,13 @@ class Writer(threading.Thread):
 
 
 def test_a_control_host_powered_off_hard_fails_over_and_rejoins_and_a_member_is_replaced(region, tmp_path):
+    if region.control == ["control"]:
+        grow(region)
     code, roles = region.wait(lambda: (s := etcd_status(region, "control"))[0] == 0 and s, 300,
                               "three etcd members answering one leader")
-    assert sorted(roles) == sorted(CONTROL), roles
+    assert sorted(roles) == sorted(HA), roles
     replicas = {m["url"] for m in region.ctl("cluster")["members"]}
-    assert {f"https://{guest_ip(vm)}:7080" for vm in CONTROL} <= replicas, replicas
+    assert {f"https://{guest_ip(vm)}:7080" for vm in HA} <= replicas, replicas
 
     ent = region.name("avail")
     region.ctl("entitlement", "create", ent, "--machine-type", "generic", "--quota", "2")
@@ -166,13 +176,33 @@ def test_a_control_host_powered_off_hard_fails_over_and_rejoins_and_a_member_is_
         region.ctl("job", "stop", f"{ent}/steady", "--wait", "600", check=False, via="m1")
 
 
-def replace_member(region, old: str, new: str) -> None:
-    """The README's member replacement: `old` taken out of the cluster (its etcd and controld
-    stopped there), `new` added on the first host and joined by the installer with the bundle,
-    copied as an operator copies it, and a certificate of the region's CA for its controld."""
-    region.ssh("control", members_cmd("control", f"remove {old}"))
-    region.ssh(old, f"{INSTALL} --uninstall && systemctl disable --now etcd && rm -rf /var/lib/etcd/twine")
-    region.add(new)  # the spare: resumed (or booted anew), a machine of the region
+def grow(region) -> None:
+    """The README's "Install a highly available control plane" on a region of one control host: m1
+    and m2, machine VMs running the agent, made control hosts one at a time (each added on control,
+    then joined by the installer there), control's controld given every member, and every
+    machine's agent given every replica (install-agent.sh again, with its other flags as they were)."""
+    t0 = time.monotonic()
+    for vm in ("m1", "m2"):
+        join(region, vm)
+        region.control.append(vm)
+    others = ",".join(f"{guest_ip(vm)}:2379" for vm in ("m1", "m2"))
+    region.ssh("control", f"{INSTALL} --etcd-endpoints {others}", timeout=900)
+    urls = [f"https://{guest_ip(vm)}:7080" for vm in HA]
+    for vm in MACHINES:
+        conf = tomllib.loads(region.ssh(vm, "cat /etc/twine/agent.toml"))
+        labels = conf["labels"]
+        region.ssh(vm, f"{INSTALL_AGENT} --control-plane {','.join(urls)} --control-plane-ca /etc/twine/ca.pem "
+                       f"--bootstrap-token-file /etc/twine/bootstrap-token --dc {labels['dc']} --msb {labels['msb']} "
+                       f"--rack {labels['rack']} --address {conf['address']}", timeout=900)
+        assert tomllib.loads(region.ssh(vm, "cat /etc/twine/agent.toml"))["control_plane"] == urls
+    print(f"\ngrown to three control hosts by the installers: {time.monotonic() - t0:.0f} s")
+
+
+def join(region, new: str) -> None:
+    """The README's two steps for a new control host: on control (it holds the etcd CA's key),
+    --etcd-add-member writes the bundle, copied as an operator copies it; on `new`, --etcd-join with
+    it and a certificate of the region's CA for its controld, with control's heartbeat timeout.
+    `new` runs the agent already (its code, the installers in /opt/twine and the region's CA)."""
     ip = guest_ip(new)
     region.run(str(REGION.parent.parent / ".venv/bin/python"), "-m", "controlplane.security.pki", str(REGION / "pki"),
                "--server", f"controld-{new}", "--ip", ip, "--ip", "127.0.0.1", inside=False)
@@ -182,21 +212,34 @@ def replace_member(region, old: str, new: str) -> None:
     bundle = region.ssh("control", f"{INSTALL} --etcd-add-member {new}={ip} --etcd-bundle /root/{new}.tgz >&2 && "
                                    f"base64 -w0 /root/{new}.tgz && rm -f /root/{new}.tgz")
     region.ssh(new, f"base64 -d > /root/join/bundle.tgz <<'EOF'\n{bundle.strip()}\nEOF")
-    region.ssh(new, f"bash /tmp/twine/src/scripts/install-controld.sh --wheelhouse /tmp/twine/wheelhouse "
-                    f"--listen 0.0.0.0:7080 --etcd-join "
+    timeout = tomllib.loads(region.ssh("control", "cat /etc/twine/controld.toml"))["heartbeat_timeout"]
+    region.ssh(new, f"{INSTALL} --listen 0.0.0.0:7080 --heartbeat-timeout {timeout} --etcd-join "
                     f"--etcd-bundle /root/join/bundle.tgz --etcd-peer-ip {ip} --tls-cert /root/join/controld-{new}.pem "
-                    f"--tls-key /root/join/controld-{new}-key.pem --tls-ca /tmp/twine/ca.pem && rm -rf /root/join",
+                    f"--tls-key /root/join/controld-{new}-key.pem --tls-ca /etc/twine/ca.pem && rm -rf /root/join",
                timeout=900)
+    region.wait(lambda: (s := etcd_status(region, "control"))[0] == 0 and new in s[1] and s, 300,
+                f"{new} a healthy etcd member")
+    region.wait(lambda: any(f"//{ip}:" in m["url"] for m in region.ctl("cluster")["members"]), 300,
+                f"{new}'s controld a replica")
+
+
+def replace_member(region, old: str, new: str) -> None:
+    """The README's member replacement: `old` taken out of the cluster (its etcd and controld
+    stopped there), `new` added on the first host and joined by the installer (join())."""
+    region.ssh("control", members_cmd("control", f"remove {old}"))
+    region.ssh(old, f"{INSTALL} --uninstall && systemctl disable --now etcd && rm -rf /var/lib/etcd/twine")
+    region.control.remove(old)
+    region.add(new)  # the spare: resumed (or booted anew), a machine of the region
+    join(region, new)
+    region.control.append(new)
     code, roles = region.wait(lambda: (s := etcd_status(region, "control"))[0] == 0 and s, 300,
                               f"{new} a healthy member")
     assert sorted(roles) == sorted(["control", "m1", new]), roles
-    region.wait(lambda: any(f"//{ip}:" in m["url"] for m in region.ctl("cluster")["members"]), 300,
-                f"{new}'s controld a replica")
     # control's controld given the members as they are now: a re-run with that flag alone keeps the rest
-    others = f"{guest_ip('m1')}:2379,{ip}:2379"
+    others = f"{guest_ip('m1')}:2379,{guest_ip(new)}:2379"
     timeout_line = next(line for line in region.ssh("control", "cat /etc/twine/controld.toml").splitlines()
                         if line.startswith("heartbeat_timeout = "))
-    region.ssh("control", f"{INSTALL} --wheelhouse /tmp/twine/wheelhouse --etcd-endpoints {others}", timeout=900)
+    region.ssh("control", f"{INSTALL} --etcd-endpoints {others}", timeout=900)
     conf = region.ssh("control", "cat /etc/twine/controld.toml")
     assert f'etcd = "127.0.0.1:2379,{others}"' in conf and timeout_line in conf.splitlines(), conf
     assert f'advertise = "https://{guest_ip("control")}:7080"' in conf, conf

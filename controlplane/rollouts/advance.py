@@ -23,6 +23,7 @@ class TaskView:
     key: str  # "<job>#<index>"
     state: str
     reason: str = ""
+    restarts: int = 0  # its container's restarts, as its agent last reported them
 
 
 @dataclass(frozen=True)
@@ -86,21 +87,27 @@ def _step_machine(r: dict, mid: str, m: dict, v: MachineView, now: float) -> Non
     if m["phase"] == "switching":
         # (an agent that does not report hashes is taken at its name)
         if v.applied == doc_name(tgt) and v.ok and (doc_hash(tgt) is None or v.applied_hash in (None, doc_hash(tgt))):
-            m.update(phase="starting", since=now, ready_since=None)
+            m.update(phase="starting", since=now, ready_since=None, restarts=None)
         elif not v.ok and v.error and v.error != m.get("stale_error"):
             _fail(m, f"the agent could not apply {label(tgt)}: {v.error}")
         elif now - m["since"] > deadline:
             _fail(m, f"the agent did not report {label(tgt)} applied within {deadline:g} s")
         return
     down = [t for t in v.tasks if t.state != "running"]
-    if down:
-        m["ready_since"] = None
+    # A task that restarted since the last look is not running steadily, whatever the samples say
+    # (a container crashing at once and restarted between two reports shows "running" in each).
+    restarts = {t.key: t.restarts for t in v.tasks}
+    restarted = [t for t in v.tasks if m.get("restarts") is not None and t.restarts > m["restarts"].get(t.key, t.restarts)]
+    m["restarts"] = restarts
+    if down or restarted:
+        m["ready_since"] = None if down else now
         if now - m["since"] > deadline:
             _fail(m, f"tasks not running {deadline:g} s after the switch: "
-                     + "; ".join(f"{t.key} {t.state}{': ' + t.reason if t.reason else ''}" for t in down[:5]))
+                     + "; ".join(f"{t.key} {t.state}{': ' + t.reason if t.reason else ''}" for t in down[:5])
+                     + "; ".join(f"{t.key} restarting ({t.restarts} restarts)" for t in restarted[:5] if not down))
     elif m["ready_since"] is None:
         m["ready_since"] = now
-    if not down and now - m["ready_since"] >= MIN_READY:
+    if not down and m["phase"] == "starting" and now - m["ready_since"] >= MIN_READY:
         m.update(phase="done", why="")
 
 

@@ -16,6 +16,7 @@ import asyncio
 import logging
 import time
 from dataclasses import replace
+from typing import Callable, Mapping
 
 from controlplane.rollouts.advance import MachineView, Note, TaskView, advance
 from controlplane.rollouts.record import FINAL, baseline, begin, doc_hash, doc_name, label, target
@@ -26,6 +27,7 @@ from controlplane.store.state import RegionState
 
 log = logging.getLogger("twine.controld.rollouts")
 INTERVAL = 1.0
+Reports = Callable[[str], Mapping[tuple[str, int], dict] | None]  # a machine's last task report (scheduler's)
 
 
 def wanted_doc(st: RegionState, profile: str | None) -> dict | None:
@@ -37,21 +39,25 @@ def wanted_doc(st: RegionState, profile: str | None) -> dict | None:
     return doc if doc is not None else {"name": profile, "hash": None, "sections": None}
 
 
-def machine_views(st: RegionState, entitlement: str) -> dict[str, MachineView]:
+def machine_views(st: RegionState, entitlement: str, reports: Reports | None = None) -> dict[str, MachineView]:
+    """The entitlement's machines as a rollout sees them; `reports`: each machine's last task report
+    from its agent (each task's restarts), where this process has them."""
     out = {}
     for m in st.machines_of(entitlement):
         tasks = []
+        seen = reports(m.id) if reports is not None else None
         for t in st.tasks_on(m.id):
             job = st.jobs.get(t.job)
             if t.machine == m.id and job is not None and job.state == "active" and job.live(t.index):
-                tasks.append(TaskView(f"{t.job}#{t.index}", t.state, t.reason))
+                r = (seen or {}).get((t.job, t.index)) or {}
+                tasks.append(TaskView(f"{t.job}#{t.index}", t.state, t.reason, int(r.get("restarts") or 0)))
         out[m.id] = MachineView(m.id, str(m.labels.get("msb", "")), m.healthy, m.health_reason, m.profile_applied,
                                 m.profile_hash, m.profile_ok, m.profile_error, tuple(tasks))
     return out
 
 
-def next_record(st: RegionState, name: str, now: float, ent: EntitlementRec | None = None) \
-        -> tuple[dict | None, list[Note]]:
+def next_record(st: RegionState, name: str, now: float, ent: EntitlementRec | None = None,
+                reports: Reports | None = None) -> tuple[dict | None, list[Note]]:
     """The entitlement's rollout record as it should be now (None: unchanged), and its events.
     `ent`: the entitlement as a request is about to write it (its record here otherwise)."""
     ent = ent or st.entitlements[name]
@@ -73,7 +79,7 @@ def next_record(st: RegionState, name: str, now: float, ent: EntitlementRec | No
                               f"{len(machines)} machine(s), {new['policy']['max_unavailable']} at a time", [])]
         r = new
     else:
-        notes, views = [], machine_views(st, name)
+        notes, views = [], machine_views(st, name, reports)
     moved, more = advance(r, views, now)
     if moved["state"] == "rolled_back" and r["state"] != "rolled_back":
         moved["rejected"] = doc_hash(moved["to"])
@@ -92,8 +98,9 @@ def events(st: RegionState, name: str, notes: list[Note], now: float) -> dict[st
 
 class RolloutDriver:
     def __init__(self, state: RegionState, writer: ShardWriter, shard: int, lock: asyncio.Lock,
-                 interval: float = INTERVAL):
+                 interval: float = INTERVAL, reports: Reports | None = None):
         self.state, self.writer, self.shard, self.lock = state, writer, shard, lock
+        self.reports = reports
         self.interval = interval
         self.counters = {"commits": 0, "conflicts": 0, "errors": 0}
 
@@ -115,7 +122,7 @@ class RolloutDriver:
             async with self.lock:
                 if name not in self.state.entitlements:
                     continue
-                record, notes = next_record(self.state, name, now)
+                record, notes = next_record(self.state, name, now, reports=self.reports)
                 if record is None or record is self.state.rollouts.get(name):
                     continue
                 try:

@@ -91,7 +91,7 @@ class Scheduler:
         self.writer = ShardWriter(state, store, keys, shard, self.owns, self.limiter, self.counters, fence, max_txn_ops)
         self.creates = Creates(self.writer, self.lock, lambda: self.deposed, self._allocated)
         # its entitlements' profile rollouts
-        self.rollouts = RolloutDriver(state, self.writer, shard, self.lock, rollout_interval)
+        self.rollouts = RolloutDriver(state, self.writer, shard, self.lock, rollout_interval, reports)
         self.sessions = Sessions(state, keys, taskcontrol_interval, taskcontrol_timeout, round_trip=lambda seconds, ok:
                                  self.metrics.taskcontrol_round_trip.labels("ok" if ok else "error").observe(seconds),
                                  reach=reach)

@@ -8,7 +8,7 @@ import string
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from controlplane.cli import autoscale, rebalance, render, rollout, usage
+from controlplane.cli import autoscale, capacity, rebalance, render, rollout, usage
 from controlplane.cli.api import EXIT_INPUT, EXIT_OK, Api, CliError, quoted, split_handle
 from controlplane.cli.output import Out
 from controlplane.cli.values import nullable
@@ -41,6 +41,10 @@ async def ent_create(api: Api, args, out: Out) -> int:
         body["spread"] = {"properties": DEFAULT_SPREAD if args.spread is None else args.spread, "pinned_dc": args.pin_dc}
     if args.allow_controller_network:
         body["allow_controller_networks"] = args.allow_controller_network
+    if args.kind is not None:
+        body["kind"] = args.kind
+    if args.notice is not None:
+        body["notice"] = args.notice
     if policy := rollout.policy_of(args):
         body["rollout"] = policy
     out(await api.call("POST", "/v1/entitlements", body), render.entitlement_show)
@@ -69,11 +73,13 @@ async def ent_modify(api: Api, args, out: Out) -> int:
             body["spread"] = spread
     if args.allow_controller_network:
         body["allow_controller_networks"] = [n for n in args.allow_controller_network if nullable(n) is not None]
+    if args.notice is not None:
+        body["notice"] = args.notice
     if policy := rollout.policy_of(args):
         body["rollout"] = policy
     if not body:
         raise CliError(EXIT_INPUT, "entitlement modify: nothing to change; give --quota, --profile, --owner, --spread, "
-                                   "--pin-dc, --allow-controller-network or a rollout flag")
+                                   "--pin-dc, --allow-controller-network, --notice or a rollout flag")
     before = None
     if args.wait is not None:
         shown = await api.call("GET", f"/v1/entitlements/{quoted(args.name)}")
@@ -193,4 +199,8 @@ COMMANDS: dict[tuple[str, str | None], Command] = {
     ("rebalance", "disable"): rebalance.rebalance_switch,
     ("entitlement", "usage"): usage.entitlement_usage,
     ("discovery", None): _one_call("GET", "/v1/discovery/{handle}", render.discovery),
+    ("capacity", None): capacity.capacity,
+    ("capacity", "status"): capacity.capacity,
+    ("capacity", "pause"): capacity.capacity,
+    ("capacity", "resume"): capacity.capacity,
 }

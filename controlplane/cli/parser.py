@@ -10,6 +10,7 @@
   twinectl job autoscale HANDLE
   twinectl rebalance plan|apply [--entitlement E] [--wait [S]]   rebalance status
   twinectl rebalance enable|disable [--entitlement E]
+  twinectl capacity [status] | pause | resume
   twinectl maintenance schedule (--machine ID ... | --dc DC | --msb MSB | --rack RACK) --start WHEN
            --duration DUR [--deadline WHEN] [--policy move|stop] [--reason TEXT] [--dry-run]
   twinectl maintenance list [--all] | show ID | end ID
@@ -94,6 +95,11 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--allow-controller-network", action="append", metavar="CIDR",
                    help="a network its jobs' TaskControllers may be at although controld refuses it otherwise "
                         "(loopback, link-local, the control plane's own); repeat for more")
+    c.add_argument("--kind", choices=("guaranteed", "opportunistic"),
+                   help="opportunistic: its jobs run on machines the region does not need now and give them back "
+                        "when a guaranteed entitlement needs them (default guaranteed)")
+    c.add_argument("--notice", type=float, metavar="S", help="seconds of advance notice before one of its machines "
+                                                              "is taken back (default 120)")
     rollout_flags(c)
     m = leaf(ent_sub, "modify", "change an entitlement (PATCH); '' or none clears --profile / --pin-dc")
     m.add_argument("name", metavar="NAME")
@@ -104,6 +110,8 @@ def parser() -> argparse.ArgumentParser:
     m.add_argument("--pin-dc", type=nullable, default=argparse.SUPPRESS, metavar="DC")
     m.add_argument("--allow-controller-network", action="append", metavar="CIDR",
                    help="replaces the networks its TaskControllers may be at (repeat for more; none: no network)")
+    m.add_argument("--notice", type=float, metavar="S", help="seconds of advance notice before one of its machines "
+                                                              "is taken back")
     rollout_flags(m)
     m.add_argument("--wait", nargs="?", type=float, const=1800.0, default=None, metavar="S",
                    help="follow the profile rollout the change begins until it is done (at most S seconds, 1800 by "
@@ -201,6 +209,12 @@ def parser() -> argparse.ArgumentParser:
          "in maintenance, reserved and used; the free pool; what each entitlement can still fit").add_argument(
         "--by", metavar="DIMS", help="sum by these only, comma-separated: dc, msb, entitlement, profile, type")
     leaf(sub, "discovery", "a job's endpoints").add_argument("handle", metavar="HANDLE")
+    cap = sub.add_parser("capacity", help="opportunistic capacity: the reclaims open and the last ones; pause or "
+                         "resume them")
+    cap_sub = cap.add_subparsers(dest="action", required=False, metavar="ACTION")
+    leaf(cap_sub, "status", "the reclaims open (machines taken back for guaranteed entitlements) and the last ones")
+    leaf(cap_sub, "pause", "no reclaim begins from now on; those begun go on (admin)")
+    leaf(cap_sub, "resume", "reclaims begin again (admin)")
     rb = sub.add_parser("rebalance", help="what the ReBalancer would do, one round of it, its continuous mode")
     rb_sub = rb.add_subparsers(dest="action", required=True, metavar="ACTION")
     leaf(rb_sub, "plan", "a dry run: each goal's score before and after, and the moves that would reach it, "

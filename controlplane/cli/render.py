@@ -80,12 +80,12 @@ def key_values(pairs: Sequence[tuple[str, Any]]) -> str:
 
 # --- entitlements ---------------------------------------------------------------------------
 
-ENTITLEMENT_HEADERS = ("NAME", "TYPE", "QUOTA", "HELD", "PROFILE", "SPREAD", "PIN")
+ENTITLEMENT_HEADERS = ("NAME", "KIND", "TYPE", "QUOTA", "HELD", "PROFILE", "SPREAD", "PIN")
 
 
 def entitlement_row(e: dict) -> list:
-    return [e.get("name"), e.get("machine_type"), e.get("quota"), e.get("held"), e.get("profile"),
-            _get(e, "spread", "properties"), _get(e, "spread", "pinned_dc")]
+    return [e.get("name"), e.get("kind", "guaranteed"), e.get("machine_type"), e.get("quota"), e.get("held"),
+            e.get("profile"), _get(e, "spread", "properties"), _get(e, "spread", "pinned_dc")]
 
 
 def entitlement_list(body: dict) -> str:
@@ -95,6 +95,8 @@ def entitlement_list(body: dict) -> str:
 def entitlement_show(e: dict) -> str:
     pairs = [
         ("entitlement", cell(e.get("name"))),
+        ("kind", cell(e.get("kind", "guaranteed")) + (f" (machines taken back after {e['notice']:g} s of notice)"
+                                                      if e.get("kind") == "opportunistic" else "")),
         ("owner", cell(e.get("owner"))),
         ("machine type", cell(e.get("machine_type"))),
         ("quota", f"{cell(e.get('held'))} of {cell(e.get('quota'))} machines held"),

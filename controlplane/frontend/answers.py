@@ -57,6 +57,8 @@ class Entitlement(Answer):
     rollout: Annotated[Union[dict[str, Any], None], Meta(description="how a change of its profile rolls out: "
                                                          "max_unavailable, auto_rollback, deadline (null: defaults)")]
     held: Annotated[int, Meta(description="machines it holds")]
+    kind: Annotated[str, Meta(description="guaranteed or opportunistic")] = "guaranteed"
+    notice: Annotated[float, Meta(description="seconds of notice before an opportunistic machine is taken back")] = 120.0
     machines: Union[Strings, msgspec.UnsetType] = msgspec.UNSET  # one entitlement's view
     jobs: Union[Strings, msgspec.UnsetType] = msgspec.UNSET
     # its profile rollout in short (null: none yet): state, from, to, machines by phase
@@ -221,10 +223,11 @@ class Revoked(Answer):
 
 class Event(Answer):
     id: str
-    kind: Annotated[Literal["failure", "maintenance", "controller", "autoscale", "rebalance", "rollout"],
+    kind: Annotated[Literal["failure", "maintenance", "controller", "autoscale", "rebalance", "rollout", "reclaim"],
                     Meta(description="controller: a job's TaskController was not called at a refused address; "
                                      "autoscale: autoscaled jobs of a shard without fresh measurements (scale-in frozen); "
-                                     "rebalance: a ReBalancer move ended; rollout: a profile rollout's batch")]
+                                     "rebalance: a ReBalancer move ended; rollout: a profile rollout's batch; "
+                                     "reclaim: opportunistic machines (of `scope`) taken back for `heir`")]
     machines: Strings
     start: Time
     reason: str
@@ -234,6 +237,8 @@ class Event(Answer):
     scope: str
     policy: Union[Literal[MAINTENANCE_POLICIES], None]  # type: ignore[valid-type]
     created: Time
+    heir: Annotated[Union[str, None], Meta(description="reclaim: the guaranteed entitlement its machines go to")]
+    cause: Annotated[str, Meta(description="reclaim: demand, forecast or failure")]
 
 
 class EventList(Answer):

@@ -93,3 +93,23 @@ class RebalanceStatus(Answer):
     moving: Annotated[list[dict[str, Any]], Meta(description="tasks moving now (make-before-break)")]
     requested: int  # moves requested and not begun
     recent: Annotated[list[dict[str, Any]], Meta(description="the last moves' outcomes, newest first")]
+
+
+class CapacityReclaim(Answer):
+    id: str
+    entitlement: Annotated[str, Meta(description="the opportunistic entitlement its machines are taken from")]
+    heir: Annotated[Union[str, None], Meta(description="the guaranteed entitlement they go to")]
+    cause: str
+    machines: Strings
+    left: Annotated[int, Meta(description="of its machines, those the opportunistic entitlement holds no more")]
+    start: Time
+    deadline: Time
+    end: Union[Time, None]
+    phase: Literal["notice", "stopping", "over"]
+    reason: str
+
+
+class Capacity(Answer):
+    paused: Annotated[bool, Meta(description="no reclaim begins (twinectl capacity pause); those begun go on")]
+    open: list[CapacityReclaim]
+    recent: Annotated[list[CapacityReclaim], Meta(description="the last reclaims over, newest first (at most 20)")]

@@ -27,6 +27,7 @@ from controlplane.frontend.tokens import Tokens
 from controlplane.frontend.usage import Usage
 from controlplane.frontend.autoscale import AutoscaleView
 from controlplane.frontend.dryruns import DryRuns
+from controlplane.frontend.capacity import CapacityView
 from controlplane.frontend.rebalance import Rebalance
 from controlplane.frontend.rollouts import Rollouts
 from controlplane.frontend import ui
@@ -57,6 +58,9 @@ ROUTES = [
     ("GET", "/v1/rebalance", Rebalance.status),
     ("POST", "/v1/rebalance/enable", Rebalance.enable),
     ("POST", "/v1/rebalance/disable", Rebalance.disable),
+    ("GET", "/v1/capacity", CapacityView.status),
+    ("POST", "/v1/capacity/pause", CapacityView.pause),
+    ("POST", "/v1/capacity/resume", CapacityView.resume),
     ("GET", "/v1/machines", Machines.list),
     ("GET", "/v1/machines/{id}", Machines.show),
     ("POST", "/v1/machines/{id}/release", Machines.release),
@@ -91,6 +95,7 @@ def make_app(s: Services) -> web.Application:
         AutoscaleView(s.state, s.srm, s.shards, s.forwarder),
         Rebalance(s.state, s.usage, s.shards),
         Rollouts(s.state),
+        CapacityView(s.state),
         DryRuns(s.state, s.shards, s.forwarder),
         Machines(s.state, s.agents, s.clean),
         Tokens(s.state),

@@ -11,7 +11,8 @@ from dataclasses import replace
 from aiohttp import web
 
 from controlplane.allocator import AllocationError, allocate
-from controlplane.allocator.errors import AllocatorInconsistency
+from controlplane.allocator.errors import AllocatorInconsistency, NoPlacement
+from controlplane.capacity.reclaim import fits_with_reclaims
 from controlplane.frontend import schema as S
 from controlplane.frontend.auth import PRINCIPAL
 from controlplane.frontend.body import allocation_error, body, reply
@@ -105,6 +106,9 @@ class Jobs:
         """Raise if the job (as it would be) cannot be placed now; any replica can tell."""
         try:
             allocate(self.state.snapshot(), job_request(job))
+        except NoPlacement as e:
+            if not fits_with_reclaims(self.state, job, time.time()):  # else opportunistic machines are taken back for it
+                raise allocation_error(e) from None
         except AllocationError as e:
             raise allocation_error(e) from None
         except AllocatorInconsistency as e:

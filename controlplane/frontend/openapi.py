@@ -101,6 +101,12 @@ PATHS = {
                                          "the status", "RebalanceStatus", "RebalanceSwitch")},
     "/v1/rebalance/disable": {"post": _op("turn the continuous mode off (admin), for an entitlement or all",
                                           "the status", "RebalanceStatus", "RebalanceSwitch")},
+    "/v1/capacity": {"get": _op("opportunistic capacity: the reclaims open (machines taken back for guaranteed "
+                                "entitlements, with notice) and the last ones over; whether reclaims are paused",
+                                "the status", "Capacity")},
+    "/v1/capacity/pause": {"post": _op("no reclaim begins from now on (admin); those begun go on", "the status",
+                                       "Capacity")},
+    "/v1/capacity/resume": {"post": _op("reclaims begin again (admin)", "the status", "Capacity")},
     "/v1/fleet": {"get": _op("the region's machines summed per dc, msb, entitlement, profile and machine type: held, "
                              "healthy, in maintenance, reserved, used; the free pool; what each entitlement can still "
                              "fit", "the fleet", "Fleet")},

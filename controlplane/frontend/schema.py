@@ -56,6 +56,10 @@ class RolloutPolicy(Struct, forbid_unknown_fields=True, omit_defaults=True):
                                           "and then its tasks to run again (default 300)")], msgspec.UnsetType] = msgspec.UNSET
 
 
+Notice = Annotated[float, Meta(ge=0, le=3600, description="seconds of advance notice its TaskControllers get "
+                                                        "before an opportunistic machine is taken back (default 120)")]
+
+
 class EntitlementPatch(Struct, forbid_unknown_fields=True):
     quota: Union[Annotated[int, Meta(ge=0, le=1_000_000)], msgspec.UnsetType] = msgspec.UNSET
     profile: Union[Name, None, msgspec.UnsetType] = msgspec.UNSET
@@ -64,6 +68,7 @@ class EntitlementPatch(Struct, forbid_unknown_fields=True):
     allow_host_network: Union[bool, msgspec.UnsetType] = msgspec.UNSET
     allow_controller_networks: Union[Networks, msgspec.UnsetType] = msgspec.UNSET
     rollout: Union[RolloutPolicy, msgspec.UnsetType] = msgspec.UNSET
+    notice: Union[Notice, msgspec.UnsetType] = msgspec.UNSET
 
 
 class EntitlementSpec(Struct, forbid_unknown_fields=True):
@@ -76,6 +81,11 @@ class EntitlementSpec(Struct, forbid_unknown_fields=True):
     allow_host_network: Annotated[bool, Meta(description="its jobs may use network_mode host (admin policy)")] = False
     allow_controller_networks: Networks = []
     rollout: Union[RolloutPolicy, msgspec.UnsetType] = msgspec.UNSET
+    kind: Annotated[Literal["guaranteed", "opportunistic"], Meta(
+        description="guaranteed: its machines are its own up to its quota; opportunistic: its jobs run on "
+                    "machines the region does not need now and give them back, after `notice`, when a "
+                    "guaranteed entitlement needs them (fixed at creation)")] = "guaranteed"
+    notice: Notice = 120.0
 
 
 class EntitlementMove(Struct, forbid_unknown_fields=True):

@@ -19,6 +19,8 @@ from collections import deque
 from typing import Awaitable, Callable
 
 from controlplane.allocator import Placement, Snapshot, allocate
+from controlplane.allocator.errors import NoPlacement
+from controlplane.capacity.reclaim import fits_with_reclaims
 from controlplane.scheduler.placement import job_request, placement_changes
 from controlplane.scheduler.txn import Txn, task_bytes
 from controlplane.scheduler.writer import ShardWriter
@@ -56,6 +58,16 @@ class Creates:
             return allocate(snap, job_request(job))
         finally:
             self.allocated("create", time.perf_counter() - began)
+
+    def _placement(self, snap: Snapshot, job: JobRec) -> Placement | None:
+        """Where the job's tasks go; None when they do not fit now but will on opportunistic
+        machines taken back for it (a guaranteed job: capacity/reclaim.py). AllocationError else."""
+        try:
+            return self._allocate(snap, job)
+        except NoPlacement:
+            if fits_with_reclaims(self.state, job, time.time()):
+                return None
+            raise
 
     def _beyond(self, job: JobRec) -> tuple[TaskRec, ...]:
         """A re-run job's tasks beyond its new count: its create deletes them."""
@@ -122,14 +134,18 @@ class Creates:
                     fut.set_exception(Conflict(f"job {job.handle} was written concurrently"))
                     continue
                 try:
-                    placement = self._allocate(snap, job)
-                    changes, taken = placement_changes(self.state, job, placement, tuple(job.indices()),
-                                                       self._beyond(job))
-                    txn.add(job, changes, job_put=job, taken=taken)
+                    placement = self._placement(snap, job)
+                    if placement is None:  # its tasks wait for machines a reclaim gives it
+                        txn.add(job, [(t, None) for t in self._beyond(job)], job_put=job)
+                    else:
+                        changes, taken = placement_changes(self.state, job, placement, tuple(job.indices()),
+                                                           self._beyond(job))
+                        txn.add(job, changes, job_put=job, taken=taken)
                 except Exception as e:  # AllocationError, most often: this create's answer
                     fut.set_exception(e)
                     continue
-                snap.apply_placement(placement)  # the next create in the batch sees these tasks
+                if placement is not None:
+                    snap.apply_placement(placement)  # the next create in the batch sees these tasks
                 members.append((job, read_revision, fut))
             self._queue.extendleft(reversed(later))
             if not members:
@@ -168,10 +184,13 @@ class Creates:
             async with self.lock:
                 if self.state.revs.get(self.keys.job(job.handle), 0) != read_revision:
                     raise Conflict(f"job {job.handle} was written concurrently")
-                placement = self._allocate(self.state.snapshot(), job)
+                placement = self._placement(self.state.snapshot(), job)
                 try:
-                    rev = await self.writer.commit_placement(job, placement, tuple(job.indices()), job_put=job,
-                                                             deletes=self._beyond(job))
+                    if placement is None:  # its tasks wait for machines a reclaim gives it
+                        rev = await self.writer.commit(job, [(t, None) for t in self._beyond(job)], job_put=job)
+                    else:
+                        rev = await self.writer.commit_placement(job, placement, tuple(job.indices()), job_put=job,
+                                                                 deletes=self._beyond(job))
                 except Conflict:
                     if self.state.revs.get(self.keys.job(job.handle), 0) != read_revision \
                             and self.state.jobs.get(job.handle) == job:

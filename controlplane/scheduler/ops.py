@@ -25,6 +25,11 @@ class Maintenance:
     deadline: float
     until: float
     policy: str = "move"  # for jobs without a TaskController: "move" before the deadline, or "stop" at it
+    # "reclaim": an opportunistic machine taken back for the entitlement `heir` (controlplane/capacity):
+    # a task whose TaskController acks its reclaim stops at once, the others at the deadline; stopped,
+    # it leaves the machine (pending: placed again where there is room)
+    kind: str = "maintenance"
+    heir: str | None = None
 
 
 @dataclass(frozen=True)
@@ -62,12 +67,12 @@ class MachineStatus:
 
 @dataclass(frozen=True)
 class Op:
-    kind: str  # place, start, stop, restart, move, reprofile, lost, running, failed, delete
+    kind: str  # place, start, stop, restart, move, reprofile, reclaim, lost, running, failed, delete
     index: int
     reason: str
     id: str = ""  # disruptive operations only: stable across passes, what a TaskController acks
     machine: str | None = None
-    cause: str = ""  # update, machine failure, maintenance, rebalance, resize, stop, reprofile
+    cause: str = ""  # update, machine failure, maintenance, rebalance, resize, stop, reprofile, reclaim
     version: int | None = None  # the spec version an update brings the task to
 
     def __str__(self) -> str:

@@ -10,6 +10,7 @@ Lifecycle of a task (DESIGN.md):
     running -> starting                                   (restart for update: new spec on the same machine)
     any -> lost                                           (its machine stopped answering) -> placed elsewhere
     any -> suspended -> starting                          (its machine's maintenance began; it ended)
+    any -> suspended -> pending                           (its opportunistic machine reclaimed: acked, or the deadline)
     running -> suspended -> starting                      (its machine's profile switch: reprofile)
     running <-> failed                                    (the container exited; the agent restarts it)
     any -> stopping -> stopped / deleted                  (job stopped / shrunk: gone from the agent)
@@ -67,6 +68,8 @@ def reconcile(job: JobRec, tasks: Mapping[int, TaskRec], machines: Mapping[str, 
         if requests or any(t.moving is not None for t in current.values()):
             rebalance(job, current, machines, requests or {}, change, plan, gate,
                       time.time() if now is None else now)
+        if any(m.maintenance is not None and m.maintenance.kind == "reclaim" for m in machines.values()):
+            _reclaims(job, current, machines, change, plan, gate)
         if not plan.changes:
             # Moves (away from a failed machine, or one in maintenance) happen in a pass of their
             # own: their placement is the next commit, and only then are their rate-limit tokens taken.
@@ -121,6 +124,25 @@ def _moves(job: JobRec, current: dict[int, TaskRec], machines: Mapping[str, Mach
     return movable
 
 
+def _reclaims(job: JobRec, current: dict[int, TaskRec], machines: Mapping[str, MachineStatus], change,
+              plan: JobPlan, gate: Gate) -> None:
+    """Tasks on an opportunistic machine being reclaimed, before its deadline: each a `reclaim`
+    operation for the job's TaskController; one it acks stops now (the machine goes sooner). A job
+    without a TaskController keeps running until the deadline (_live_step stops it then)."""
+    for i, t in sorted(current.items()):
+        m = machines.get(t.machine) if t.machine else None
+        mt = m.maintenance if m is not None else None
+        if mt is None or mt.kind != "reclaim" or mt.active or not job.live(i) or not m.healthy \
+                or t.state not in ("allocated", "starting", "running", "failed"):
+            continue
+        op = Op("reclaim", i, f"reclaim {mt.id} for {mt.heir} (deadline {_clock(mt.deadline)})", f"reclaim/{i}/{t.machine}",
+                t.machine, "reclaim")
+        if gate.approved is None:
+            plan.waiting.append(f"#{i}: runs on {t.machine} until reclaim {mt.id} stops it at {_clock(mt.deadline)}")
+        elif gate.allow(op, plan):
+            change(t, t.moved(state="suspended", discovery=False, reason=f"reclaim {mt.id}: acked"), op)
+
+
 def _clock(ts: float) -> str:
     return time.strftime("%H:%M:%S", time.localtime(ts))
 
@@ -155,7 +177,17 @@ def _live_step(t: TaskRec, m: MachineStatus | None, change, plan: JobPlan) -> No
             plan.waiting.append(f"#{t.index}: pending{': ' + t.reason if t.reason else ''}")
         return
     mt = m.maintenance if m is not None else None
-    if mt is not None and mt.active:
+    if mt is not None and mt.kind == "reclaim" and m.healthy:
+        if t.state == "suspended":
+            if m.reports is not None and key not in m.reports:  # stopped there: it leaves the machine
+                why = f"reclaim {mt.id}: machine taken back for {mt.heir}"
+                change(t, t.moved(state="pending", machine=None, discovery=False, reason=why), Op("reclaimed", t.index, why))
+            return
+        if mt.active:  # the notice is over: what is still here stops
+            why = f"reclaim {mt.id}: notice over"
+            change(t, t.moved(state="suspended", discovery=False, reason=why), Op("suspend", t.index, why))
+            return
+    elif mt is not None and mt.active:
         # the maintenance proceeds at its deadline: what is still here stops, whoever wanted it kept
         if t.state != "suspended":
             why = f"maintenance {mt.id} until {_clock(mt.until)}"

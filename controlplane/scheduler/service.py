@@ -21,7 +21,8 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Callable, Mapping
 
 from controlplane.allocator import AllocationError, Placement, allocate
-from controlplane.allocator.errors import AllocatorInconsistency
+from controlplane.allocator.errors import AllocatorInconsistency, NoPlacement
+from controlplane.capacity import reclaim
 from controlplane.opsplanner.notices import advance_notices, governing
 from controlplane.scheduler.creates import Creates
 from controlplane.scheduler.dryrun import dry_run, moved_off
@@ -99,6 +100,8 @@ class Scheduler:
         self._held: dict[str, set[str]] = {}  # op ids the rate limit held in a job's last pass
         self.messages: dict[str, str] = {}  # why a job's tasks cannot be placed, for job status
         self.busy: set[str] = set()  # jobs not idle: looked at again in PASS_INTERVAL
+        self.demand: dict[str, reclaim.Demand] = {}  # guaranteed jobs whose tasks found no machine
+        self.reclaimer = reclaim.Reclaimer(state, self.writer, shard, self.lock, self.demand)
 
     @property
     def elected_at(self) -> float:
@@ -125,6 +128,7 @@ class Scheduler:
         that grows with the number of jobs)."""
         queue = self.state.changed.subscribe()
         rollouts = asyncio.get_running_loop().create_task(self.rollouts.run())
+        reclaims = asyncio.get_running_loop().create_task(self.reclaimer.run())
         last_retry = time.monotonic()
         cursor = 0
         try:
@@ -159,6 +163,7 @@ class Scheduler:
                     pass
         finally:
             rollouts.cancel()
+            reclaims.cancel()
             self.state.changed.unsubscribe(queue)
             await self.sessions.close()  # deposed or stopping: no call to a TaskController goes on
 
@@ -215,7 +220,8 @@ class Scheduler:
         return MachineStatus(m.id, m.healthy, m.health_reason, self.state.profile_ready(m),
                              self.state.desired_profile(m), m.address, self.agent_errors.get(mid, ""),
                              self.reports(mid),
-                             governing(self.state.maintenance, mid, m.healthy, now, self.maintenance_policy),
+                             governing(self.state.maintenance, mid, m.healthy, now, self.maintenance_policy)
+                             or reclaim.governing(self.state, m, now),
                              reprofile_of(self.state.rollouts.get(m.entitlement or ""), mid))
 
     def observe(self, handle: str) -> Observed | None:
@@ -230,6 +236,7 @@ class Scheduler:
             self.lifecycle.forget(handle)
             self.limiter.forget(handle)  # per-job state ends with the job
             self.plans.pop(handle, None)
+            self.demand.pop(handle, None)
             self._held.pop(handle, None)
             self.busy.discard(handle)
             return None
@@ -267,6 +274,8 @@ class Scheduler:
         commit the plan's changes, or place the tasks that need a machine."""
         job, session, handle = seen.job, seen.session, seen.job.handle
         self.plans[handle] = plan
+        if not plan.place:
+            self.demand.pop(handle, None)
         held = {op.id for op in plan.held if op.reason.endswith("rate limited")}
         # the metric counts operations held back, each once, not passes that saw them held
         self.counters["rate_limited"] += len(held - self._held.get(handle, set()))
@@ -274,7 +283,8 @@ class Scheduler:
         if session is not None:
             live = job.live_set()
             session.offer(plan.proposed, unhealthy(plan.after, live),
-                          advance_notices(self.state.maintenance, seen.tasks, live, seen.now))
+                          advance_notices(self.state.maintenance, seen.tasks, live, seen.now)
+                          + reclaim.notices(self.state, seen.tasks, live, seen.now))
         started = [op.id for op in plan.ops if op.id]
         if session is not None:
             for index, _, mv, outcome in plan.ended:
@@ -308,6 +318,11 @@ class Scheduler:
                 if self.messages.get(handle) != e.message:
                     log.warning("%s: %s", handle, e.message)
                 self.messages[handle] = e.message
+                ent = self.state.entitlements[job.entitlement]
+                if isinstance(e, NoPlacement) and ent.kind == "guaranteed":  # it may take opportunistic machines back
+                    self.demand[handle] = reclaim.Demand(
+                        len(plan.place), *job.resources(), job.machine_type or ent.machine_type, job.dc or ent.spread.pinned_dc,
+                        self.demand[handle].since if handle in self.demand else seen.now)
                 return
             except AllocatorInconsistency as e:  # a bug: each pass retries it, the log has it once
                 self.counters["errors"] += 1
@@ -316,6 +331,7 @@ class Scheduler:
                 self.messages[handle] = str(e)
                 return
             self.messages.pop(handle, None)
+            self.demand.pop(handle, None)
             rev = await self.writer.commit_placement(job, placement, plan.place, destructive=plan.destructive, extra=tc)
         else:
             if self._idle(seen, plan):

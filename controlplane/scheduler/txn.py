@@ -3,7 +3,8 @@ what they were computed from, and per machine the sum of the changes.
 
 The same transaction keeps, per machine, the resources its tasks hold and its entitlement: a free
 machine joins the entitlement when a task is placed on it, and returns to the free pool when its
-last task leaves (paper Figure 7, broker/pool.py); a task leaving an unhealthy machine stays there
+last task leaves (paper Figure 7, broker/pool.py), or to the guaranteed entitlement that reclaimed
+it (capacity/reclaim.py); a task leaving an unhealthy machine stays there
 as a tombstone until its agent reports its container gone (health/tombstones.py). Discovery
 records are written in the transaction that changes the task they describe, so a task is disabled
 before its agent can see it stopped or moved.
@@ -20,6 +21,7 @@ import time
 from typing import TYPE_CHECKING, Any, Callable
 
 from controlplane.broker.pool import back_to_pool
+from controlplane.capacity.reclaim import heir_of
 from controlplane.store import Conflict, Versioned
 from controlplane.store.etcd import encode
 from controlplane.store.keys import Keys
@@ -138,6 +140,9 @@ class Txn:
         """The guards, puts and deletes, with each touched machine's record written once."""
         keys, st = self.keys, self.state
         touched: set[str] = set()
+        handed: dict[str, int] = {name: 0 for name in self.taken.values()}
+        for name in self.taken.values():  # what the heir takes from the pool in this transaction counts to its quota
+            handed[name] += 1
         for mid in self.machines():
             m = st.machines.get(mid)
             if m is None:
@@ -157,7 +162,13 @@ class Txn:
                 log.info("entitlement %s takes machine %s from the free pool", self.taken[mid], mid)
             elif (left := back_to_pool(new_m)) is not None:
                 touched.add(left)
-                log.info("machine %s returns from %s to the free pool", mid, left)
+                if (heir := heir_of(st, mid, left, handed)) is not None:  # reclaimed: it goes to the heir
+                    new_m["entitlement"] = heir
+                    handed[heir] = handed.get(heir, 0) + 1
+                    touched.add(heir)
+                    log.info("machine %s goes from %s to %s (reclaim %s)", mid, left, heir, st.reclaims[mid].id)
+                else:
+                    log.info("machine %s returns from %s to the free pool", mid, left)
             self.puts[mkey] = new_m
         for name in touched:
             # Every change to what an entitlement holds writes its record: two such changes

@@ -82,5 +82,8 @@ class Keys:
     def rebalance_settings(self) -> str:  # the ReBalancer's continuous mode: on for which entitlements
         return self.root + "rebalance-settings"
 
+    def capacity_settings(self) -> str:  # opportunistic capacity: reclaims paused or not
+        return self.root + "capacity-settings"
+
     def token(self, token_id: str) -> str:  # an API token's record: its sha256, role and scope, never the secret
         return self.root + "tokens/" + token_id

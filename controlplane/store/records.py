@@ -91,6 +91,11 @@ class EntitlementRec:
     # how a change of its host profile rolls out (controlplane/rollouts): {max_unavailable,
     # auto_rollback, deadline}, each absent one the default
     rollout: dict | None = None
+    # guaranteed (the default) or opportunistic: its jobs run on machines the region does not need
+    # now and give them back when a guaranteed entitlement needs them, after `notice` seconds of
+    # advance notice to their TaskControllers (docs/api.md, "Opportunistic capacity")
+    kind: str = "guaranteed"
+    notice: float = 120.0
 
     def to_json(self) -> dict:
         d = _encode(self)
@@ -109,12 +114,14 @@ class EntitlementRec:
         ent = cls(name=name, machine_type=data["machine_type"], quota=data["quota"], created_at=time.time(),
                   shard=sum(name.encode()) % max(shards, 1))
         return ent.modified({k: v for k, v in data.items() if k in
-                             ("profile", "owner", "spread", "allow_host_network", "allow_controller_networks", "rollout")})
+                             ("profile", "owner", "spread", "allow_host_network", "allow_controller_networks", "rollout",
+                              "kind", "notice")})
 
     def modified(self, data: dict) -> EntitlementRec:
         """The entitlement with the fields of a PATCH body (schema.EntitlementPatch) changed. A
         profile is a name, as in profiles/NAME.toml, never a path (the schema's pattern)."""
-        changes = {k: v for k, v in data.items() if k in ("quota", "profile", "owner", "allow_host_network")}
+        changes = {k: v for k, v in data.items() if k in ("quota", "profile", "owner", "allow_host_network", "kind",
+                                                          "notice")}
         if "spread" in data:
             changes["spread"] = Spread.parse(data["spread"])
         if "allow_controller_networks" in data:
@@ -430,7 +437,7 @@ class EventRec:
     stopped; the machines are back at `start + duration` (or at `end`, if an operator ended it)."""
 
     id: str
-    kind: str  # failure | maintenance | controller (a TaskController not called at a refused address)
+    kind: str  # failure | maintenance | controller (a TaskController not called at a refused address) | reclaim
     machines: tuple[str, ...]
     start: float
     reason: str = ""
@@ -440,6 +447,12 @@ class EventRec:
     scope: str = ""  # maintenance: what the operator selected ("msb dc1/msb1", "3 machines"); controller: the job
     policy: str | None = None  # maintenance: for jobs without a TaskController; None: the region default
     created: float = 0.0
+    # reclaim (controlplane/capacity): opportunistic machines of the entitlement `scope` taken back
+    # for the guaranteed entitlement `heir`, why (`cause`: demand, forecast, failure); its tasks
+    # leave by `deadline`, and each machine goes to the heir as it empties. Over (`end`) once none
+    # of its machines is the opportunistic entitlement's any more.
+    heir: str | None = None
+    cause: str = ""
 
     @property
     def due(self) -> float:

@@ -48,7 +48,8 @@ _TYPED = {"machines": (MachineRec, msgspec.json.Decoder(MachineRec)),
           "tasks": (TaskRec, msgspec.json.Decoder(TaskRec))}
 # the kinds of key this daemon reads (any other under the region's prefix is left undecoded)
 _KEPT = frozenset(("machines", "tasks", "jobs", "entitlements", "events", "leaders", "settings", "discovery",
-                     "members", "ratelimits", "taskcontrol", "tokens", "rebalance", "rebalance-settings", "rollouts"))
+                     "members", "ratelimits", "taskcontrol", "tokens", "rebalance", "rebalance-settings", "rollouts",
+                     "capacity-settings"))
 
 
 def decoded(kind: str, raw: bytes) -> Any:
@@ -131,13 +132,15 @@ class RegionState:
         self.rebalance: dict[str, dict] = {}  # job -> the ReBalancer's move requests and its recent moves
         self.rebalance_settings: dict[str, dict] = {}  # "" -> the continuous mode's settings
         self.rollouts: dict[str, dict] = {}  # entitlement -> its host-profile rollout (controlplane/rollouts)
+        self.capacity_settings: dict[str, dict] = {}  # "" -> opportunistic capacity's settings (reclaims paused)
         self.settings: dict = {}
         self.tokens: dict[str, dict] = {}  # API token id -> its record (controlplane/security/tokens.py)
         self.skipped: dict[str, str] = {}  # key -> why its record was not read (reported, skipped)
         # the records kept as etcd has them, by the kind in their key (built once: every change looks here)
         self._plain = {"members": self.members, "ratelimits": self.ratelimits, "taskcontrol": self.taskcontrol,
                        "tokens": self.tokens, "rebalance": self.rebalance,
-                       "rebalance-settings": self.rebalance_settings, "rollouts": self.rollouts}
+                       "rebalance-settings": self.rebalance_settings, "rollouts": self.rollouts,
+                       "capacity-settings": self.capacity_settings}
         self.coordination_changed = asyncio.Event()
         self._machine_waiters: dict[str, asyncio.Event] = {}
         self._snapshot: Snapshot | None = None
@@ -146,6 +149,7 @@ class RegionState:
         self._dirty_ents: set[str] = set()
         self.maintenance = Calendar()  # the maintenance events by machine (the ops planner's)
         self._open_failures: dict[str, dict[str, EventRec]] = {}  # machine -> its failure events not ended, by id
+        self.reclaims: dict[str, EventRec] = {}  # machine -> the open reclaim that covers it (controlplane/capacity)
         self._cordoned: set[str] = set()  # machines the snapshot has as taking no new task (_refresh_cordons)
         self._parts: dict[tuple, dict] = {}  # machine labels and capacities, one of each (_share_parts)
 
@@ -290,6 +294,14 @@ class RegionState:
             if any(e is not None and e.kind == "maintenance" for e in (old, self.events.get(rest))):
                 self.maintenance.index(self.events.values())
                 return None  # a maintenance scheduled, changed or ended: its notices go to any job
+            if any(e is not None and e.kind == "reclaim" for e in (old, self.events.get(rest))):
+                for e, is_new in ((old, False), (self.events.get(rest), True)):
+                    for mid in (e.machines if e is not None else ()):
+                        if is_new and e.end is None:
+                            self.reclaims[mid] = e
+                        elif self.reclaims.get(mid) is not None and self.reclaims[mid].id == e.id:
+                            del self.reclaims[mid]
+                return None  # a reclaim begun or over: its notices, and the heir's jobs, which wait for its machines
             e = self.events.get(rest) or old  # a failure: the jobs on its machines
             return set().union(*(self.jobs_on(mid) for mid in e.machines)) if e is not None else set()
         if kind == "leaders":
@@ -374,13 +386,20 @@ class RegionState:
             for m in self.machines_of(name):
                 self.wake_machine(m.id)
 
+    @property
+    def capacity_paused(self) -> bool:
+        """`twinectl capacity pause`: no reclaim begins (those begun go on)."""
+        return bool(self.capacity_settings.get("", {}).get("paused"))
+
     def open_failures(self, mid: str) -> list[EventRec]:
         """The machine's failure events not ended (an index: no pass over every event)."""
         return list(self._open_failures.get(mid, {}).values())
 
     def _refresh_cordons(self, now: float) -> None:
-        """Cordoned: in (or scheduled for) maintenance, or draining or switching in a profile rollout."""
+        """Cordoned: in (or scheduled for) maintenance, draining or switching in a profile rollout, or
+        reclaimed and not yet left by the opportunistic entitlement."""
         cordoned = {mid for mid in self.maintenance.machines() if mid in self.machines and self.maintenance.of(mid, now)}
+        cordoned |= {mid for mid, e in self.reclaims.items() if mid in self.machines and self.machines[mid].entitlement == e.scope}
         cordoned |= {mid for r in self.rollouts.values() for mid in stopping(r) if mid in self.machines}
         self._dirty_machines |= cordoned ^ self._cordoned
         self._cordoned = cordoned

@@ -51,6 +51,8 @@ def done(op: Op, tasks: Mapping[int, TaskRec]) -> bool:
     t = tasks.get(op.index)
     if op.kind == "stop":
         return t is None or t.state == "stopped"
+    if op.kind == "reclaim":  # off the machine taken back (pending, or placed elsewhere)
+        return t is None or t.machine != op.machine
     if t is None or t.state != "running":
         return False
     if op.kind == "reprofile":  # it runs again, on its machine, after the switch

@@ -12,13 +12,14 @@ ENTITLEMENT = {
     "name": "web", "owner": "team-web", "machine_type": "c2.large", "quota": 10, "profile": "web",
     "spread": {"properties": ["dc", "msb"], "pinned_dc": None}, "shard": 3, "created_at": T0,
     "allow_host_network": False, "allow_controller_networks": [], "rollout": None, "held": 4,
+    "kind": "guaranteed", "notice": 120.0,
 }
 ENTITLEMENT_DETAIL = dict(ENTITLEMENT, machines=["m-001", "m-002", "m-003", "m-004"], jobs=["web/frontend"])
 ENTITLEMENTS = {"entitlements": [
     ENTITLEMENT,
     {"name": "batch-analytics", "owner": "", "machine_type": "m5.xlarge", "quota": 200, "profile": None,
      "spread": {"properties": ["msb"], "pinned_dc": "dc2"}, "shard": 0, "created_at": T0, "allow_host_network": False, "allow_controller_networks": [], "rollout": None,
-     "held": 0},
+     "held": 0, "kind": "opportunistic", "notice": 300.0},
 ]}
 
 
@@ -77,10 +78,13 @@ MACHINE_DETAIL = dict(MACHINE, tasks=[task(0), task(3, state="starting")])
 EVENTS = {"events": [
     {"id": "ev-1", "kind": "maintenance", "machines": ["m-001", "m-002", "m-003", "m-004", "m-005"],
      "start": T0 + 72000, "duration": 5400, "deadline": T0 + 68400, "end": None,
-     "reason": "kernel upgrade", "scope": "msb dc1/msb0", "policy": None, "created": T0},
+     "reason": "kernel upgrade", "scope": "msb dc1/msb0", "policy": None, "created": T0, "heir": None, "cause": ""},
     {"id": "ev-2", "kind": "failure", "machines": ["m-009"], "start": 1714550400, "duration": 30,
      "deadline": None, "end": 1714550430, "reason": "power supply", "scope": "", "policy": None,
-     "created": 1714550400},
+     "created": 1714550400, "heir": None, "cause": ""},
+    {"id": "reclaim-1714550500-a1b2c3", "kind": "reclaim", "machines": ["m-010"], "start": 1714550500,
+     "duration": None, "deadline": 1714550620, "end": None, "reason": "web/api: 1 task(s) found no machine",
+     "scope": "batch", "policy": None, "created": 1714550500, "heir": "web", "cause": "demand"},
 ]}
 
 DISCOVERY = {"job": "web/frontend", "endpoints": [

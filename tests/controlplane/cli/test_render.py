@@ -87,9 +87,13 @@ def test_machine_show():
 def test_entitlement_list_and_show():
     rows = columns(render.entitlement_list(samples.ENTITLEMENTS), render.ENTITLEMENT_HEADERS)
     assert rows == [
-        {"NAME": "web", "TYPE": "c2.large", "QUOTA": "10", "HELD": "4", "PROFILE": "web", "SPREAD": "dc,msb", "PIN": "-"},
-        {"NAME": "batch-analytics", "TYPE": "m5.xlarge", "QUOTA": "200", "HELD": "0", "PROFILE": "-", "SPREAD": "msb", "PIN": "dc2"},
+        {"NAME": "web", "KIND": "guaranteed", "TYPE": "c2.large", "QUOTA": "10", "HELD": "4", "PROFILE": "web",
+         "SPREAD": "dc,msb", "PIN": "-"},
+        {"NAME": "batch-analytics", "KIND": "opportunistic", "TYPE": "m5.xlarge", "QUOTA": "200", "HELD": "0",
+         "PROFILE": "-", "SPREAD": "msb", "PIN": "dc2"},
     ]
+    assert "kind:         opportunistic (machines taken back after 300 s of notice)" in \
+        render.entitlement_show(samples.ENTITLEMENTS["entitlements"][1]).splitlines()
     show = render.entitlement_show(samples.ENTITLEMENT_DETAIL).splitlines()
     assert show[0] == "entitlement:  web"
     assert "quota:        4 of 10 machines held" in show

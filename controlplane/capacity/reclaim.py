@@ -1,0 +1,267 @@
+"""Reclaims: opportunistic machines taken back, with notice, for a guaranteed entitlement.
+
+A guaranteed job whose tasks find no machine (the free pool has none that fits) while its
+entitlement is under quota is *demand*. The shard leader that schedules it picks machines of
+opportunistic entitlements that would fit, the emptiest first, within a disruption budget, and
+writes a reclaim event per opportunistic entitlement: its machines take no new task (cordoned),
+its jobs' TaskControllers get advance notices and a `reclaim` operation per task, with the
+entitlement's `notice` as the deadline. A task whose controller acks stops at once; the others stop
+at the deadline. A stopped task leaves the machine (pending: placed again where there is room), and
+the transaction that takes the last task off it gives the machine to the guaranteed entitlement,
+the *heir*, instead of the free pool (scheduler/txn.py); its profile follows. The event is over
+once none of its machines is the opportunistic entitlement's any more.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import secrets
+import time
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Mapping
+
+from controlplane.allocator import AllocationError, Snapshot, allocate
+from controlplane.scheduler.ops import Maintenance
+from controlplane.store import Conflict
+from controlplane.store.records import EventRec, JobRec, MachineRec, TaskRec
+from controlplane.store.state import RegionState, to_entitlement, to_machine, to_placed
+
+if TYPE_CHECKING:
+    from controlplane.scheduler.writer import ShardWriter
+
+log = logging.getLogger("twine.controld.capacity")
+SETTLE = 10.0  # seconds of a shard's leadership before it cancels a reclaim for want of demand
+
+
+@dataclass(frozen=True)
+class Budget:
+    """How much of an opportunistic entitlement may be in reclaim at once: at most `machines`, and
+    at most `percent` of what it holds (at least one machine); none begun within `cooldown`
+    seconds of the last one."""
+
+    machines: int = 10
+    percent: float = 50.0
+    cooldown: float = 0.0
+
+    def limit(self, held: int) -> int:
+        return max(1, min(self.machines, int(held * self.percent / 100.0)))
+
+
+@dataclass(frozen=True)
+class Demand:
+    """A guaranteed job's tasks that found no machine, and their size."""
+
+    tasks: int
+    cpus: float
+    memory_mb: int
+    machine_type: str
+    dc: str | None
+    since: float
+
+
+def governing(state: RegionState, m: MachineRec, now: float) -> Maintenance | None:
+    """The reclaim that governs the machine's tasks now, as the reconciler sees it: one is open
+    and the machine is still the opportunistic entitlement's."""
+    e = state.reclaims.get(m.id)
+    if e is None or m.entitlement != e.scope:
+        return None
+    return Maintenance(e.id, now >= e.due, e.due, e.until, "stop", kind="reclaim", heir=e.heir)
+
+
+def notices(state: RegionState, tasks: Mapping[int, TaskRec], live, now: float) -> list[dict]:
+    """Advance notices of the reclaims that cover the machines of the job's live tasks (paper
+    Figure 8 `advanceNotices`, as maintenance's, with `kind: reclaim`)."""
+    out: dict[str, dict] = {}
+    for i, t in sorted(tasks.items()):
+        e = state.reclaims.get(t.machine) if t.machine else None
+        m = state.machines.get(t.machine) if e is not None else None
+        if e is None or m is None or m.entitlement != e.scope or i not in live:
+            continue
+        n = out.setdefault(e.id, {"id": e.id, "kind": "reclaim", "machines": [], "start": e.start, "deadline": e.due,
+                                  "duration": None, "end": None, "phase": e.phase(now), "reason": e.reason,
+                                  "tasks": []})
+        if t.machine not in n["machines"]:
+            n["machines"].append(t.machine)
+        n["tasks"].append(i)
+    return [dict(n, machines=sorted(n["machines"])) for n in out.values()]
+
+
+def heir_of(state: RegionState, mid: str, left: str, taking: Mapping[str, int]) -> str | None:
+    """Who gets a machine that its last task just left (txn.finish): the heir of the open reclaim
+    that covers it, if the machine was that reclaim's opportunistic entitlement's and the heir is
+    under quota (`taking`: machines the same transaction gives it already); else None (the pool)."""
+    e = state.reclaims.get(mid)
+    if e is None or e.scope != left or e.heir is None:
+        return None
+    heir = state.entitlements.get(e.heir)
+    if heir is None or len(state.machines_of(heir.name)) + taking.get(heir.name, 0) >= heir.quota:
+        return None
+    return heir.name
+
+
+def in_flight(state: RegionState, *, heir: str | None = None, scope: str | None = None) -> int:
+    """Machines of open reclaims still held by their opportunistic entitlement (for `heir`, or
+    taken from `scope`)."""
+    return sum(1 for mid, e in state.reclaims.items()
+               if (heir is None or e.heir == heir) and (scope is None or e.scope == scope)
+               and (m := state.machines.get(mid)) is not None and m.entitlement == e.scope)
+
+
+def tasks_per_machine(m: MachineRec, cpus: float, memory_mb: int) -> int:
+    by_cpu = int(float(m.capacity.get("cpus", 0)) / cpus + 1e-9) if cpus > 0 else 10**9
+    by_mem = int(m.capacity.get("memory_mb", 0)) // memory_mb if memory_mb else 10**9
+    return max(1, min(by_cpu, by_mem))
+
+
+def choose(state: RegionState, handle: str, d: Demand, budget: Budget, last_begun: Mapping[str, float],
+           now: float) -> dict[str, list[str]]:
+    """Machines to take back for one guaranteed job's demand, by opportunistic entitlement: as
+    many as its tasks need (less what is in flight for its entitlement already), within its
+    entitlement's quota and each opportunistic entitlement's budget, the emptiest first."""
+    job = state.jobs.get(handle)
+    ent = state.entitlements.get(job.entitlement) if job is not None else None
+    if ent is None or ent.kind != "guaranteed":
+        return {}
+    pending = in_flight(state, heir=ent.name)
+    room = ent.quota - len(state.machines_of(ent.name)) - pending
+    candidates_ = [m for m in candidates(state, d.machine_type, d.dc, now) if tasks_per_machine(m, d.cpus, d.memory_mb) >= 1
+                   and not (budget.cooldown and now - last_begun.get(m.entitlement, -math.inf) < budget.cooldown)]
+    if not candidates_ or room <= 0:
+        return {}
+    per = tasks_per_machine(candidates_[0], d.cpus, d.memory_mb)
+    want = min(room, math.ceil(d.tasks / per) - pending)
+    chosen: dict[str, list[str]] = {}
+    for m in sorted(candidates_, key=lambda m: (m.alloc_tasks, m.alloc_cpus, m.id)):
+        if want <= 0:
+            break
+        name = m.entitlement
+        limit = budget.limit(len(state.machines_of(name)))
+        if in_flight(state, scope=name) + len(chosen.get(name, ())) >= limit:
+            continue
+        chosen.setdefault(name, []).append(m.id)
+        want -= 1
+    return chosen
+
+
+class Reclaimer:
+    """At a shard's leader: reclaims for its guaranteed jobs' demand (`demand`, kept by the
+    scheduler's passes), and the end of its reclaims once their machines have left."""
+
+    def __init__(self, state: RegionState, writer: "ShardWriter", shard: int, lock: asyncio.Lock,
+                 demand: dict[str, Demand], budget: Budget = Budget(), interval: float = 1.0):
+        self.state, self.writer, self.shard, self.lock = state, writer, shard, lock
+        self.demand, self.budget, self.interval = demand, budget, interval
+        self.last_begun: dict[str, float] = {}  # opportunistic entitlement -> when a reclaim of it began
+        self.began = time.monotonic()
+        self.counters = {"reclaims": 0, "machines": 0, "ended": 0, "cancelled": 0, "conflicts": 0, "errors": 0}
+
+    async def run(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval)
+            if self.state.stale:
+                continue
+            try:
+                await self.step(time.time())
+            except asyncio.CancelledError:
+                raise
+            except Conflict:
+                self.counters["conflicts"] += 1
+            except Exception:  # the next pass tries again
+                self.counters["errors"] += 1
+                log.exception("shard %d: reclaims failed", self.shard)
+
+    def _mine(self, e: EventRec) -> bool:
+        heir = self.state.entitlements.get(e.heir or "")
+        return heir is not None and heir.shard == self.shard
+
+    async def step(self, now: float) -> None:
+        st = self.state
+        wanting = {st.jobs[h].entitlement for h in self.demand if h in st.jobs}
+        for e in sorted({e.id: e for e in st.reclaims.values()}.values(), key=lambda e: e.id):
+            if not self._mine(e):
+                continue
+            if all((m := st.machines.get(mid)) is None or m.entitlement != e.scope for mid in e.machines):
+                await self._write(replace(e, end=now))
+                self.counters["ended"] += 1
+                log.info("reclaim %s over: its machines left %s", e.id, e.scope)
+            elif e.heir not in wanting and time.monotonic() - self.began > SETTLE:
+                # its heir's tasks found room (or went): the rest stay where they are (not in a new
+                # leader's first seconds: its demand is known once its passes have seen the jobs)
+                await self._write(replace(e, end=now, reason=f"{e.reason}; ended: {e.heir} needs no more"))
+                self.counters["cancelled"] += 1
+                log.info("reclaim %s cancelled: %s needs no more machines", e.id, e.heir)
+        if st.capacity_paused:
+            return
+        for handle, d in sorted(self.demand.items()):
+            job = st.jobs.get(handle)
+            if job is None or st.shard_of_job(handle) != self.shard:
+                self.demand.pop(handle, None)
+                continue
+            for name, machines in sorted(choose(st, handle, d, self.budget, self.last_begun, now).items()):
+                opp = st.entitlements[name]
+                e = EventRec(f"reclaim-{int(now)}-{secrets.token_hex(3)}", "reclaim", tuple(sorted(machines)), now,
+                             f"{handle}: {d.tasks} task(s) found no machine", None, now + opp.notice, None, name,
+                             None, now, heir=job.entitlement, cause="demand")
+                await self._write(e, machines)
+                self.last_begun[name] = now
+                self.counters["reclaims"] += 1
+                self.counters["machines"] += len(machines)
+                log.warning("reclaim %s: %d machine(s) of %s for %s (%s), notice %.0f s", e.id, len(machines), name,
+                            job.entitlement, e.reason, opp.notice)
+
+    async def _write(self, e: EventRec, machines=()) -> None:
+        st, keys = self.state, self.state.keys
+        async with self.lock:
+            txn = self.writer.txn()
+            key = keys.event(e.id)
+            txn.guards[key] = st.guard(key)
+            for mid in machines:  # read as they were chosen: one taken meanwhile fails the write
+                mkey = keys.machine(mid)
+                txn.guards[mkey] = st.guard(mkey)
+            txn.puts[key] = e.to_json()
+            rev = await self.writer.send(txn)
+        await st.wait_for(rev)
+
+
+def candidates(state: RegionState, machine_type: str, dc: str | None, now: float) -> list[MachineRec]:
+    """Opportunistic machines a reclaim could take: healthy, of the type (and dc), in no reclaim
+    or maintenance."""
+    out = []
+    for name, opp in state.entitlements.items():
+        if opp.kind != "opportunistic":
+            continue
+        for m in state.machines_of(name):
+            if (m.healthy and m.id not in state.reclaims and m.labels.get("machine_type") == machine_type
+                    and (dc is None or m.labels.get("dc") == dc) and state.maintenance.of(m.id, now) is None):
+                out.append(m)
+    return out
+
+
+def fits_with_reclaims(state: RegionState, job: JobRec, now: float) -> bool:
+    """Whether a guaranteed job that does not fit now would, on its entitlement's machines and the
+    opportunistic machines a reclaim could give it (within its quota): then it is taken, its tasks
+    pending until the reclaim hands the machines over. The allocator's own answer, on a snapshot of
+    just those machines (the free pool left out: it did not fit there)."""
+    ent = state.entitlements.get(job.entitlement)
+    if ent is None or ent.kind != "guaranteed":
+        return False
+    mtype, dc = job.machine_type or ent.machine_type, job.dc or ent.spread.pinned_dc
+    spare = candidates(state, mtype, dc, now)
+    room = ent.quota - len(state.machines_of(ent.name)) - in_flight(state, heir=ent.name)
+    if not spare or room <= 0:
+        return False
+    spare = sorted(spare, key=lambda m: (m.alloc_tasks, m.alloc_cpus, m.id))[:room]
+    own = state.machines_of(ent.name)
+    machines = [to_machine(m, 0, m.id in state.reclaims) for m in own] + \
+               [replace(to_machine(m, 0), entitlement=None) for m in spare]
+    tasks = [p for m in own for t in state.tasks_on(m.id) if t.job != job.handle and (p := to_placed(t)) is not None]
+    snap = Snapshot.build(machines, [replace(to_entitlement(ent), quota=len(own) + len(spare))], tasks)
+    from controlplane.scheduler.placement import job_request  # (it imports the transaction, which imports this)
+
+    try:
+        allocate(snap, job_request(job))
+    except AllocationError:
+        return False
+    return True

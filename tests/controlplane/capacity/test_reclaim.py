@@ -1,0 +1,129 @@
+"""Reclaims (issue #37): a guaranteed job that finds no machine takes an opportunistic one back.
+The opportunistic job's TaskController hears of it in advance notices with a `reclaim` operation
+per task; acked, the task stops at once, else at the deadline; the machine then goes to the
+guaranteed entitlement (not the pool), its task runs there, and the reclaim is over. Against a
+real twine-controld and etcd, with simulated agents (named so: no containers run)."""
+
+from __future__ import annotations
+
+import time
+
+from controlplane.taskcontrol.sdk import Background, TaskController
+from tests.controlplane.controld_proc import daemon_with_sim_agents, wait
+
+BIG = {"image": "twine/busybox:1", "command": ["sleep", "3600"], "cpus": 3.0, "memory_mb": 64}  # one a machine
+
+
+class AckReclaims(TaskController):
+    """Acks a reclaim once it has seen its notice; nothing else."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.notices: list[dict] = []
+        self.acking = False
+
+    def decide(self, request):
+        self.notices += [n.raw for n in request.notices]
+        return [op for op in request.ops if op.kind == "reclaim"] if self.acking else []
+
+
+def reclaims(c) -> list[dict]:
+    return [e for e in c.call("GET", "/v1/events")[1]["events"] if e["kind"] == "reclaim"]
+
+
+def holder(c, mid: str) -> str | None:
+    return c.call("GET", f"/v1/machines/{mid}")[1]["entitlement"]
+
+
+def setup(c, notice: float, controller: str | None = None) -> dict[int, str]:
+    assert c.call("POST", "/v1/entitlements", {"name": "batch", "machine_type": "generic", "quota": 2,
+                                               "kind": "opportunistic", "notice": notice,
+                                               "allow_controller_networks": ["127.0.0.0/8"]})[0] == 201
+    assert c.call("POST", "/v1/entitlements", {"name": "web", "machine_type": "generic", "quota": 1})[0] == 201
+    job = {"entitlement": "batch", "name": "work", "count": 2, "task": BIG}
+    if controller:
+        job["controller"] = controller
+    assert c.call("POST", "/v1/jobs", job)[0] == 201
+    tasks = wait(lambda: (ts := c.call("GET", "/v1/jobs/batch/work")[1]["tasks"]) and all(
+        t["state"] == "running" for t in ts) and len(ts) == 2 and ts, 20, "batch's two tasks running")
+    return {t["index"]: t["machine"] for t in tasks}
+
+
+def test_a_guaranteed_job_takes_an_opportunistic_machine_back_at_the_deadline(tmp_path, etcd_server, capsys):
+    from controlplane.cli import twinectl
+    from tests.controlplane.controld_proc import API_TOKEN
+
+    with daemon_with_sim_agents(tmp_path, etcd_server.port, ("h1", "h2"), heartbeat_timeout=5.0) as (c, _agents):
+        def ctl(*argv):
+            return twinectl.main(["--url", c.url, "--token", API_TOKEN, *argv])
+
+        on = setup(c, notice=4.0)
+        assert ctl("capacity", "pause") == 0 and "reclaims: paused" in capsys.readouterr().out
+        # it does not fit now, and would once a machine is taken back: taken, its task pending
+        status, job = c.call("POST", "/v1/jobs", {"entitlement": "web", "name": "api", "count": 1, "task": BIG})
+        assert status == 201, job
+        too_big = {"entitlement": "web", "name": "huge", "count": 1, "task": {**BIG, "cpus": 8.0}}
+        status, e = c.call("POST", "/v1/jobs", too_big)
+        assert status == 422 and c.call("GET", "/v1/jobs/web/huge")[0] == 404, e  # no reclaim would make it fit
+        time.sleep(2.0)
+        assert reclaims(c) == [] and c.call("GET", "/v1/capacity")[1]["paused"] is True, "paused: no reclaim begins"
+        assert ctl("capacity", "resume") == 0 and "reclaims: on" in capsys.readouterr().out
+        [e] = wait(lambda: reclaims(c), 20, "a reclaim")
+        assert ctl("capacity") == 0
+        out = capsys.readouterr().out
+        assert e["id"] in out and "batch" in out and "notice" in out, out
+        assert (e["scope"], e["heir"], e["cause"], len(e["machines"])) == ("batch", "web", "demand", 1), e
+        assert e["deadline"] - e["start"] == 4.0 and e["end"] is None, e
+        [mid] = e["machines"]
+        victim = next(i for i, m in on.items() if m == mid)
+        # no controller: it runs out its notice
+        while time.time() < e["deadline"] - 1.0:
+            t = c.call("GET", "/v1/jobs/batch/work")[1]["tasks"][victim]
+            assert (t["machine"], t["state"]) == (mid, "running"), t
+            assert holder(c, mid) == "batch"
+            time.sleep(0.2)
+        wait(lambda: holder(c, mid) == "web", 20, "the machine given to web")
+        assert time.time() >= e["deadline"]
+        wait(lambda: [(t["machine"], t["state"]) for t in c.call("GET", "/v1/jobs/web/api")[1]["tasks"]] == [(mid, "running")],
+             20, "web's task running on the reclaimed machine")
+        t = c.call("GET", "/v1/jobs/batch/work")[1]["tasks"][victim]
+        assert (t["machine"], t["state"]) == (None, "pending") and "reclaim" in t["reason"], t
+        [e] = wait(lambda: [x for x in reclaims(c) if x["end"] is not None], 20, "the reclaim over")
+        other = on[1 - victim]
+        assert holder(c, other) == "batch", "only what web needed was taken"
+
+
+def test_a_reclaim_acked_by_the_controller_hands_the_machine_over_before_the_deadline(tmp_path, etcd_server):
+    controller = AckReclaims()
+    with Background(controller) as url, \
+            daemon_with_sim_agents(tmp_path, etcd_server.port, ("h1", "h2"), heartbeat_timeout=5.0) as (c, _agents):
+        on = setup(c, notice=600.0, controller=url)
+        assert c.call("POST", "/v1/jobs", {"entitlement": "web", "name": "api", "count": 1, "task": BIG})[0] == 201
+        [e] = wait(lambda: reclaims(c), 20, "a reclaim")
+        [mid] = e["machines"]
+        notice = wait(lambda: next((n for n in controller.notices if n["id"] == e["id"]), None), 20, "the notice")
+        assert (notice["kind"], notice["machines"], notice["deadline"]) == ("reclaim", [mid], e["deadline"]), notice
+        assert notice["tasks"] == [i for i, m in on.items() if m == mid]
+        time.sleep(1.0)
+        assert holder(c, mid) == "batch", "unacked, it waits for its deadline (600 s)"
+        controller.acking = True
+        began = time.time()
+        wait(lambda: [(t["machine"], t["state"]) for t in c.call("GET", "/v1/jobs/web/api")[1]["tasks"]] == [(mid, "running")],
+             20, "web's task running on the machine the controller gave up")
+        assert time.time() - began < 20 and time.time() < e["deadline"]
+
+
+def test_a_reclaim_whose_heir_needs_no_more_is_cancelled_and_the_opportunistic_task_runs_on(tmp_path, etcd_server):
+    with daemon_with_sim_agents(tmp_path, etcd_server.port, ("h1", "h2"), heartbeat_timeout=5.0) as (c, agents):
+        on = setup(c, notice=30.0)
+        assert c.call("POST", "/v1/jobs", {"entitlement": "web", "name": "api", "count": 1, "task": BIG})[0] == 201
+        [e] = wait(lambda: reclaims(c), 20, "a reclaim")
+        [mid] = e["machines"]
+        assert c.call("DELETE", "/v1/jobs/web/api")[0] == 202
+        [e] = wait(lambda: [x for x in reclaims(c) if x["end"] is not None], 30, "the reclaim ended")
+        assert "needs no more" in e["reason"] and e["end"] < e["deadline"], e
+        assert holder(c, mid) == "batch"
+        victim = next(i for i, m in on.items() if m == mid)
+        t = c.call("GET", "/v1/jobs/batch/work")[1]["tasks"][victim]
+        assert (t["machine"], t["state"]) == (mid, "running"), t
+        assert agents.starts[("batch/work", victim, 1, mid)] == 1, "never stopped"

@@ -13,7 +13,8 @@ destroy): writes are accepted again through another replica within 10 s, every a
 there, the tasks on the other guests never restart, and the guest powered on again rejoins by
 itself (its etcd member healthy, its controld a follower). Then a member is replaced: m2's taken out
 of the cluster, and a fresh guest (the spare, m3) joined by the installer. It runs after the other
-VM tests (tests/conftest.py): it leaves the region with other members."""
+VM tests, when asked for (TWINE_VM_HA=1; tests/conftest.py says why): it leaves the region with
+other members."""
 
 from __future__ import annotations
 
@@ -67,6 +68,7 @@ class Writer(threading.Thread):
         super().__init__(daemon=True)
         self.region, self.ent, self.via, self.dir = region, ent, via, tmp_path
         self.tries: list[tuple[float, float, str, bool]] = []
+        self.last_error = ""  # what twinectl said of the last write not acknowledged
         self.halt = threading.Event()
 
     def run(self) -> None:
@@ -78,10 +80,12 @@ class Writer(threading.Thread):
                 "image": "twine/busybox:1", "command": LOOP, "cpus": 0.1, "memory_mb": 16}}))
             sent = time.monotonic()
             try:
-                ok = self.region.ctl("--timeout", "3", "job", "run", str(spec), check=False, timeout=60,
-                                     via=self.via).returncode == 0
-            except Exception:  # noqa: BLE001 - a call that hung past 60 s is a write not acknowledged
-                ok = False
+                r = self.region.ctl("--timeout", "3", "job", "run", str(spec), check=False, timeout=60, via=self.via)
+                ok = r.returncode == 0
+                if not ok:
+                    self.last_error = f"exit {r.returncode}: {(r.stdout + r.stderr)[-600:]}"
+            except Exception as e:  # noqa: BLE001 - a call that hung past 60 s is a write not acknowledged
+                ok, self.last_error = False, repr(e)
             self.tries.append((sent, time.monotonic(), name, ok))
             i += 1
             time.sleep(0.2)
@@ -118,7 +122,10 @@ def test_a_control_host_powered_off_hard_fails_over_and_rejoins_and_a_member_is_
         # the restarts, and both gone once the writes had begun), so this is tried until both hold.
         writer = Writer(region, ent, "m1", tmp_path)
         writer.start()
-        region.wait(lambda: sum(ok for *_, ok in writer.tries) >= 3, 120, "writes through m1's controld")
+        try:
+            region.wait(lambda: sum(ok for *_, ok in writer.tries) >= 3, 120, "writes through m1's controld")
+        except AssertionError as e:
+            raise AssertionError(f"{e}; {len(writer.tries)} tried, the last refused: {writer.last_error}") from None
         leaders: tuple = ()
         for _ in range(12):
             leader = region.wait(lambda: shard_leader(region, "control"), 120, "a shard leader")

@@ -26,6 +26,7 @@ from controlplane.allocator import AllocationError, Snapshot, allocate
 from controlplane.scheduler.ops import Maintenance
 from controlplane.store import Conflict
 from controlplane.store.records import EventRec, JobRec, MachineRec, TaskRec
+from controlplane.capacity.index import in_flight
 from controlplane.store.state import RegionState, to_entitlement, to_machine, to_placed
 
 if TYPE_CHECKING:
@@ -59,6 +60,12 @@ class Demand:
     machine_type: str
     dc: str | None
     since: float
+    cause: str = "demand"  # failure: tasks of a failed machine to place again (reclaimed without notice)
+
+
+def paused(state: RegionState) -> bool:
+    """`twinectl capacity pause`: no reclaim begins (those begun go on)."""
+    return bool(state.capacity_settings.get("", {}).get("paused"))
 
 
 def governing(state: RegionState, m: MachineRec, now: float) -> Maintenance | None:
@@ -88,31 +95,19 @@ def notices(state: RegionState, tasks: Mapping[int, TaskRec], live, now: float) 
     return [dict(n, machines=sorted(n["machines"])) for n in out.values()]
 
 
-def heir_of(state: RegionState, mid: str, left: str, taking: Mapping[str, int]) -> str | None:
-    """Who gets a machine that its last task just left (txn.finish): the heir of the open reclaim
-    that covers it, if the machine was that reclaim's opportunistic entitlement's and the heir is
-    under quota (`taking`: machines the same transaction gives it already); else None (the pool)."""
-    e = state.reclaims.get(mid)
-    if e is None or e.scope != left or e.heir is None:
-        return None
-    heir = state.entitlements.get(e.heir)
-    if heir is None or len(state.machines_of(heir.name)) + taking.get(heir.name, 0) >= heir.quota:
-        return None
-    return heir.name
-
-
-def in_flight(state: RegionState, *, heir: str | None = None, scope: str | None = None) -> int:
-    """Machines of open reclaims still held by their opportunistic entitlement (for `heir`, or
-    taken from `scope`)."""
-    return sum(1 for mid, e in state.reclaims.items()
-               if (heir is None or e.heir == heir) and (scope is None or e.scope == scope)
-               and (m := state.machines.get(mid)) is not None and m.entitlement == e.scope)
-
-
 def tasks_per_machine(m: MachineRec, cpus: float, memory_mb: int) -> int:
     by_cpu = int(float(m.capacity.get("cpus", 0)) / cpus + 1e-9) if cpus > 0 else 10**9
     by_mem = int(m.capacity.get("memory_mb", 0)) // memory_mb if memory_mb else 10**9
     return max(1, min(by_cpu, by_mem))
+
+
+def free_slots(m: MachineRec, cpus: float, memory_mb: int) -> int:
+    """Tasks of that size the machine has room for now."""
+    free_cpus = float(m.capacity.get("cpus", 0)) - m.alloc_cpus
+    free_mem = int(m.capacity.get("memory_mb", 0)) - m.alloc_memory_mb
+    by_cpu = int(free_cpus / cpus + 1e-9) if cpus > 0 else 10**9
+    by_mem = free_mem // memory_mb if memory_mb else 10**9
+    return max(0, min(by_cpu, by_mem))
 
 
 def choose(state: RegionState, handle: str, d: Demand, budget: Budget, last_begun: Mapping[str, float],
@@ -131,7 +126,9 @@ def choose(state: RegionState, handle: str, d: Demand, budget: Budget, last_begu
     if not candidates_ or room <= 0:
         return {}
     per = tasks_per_machine(candidates_[0], d.cpus, d.memory_mb)
-    want = min(room, math.ceil(d.tasks / per) - pending)
+    # room on what it holds (a machine handed over by an earlier reclaim, not yet used) counts first
+    slots = sum(free_slots(m, d.cpus, d.memory_mb) for m in state.machines_of(ent.name) if m.healthy)
+    want = min(room, math.ceil(max(0, d.tasks - slots) / per) - pending)
     chosen: dict[str, list[str]] = {}
     for m in sorted(candidates_, key=lambda m: (m.alloc_tasks, m.alloc_cpus, m.id)):
         if want <= 0:
@@ -192,7 +189,7 @@ class Reclaimer:
                 await self._write(replace(e, end=now, reason=f"{e.reason}; ended: {e.heir} needs no more"))
                 self.counters["cancelled"] += 1
                 log.info("reclaim %s cancelled: %s needs no more machines", e.id, e.heir)
-        if st.capacity_paused:
+        if paused(st):
             return
         for handle, d in sorted(self.demand.items()):
             job = st.jobs.get(handle)
@@ -201,15 +198,16 @@ class Reclaimer:
                 continue
             for name, machines in sorted(choose(st, handle, d, self.budget, self.last_begun, now).items()):
                 opp = st.entitlements[name]
+                notice = 0.0 if d.cause == "failure" else opp.notice  # a failure waits for no notice
                 e = EventRec(f"reclaim-{int(now)}-{secrets.token_hex(3)}", "reclaim", tuple(sorted(machines)), now,
-                             f"{handle}: {d.tasks} task(s) found no machine", None, now + opp.notice, None, name,
-                             None, now, heir=job.entitlement, cause="demand")
+                             f"{handle}: {d.tasks} task(s) found no machine", None, now + notice, None, name,
+                             None, now, heir=job.entitlement, cause=d.cause)
                 await self._write(e, machines)
                 self.last_begun[name] = now
                 self.counters["reclaims"] += 1
                 self.counters["machines"] += len(machines)
-                log.warning("reclaim %s: %d machine(s) of %s for %s (%s), notice %.0f s", e.id, len(machines), name,
-                            job.entitlement, e.reason, opp.notice)
+                log.warning("reclaim %s: %d machine(s) of %s for %s (%s, %s), notice %.0f s", e.id, len(machines), name,
+                            job.entitlement, e.reason, d.cause, notice)
 
     async def _write(self, e: EventRec, machines=()) -> None:
         st, keys = self.state, self.state.keys

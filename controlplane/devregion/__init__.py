@@ -4,6 +4,7 @@ its own network namespace. Used by the README demo and by the end-to-end tests.
     python -m controlplane.devregion up --dir /tmp/region [--kernel-owner m1] [--etcd-members 3]
     python -m controlplane.devregion status --dir /tmp/region
     python -m controlplane.devregion kill|restart|partition|heal NAME --dir /tmp/region
+    python -m controlplane.devregion kill|heal msb NAME --dir /tmp/region     # every agent of an MSB at once
     python -m controlplane.devregion down --dir /tmp/region
 
 With `--etcd-members 3` (or 5), etcd is a cluster: its members `etcd-1` ... on 127.0.0.11 ...,

@@ -127,6 +127,14 @@ def _cmd_rehearse(args) -> int:
         return 3
     name = args.name
     try:
+        if name == "msb" and args.command in ("kill", "heal"):  # a whole MSB: every agent of it
+            if not args.value:
+                raise KeyError(f"{args.command} msb needs the MSB's name: {args.command} msb NAME")
+            names = region.kill_msb(args.value) if args.command == "kill" else region.heal_msb(args.value)
+            print(f"msb {args.value}: {', '.join(names)} {'stopped' if args.command == 'kill' else 'running again'}")
+            return 0
+        if args.value:
+            raise KeyError(f"one NAME only (two: {args.command} msb NAME)")
         if args.command == "kill":
             code = region.kill(name, getattr(signal, f"SIG{args.signal.upper().removeprefix('SIG')}"))
             print(f"{region.resolve(name) if name != 'etcd-leader' else 'the etcd leader'} stopped"
@@ -179,16 +187,20 @@ def main(argv: list[str] | None = None) -> int:
     what = "etcd (every member), etcd-N (one member of a cluster), etcd-leader (the member that leads now), " \
            "controld, or an agent's name"
     k = sub.add_parser("kill", help="signal one process (SIGKILL by default) and wait for it to exit; its data stays")
-    k.add_argument("name", metavar="NAME", help=what)
+    k.add_argument("name", metavar="NAME", help=what + "; or msb NAME: every agent of that MSB at once")
+    k.add_argument("value", nargs="?", metavar="MSB", help=argparse.SUPPRESS)
     k.add_argument("--signal", default="KILL", help="KILL (default), TERM, INT, ...")
     r = sub.add_parser("restart", help="stop one process (SIGTERM) if it runs and start it again on the same data")
     r.add_argument("name", metavar="NAME", help=what)
     pa = sub.add_parser("partition", help="cut one process off while it runs (its connections go silent)")
     pa.add_argument("name", metavar="NAME", help=what)
-    h = sub.add_parser("heal", help="end a partition (no NAME: every one)")
+    h = sub.add_parser("heal", help="end a partition (no NAME: every one); msb NAME: start that MSB's agents again")
     h.add_argument("name", metavar="NAME", nargs="?", help=what)
+    h.add_argument("value", nargs="?", metavar="MSB", help=argparse.SUPPRESS)
     for cmd in (k, r, pa, h):
         cmd.add_argument("--dir", required=True)
+    for cmd in (r, pa):
+        cmd.set_defaults(value=None)
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="devregion: %(message)s")
     if os.geteuid() != 0:

@@ -43,6 +43,32 @@ class Faults:
             return self.kill_etcd(sig, timeout)
         return self._kill(self._key(name), sig, timeout)
 
+    def msb_agents(self, msb: str) -> list[str]:
+        """The agents of one MSB (their spec's label), by name; KeyError naming the MSBs if none."""
+        names = sorted(n for n, s in self.specs.items() if s.msb == msb)
+        if not names:
+            raise KeyError(f"no agent in msb {msb!r} (msbs: {', '.join(sorted({s.msb for s in self.specs.values()}))})")
+        return names
+
+    def kill_msb(self, msb: str) -> list[str]:
+        """An MSB lost: every agent of it SIGKILLed at once (signalled together, then waited for);
+        their machines go silent together. Returns their names."""
+        names = self.msb_agents(msb)
+        for n in names:
+            ref = self.procs.get(f"agent:{n}")
+            if ref is not None and (p := ref.process()) is not None:
+                p.send_signal(signal.SIGKILL)
+        for n in names:
+            self._kill(f"agent:{n}", signal.SIGKILL, 30.0)
+        return names
+
+    def heal_msb(self, msb: str) -> list[str]:
+        """The MSB back: each of its agents started again (on its data: its machine answers again)."""
+        names = self.msb_agents(msb)
+        for n in names:
+            self.restart(n)
+        return names
+
     def restart(self, name: str) -> None:
         """Stop it (SIGTERM, SIGKILL after 30 s) if it runs, and start it again, on the same data,
         ports and address; returns once it answers. etcd and controld not while either is cut off:

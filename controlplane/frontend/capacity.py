@@ -7,6 +7,7 @@ import time
 
 from aiohttp import web
 
+from controlplane.capacity.reclaim import paused
 from controlplane.frontend.body import reply
 from controlplane.store.records import EventRec
 from controlplane.store.state import RegionState
@@ -28,7 +29,7 @@ class CapacityView:
     def _status(self) -> dict:
         now = time.time()
         reclaims = sorted((e for e in self.state.events.values() if e.kind == "reclaim"), key=lambda e: (e.start, e.id))
-        return {"paused": self.state.capacity_paused,
+        return {"paused": paused(self.state),
                 "open": [reclaim_answer(self.state, e, now) for e in reclaims if e.end is None],
                 "recent": [reclaim_answer(self.state, e, now) for e in reversed(reclaims) if e.end is not None][:RECENT]}
 

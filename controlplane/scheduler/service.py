@@ -320,9 +320,10 @@ class Scheduler:
                 self.messages[handle] = e.message
                 ent = self.state.entitlements[job.entitlement]
                 if isinstance(e, NoPlacement) and ent.kind == "guaranteed":  # it may take opportunistic machines back
+                    lost = any(seen.tasks[i].state == "lost" for i in plan.place if i in seen.tasks)
                     self.demand[handle] = reclaim.Demand(
                         len(plan.place), *job.resources(), job.machine_type or ent.machine_type, job.dc or ent.spread.pinned_dc,
-                        self.demand[handle].since if handle in self.demand else seen.now)
+                        self.demand[handle].since if handle in self.demand else seen.now, "failure" if lost else "demand")
                 return
             except AllocatorInconsistency as e:  # a bug: each pass retries it, the log has it once
                 self.counters["errors"] += 1

@@ -21,7 +21,7 @@ import time
 from typing import TYPE_CHECKING, Any, Callable
 
 from controlplane.broker.pool import back_to_pool
-from controlplane.capacity.reclaim import heir_of
+from controlplane.capacity.index import heir_of
 from controlplane.store import Conflict, Versioned
 from controlplane.store.etcd import encode
 from controlplane.store.keys import Keys

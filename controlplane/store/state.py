@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Iterable
 import msgspec
 
 from controlplane.allocator import Entitlement, Machine, PlacedTask, Snapshot, SpreadPolicy
+from controlplane.capacity.index import Reclaims
 from controlplane.opsplanner.maintenance import Calendar
 from controlplane.rollouts.record import doc_name, machine_doc, stopping
 from controlplane.store.records import ON_MACHINE, EntitlementRec, EventRec, JobRec, MachineRec, TaskRec
@@ -47,9 +48,8 @@ def _viewed(m: MachineRec) -> tuple:
 _TYPED = {"machines": (MachineRec, msgspec.json.Decoder(MachineRec)),
           "tasks": (TaskRec, msgspec.json.Decoder(TaskRec))}
 # the kinds of key this daemon reads (any other under the region's prefix is left undecoded)
-_KEPT = frozenset(("machines", "tasks", "jobs", "entitlements", "events", "leaders", "settings", "discovery",
-                     "members", "ratelimits", "taskcontrol", "tokens", "rebalance", "rebalance-settings", "rollouts",
-                     "capacity-settings"))
+_KEPT = frozenset(("machines", "tasks", "jobs", "entitlements", "events", "leaders", "settings", "discovery", "members",
+                   "ratelimits", "taskcontrol", "tokens", "rebalance", "rebalance-settings", "rollouts", "capacity-settings"))
 
 
 def decoded(kind: str, raw: bytes) -> Any:
@@ -105,23 +105,20 @@ class RegionState:
     def __init__(self, store: Store, keys: Keys, profiles: "ProfileDocuments | None" = None):
         self.profiles = profiles  # the sidekick's merged profile documents; None: send names only
         self.sealer = Sealer()  # opens secret values sealed at rest (the daemon's --secret-key-file)
-        self.store = store
-        self.keys = keys
+        self.store, self.keys = store, keys
         self.machines: dict[str, MachineRec] = {}
         self.entitlements: dict[str, EntitlementRec] = {}
         self.jobs: dict[str, JobRec] = {}
         self.jobs_by_ent: dict[str, set[str]] = {}
         self._by_ent: defaultdict[str, set[str]] = defaultdict(set)  # entitlement -> its machines' ids
-        self.machines_version = 0  # bumped when a machine is added or removed
-        self.members_version = 0  # bumped when a member joins, changes or leaves
+        self.machines_version = self.members_version = 0  # bumped: a machine added or removed; a member's change
         self.tasks: dict[str, dict[int, TaskRec]] = defaultdict(dict)
         self.events: dict[str, EventRec] = {}
         self.endpoints: dict[tuple[str, int], dict] = {}  # discovery records by (job, index)
         self.by_machine: dict[str, set[tuple[str, int]]] = defaultdict(set)
         self.revs: dict[str, int] = {}  # key -> mod revision, for transaction guards
         # the index reads etcd's bytes (decoded here, by kind) and keeps no copy of revs
-        self.index = Index(store, keys.root, on_change=self._on_change, keep_values=False, raw=True,
-                           revisions=self.revs)
+        self.index = Index(store, keys.root, on_change=self._on_change, keep_values=False, raw=True, revisions=self.revs)
         self.credentials: dict[str, str] = {}  # sha256 of a machine credential -> machine id
         self.changed = Wakeups()  # set on every change; each scheduler has its own event
         # coordination (controlplane/coordination/coordinator.py): members and shard leaders, by their leases
@@ -138,9 +135,8 @@ class RegionState:
         self.skipped: dict[str, str] = {}  # key -> why its record was not read (reported, skipped)
         # the records kept as etcd has them, by the kind in their key (built once: every change looks here)
         self._plain = {"members": self.members, "ratelimits": self.ratelimits, "taskcontrol": self.taskcontrol,
-                       "tokens": self.tokens, "rebalance": self.rebalance,
-                       "rebalance-settings": self.rebalance_settings, "rollouts": self.rollouts,
-                       "capacity-settings": self.capacity_settings}
+                       "tokens": self.tokens, "rebalance": self.rebalance, "rebalance-settings": self.rebalance_settings,
+                       "rollouts": self.rollouts, "capacity-settings": self.capacity_settings}
         self.coordination_changed = asyncio.Event()
         self._machine_waiters: dict[str, asyncio.Event] = {}
         self._snapshot: Snapshot | None = None
@@ -149,7 +145,7 @@ class RegionState:
         self._dirty_ents: set[str] = set()
         self.maintenance = Calendar()  # the maintenance events by machine (the ops planner's)
         self._open_failures: dict[str, dict[str, EventRec]] = {}  # machine -> its failure events not ended, by id
-        self.reclaims: dict[str, EventRec] = {}  # machine -> the open reclaim that covers it (controlplane/capacity)
+        self.reclaims = Reclaims()  # machine -> the open reclaim that covers it (controlplane/capacity)
         self._cordoned: set[str] = set()  # machines the snapshot has as taking no new task (_refresh_cordons)
         self._parts: dict[tuple, dict] = {}  # machine labels and capacities, one of each (_share_parts)
 
@@ -294,13 +290,7 @@ class RegionState:
             if any(e is not None and e.kind == "maintenance" for e in (old, self.events.get(rest))):
                 self.maintenance.index(self.events.values())
                 return None  # a maintenance scheduled, changed or ended: its notices go to any job
-            if any(e is not None and e.kind == "reclaim" for e in (old, self.events.get(rest))):
-                for e, is_new in ((old, False), (self.events.get(rest), True)):
-                    for mid in (e.machines if e is not None else ()):
-                        if is_new and e.end is None:
-                            self.reclaims[mid] = e
-                        elif self.reclaims.get(mid) is not None and self.reclaims[mid].id == e.id:
-                            del self.reclaims[mid]
+            if self.reclaims.take(old, self.events.get(rest)):
                 return None  # a reclaim begun or over: its notices, and the heir's jobs, which wait for its machines
             e = self.events.get(rest) or old  # a failure: the jobs on its machines
             return set().union(*(self.jobs_on(mid) for mid in e.machines)) if e is not None else set()
@@ -386,20 +376,14 @@ class RegionState:
             for m in self.machines_of(name):
                 self.wake_machine(m.id)
 
-    @property
-    def capacity_paused(self) -> bool:
-        """`twinectl capacity pause`: no reclaim begins (those begun go on)."""
-        return bool(self.capacity_settings.get("", {}).get("paused"))
-
     def open_failures(self, mid: str) -> list[EventRec]:
         """The machine's failure events not ended (an index: no pass over every event)."""
         return list(self._open_failures.get(mid, {}).values())
 
     def _refresh_cordons(self, now: float) -> None:
-        """Cordoned: in (or scheduled for) maintenance, draining or switching in a profile rollout, or
-        reclaimed and not yet left by the opportunistic entitlement."""
+        """Cordoned: in (or scheduled for) maintenance, reclaimed, or draining or switching in a profile rollout."""
         cordoned = {mid for mid in self.maintenance.machines() if mid in self.machines and self.maintenance.of(mid, now)}
-        cordoned |= {mid for mid, e in self.reclaims.items() if mid in self.machines and self.machines[mid].entitlement == e.scope}
+        cordoned |= self.reclaims.cordoned(self.machines)
         cordoned |= {mid for r in self.rollouts.values() for mid in stopping(r) if mid in self.machines}
         self._dirty_machines |= cordoned ^ self._cordoned
         self._cordoned = cordoned

@@ -127,3 +127,27 @@ def test_a_reclaim_whose_heir_needs_no_more_is_cancelled_and_the_opportunistic_t
         t = c.call("GET", "/v1/jobs/batch/work")[1]["tasks"][victim]
         assert (t["machine"], t["state"]) == (mid, "running"), t
         assert agents.starts[("batch/work", victim, 1, mid)] == 1, "never stopped"
+
+
+def test_a_guaranteed_task_lost_with_its_machine_takes_an_opportunistic_one_back_without_notice(tmp_path, etcd_server):
+    with daemon_with_sim_agents(tmp_path, etcd_server.port, ("h1", "h2", "h3"), heartbeat_timeout=2.0) as (c, agents):
+        assert c.call("POST", "/v1/entitlements", {"name": "web", "machine_type": "generic", "quota": 2})[0] == 201
+        assert c.call("POST", "/v1/jobs", {"entitlement": "web", "name": "api", "count": 1, "task": BIG})[0] == 201
+        [web] = wait(lambda: [t["machine"] for t in c.call("GET", "/v1/jobs/web/api")[1]["tasks"]
+                              if t["state"] == "running"], 20, "web's task running")
+        assert c.call("POST", "/v1/entitlements", {"name": "batch", "machine_type": "generic", "quota": 2,
+                                                   "kind": "opportunistic", "notice": 600})[0] == 201
+        assert c.call("POST", "/v1/jobs", {"entitlement": "batch", "name": "work", "count": 2, "task": BIG})[0] == 201
+        wait(lambda: [t["state"] for t in c.call("GET", "/v1/jobs/batch/work")[1]["tasks"]] == ["running"] * 2, 20,
+             "batch on the two other machines")
+        agents.cut.add(web)  # its machine goes silent: failed after the heartbeat timeout
+        cut = time.time()
+        [e] = wait(lambda: reclaims(c), 30, "a reclaim")
+        assert (e["cause"], e["deadline"], e["heir"]) == ("failure", e["start"], "web"), e  # no notice
+        [mid] = e["machines"]
+        wait(lambda: [(t["machine"], t["state"]) for t in c.call("GET", "/v1/jobs/web/api")[1]["tasks"]] == [(mid, "running")],
+             30, "web's task running on the machine taken from batch")
+        print(f"\nweb's task running again {time.time() - cut:.1f} s after its machine went silent (timeout 2 s)")
+        assert holder(c, mid) == "web"
+        states = sorted(t["state"] for t in c.call("GET", "/v1/jobs/batch/work")[1]["tasks"])
+        assert states == ["pending", "running"], states

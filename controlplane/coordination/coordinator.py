@@ -272,8 +272,11 @@ class Coordinator:
         turn, a full collection) sits unread until the loop runs again, and the timeout's
         callback may run first: thrown away, it cost every leadership of a process at a million
         machines (bench_region_scale: a turn of 0.7-0.9 s). So when the timeout ran late (the
-        loop was held), the answer gets a tenth of the margin to be read before it counts as
-        missing (a few turns of the loop were not enough for gRPC's poller to hand it over).
+        loop was held), the answer gets half the margin to be read before it counts as missing (a
+        few turns of the loop were not enough for gRPC's poller to hand it over, nor was a tenth of
+        the margin, 50 ms at --lease-ttl 2, on a host with a VM region booting beside it). Meanwhile
+        the process does not act as leader (valid() is false past valid_until - margin) and its
+        commits stay fenced by the leader key.
         Whenever it came, it renewed the lease from its sending on; and while the loop was held,
         the process did not act."""
         wait = self.valid_until - self.margin - sent if self.leading else self.ttl / 3
@@ -281,7 +284,7 @@ class Coordinator:
         try:
             done, _ = await asyncio.wait({refresh}, timeout=max(wait, 0.0))
             if not done and time.monotonic() - sent - wait > HELD:
-                await asyncio.wait({refresh}, timeout=self.margin / 10)
+                await asyncio.wait({refresh}, timeout=self.margin / 2)
             if not refresh.done():
                 raise TimeoutError(f"no answer in {time.monotonic() - sent:.2f}s")
             return refresh.result()

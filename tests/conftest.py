@@ -165,8 +165,6 @@ def pytest_collection_modifyitems(config, items):
 def pytest_sessionstart(session):
     """What an earlier test run killed before its teardown left (its regions' namespaces and task
     containers) is removed first: a teardown that never ran cannot clean up, the next run does."""
-    import os
-
     if os.geteuid() != 0:
         return
     from controlplane.devregion.region import sweep_orphans

@@ -16,6 +16,12 @@ STRATEGIES = ("spread", "pack")
 EPSILON = 1e-9
 
 
+def tasks_fit(cpus: float, memory_mb: int, task_cpus: float, task_memory_mb: int) -> int:
+    """Tasks of one size that `cpus` and `memory_mb` hold (a machine's capacity, or what it has free)."""
+    by_cpu = int(cpus / task_cpus + EPSILON) if task_cpus > 0 else 10**9
+    return max(0, min(by_cpu, memory_mb // task_memory_mb if task_memory_mb else 10**9))
+
+
 @dataclass(frozen=True, slots=True)
 class Machine:
     id: str

@@ -23,8 +23,9 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Mapping
 
 from controlplane.allocator import AllocationError, Snapshot, allocate
+from controlplane.allocator.model import tasks_fit
 from controlplane.scheduler.ops import Maintenance
-from controlplane.store import Conflict
+from controlplane.scheduler.periodic import every
 from controlplane.store.records import EventRec, JobRec, MachineRec, TaskRec
 from controlplane.capacity.index import in_flight
 from controlplane.store.state import RegionState, to_entitlement, to_machine, to_placed
@@ -39,12 +40,10 @@ SETTLE = 10.0  # seconds of a shard's leadership before it cancels a reclaim for
 @dataclass(frozen=True)
 class Budget:
     """How much of an opportunistic entitlement may be in reclaim at once: at most `machines`, and
-    at most `percent` of what it holds (at least one machine); none begun within `cooldown`
-    seconds of the last one."""
+    at most `percent` of what it holds (at least one machine)."""
 
     machines: int = 10
     percent: float = 50.0
-    cooldown: float = 0.0
 
     def limit(self, held: int) -> int:
         return max(1, min(self.machines, int(held * self.percent / 100.0)))
@@ -59,7 +58,6 @@ class Demand:
     memory_mb: int
     machine_type: str
     dc: str | None
-    since: float
     cause: str = "demand"  # failure: tasks of a failed machine to place again (reclaimed without notice)
 
 
@@ -80,6 +78,8 @@ def governing(state: RegionState, m: MachineRec, now: float) -> Maintenance | No
 def notices(state: RegionState, tasks: Mapping[int, TaskRec], live, now: float) -> list[dict]:
     """Advance notices of the reclaims that cover the machines of the job's live tasks (paper
     Figure 8 `advanceNotices`, as maintenance's, with `kind: reclaim`)."""
+    if not state.reclaims:  # (every pass of a job with a TaskController asks)
+        return []
     out: dict[str, dict] = {}
     for i, t in sorted(tasks.items()):
         e = state.reclaims.get(t.machine) if t.machine else None
@@ -95,23 +95,18 @@ def notices(state: RegionState, tasks: Mapping[int, TaskRec], live, now: float) 
     return [dict(n, machines=sorted(n["machines"])) for n in out.values()]
 
 
-def tasks_per_machine(m: MachineRec, cpus: float, memory_mb: int) -> int:
-    by_cpu = int(float(m.capacity.get("cpus", 0)) / cpus + 1e-9) if cpus > 0 else 10**9
-    by_mem = int(m.capacity.get("memory_mb", 0)) // memory_mb if memory_mb else 10**9
-    return max(1, min(by_cpu, by_mem))
+def per_machine(m: MachineRec, cpus: float, memory_mb: int) -> int:
+    """Tasks of that size the machine holds when empty."""
+    return tasks_fit(float(m.capacity.get("cpus", 0)), int(m.capacity.get("memory_mb", 0)), cpus, memory_mb)
 
 
 def free_slots(m: MachineRec, cpus: float, memory_mb: int) -> int:
     """Tasks of that size the machine has room for now."""
-    free_cpus = float(m.capacity.get("cpus", 0)) - m.alloc_cpus
-    free_mem = int(m.capacity.get("memory_mb", 0)) - m.alloc_memory_mb
-    by_cpu = int(free_cpus / cpus + 1e-9) if cpus > 0 else 10**9
-    by_mem = free_mem // memory_mb if memory_mb else 10**9
-    return max(0, min(by_cpu, by_mem))
+    return tasks_fit(float(m.capacity.get("cpus", 0)) - m.alloc_cpus,
+                     int(m.capacity.get("memory_mb", 0)) - m.alloc_memory_mb, cpus, memory_mb)
 
 
-def choose(state: RegionState, handle: str, d: Demand, budget: Budget, last_begun: Mapping[str, float],
-           now: float) -> dict[str, list[str]]:
+def choose(state: RegionState, handle: str, d: Demand, budget: Budget, now: float) -> dict[str, list[str]]:
     """Machines to take back for one guaranteed job's demand, by opportunistic entitlement: as
     many as its tasks need (less what is in flight for its entitlement already), within its
     entitlement's quota and each opportunistic entitlement's budget, the emptiest first."""
@@ -121,16 +116,15 @@ def choose(state: RegionState, handle: str, d: Demand, budget: Budget, last_begu
         return {}
     pending = in_flight(state, heir=ent.name)
     room = ent.quota - len(state.machines_of(ent.name)) - pending
-    candidates_ = [m for m in candidates(state, d.machine_type, d.dc, now) if tasks_per_machine(m, d.cpus, d.memory_mb) >= 1
-                   and not (budget.cooldown and now - last_begun.get(m.entitlement, -math.inf) < budget.cooldown)]
-    if not candidates_ or room <= 0:
+    fitting = [m for m in candidates(state, d.machine_type, d.dc, now) if per_machine(m, d.cpus, d.memory_mb) >= 1]
+    if not fitting or room <= 0:
         return {}
-    per = tasks_per_machine(candidates_[0], d.cpus, d.memory_mb)
+    per = per_machine(fitting[0], d.cpus, d.memory_mb)
     # room on what it holds (a machine handed over by an earlier reclaim, not yet used) counts first
     slots = sum(free_slots(m, d.cpus, d.memory_mb) for m in state.machines_of(ent.name) if m.healthy)
     want = min(room, math.ceil(max(0, d.tasks - slots) / per) - pending)
     chosen: dict[str, list[str]] = {}
-    for m in sorted(candidates_, key=lambda m: (m.alloc_tasks, m.alloc_cpus, m.id)):
+    for m in sorted(fitting, key=lambda m: (m.alloc_tasks, m.alloc_cpus, m.id)):
         if want <= 0:
             break
         name = m.entitlement
@@ -150,24 +144,11 @@ class Reclaimer:
                  demand: dict[str, Demand], budget: Budget = Budget(), interval: float = 1.0):
         self.state, self.writer, self.shard, self.lock = state, writer, shard, lock
         self.demand, self.budget, self.interval = demand, budget, interval
-        self.last_begun: dict[str, float] = {}  # opportunistic entitlement -> when a reclaim of it began
         self.began = time.monotonic()
         self.counters = {"reclaims": 0, "machines": 0, "ended": 0, "cancelled": 0, "conflicts": 0, "errors": 0}
 
     async def run(self) -> None:
-        while True:
-            await asyncio.sleep(self.interval)
-            if self.state.stale:
-                continue
-            try:
-                await self.step(time.time())
-            except asyncio.CancelledError:
-                raise
-            except Conflict:
-                self.counters["conflicts"] += 1
-            except Exception:  # the next pass tries again
-                self.counters["errors"] += 1
-                log.exception("shard %d: reclaims failed", self.shard)
+        await every(self.interval, self.state, self.step, self.counters, log, f"shard {self.shard}: reclaims")
 
     def _mine(self, e: EventRec) -> bool:
         heir = self.state.entitlements.get(e.heir or "")
@@ -196,14 +177,13 @@ class Reclaimer:
             if job is None or st.shard_of_job(handle) != self.shard:
                 self.demand.pop(handle, None)
                 continue
-            for name, machines in sorted(choose(st, handle, d, self.budget, self.last_begun, now).items()):
+            for name, machines in sorted(choose(st, handle, d, self.budget, now).items()):
                 opp = st.entitlements[name]
                 notice = 0.0 if d.cause == "failure" else opp.notice  # a failure waits for no notice
                 e = EventRec(f"reclaim-{int(now)}-{secrets.token_hex(3)}", "reclaim", tuple(sorted(machines)), now,
                              f"{handle}: {d.tasks} task(s) found no machine", None, now + notice, None, name,
                              None, now, heir=job.entitlement, cause=d.cause)
                 await self._write(e, machines)
-                self.last_begun[name] = now
                 self.counters["reclaims"] += 1
                 self.counters["machines"] += len(machines)
                 log.warning("reclaim %s: %d machine(s) of %s for %s (%s, %s), notice %.0f s", e.id, len(machines), name,

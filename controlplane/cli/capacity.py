@@ -3,18 +3,15 @@ open and the last ones over; pause stops new reclaims (those begun go on), resum
 
 from __future__ import annotations
 
-import time
-
 from controlplane.cli.api import EXIT_OK, Api
 from controlplane.cli.output import Out
-from controlplane.cli.render import table
+from controlplane.cli.render import table, when
 
 HEADERS = ("RECLAIM", "FROM", "FOR", "CAUSE", "MACHINES", "LEFT", "PHASE", "DEADLINE")
 
 
 def _row(r: dict) -> list:
-    deadline = time.strftime("%H:%M:%S", time.localtime(r["deadline"]))
-    return [r["id"], r["entitlement"], r["heir"], r["cause"], len(r["machines"]), r["left"], r["phase"], deadline]
+    return [r["id"], r["entitlement"], r["heir"], r["cause"], len(r["machines"]), r["left"], r["phase"], when(r["deadline"])]
 
 
 def status_text(body: dict) -> str:

@@ -10,7 +10,8 @@ from aiohttp import web
 from controlplane.frontend.body import reply
 from controlplane.frontend.forward import Forwarder
 from controlplane.frontend.services import Shards
-from controlplane.srm.service import Autoscaler, tasks_per_machine
+from controlplane.allocator.model import tasks_fit
+from controlplane.srm.service import Autoscaler
 from controlplane.store.records import ApiError, JobRec
 from controlplane.store.state import RegionState
 
@@ -33,7 +34,7 @@ def quota_warnings(state: RegionState, job: JobRec) -> list[str]:
     if m is None:
         return []
     cpus, mem = job.resources()
-    per_machine = tasks_per_machine(float(m.capacity["cpus"]), int(m.capacity.get("memory_mb", 0)), cpus, mem)
+    per_machine = tasks_fit(float(m.capacity["cpus"]), int(m.capacity.get("memory_mb", 0)), cpus, mem)
     holds = ent.quota * per_machine
     if p.max <= holds:
         return []

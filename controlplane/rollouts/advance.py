@@ -102,9 +102,9 @@ def _step_machine(r: dict, mid: str, m: dict, v: MachineView, now: float) -> Non
     if down or restarted:
         m["ready_since"] = None if down else now
         if now - m["since"] > deadline:
-            _fail(m, f"tasks not running {deadline:g} s after the switch: "
-                     + "; ".join(f"{t.key} {t.state}{': ' + t.reason if t.reason else ''}" for t in down[:5])
-                     + "; ".join(f"{t.key} restarting ({t.restarts} restarts)" for t in restarted[:5] if not down))
+            why = [f"{t.key} {t.state}{': ' + t.reason if t.reason else ''}" for t in down[:5]] if down else \
+                [f"{t.key} restarting ({t.restarts} restarts)" for t in restarted[:5]]
+            _fail(m, f"tasks not running {deadline:g} s after the switch: " + "; ".join(why))
     elif m["ready_since"] is None:
         m["ready_since"] = now
     if not down and m["phase"] == "starting" and now - m["ready_since"] >= MIN_READY:

@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from dataclasses import replace
 from typing import Callable, Mapping
 
 from controlplane.rollouts.advance import MachineView, Note, TaskView, advance
 from controlplane.rollouts.record import FINAL, baseline, begin, doc_hash, doc_name, label, target
+from controlplane.scheduler.periodic import every
 from controlplane.scheduler.writer import ShardWriter
 from controlplane.store import Conflict
 from controlplane.store.records import EntitlementRec, EventRec
@@ -105,17 +105,7 @@ class RolloutDriver:
         self.counters = {"commits": 0, "conflicts": 0, "errors": 0}
 
     async def run(self) -> None:
-        while True:
-            await asyncio.sleep(self.interval)
-            if self.state.stale:
-                continue
-            try:
-                await self.step(time.time())
-            except asyncio.CancelledError:
-                raise
-            except Exception:  # the next pass tries again
-                self.counters["errors"] += 1
-                log.exception("shard %d: rollouts failed", self.shard)
+        await every(self.interval, self.state, self.step, self.counters, log, f"shard {self.shard}: rollouts")
 
     async def step(self, now: float) -> None:
         for name in sorted(n for n, e in self.state.entitlements.items() if e.shard == self.shard):

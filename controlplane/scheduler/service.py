@@ -323,7 +323,7 @@ class Scheduler:
                     lost = any(seen.tasks[i].state == "lost" for i in plan.place if i in seen.tasks)
                     self.demand[handle] = reclaim.Demand(
                         len(plan.place), *job.resources(), job.machine_type or ent.machine_type, job.dc or ent.spread.pinned_dc,
-                        self.demand[handle].since if handle in self.demand else seen.now, "failure" if lost else "demand")
+                        "failure" if lost else "demand")
                 return
             except AllocatorInconsistency as e:  # a bug: each pass retries it, the log has it once
                 self.counters["errors"] += 1

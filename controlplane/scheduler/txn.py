@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import Counter
 from typing import TYPE_CHECKING, Any, Callable
 
 from controlplane.broker.pool import back_to_pool
@@ -140,9 +141,7 @@ class Txn:
         """The guards, puts and deletes, with each touched machine's record written once."""
         keys, st = self.keys, self.state
         touched: set[str] = set()
-        handed: dict[str, int] = {name: 0 for name in self.taken.values()}
-        for name in self.taken.values():  # what the heir takes from the pool in this transaction counts to its quota
-            handed[name] += 1
+        handed = Counter(self.taken.values())  # what an heir takes from the pool in this transaction counts to its quota
         for mid in self.machines():
             m = st.machines.get(mid)
             if m is None:
@@ -164,7 +163,7 @@ class Txn:
                 touched.add(left)
                 if (heir := heir_of(st, mid, left, handed)) is not None:  # reclaimed: it goes to the heir
                     new_m["entitlement"] = heir
-                    handed[heir] = handed.get(heir, 0) + 1
+                    handed[heir] += 1
                     touched.add(heir)
                     log.info("machine %s goes from %s to %s (reclaim %s)", mid, left, heir, st.reclaims[mid].id)
                 else:

@@ -23,6 +23,7 @@ from collections import deque
 from dataclasses import replace
 from typing import TYPE_CHECKING, Callable
 
+from controlplane.allocator.model import tasks_fit
 from controlplane.srm.forecast import EVERY as FORECAST_EVERY, refresh
 from controlplane.srm.load import Loads
 from controlplane.srm.recommend import Decision, Memory, Reading, budget_left, recommend, usage_reading
@@ -44,11 +45,6 @@ EVENTS = 20  # resizes kept per job
 STEPS = 576  # (t, size, recommended) changes kept per job: 48 hours of one each 5 minutes
 STEP_EVERY = 300  # seconds: a recommendation's changes within it are one step (a resize is its own)
 AVOID = 600.0  # seconds a task its controller would not stop is not chosen again
-
-
-def tasks_per_machine(cpus_cap: float, memory_cap: int, cpus: float, memory_mb: int) -> int:
-    """Tasks of a size one machine of that capacity holds."""
-    return min(int(cpus_cap / cpus + 1e-9), memory_cap // memory_mb if memory_mb else 10**9)
 
 
 class JobView:
@@ -169,7 +165,7 @@ class Autoscaler:
         others = reserved.get(job.entitlement, [0.0, 0.0])
         free_cpu = ent.quota * cap[0] - (others[0] - cpus * job.count)
         free_mem = ent.quota * cap[1] - (others[1] - mem * job.count)
-        per_machine = tasks_per_machine(cap[0], cap[1], cpus, mem)
+        per_machine = tasks_fit(cap[0], cap[1], cpus, mem)
         return max(0, min(int(free_cpu / cpus + 1e-9), int(free_mem / mem) if mem else 10**9,
                           ent.quota * per_machine))
 

@@ -113,15 +113,15 @@ class EntitlementRec:
         name = data["name"]
         ent = cls(name=name, machine_type=data["machine_type"], quota=data["quota"], created_at=time.time(),
                   shard=sum(name.encode()) % max(shards, 1))
+        ent = replace(ent, kind=data.get("kind", ent.kind))  # fixed at creation: no change takes it
         return ent.modified({k: v for k, v in data.items() if k in
                              ("profile", "owner", "spread", "allow_host_network", "allow_controller_networks", "rollout",
-                              "kind", "notice")})
+                              "notice")})
 
     def modified(self, data: dict) -> EntitlementRec:
         """The entitlement with the fields of a PATCH body (schema.EntitlementPatch) changed. A
         profile is a name, as in profiles/NAME.toml, never a path (the schema's pattern)."""
-        changes = {k: v for k, v in data.items() if k in ("quota", "profile", "owner", "allow_host_network", "kind",
-                                                          "notice")}
+        changes = {k: v for k, v in data.items() if k in ("quota", "profile", "owner", "allow_host_network", "notice")}
         if "spread" in data:
             changes["spread"] = Spread.parse(data["spread"])
         if "allow_controller_networks" in data:

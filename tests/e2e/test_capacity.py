@@ -111,7 +111,7 @@ def test_batch_gives_its_machines_back_with_notice_and_a_lost_msb_is_absorbed(re
             assert all(r["entitlement"] == "batch" and r["cause"] == "demand" for r in over), cap
             # batch's controller heard of each reclaim before it acked, and acked long before the deadline
             assert {r["id"] for r in over} <= set(controller.notices), (over, controller.notices)
-            assert all(n["kind"] == "reclaim" and n["deadline"] - n["start"] == NOTICE
+            assert all(n["kind"] == "reclaim" and n["deadline"] - n["start"] == pytest.approx(NOTICE)
                        for n in controller.notices.values()), controller.notices
             assert all(r["end"] < r["deadline"] for r in over), over
             for mid, ent in day.items():

@@ -31,7 +31,7 @@ API_PORT = 17080
 # the installer's flags; controld on mN answers at API_PORT + N here). Not the default: beside the
 # agents of the 1-vCPU machine guests, etcd and controld took a third of m1's emulated CPU (11 and 8
 # minutes of it in 40), so tasks measured 0.4-0.6 of a core they burn and heartbeats were missed:
-# the default region grows to three control hosts in its last test instead (tests/vm/test_ha.py).
+# the default region grows to three control hosts in the HA test instead (tests/vm/test_ha.py, when asked for).
 CONTROL = ("control", "m1", "m2")[:3 if os.environ.get("TWINE_VM_CONTROL") == "3" else 1]
 NET = "192.168.56"  # the Vagrantfile's TWINE_NET: control .10, mN .10+N
 

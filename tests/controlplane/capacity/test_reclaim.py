@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from controlplane.taskcontrol.sdk import Background, TaskController
 from tests.controlplane.controld_proc import daemon_with_sim_agents, wait
 
@@ -73,7 +75,7 @@ def test_a_guaranteed_job_takes_an_opportunistic_machine_back_at_the_deadline(tm
         out = capsys.readouterr().out
         assert e["id"] in out and "batch" in out and "notice" in out, out
         assert (e["scope"], e["heir"], e["cause"], len(e["machines"])) == ("batch", "web", "demand", 1), e
-        assert e["deadline"] - e["start"] == 4.0 and e["end"] is None, e
+        assert e["deadline"] - e["start"] == pytest.approx(4.0) and e["end"] is None, e
         [mid] = e["machines"]
         victim = next(i for i, m in on.items() if m == mid)
         # no controller: it runs out its notice

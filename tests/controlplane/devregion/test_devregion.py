@@ -17,9 +17,9 @@ import signal
 import socket
 import stat
 import subprocess
-import time
 import sys
 import threading
+import time
 import urllib.request
 from pathlib import Path
 

@@ -1,5 +1,7 @@
-"""`twinectl capacity [status]|pause|resume` (issue #37): the reclaims of opportunistic machines
-open and the last ones over; pause stops new reclaims (those begun go on), resume lets them begin."""
+"""`twinectl capacity [status]|pause|resume|forecast|slo` (issue #37): the reclaims of opportunistic
+machines open and the last ones over; pause stops new reclaims (those begun go on), resume lets
+them begin; the machines opportunistic work can count on for the next day (forecast) and how well
+the region kept what it offered (slo)."""
 
 from __future__ import annotations
 
@@ -31,4 +33,56 @@ async def capacity(api: Api, args, out: Out) -> int:
         out(await api.call("GET", "/v1/capacity"), status_text)
     else:
         out(await api.call("POST", f"/v1/capacity/{verb}", {}), status_text)
+    return EXIT_OK
+
+
+def _line(r: dict, key: str) -> str:
+    if r[key] is None:
+        return "-"
+    return f"{r[key]}" if r[f"{key}_measured"] else f"{r[key]}~"
+
+
+def forecast_text(body: dict) -> str:
+    lines = [f"history: {body['history_hours']} hour(s) kept; the SLO offered is the {body['offered_level']:.0%} line "
+             "(~: an estimate, too few past errors to measure that probability)"]
+    for g in body["groups"]:
+        now = g["now"]
+        lines += ["", f"{g['group']}: {now.get('available', 0)} of {now.get('machines', 0)} machine(s) available now "
+                      f"({now.get('free', 0)} free, {now.get('opportunistic', 0)} opportunistic, "
+                      f"{now.get('reclaiming', 0)} being reclaimed)",
+                  table(("HOUR", "EXPECTED", "99%", "99.9%", "METHOD", "ERRORS"),
+                        ([when(r["hour"]), "-" if r["expected"] is None else r["expected"], _line(r, "p99"),
+                          _line(r, "p999"), r["method"] or "-", r["samples"]] for r in g["hours"]))]
+    if not body["groups"]:
+        lines.append("no machines")
+    return "\n".join(lines)
+
+
+def slo_text(body: dict) -> str:
+    lines = [f"objective: the {body['objective']:.0%} line offered a day ahead, since {when(body['since'])}"]
+    rows = [[g["group"], g["judged"], g["delivered"], "-" if g["ratio"] is None else f"{g['ratio']:.2%}"]
+            for g in body["groups"]]
+    lines.append(table(("GROUP", "HOURS JUDGED", "DELIVERED", "RATIO"), rows) if rows else "no hour judged yet")
+    for g in body["groups"]:
+        for m in g["missed"]:
+            lines.append(f"  missed {g['group']} {when(m['hour'])}: {m['available']} available, {m['offered']} "
+                         f"offered {m['lead']} h ahead")
+    if body["reclaims"]:
+        lines += ["", table(("CAUSE", "RECLAIMS", "MACHINES", "NOTICE S (LEAST/MEAN/MOST)", "OVER EARLY"),
+                            ([c, v["reclaims"], v["machines"], "{least}/{mean}/{most}".format(**v["notice_s"]),
+                              v["over_early"]] for c, v in sorted(body["reclaims"].items())))]
+    else:
+        lines += ["", "reclaims: none"]
+    return "\n".join(lines)
+
+
+async def forecast(api: Api, args, out: Out) -> int:
+    params = {"entitlement": args.entitlement} if args.entitlement else None
+    out(await api.call("GET", "/v1/capacity/forecast", params=params), forecast_text)
+    return EXIT_OK
+
+
+async def slo(api: Api, args, out: Out) -> int:
+    params = {"entitlement": args.entitlement} if args.entitlement else None
+    out(await api.call("GET", "/v1/capacity/slo", params=params), slo_text)
     return EXIT_OK

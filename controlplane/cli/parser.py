@@ -10,7 +10,7 @@
   twinectl job autoscale HANDLE
   twinectl rebalance plan|apply [--entitlement E] [--wait [S]]   rebalance status
   twinectl rebalance enable|disable [--entitlement E]
-  twinectl capacity [status] | pause | resume
+  twinectl capacity [status] | pause | resume | forecast|slo [--entitlement E]
   twinectl maintenance schedule (--machine ID ... | --dc DC | --msb MSB | --rack RACK) --start WHEN
            --duration DUR [--deadline WHEN] [--policy move|stop] [--reason TEXT] [--dry-run]
   twinectl maintenance list [--all] | show ID | end ID
@@ -215,6 +215,12 @@ def parser() -> argparse.ArgumentParser:
     leaf(cap_sub, "status", "the reclaims open (machines taken back for guaranteed entitlements) and the last ones")
     leaf(cap_sub, "pause", "no reclaim begins from now on; those begun go on (admin)")
     leaf(cap_sub, "resume", "reclaims begin again (admin)")
+    leaf(cap_sub, "forecast", "the machines opportunistic work can count on for the next 24 hours: expected, and "
+         "with 99 % (the SLO offered) and 99.9 % probability").add_argument(
+        "--entitlement", metavar="E", help="only the machines this entitlement can use")
+    leaf(cap_sub, "slo", "how well the region kept the capacity it offered, and the reclaims by cause with the "
+         "notice they gave").add_argument("--entitlement", metavar="E", help="only the machines this entitlement "
+                                          "can use")
     rb = sub.add_parser("rebalance", help="what the ReBalancer would do, one round of it, its continuous mode")
     rb_sub = rb.add_subparsers(dest="action", required=True, metavar="ACTION")
     leaf(rb_sub, "plan", "a dry run: each goal's score before and after, and the moves that would reach it, "

@@ -23,6 +23,8 @@ from agent.listener import ConnLimits, Listener
 from agent.sdnotify import Notifier
 from controlplane.broker.agents import MAX_LONG_POLLS, MAX_WAIT, AgentService, BootstrapFile
 from controlplane.broker.relay import Relay
+from controlplane.capacity.metrics import CapacityCollector
+from controlplane.capacity.recorder import CapacityRecorder
 from controlplane.coordination.coordinator import ROLES, Coordinator, parse_shards
 from controlplane.daemon import metrics
 from controlplane.daemon.shards import ShardHost
@@ -126,6 +128,9 @@ class ControlDaemon:
         self.rebalancer = Continuous(self.state, self.usage, lambda: 0 in self.shards.schedulers,
                                      s.rebalance_interval) if "scheduler" in s.roles else None
         self.registry.register(UsageCollector(self.state, self.usage, self.recorder, self.tallies))
+        # the pool's history (opportunistic capacity's SLO): kept by the leader of shard 0, read by any replica
+        self.capacity = CapacityRecorder(self.state, store, lambda: 0 in self.shards.schedulers, s.usage_sample)
+        self.registry.register(CapacityCollector(self.capacity))
         self.stalls = Stalls(self.registry, warn_after=s.lease_ttl / 3)
         self.coordinator: Coordinator | None = None
         self.relay: Relay | None = None
@@ -177,7 +182,7 @@ class ControlDaemon:
             state=self.state, shards=self.shards, agents=self.agents, ops=self.ops, clean=self.health.clean,
             forwarder=Forwarder(self.coordinator, self.http), coordinator=self.coordinator, relay=self.relay,
             reach=self.reach, metrics=self.metrics_text, usage=self.usage, recorder=self.recorder,
-            tallies=self.tallies, srm=self.srm, prometheus_url=s.prometheus_url))
+            tallies=self.tallies, srm=self.srm, capacity=self.capacity, prometheus_url=s.prometheus_url))
 
     async def run(self, host: str, port: int, stop: asyncio.Event, notifier: Notifier | None = None) -> None:
         s = self.settings
@@ -214,6 +219,7 @@ class ControlDaemon:
                     loops.append(tg.create_task(self.recorder.run()))
                 if self.srm is not None:
                     loops.append(tg.create_task(self.srm.run()))
+                    loops.append(tg.create_task(self.capacity.run()))
                 if self.rebalancer is not None:
                     loops.append(tg.create_task(self.rebalancer.run()))
                 await stop.wait()

@@ -113,3 +113,54 @@ class Capacity(Answer):
     paused: Annotated[bool, Meta(description="no reclaim begins (twinectl capacity pause); those begun go on")]
     open: list[CapacityReclaim]
     recent: Annotated[list[CapacityReclaim], Meta(description="the last reclaims over, newest first (at most 20)")]
+
+
+class CapacityHour(Answer):
+    hour: Annotated[Time, Meta(description="the hour's start")]
+    lead: Annotated[int, Meta(description="hours ahead of the hour now")]
+    expected: Annotated[Union[int, None], Meta(description="the machines the forecast expects available")]
+    method: Annotated[Union[str, None], Meta(description="daily (the day before's shape at today's level) or "
+                                                         "persistence (no day before: what is available now)")]
+    samples: Annotated[int, Meta(description="the forecast's past errors the lines are drawn from")]
+    p99: Annotated[Union[int, None], Meta(description="machines available with 99 % probability (the SLO "
+                                                      "offered); None: no history yet")]
+    p99_measured: Annotated[bool, Meta(description="false: fewer than 100 errors, the line is the worst seen")]
+    p999: Union[int, None]
+    p999_measured: Annotated[bool, Meta(description="false: fewer than 1,000 errors, the line is the worst seen")]
+
+
+class CapacityGroup(Answer):
+    group: Annotated[str, Meta(description="machine type/dc")]
+    now: Annotated[dict[str, int], Meta(description="machines, guaranteed, opportunistic, free, reclaiming, "
+                                                    "available (free + opportunistic, not reclaiming)")]
+    hours: list[CapacityHour]
+
+
+class CapacityForecast(Answer):
+    levels: list[float]
+    offered_level: float
+    history_hours: Annotated[int, Meta(description="hours of the pool's history kept (8 weeks at most)")]
+    groups: list[CapacityGroup]
+
+
+class CapacityMiss(Answer):
+    hour: Time
+    offered: int
+    available: int
+    lead: int
+
+
+class CapacityKept(Answer):
+    group: str
+    judged: Annotated[int, Meta(description="hours with an offer made for them")]
+    delivered: Annotated[int, Meta(description="of those, hours whose least available reached the offer")]
+    ratio: Union[float, None]
+    missed: Annotated[list[CapacityMiss], Meta(description="the last hours missed (at most 20)")]
+
+
+class CapacitySlo(Answer):
+    objective: float
+    since: Time
+    groups: list[CapacityKept]
+    reclaims: Annotated[dict[str, dict[str, Any]], Meta(description="per cause (demand, forecast, failure): "
+                                                                    "reclaims, machines, notice_s, over_early")]

@@ -14,7 +14,7 @@ from controlplane.frontend.answers import (Answer, AutoscaleStatus, Cluster, Des
                                            JobList, Machine, MachineList, Maintenance, MaintenanceList, Registration,
                                            Relayed, Revoked, ShutdownReply, Task, Token, TokenList)
 from controlplane.frontend.answers_usage import Fleet, TaskFigures, UsageHistory
-from controlplane.frontend.answers_ops import (Capacity, DryRun, MaintenanceDryRun, RebalancePlan, RebalanceRound,
+from controlplane.frontend.answers_ops import (Capacity, CapacityForecast, CapacitySlo, DryRun, MaintenanceDryRun, RebalancePlan, RebalanceRound,
                                                RebalanceStatus, Rollout)
 from controlplane.store.records import Endpoint
 
@@ -22,7 +22,8 @@ ANSWERS: dict[str, type] = {t.__name__: t for t in (
     Error, Health, Entitlement, EntitlementList, Rollout, DryRun, MaintenanceDryRun, Task, Job, JobList, Machine,
     MachineList, Token, TokenList, Revoked, Event, EventList, Maintenance, MaintenanceList, Discovery, Registration,
     DesiredState, HeartbeatReply, ShutdownReply, Relayed, Cluster, Fleet, UsageHistory, TaskFigures,
-    AutoscaleStatus, RebalancePlan, RebalanceRound, RebalanceStatus, Capacity)}
+    AutoscaleStatus, RebalancePlan, RebalanceRound, RebalanceStatus, Capacity, CapacityForecast,
+    CapacitySlo)}
 
 
 def answers_markdown() -> str:

@@ -11,7 +11,7 @@ from aiohttp import web
 
 from controlplane.allocator import AllocationError, InvalidRequest, QuotaExceeded
 from controlplane.frontend import schema as S
-from controlplane.store.records import ApiError
+from controlplane.store.records import NAME, ApiError
 
 MAX_BODY = 1024 * 1024  # bytes of a request body; the records it makes are capped below etcd's limits
 MAX_INTERNAL_BODY = 16 * 1024 * 1024  # a replica's relay (every task report, for a member that joins)
@@ -25,6 +25,16 @@ def query_flag(request: web.Request, field: str) -> bool:
     if text not in S.ALL:
         raise ApiError("invalid", field, f"{text[:80]!r}: 1 (or true) for yes, 0 (or false) for no")
     return text in ("1", "true")
+
+
+def query_entitlement(request: web.Request, entitlements) -> str | None:
+    """`?entitlement=E`: a name the region has (422 not a name, 404 no such), or None when absent."""
+    ent = request.query.get("entitlement")
+    if ent is not None and not NAME.fullmatch(ent):
+        raise ApiError("invalid", "entitlement", f"{ent[:80]!r} is not an entitlement name")
+    if ent is not None and ent not in entitlements:
+        raise ApiError("not_found", "entitlement", f"no entitlement {ent!r}")
+    return ent
 
 
 def reply(data: Any, status: int = 200) -> web.Response:

@@ -1,5 +1,7 @@
 """/v1/capacity: opportunistic capacity (controlplane/capacity). The reclaims open and the last
-ones over, and the switch that pauses them (admin): `twinectl capacity [status|pause|resume]`."""
+ones over, and the switch that pauses them (admin): `twinectl capacity [status|pause|resume]`;
+the machines opportunistic work can count on for the next 24 hours (`forecast`) and how well the
+region kept what it offered (`slo`), from the pool's history in etcd (capacity/slo.py)."""
 
 from __future__ import annotations
 
@@ -7,9 +9,11 @@ import time
 
 from aiohttp import web
 
+from controlplane.capacity import slo
+from controlplane.capacity.recorder import CapacityRecorder
 from controlplane.capacity.reclaim import paused
-from controlplane.frontend.body import reply
-from controlplane.store.records import EventRec
+from controlplane.frontend.body import query_entitlement, reply
+from controlplane.store.records import ApiError, EventRec
 from controlplane.store.state import RegionState
 
 RECENT = 20
@@ -22,9 +26,28 @@ def reclaim_answer(state: RegionState, e: EventRec, now: float) -> dict:
             "left": left, "start": e.start, "deadline": e.due, "end": e.end, "phase": phase, "reason": e.reason}
 
 
+def reclaims_by_cause(events, since: float) -> dict[str, dict]:
+    """The reclaims begun since `since`, per cause: how many, the notice they gave (deadline -
+    start: 0 for a failure), and how many were over before their deadline (acked early)."""
+    out: dict[str, dict] = {}
+    for e in events:
+        if e.kind != "reclaim" or e.start < since:
+            continue
+        c = out.setdefault(e.cause or "demand", {"reclaims": 0, "machines": 0, "notice_s": [], "over_early": 0})
+        c["reclaims"] += 1
+        c["machines"] += len(e.machines)
+        c["notice_s"].append(e.due - e.start)
+        c["over_early"] += e.end is not None and e.end < e.due
+    for c in out.values():
+        n = c.pop("notice_s")
+        c["notice_s"] = {"least": round(min(n), 1), "mean": round(sum(n) / len(n), 1), "most": round(max(n), 1)}
+    return out
+
+
 class CapacityView:
-    def __init__(self, state: RegionState):
+    def __init__(self, state: RegionState, history: CapacityRecorder | None = None):
         self.state = state
+        self.history = history  # the pool's history in etcd (None: a process with no store to read)
 
     def _status(self) -> dict:
         now = time.time()
@@ -46,3 +69,36 @@ class CapacityView:
         key = self.state.keys.capacity_settings()
         await self.state.write([self.state.guard(key)], {key: {"paused": paused}})
         return reply(self._status())
+
+    def _groups(self, request: web.Request) -> set[str] | None:
+        """The groups an entitlement's machines come from (?entitlement=), or every group."""
+        name = query_entitlement(request, self.state.entitlements)
+        if name is None:
+            return None
+        ent = self.state.entitlements[name]
+        dcs = {m.labels.get("dc", "") for m in self.state.machines.values()}
+        pinned = ent.spread.pinned_dc
+        return {f"{ent.machine_type}/{dc}" for dc in dcs if pinned is None or dc == pinned}
+
+    async def _history(self) -> slo.History:
+        if self.history is None:
+            raise ApiError("unavailable", None, "this process keeps no capacity history (no scheduler role)")
+        return await self.history.history()
+
+    async def forecast(self, request: web.Request) -> web.Response:
+        groups = self._groups(request)
+        now = time.time()
+        h, pool = await self._history(), slo.pool(self.state, now)
+        fc = slo.forecast(h, pool, int(now // 3600), groups)
+        return reply({"levels": list(slo.LEVELS), "offered_level": slo.LEVELS[0], "history_hours": len(h.hours),
+                      "groups": [{"group": g, "now": pool.get(g, {}), "hours": rows} for g, rows in fc.items()]})
+
+    async def service_level(self, request: web.Request) -> web.Response:
+        groups = self._groups(request)
+        now = time.time()
+        h = await self._history()
+        since = min(h.hours, default=int(now // 3600)) * 3600
+        got = slo.delivered(h, groups)
+        return reply({"objective": slo.LEVELS[0], "since": since,
+                      "groups": [{"group": g, **v} for g, v in got.items()],
+                      "reclaims": reclaims_by_cause(self.state.events.values(), since)})

@@ -107,6 +107,11 @@ PATHS = {
     "/v1/capacity/pause": {"post": _op("no reclaim begins from now on (admin); those begun go on", "the status",
                                        "Capacity")},
     "/v1/capacity/resume": {"post": _op("reclaims begin again (admin)", "the status", "Capacity")},
+    "/v1/capacity/forecast": {"get": _op("the machines opportunistic work can count on for the next 24 hours, per "
+                                         "machine type and dc: expected, and with 99 % (the SLO offered) and 99.9 % "
+                                         "probability, from the pool's history", "the forecast", "CapacityForecast")},
+    "/v1/capacity/slo": {"get": _op("how well the region kept the capacity it offered: hours judged and delivered, "
+                                    "and the reclaims by cause with the notice they gave", "the SLO", "CapacitySlo")},
     "/v1/fleet": {"get": _op("the region's machines summed per dc, msb, entitlement, profile and machine type: held, "
                              "healthy, in maintenance, reserved, used; the free pool; what each entitlement can still "
                              "fit", "the fleet", "Fleet")},
@@ -183,6 +188,8 @@ QUERY_PARAMS = {
     ("/v1/entitlements/{name}/usage", "get"): HISTORY_PARAMS,
     ("/v1/machines", "get"): [("dc", {"type": "string", "minLength": 1, "maxLength": 253}, "only this dc's machines"),
                               ("msb", {"type": "string", "minLength": 1, "maxLength": 253}, "only this MSB's machines")],
+    ("/v1/capacity/forecast", "get"): [("entitlement", NAME_PARAM, "only the machines this entitlement can use")],
+    ("/v1/capacity/slo", "get"): [("entitlement", NAME_PARAM, "only the machines this entitlement can use")],
     ("/v1/rebalance/plan", "get"): [("entitlement", NAME_PARAM, "only this entitlement's machines")],
     ("/v1/rebalance/apply", "post"): [("entitlement", NAME_PARAM, "only this entitlement's machines")],
     ("/v1/fleet", "get"): [("by", {"type": "string", "pattern": usage.BY.pattern}, "the dimensions to sum by, "

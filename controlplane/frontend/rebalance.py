@@ -13,13 +13,13 @@ import aiohttp
 from aiohttp import web
 
 from controlplane.frontend import schema as S
-from controlplane.frontend.body import body, reply
+from controlplane.frontend.body import body, query_entitlement, reply
 from controlplane.frontend.services import Shards
 from controlplane.rebalancer.rounds import enabled, plan_round, request_moves
 from controlplane.scheduler.moves import move_id
 from controlplane.scheduler.ops import Op
 from controlplane.store import Conflict
-from controlplane.store.records import NAME, ApiError
+from controlplane.store.records import ApiError
 from controlplane.store.state import RegionState
 from controlplane.taskcontrol.session import op_json, unhealthy
 from controlplane.usage.region import RegionUsage
@@ -66,14 +66,6 @@ class Rebalance:
         self.state, self.usage, self.shards = state, usage, shards
         self._solving = asyncio.Semaphore(1)  # one plan at a time: each uses a core while it solves
 
-    def _entitlement(self, request: web.Request) -> str | None:
-        ent = request.query.get("entitlement")
-        if ent is not None and not NAME.fullmatch(ent):
-            raise ApiError("invalid", "entitlement", f"{ent[:80]!r} is not an entitlement name")
-        if ent is not None and ent not in self.state.entitlements:
-            raise ApiError("not_found", "entitlement", f"no entitlement {ent!r}")
-        return ent
-
     async def _plan(self, ent: str | None):
         try:
             importlib.import_module("controlplane.rebalancer.plan")  # OR-Tools: loaded at the first plan
@@ -89,7 +81,7 @@ class Rebalance:
             return await plan_round(self.state, self.usage, {ent} if ent else None)
 
     async def plan(self, request: web.Request) -> web.Response:
-        ent = self._entitlement(request)
+        ent = query_entitlement(request, self.state.entitlements)
         result = await self._plan(ent)
         answer = {"entitlement": ent, **result.to_json()}
         await ask_controllers(self.state, self.shards, answer["moves"])
@@ -97,7 +89,7 @@ class Rebalance:
 
     async def apply(self, request: web.Request) -> web.Response:
         """One round: the plan, and its moves requested of the jobs' shard leaders."""
-        ent = self._entitlement(request)
+        ent = query_entitlement(request, self.state.entitlements)
         result = await self._plan(ent)
         now = time.time()
         round_id = f"round-{int(now * 1000)}"

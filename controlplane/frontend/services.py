@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Awaitable, Callable, Protocol
 
 from controlplane.broker.agents import AgentService
+from controlplane.capacity.recorder import CapacityRecorder
 from controlplane.broker.relay import Relay
 from controlplane.coordination.coordinator import Coordinator
 from controlplane.frontend.forward import Forwarder
@@ -58,4 +59,5 @@ class Services:
     recorder: Recorder | None  # the usage history of the shards this process leads
     tallies: Tallies  # the machines summed for the fleet's answers
     srm: Autoscaler | None = None  # the SRM of the shards this process leads
+    capacity: CapacityRecorder | None = None  # the pool's history (opportunistic capacity's SLO)
     prometheus_url: str | None = None  # the region's Prometheus server (autoscale metrics may query it)

@@ -1,0 +1,43 @@
+"""Opportunistic capacity's SLO for Prometheus (capacity/slo.py), from the process that leads
+shard 0 (the others export nothing of it): per group (machine type/dc), the machines available
+now, the line offered for the hour under way, and the hours judged and delivered."""
+
+from __future__ import annotations
+
+import time
+from typing import Iterator
+
+from prometheus_client.core import GaugeMetricFamily, Metric
+
+from controlplane.capacity import slo
+from controlplane.capacity.recorder import CapacityRecorder
+
+
+class CapacityCollector:
+    def __init__(self, recorder: CapacityRecorder):
+        self.recorder = recorder
+
+    def collect(self) -> Iterator[Metric]:
+        r = self.recorder
+        if r.hour is None:  # not leading shard 0
+            return
+        avail = GaugeMetricFamily("twine_capacity_available_machines", "machines opportunistic work can use now "
+                                  "(free, or an opportunistic entitlement's, in no reclaim)", labels=["group"])
+        for group, f in sorted(slo.pool(r.state, time.time()).items()):
+            avail.add_metric([group], f["available"])
+        yield avail
+        offered = GaugeMetricFamily("twine_capacity_offered_machines", "the SLO's line for the hour under way: "
+                                    "machines available with 99 % probability", labels=["group"])
+        for group, n in sorted(r.offered_now.items()):
+            if n is not None:
+                offered.add_metric([group], n)
+        yield offered
+        judged = GaugeMetricFamily("twine_capacity_slo_hours_judged", "hours with an offer made for them",
+                                   labels=["group"])
+        delivered = GaugeMetricFamily("twine_capacity_slo_hours_delivered", "of those, hours whose least "
+                                      "available reached the offer", labels=["group"])
+        for group, k in sorted(r.kept.items()):
+            judged.add_metric([group], k["judged"])
+            delivered.add_metric([group], k["delivered"])
+        yield judged
+        yield delivered

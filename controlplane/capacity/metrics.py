@@ -1,15 +1,14 @@
 """Opportunistic capacity's SLO for Prometheus (capacity/slo.py), from the process that leads
 shard 0 (the others export nothing of it): per group (machine type/dc), the machines available
-now, the line offered for the hour under way, and the hours judged and delivered."""
+at the recorder's last look (a scrape makes no pass over the machines), the line offered for the
+hour under way, and the hours judged and delivered."""
 
 from __future__ import annotations
 
-import time
 from typing import Iterator
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-from controlplane.capacity import slo
 from controlplane.capacity.recorder import CapacityRecorder
 
 
@@ -23,7 +22,7 @@ class CapacityCollector:
             return
         avail = GaugeMetricFamily("twine_capacity_available_machines", "machines opportunistic work can use now "
                                   "(free, or an opportunistic entitlement's, in no reclaim)", labels=["group"])
-        for group, f in sorted(slo.pool(r.state, time.time()).items()):
+        for group, f in sorted(r.last.items()):
             avail.add_metric([group], f["available"])
         yield avail
         offered = GaugeMetricFamily("twine_capacity_offered_machines", "the SLO's line for the hour under way: "

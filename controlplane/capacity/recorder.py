@@ -19,7 +19,7 @@ from controlplane.store import Store
 from controlplane.store.state import RegionState
 
 log = logging.getLogger("twine.controld.capacity")
-SAMPLE = 10.0  # seconds between looks at the pool (--usage-sample)
+SAMPLE = 60.0  # seconds between looks at the pool (each a pass over every machine, in steps)
 LEAST = ("available",)  # figures whose hour's value is the least seen; the others keep the most
 
 
@@ -34,6 +34,7 @@ class CapacityRecorder:
         # for Prometheus (capacity/metrics.py), while this process leads shard 0: per group, the
         # line offered for the hour under way, and the hours judged and delivered so far
         self.offered_now: dict[str, int | None] = {}
+        self.last: dict[str, dict[str, int]] = {}  # the pool at the last look
         self.kept: dict[str, dict] = {}
 
     def key(self, hour: int) -> str:
@@ -51,10 +52,10 @@ class CapacityRecorder:
     async def tick(self, now: float | None = None) -> None:
         now = self.clock() if now is None else now
         if not self.leads():
-            self.hour, self.current = None, {}
+            self.hour, self.current, self.last = None, {}, {}
             return
         hour = int(now // 3600)
-        figures = slo.pool(self.state, now)
+        figures = self.last = await slo.pool_in_steps(self.state, now)
         if self.hour is not None and hour > self.hour:
             await self.close(self.hour, figures)
         if self.hour is None:  # leading shard 0 from now on: what etcd says was offered and kept

@@ -29,6 +29,7 @@ SRM's sizes follow, not a growth the SRM foresees and the pool has not seen.
 
 from __future__ import annotations
 
+import asyncio
 import math
 from dataclasses import dataclass, field
 from typing import Mapping
@@ -36,21 +37,21 @@ from typing import Mapping
 HOURS_KEPT = 8 * 7 * 24  # hourly records kept (8 weeks, as usage's rollups)
 LEADS = 24  # hours ahead the forecast covers
 LEVELS = (0.99, 0.999)  # the probabilities of the lines; the SLO offered is the first
+FIGURES = ("machines", "guaranteed", "opportunistic", "free", "reclaiming", "available")
 
 
 def group_of(labels: Mapping[str, str]) -> str:
     return f"{labels.get('machine_type', '')}/{labels.get('dc', '')}"
 
 
-def pool(state, now: float) -> dict[str, dict[str, int]]:
-    """The region's machines now, per group: machines (healthy, in no maintenance), guaranteed,
-    opportunistic, free, reclaiming (in a reclaim still open), available (free + opportunistic,
-    not reclaiming)."""
+def pool(state, now: float, machines=None) -> dict[str, dict[str, int]]:
+    """The region's machines now (or those given), per group: machines (healthy, in no
+    maintenance), guaranteed, opportunistic, free, reclaiming (in a reclaim still open), available
+    (free + opportunistic, not reclaiming)."""
     kinds = {name: e.kind for name, e in state.entitlements.items()}
     out: dict[str, dict[str, int]] = {}
-    for m in state.machines.values():
-        g = out.setdefault(group_of(m.labels), {"machines": 0, "guaranteed": 0, "opportunistic": 0, "free": 0,
-                                               "reclaiming": 0, "available": 0})
+    for m in state.machines.values() if machines is None else machines:
+        g = out.setdefault(group_of(m.labels), dict.fromkeys(FIGURES, 0))
         if not m.healthy or state.maintenance.of(m.id, now) is not None:
             continue
         g["machines"] += 1
@@ -61,6 +62,20 @@ def pool(state, now: float) -> dict[str, dict[str, int]]:
         elif opportunistic or m.entitlement is None:
             g["available"] += 1
     return out
+
+
+async def pool_in_steps(state, now: float, step: int = 20_000) -> dict[str, dict[str, int]]:
+    """pool(), giving the event loop back every `step` machines (a region of a million machines
+    is a second's pass)."""
+    machines = list(state.machines.values())
+    total: dict[str, dict[str, int]] = {}
+    for i in range(0, len(machines), step):
+        for group, figures in pool(state, now, machines[i:i + step]).items():
+            t = total.setdefault(group, dict.fromkeys(FIGURES, 0))
+            for k, v in figures.items():
+                t[k] += v
+        await asyncio.sleep(0)
+    return total
 
 
 @dataclass

@@ -129,7 +129,7 @@ class ControlDaemon:
                                      s.rebalance_interval) if "scheduler" in s.roles else None
         self.registry.register(UsageCollector(self.state, self.usage, self.recorder, self.tallies))
         # the pool's history (opportunistic capacity's SLO): kept by the leader of shard 0, read by any replica
-        self.capacity = CapacityRecorder(self.state, store, lambda: 0 in self.shards.schedulers, s.usage_sample)
+        self.capacity = CapacityRecorder(self.state, store, lambda: 0 in self.shards.schedulers)
         self.registry.register(CapacityCollector(self.capacity))
         self.stalls = Stalls(self.registry, warn_after=s.lease_ttl / 3)
         self.coordinator: Coordinator | None = None

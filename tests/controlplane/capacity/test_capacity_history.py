@@ -54,6 +54,7 @@ def test_each_hour_keeps_its_least_available_and_the_next_leader_judges_the_offe
         await state.wait_for((await store.range(keys.root))[1])
         assert slo.pool(state, T0)[G] == {"machines": 3, "guaranteed": 1, "opportunistic": 1, "free": 1,
                                           "reclaiming": 0, "available": 2}
+        assert await slo.pool_in_steps(state, T0, step=1) == slo.pool(state, T0)  # a machine a step, the same sums
         await rec.tick(T0 + 10)
         # half an hour in, web takes the free machine; an hour on, the hour's record says the least
         await store.commit([], {keys.machine("m3"): machine("m3", "web").to_json()})
@@ -98,9 +99,9 @@ def test_each_hour_keeps_its_least_available_and_the_next_leader_judges_the_offe
 def test_the_forecast_and_the_slo_through_the_api_and_twinectl(tmp_path, etcd_server, capsys):
     from controlplane.cli import twinectl
 
-    # its own recorder's first look at the pool a minute on, past this test: the history is the one seeded here
-    with daemon_with_sim_agents(tmp_path, etcd_server.port, ("h1", "h2", "h3"), heartbeat_timeout=5.0,
-                                extra=("--usage-sample", "60")) as (c, _):
+    # (its own recorder's first look at the pool is a minute on, past this test: the history is the
+    # one seeded here)
+    with daemon_with_sim_agents(tmp_path, etcd_server.port, ("h1", "h2", "h3"), heartbeat_timeout=5.0) as (c, _):
         def ctl(*argv):
             return twinectl.main(["--url", c.url, "--token", API_TOKEN, *argv])
 

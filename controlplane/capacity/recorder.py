@@ -9,12 +9,12 @@ older than 8 weeks go then."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from typing import Callable
 
 from controlplane.capacity import slo
+from controlplane.scheduler.periodic import every
 from controlplane.store import Store
 from controlplane.store.state import RegionState
 
@@ -30,7 +30,7 @@ class CapacityRecorder:
         self.prefix = f"/twine-usage/{state.keys.region}/capacity/"
         self.hour: int | None = None  # the hour being sampled (None: not leading shard 0)
         self.current: dict[str, dict[str, int]] = {}  # its figures so far
-        self.counters = {"samples": 0, "hours_written": 0, "write_failures": 0}
+        self.counters = {"samples": 0, "hours_written": 0, "conflicts": 0, "errors": 0}
         # for Prometheus (capacity/metrics.py), while this process leads shard 0: per group, the
         # line offered for the hour under way, and the hours judged and delivered so far
         self.offered_now: dict[str, int | None] = {}
@@ -41,13 +41,7 @@ class CapacityRecorder:
         return f"{self.prefix}{hour:08d}"
 
     async def run(self) -> None:
-        while True:
-            await asyncio.sleep(self.sample)
-            try:
-                await self.tick()
-            except Exception as e:  # etcd away for longer than its retries: the next tick tries again
-                self.counters["write_failures"] += 1
-                log.warning("capacity history: %s: %s", type(e).__name__, e)
+        await every(self.sample, self.state, self.tick, self.counters, log, "capacity history")
 
     async def tick(self, now: float | None = None) -> None:
         now = self.clock() if now is None else now

@@ -114,6 +114,11 @@ def _os_reason(e: OSError) -> str:
     return e.strerror or str(e) or type(e).__name__
 
 
+def entitlement_query(args) -> dict[str, str] | None:
+    """`--entitlement E` as the query parameter the list and plan answers filter by."""
+    return {"entitlement": args.entitlement} if getattr(args, "entitlement", None) else None
+
+
 def split_handle(handle: str) -> str:
     """`ent/name` -> the URL path `ent/name` (each part quoted). Bad handles are exit 2."""
     ent, sep, name = handle.partition("/")

@@ -5,7 +5,7 @@ the region kept what it offered (slo)."""
 
 from __future__ import annotations
 
-from controlplane.cli.api import EXIT_OK, Api
+from controlplane.cli.api import EXIT_OK, Api, entitlement_query
 from controlplane.cli.output import Out
 from controlplane.cli.render import table, when
 
@@ -77,12 +77,12 @@ def slo_text(body: dict) -> str:
 
 
 async def forecast(api: Api, args, out: Out) -> int:
-    params = {"entitlement": args.entitlement} if args.entitlement else None
+    params = entitlement_query(args)
     out(await api.call("GET", "/v1/capacity/forecast", params=params), forecast_text)
     return EXIT_OK
 
 
 async def slo(api: Api, args, out: Out) -> int:
-    params = {"entitlement": args.entitlement} if args.entitlement else None
+    params = entitlement_query(args)
     out(await api.call("GET", "/v1/capacity/slo", params=params), slo_text)
     return EXIT_OK

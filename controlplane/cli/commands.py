@@ -9,7 +9,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from controlplane.cli import autoscale, capacity, rebalance, render, rollout, usage
-from controlplane.cli.api import EXIT_INPUT, EXIT_OK, Api, CliError, quoted, split_handle
+from controlplane.cli.api import EXIT_INPUT, EXIT_OK, Api, CliError, entitlement_query, quoted, split_handle
 from controlplane.cli.output import Out
 from controlplane.cli.values import nullable
 from controlplane.cli.wait import rollout_progress, show_or_wait, stop_progress
@@ -114,7 +114,7 @@ async def job_update(api: Api, args, out: Out) -> int:
 
 
 async def job_list(api: Api, args, out: Out) -> int:
-    params = {"entitlement": args.entitlement} if args.entitlement else None
+    params = entitlement_query(args)
     out(await api.call("GET", "/v1/jobs", params=params), render.job_list)
     return EXIT_OK
 

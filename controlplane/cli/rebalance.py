@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from controlplane.cli.api import EXIT_OK, Api
+from controlplane.cli.api import EXIT_OK, Api, entitlement_query
 from controlplane.cli.output import Out
 from controlplane.cli.render import table
 
@@ -60,13 +60,13 @@ def status_text(body: dict) -> str:
 
 
 async def rebalance_plan(api: Api, args, out: Out) -> int:
-    params = {"entitlement": args.entitlement} if args.entitlement else None
+    params = entitlement_query(args)
     out(await api.call("GET", "/v1/rebalance/plan", params=params), plan_text)
     return EXIT_OK
 
 
 async def rebalance_apply(api: Api, args, out: Out) -> int:
-    params = {"entitlement": args.entitlement} if args.entitlement else None
+    params = entitlement_query(args)
     began = time.time()
     body = await api.call("POST", "/v1/rebalance/apply", params=params)
     out(body, plan_text)

@@ -68,12 +68,14 @@ class Notice:
     phase: str = "scheduled"  # scheduled (before the deadline), in progress (its tasks are stopped)
     end: float | None = None  # when the machines are back
     reason: str = ""
+    kind: str = "maintenance"  # or reclaim: the machines leave the job's opportunistic entitlement
 
     @classmethod
     def from_json(cls, d: dict) -> Notice:
         return cls(str(d.get("id")), tuple(d.get("machines", ())), float(d.get("start", 0)),
                    float(d.get("deadline", 0)), d.get("duration"), tuple(d.get("tasks", ())), d,
-                   str(d.get("phase", "scheduled")), d.get("end"), str(d.get("reason", "")))
+                   str(d.get("phase", "scheduled")), d.get("end"), str(d.get("reason", "")),
+                   str(d.get("kind", "maintenance")))
 
 
 @dataclass(frozen=True)

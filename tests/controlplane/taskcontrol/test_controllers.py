@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 
+from controlplane.taskcontrol.controllers.batch import Batch
 from controlplane.taskcontrol.controllers.leader_last import LeaderLast
 from controlplane.taskcontrol.controllers.replica_aware import ReplicaAware
 
@@ -161,3 +162,43 @@ def test_replica_aware_max_down_two_gives_bigger_batches():
 def test_replica_aware_tasks_in_no_shard_always_fit():
     d = Driver(ReplicaAware(FIGURE_2))
     assert sorted(indices(d.ask([0, 2, 7, 8]))) == [0, 7, 8]
+
+
+# -- batch (opportunistic work, issue #37) -------------------------------------------------------
+
+
+def reclaim_notice(*indices: int) -> dict:
+    return {"id": "rc1", "kind": "reclaim", "machines": [f"m{i}" for i in indices], "start": 0.0, "deadline": 120.0,
+            "duration": None, "phase": "scheduled", "reason": "for web", "tasks": list(indices)}
+
+
+def test_batch_acks_a_reclaim_once_the_task_had_its_notice_for_the_checkpoint_time():
+    now = [100.0]
+    c = Batch(checkpoint=5.0, clock=lambda: now[0])
+    seq = iter(range(1, 100))
+
+    def ask(ops: list[dict], notices: list[dict], completed: tuple[int, ...] = ()) -> list[str]:
+        return c.process({"jobHandle": H, "request": ops, "advanceNotices": notices, "allUnhealthyTasks": [],
+                          "completed": [{**op(i, "reclaim"), "outcome": "done"} for i in completed],
+                          "sequenceNumber": next(seq)})["ack"]
+
+    assert ask([op(1, "reclaim")], []) == []  # no notice heard of yet: nothing to save from
+    assert ask([op(1, "reclaim"), op(2, "reclaim")], [reclaim_notice(1, 2)]) == []  # saving its work
+    now[0] += 4.9
+    assert ask([op(1, "reclaim"), op(2, "reclaim")], [reclaim_notice(1, 2)]) == []
+    now[0] += 0.1
+    assert sorted(ask([op(1, "reclaim"), op(2, "reclaim")], [reclaim_notice(1, 2)])) == ["reclaim/1", "reclaim/2"]
+    assert c.handed_back == [1, 2]
+    # a maintenance notice is no reclaim; other operations go one at a time, none while a reclaim
+    # acked is still under way
+    maint = {**reclaim_notice(3), "id": "mt1"}
+    del maint["kind"]
+    assert ask([op(3, "reclaim"), op(4), op(5)], [maint]) == []
+    assert ask([op(3, "reclaim"), op(4), op(5)], [maint], completed=(1, 2)) == ["restart/4"]
+
+
+def test_batch_with_no_checkpoint_acks_at_the_first_call_with_the_notice():
+    c = Batch()
+    body = {"jobHandle": H, "request": [op(7, "reclaim")], "completed": [], "advanceNotices": [reclaim_notice(7)],
+            "allUnhealthyTasks": [], "sequenceNumber": 1}
+    assert c.process(body)["ack"] == ["reclaim/7"]

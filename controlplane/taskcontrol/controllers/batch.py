@@ -19,6 +19,8 @@ from typing import Callable
 
 from controlplane.taskcontrol.sdk import Operation, Request, TaskController, run, token_file
 
+log = logging.getLogger("twine.taskcontrol.batch")
+
 
 class Batch(TaskController):
     def __init__(self, checkpoint: float = 0.0, clock: Callable[[], float] = time.monotonic):
@@ -34,6 +36,8 @@ class Batch(TaskController):
             self.noticed.setdefault(i, now)
         acks = [op for op in request.ops if op.kind == "reclaim" and op.index in covered
                 and now - self.noticed[op.index] >= self.checkpoint]
+        for op in acks:
+            log.info("reclaim of task %d acked, %.1f s after its notice", op.index, now - self.noticed[op.index])
         self.handed_back += [op.index for op in acks]
         if not self.in_flight and not acks:
             other = [op for op in request.ops if op.kind != "reclaim"]

@@ -64,9 +64,9 @@ def pool(state, now: float, machines=None) -> dict[str, dict[str, int]]:
     return out
 
 
-async def pool_in_steps(state, now: float, step: int = 20_000) -> dict[str, dict[str, int]]:
+async def pool_in_steps(state, now: float, step: int = 5_000) -> dict[str, dict[str, int]]:
     """pool(), giving the event loop back every `step` machines (a region of a million machines
-    is a second's pass)."""
+    is a second or two of passes, each step a few milliseconds)."""
     machines = list(state.machines.values())
     total: dict[str, dict[str, int]] = {}
     for i in range(0, len(machines), step):

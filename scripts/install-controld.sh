@@ -176,7 +176,8 @@ if [ -e "$etcd_pki/ca-key.pem" ] || [ ! -e "$etcd_pki/ca.pem" ]; then  # not on 
   "$py" -m controlplane.security.pki "$etcd_pki" --server etcd --ip 127.0.0.1 --client twine-controld \
     --client root || die "could not make etcd's certificates in $etcd_pki"
 fi
-members=${endpoints:+127.0.0.1:2379,$endpoints}${endpoints:-${members:-127.0.0.1:2379}}
+# --etcd-endpoints: this host's member and the others given; else what the last run kept (or this one alone)
+if [ -n "$endpoints" ]; then members=127.0.0.1:2379,$endpoints; else members=${members:-127.0.0.1:2379}; fi
 cat > "$member_state" <<STATE
 # Written by install-controld.sh: this host in the region's etcd (re-runs keep it).
 kept_name=$name

@@ -199,6 +199,8 @@ def grow(region) -> None:
         region.control.append(vm)
     others = ",".join(f"{guest_ip(vm)}:2379" for vm in ("m1", "m2"))
     region.ssh("control", f"{INSTALL} --etcd-endpoints {others}", timeout=900)
+    conf = region.ssh("control", "cat /etc/twine/controld.toml")
+    assert f'etcd = "127.0.0.1:2379,{others}"' in conf, conf  # (a re-run once wrote the others twice)
     urls = [f"https://{guest_ip(vm)}:7080" for vm in HA]
     for vm in MACHINES:
         conf = tomllib.loads(region.ssh(vm, "cat /etc/twine/agent.toml"))

@@ -78,6 +78,8 @@ class Region:
             "TWINE_LIBVIRT_DRIVER": os.environ.get("TWINE_LIBVIRT_DRIVER") or ("kvm" if kvm_usable() else "qemu"),
         }
         self.ssh_config = REGION / "ssh_config"
+        self.forwarders: dict[int, subprocess.Popen] = {}  # host port -> this region's own forwarder (api_url)
+        self.forwarding = threading.Lock()
         self.run_id = format(int(time.time()) % 0xFFFFF, "x")  # a kept region keeps entitlements: fresh names
         self.timings: dict[str, float] = {}
 
@@ -107,11 +109,36 @@ class Region:
                      "--", "sudo", "bash", "-c", shlex.quote(command), timeout=timeout, check=check)
         return r.stdout
 
+    def api_url(self, vm: str) -> str:
+        """The URL of the controld on `vm` from this host: the port the Vagrantfile forwards to its
+        7080 (API_PORT + N for mN). Vagrant forwards it with an `ssh -L` that ends with the guest's
+        sshd: after a reboot from inside the guest nothing forwards it any more (fresh-clone runs E
+        and I: "connection refused" at m1's port for the HA test's writes, after test_failures had
+        rebooted m1). Then a forwarder of this region's own (ssh -L through the same SSH settings)
+        takes the port; it ends with the region's namespace, or when its guest goes (ServerAlive)
+        and is started again at the next call."""
+        port = API_PORT + (0 if vm == "control" else int(vm[1:]))
+        with self.forwarding:
+            if self.run("bash", "-c", f"exec 3<>/dev/tcp/127.0.0.1/{port}", check=False).returncode != 0:
+                old = self.forwarders.pop(port, None)
+                if old is not None and old.poll() is None:
+                    os.killpg(old.pid, 9)
+                    old.wait()
+                self.forwarders[port] = subprocess.Popen(
+                    [str(VMENV), "exec", "ssh", "-F", str(self.ssh_config), "-N", "-o", "BatchMode=yes",
+                     "-o", "ExitOnForwardFailure=yes", "-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3",
+                     "-L", f"127.0.0.1:{port}:127.0.0.1:7080", vm],
+                    cwd=VAGRANT, env=self.env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL, start_new_session=True)
+                self.wait(lambda: self.run("bash", "-c", f"exec 3<>/dev/tcp/127.0.0.1/{port}",
+                                           check=False).returncode == 0, 60, f"{vm}'s API port forwarded", every=0.5)
+                log(f"{vm}'s API port {port} forwarded anew (Vagrant's forward was gone)")
+        return f"https://127.0.0.1:{port}"
+
     def ctl(self, *args: str, check: bool = True, timeout: float = 1200, via: str = "control"):
         """twinectl on this host, as an operator runs it, at the controld of the control host `via`;
         --json answers parsed."""
-        port = API_PORT + (0 if via == "control" else int(via[1:]))  # the Vagrantfile's forwarded ports
-        env = {"TWINE_URL": f"https://127.0.0.1:{port}", "TWINE_CA": str(REGION / "pki" / "ca.pem"),
+        env = {"TWINE_URL": self.api_url(via), "TWINE_CA": str(REGION / "pki" / "ca.pem"),
                "TWINE_TOKEN_FILE": str(REGION / "api-token")}
         r = self.run(str(REPO / ".venv/bin/twinectl"), "--json", *args, env=env, timeout=timeout, check=check)
         if not check:
@@ -233,6 +260,10 @@ class Region:
 
     def down(self) -> None:
         t0 = time.monotonic()
+        for p in self.forwarders.values():
+            if p.poll() is None:
+                os.killpg(p.pid, 9)
+                p.wait()
         try:
             self.vagrant("destroy", "-f", timeout=900)
         finally:

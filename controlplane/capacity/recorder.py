@@ -9,6 +9,7 @@ older than 8 weeks go then."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from typing import Callable
@@ -67,11 +68,10 @@ class CapacityRecorder:
         history with this hour in it and the pool as it is now), and the records past 8 weeks gone."""
         h = await self.history()
         h.put(hour, {"groups": self.current})
-        offered = slo.offer(slo.forecast(h, now_pool, hour))
-        await self.store.commit([], {self.key(hour): {"groups": self.current, "offered": offered}},
-                                [(self.prefix, self.key(hour - slo.HOURS_KEPT + 1))])
+        h.offered[hour] = slo.offer(await asyncio.to_thread(slo.forecast, h, now_pool, hour))
+        await self.store.commit([], {self.key(hour): h.record(hour)},
+                                [(self.prefix, self.key(hour - slo.HOURS_KEPT + 1))])  # and past 8 weeks, gone
         self.counters["hours_written"] += 1
-        h.offered[hour] = offered
         self._judge(h, hour + 1)
 
     def _judge(self, h: slo.History, hour: int) -> None:

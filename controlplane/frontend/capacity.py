@@ -5,7 +5,9 @@ region kept what it offered (`slo`), from the pool's history in etcd (capacity/s
 
 from __future__ import annotations
 
+import asyncio
 import time
+from typing import Callable
 
 from aiohttp import web
 
@@ -70,15 +72,15 @@ class CapacityView:
         await self.state.write([self.state.guard(key)], {key: {"paused": paused}})
         return reply(self._status())
 
-    def _groups(self, request: web.Request) -> set[str] | None:
-        """The groups an entitlement's machines come from (?entitlement=), or every group."""
+    def _wanted(self, request: web.Request) -> Callable[[str], bool]:
+        """The groups an entitlement's machines can come from (?entitlement=: its machine type, in
+        its pinned dc if it has one), or every group."""
         name = query_entitlement(request, self.state.entitlements)
         if name is None:
-            return None
+            return lambda group: True
         ent = self.state.entitlements[name]
-        dcs = {m.labels.get("dc", "") for m in self.state.machines.values()}
-        pinned = ent.spread.pinned_dc
-        return {f"{ent.machine_type}/{dc}" for dc in dcs if pinned is None or dc == pinned}
+        return lambda group: (slo.of_group(group)[0] == ent.machine_type
+                              and ent.spread.pinned_dc in (None, slo.of_group(group)[1]))
 
     async def _history(self) -> slo.History:
         if self.history is None:
@@ -86,19 +88,20 @@ class CapacityView:
         return await self.history.history()
 
     async def forecast(self, request: web.Request) -> web.Response:
-        groups = self._groups(request)
+        wanted = self._wanted(request)
         now = time.time()
         h, pool = await self._history(), slo.pool(self.state, now)
-        fc = slo.forecast(h, pool, int(now // 3600), groups)
+        groups = {g for g in set(pool) | h.groups() if wanted(g)}
+        fc = await asyncio.to_thread(slo.forecast, h, pool, int(now // 3600), groups)
         return reply({"levels": list(slo.LEVELS), "offered_level": slo.LEVELS[0], "history_hours": len(h.hours),
                       "groups": [{"group": g, "now": pool.get(g, {}), "hours": rows} for g, rows in fc.items()]})
 
     async def service_level(self, request: web.Request) -> web.Response:
-        groups = self._groups(request)
+        wanted = self._wanted(request)
         now = time.time()
         h = await self._history()
         since = min(h.hours, default=int(now // 3600)) * 3600
-        got = slo.delivered(h, groups)
+        got = slo.delivered(h, {g for g in h.groups() if wanted(g)})
         return reply({"objective": slo.LEVELS[0], "since": since,
                       "groups": [{"group": g, **v} for g, v in got.items()],
                       "reclaims": reclaims_by_cause(self.state.events.values(), since)})

@@ -1,6 +1,7 @@
 """The periodic work of a shard's leader beside its scheduling passes (its profile rollouts, its
-reclaims, and for shard 0 the pool's capacity history): a step every `interval` seconds while the region's view is fresh; a step that fails is
-counted (a conflict: someone wrote first; anything else: logged) and the next one tries again."""
+reclaims, and for shard 0 the pool's capacity history): a step every `interval` seconds while the
+region's view is fresh; a step that fails is counted (a conflict: someone wrote first; anything
+else: logged) and the next one tries again."""
 
 from __future__ import annotations
 

@@ -26,14 +26,15 @@ class Batch(TaskController):
     def __init__(self, checkpoint: float = 0.0, clock: Callable[[], float] = time.monotonic):
         super().__init__()
         self.checkpoint, self.clock = checkpoint, clock
-        self.noticed: dict[int, float] = {}  # task index -> when this controller first saw it in a notice
+        self.noticed: dict[int, float] = {}  # task index under a reclaim notice -> when this controller first saw it
         self.handed_back: list[int] = []  # tasks whose reclaim it acked, in order
 
     def decide(self, request: Request) -> list[Operation]:
         now = self.clock()
         covered = {i for n in request.notices if n.kind == "reclaim" for i in n.tasks}
-        for i in covered:
-            self.noticed.setdefault(i, now)
+        # a task no longer under notice is forgotten: placed again and reclaimed again, it gets
+        # its checkpoint time again
+        self.noticed = {i: self.noticed.get(i, now) for i in covered}
         acks = [op for op in request.ops if op.kind == "reclaim" and op.index in covered
                 and now - self.noticed[op.index] >= self.checkpoint]
         for op in acks:

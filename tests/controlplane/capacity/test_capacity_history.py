@@ -60,6 +60,8 @@ def test_each_hour_keeps_its_least_available_and_the_next_leader_judges_the_offe
         await store.commit([], {keys.machine("m3"): machine("m3", "web").to_json()})
         await state.wait_for((await store.range(keys.root))[1])
         await rec.tick(T0 + 1800)
+        old = rec.key(HOUR - slo.HOURS_KEPT)  # a record of 8 weeks before: gone when the hour is kept
+        await store.commit([], {old: {"groups": {G: {"available": 9, "machines": 9}}, "offered": {}}})
         await rec.tick(T0 + 3610)
         [kept] = (await store.range(rec.prefix))[0]
         assert kept.key == rec.key(HOUR)

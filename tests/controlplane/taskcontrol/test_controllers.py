@@ -202,3 +202,23 @@ def test_batch_with_no_checkpoint_acks_at_the_first_call_with_the_notice():
     body = {"jobHandle": H, "request": [op(7, "reclaim")], "completed": [], "advanceNotices": [reclaim_notice(7)],
             "allUnhealthyTasks": [], "sequenceNumber": 1}
     assert c.process(body)["ack"] == ["reclaim/7"]
+
+
+def test_batch_gives_a_task_reclaimed_again_its_checkpoint_again():
+    now = [0.0]
+    c = Batch(checkpoint=5.0, clock=lambda: now[0])
+    seq = iter(range(1, 100))
+
+    def ask(notices: list[dict], completed: tuple[int, ...] = ()) -> list[str]:
+        return c.process({"jobHandle": H, "request": [op(1, "reclaim")] if notices else [], "advanceNotices": notices,
+                          "allUnhealthyTasks": [], "sequenceNumber": next(seq),
+                          "completed": [{**op(i, "reclaim"), "outcome": "done"} for i in completed]})["ack"]
+
+    ask([reclaim_notice(1)])
+    now[0] = 5.0
+    assert ask([reclaim_notice(1)]) == ["reclaim/1"]
+    ask([], completed=(1,))  # handed back; placed again elsewhere, no notice for it
+    now[0] = 100.0
+    assert ask([reclaim_notice(1)]) == []  # reclaimed again: its checkpoint again, not the old notice's time
+    now[0] = 105.0
+    assert ask([reclaim_notice(1)]) == ["reclaim/1"]

@@ -158,7 +158,7 @@ PATHS = {
                                             "replicas ask each other for it)", "the tasks' figures",
                                             "TaskFigures")},
     "/v1/openapi.json": {"get": {"summary": "this document", "security": [], "responses": {"200": {"description": "OpenAPI"}}}},
-    "/healthz": {"get": {"summary": "200 while etcd answers, else 503 saying why (no token)", "security": [],
+    "/healthz": {"get": {"summary": "200 when etcd answers now (asked on each call), else 503 saying why (no token)", "security": [],
                          "responses": {"200": {"description": "serving", **_json(_ref("Health"))},
                                        "503": {"description": "etcd unreachable", **_json(_ref("Health"))}}}},
     "/v1/metrics": {"get": {"summary": "Prometheus metrics (text)", "security": [{"apiToken": []}],

@@ -47,6 +47,8 @@ PROBE_INTERVAL = 1.0  # seconds between looks while unreachable
 WRITE_TIMEOUT = 3.0  # seconds a transaction may take (Store.write_timeout)
 PICK_TIMEOUT = 1.0  # seconds the other members are given to answer, when the store moves
 RANGE_PAGE = 5000  # keys per range read
+PROBE_KEY = b"/twine-probe"
+CHECK_TIMEOUT = 2.0  # seconds a member is given to answer `Store.check` (kube-apiserver's etcd check: 2 s too)
 
 
 @aetcd.client._handle_errors
@@ -63,6 +65,14 @@ async def _txn(c: aetcd.Client, request: aetcd.rpc.TxnRequest, timeout: float):
     through several layers of helpers, a cost that showed per job in the scheduler's commits."""
     await c.connect()
     return await c.kvstub.Txn(request, timeout=timeout, metadata=c.metadata)
+
+
+@aetcd.client._handle_errors
+async def _probe(c: aetcd.Client, timeout: float):
+    """A linearizable read of one key (answered only by a member that has a leader)."""
+    await c.connect()
+    req = aetcd.rpc.RangeRequest(key=PROBE_KEY, limit=1)
+    return await c.kvstub.Range(req, timeout=timeout, metadata=c.metadata)
 
 
 async def _status(c: aetcd.Client, timeout: float) -> int:
@@ -310,9 +320,22 @@ class Store:
         while self.unavailable:
             await asyncio.sleep(PROBE_INTERVAL)
             try:
-                await self._call(lambda c: c.get(b"/twine-probe"))  # a linearizable read: a member with a leader
-            except Exception:  # noqa: BLE001 - `unavailable` says why
-                pass
+                await self.check()
+            except Exception:  # noqa: BLE001 - `unavailable` says why; the loop must not end on a surprise
+                log.exception("probing etcd")
+
+    async def check(self) -> str:
+        """Ask etcd now: "" when a member with a leader answers (moving on to the others as any
+        call does), else why none did (and `unavailable` says so too). /healthz answers with this,
+        not with what the last call happened to see: a daemon whose etcd died a moment ago has not
+        necessarily noticed yet (its watch ends when it next reads the socket)."""
+        try:
+            await self._call(lambda c: _probe(c, CHECK_TIMEOUT))
+        except Unavailable as e:
+            return str(e)
+        except aetcd.exceptions.ClientError as e:  # it answered, with an error (a permission, say)
+            return f"etcd at {self.endpoint}: {e}"
+        return ""
 
     async def _call(self, op: Callable[[aetcd.Client], Awaitable[T]], retry_timeouts: bool = True) -> T:
         """op on the endpoint in use; on a connection failure, on the next ones, one round."""

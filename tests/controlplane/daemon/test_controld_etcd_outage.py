@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import threading
 import time
 import urllib.error
@@ -105,4 +106,31 @@ def test_etcd_down_for_30_s_the_api_says_so_and_everything_recovers_by_itself(tm
         if beats is not None:
             beats.done.set()
             beats.join(5)
+        c.close()
+
+
+def test_healthz_asks_etcd_so_a_hung_etcd_is_reported_at_once(tmp_path, own_etcd):
+    """An etcd stopped with SIGSTOP resets no connection: the daemon's watch and its calls notice
+    nothing until gRPC's keepalive gives up (about 15 s). /healthz must not answer 200 meanwhile
+    (it did: it said what the last call had seen, and a fresh-clone run met a 200 just after etcd
+    was stopped, before the daemon had read the closed socket)."""
+    c = Controld(tmp_path, own_etcd.port).start()
+    try:
+        assert get(c, "/healthz", token=None)[0] == 200
+        os.kill(own_etcd.pid, signal.SIGSTOP)
+        try:
+            t0 = time.monotonic()
+            status, body, _ = get(c, "/healthz", token=None)
+            took = time.monotonic() - t0
+            assert status == 503 and body["error"] == "unavailable", (status, body)
+            assert body["why"].startswith(f"etcd unreachable at 127.0.0.1:{own_etcd.port}: "), body
+            # the member is given CHECK_TIMEOUT (2 s) to answer, not the store's 10 s for a read
+            assert took < 5, f"/healthz took {took:.1f} s"
+        finally:
+            os.kill(own_etcd.pid, signal.SIGCONT)
+        back_at = time.monotonic()
+        while get(c, "/healthz", token=None)[0] != 200:
+            assert time.monotonic() - back_at < 10, c.log.read_text()[-3000:]
+            time.sleep(0.1)
+    finally:
         c.close()

@@ -73,7 +73,8 @@ from controlplane.scheduler.service import Scheduler  # noqa: E402
 from controlplane.daemon.stalls import FULL_EVERY, tune_collector  # noqa: E402
 from controlplane.store.state import RegionState  # noqa: E402
 from controlplane.store import Conflict, Revision, Versioned  # noqa: E402
-from controlplane.store.etcd import Change, encode  # noqa: E402
+from controlplane.store.codec import encode  # noqa: E402
+from controlplane.store.etcd import Change  # noqa: E402
 from controlplane.store.keys import Keys  # noqa: E402
 
 TYPES = {"skylake": (36, 65536), "cooperlake": (48, 131072), "milan": (96, 393216)}

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from controlplane.broker.pool import back_to_pool
 from controlplane.capacity.index import heir_of
 from controlplane.store import Conflict, Versioned
-from controlplane.store.etcd import encode
+from controlplane.store.codec import encode
 from controlplane.store.keys import Keys
 from controlplane.store.records import Endpoint, JobRec, TaskRec
 from controlplane.store.state import RegionState

@@ -26,8 +26,8 @@ from controlplane.opsplanner.maintenance import Calendar
 from controlplane.rollouts.record import doc_name, machine_doc, stopping
 from controlplane.store.records import ON_MACHINE, EntitlementRec, EventRec, JobRec, MachineRec, TaskRec
 from controlplane.security.sealing import Sealer
-from controlplane.store import Index, Store, Versioned
-from controlplane.store.etcd import Change, Skipped, decode
+from controlplane.store import Change, Index, Store, Versioned
+from controlplane.store.codec import Skipped, decode
 from controlplane.store.keys import Keys
 from controlplane.store.wakeups import Wakeups
 

@@ -13,7 +13,7 @@ from controlplane.health.check import NO_HEARTBEAT, EXAMINE_SLICE, OWNERS_SLICE,
 from controlplane.store.records import MachineRec
 from controlplane.store.state import RegionState
 from controlplane.store import Store
-from controlplane.store.etcd import encode
+from controlplane.store.codec import encode
 from controlplane.store.keys import Keys
 
 N = 2000

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from controlplane.store.records import MachineRec, TaskRec
-from controlplane.store.etcd import decode, encode
+from controlplane.store.codec import decode, encode
 
 TASK = TaskRec("ent/web", 3, 2, {"image": "nginx", "cpus": 0.5, "memory_mb": 256, "env": {"Z": "1", "A": "é"}},
                "m1", "running", "placed", True, 1.7e9)

@@ -82,7 +82,7 @@ def test_a_tombstone_written_before_it_carried_its_time_is_read_as_made_at_0():
 def test_task_and_endpoint_records_encode_as_their_json_dicts_do():
     """The scheduler puts task and discovery records as they are and the store encodes them: the
     bytes must be those of their to_json() (what etcd held before, and what RegionState decodes)."""
-    from controlplane.store.etcd import encode
+    from controlplane.store.codec import encode
 
     task = TaskRec("web/api", 7, 3, {"image": "busybox", "cpus": 0.5, "memory_mb": 256, "env": {"Z": "1", "A": "2"},
                                      "secret_env": {"K": "sealed:v1:abc"}, "ports": [{"name": "http", "port": 80}]},

@@ -13,7 +13,7 @@ from controlplane.allocator import allocate
 from controlplane.allocator.errors import AllocationError
 from controlplane.store.records import EntitlementRec, EventRec, MachineRec, Spread, TaskRec
 from controlplane.store.state import RegionState, decoded
-from controlplane.store.etcd import encode
+from controlplane.store.codec import encode
 from controlplane.store.keys import Keys
 
 from tests.controlplane.allocator.builders import job

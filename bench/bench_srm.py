@@ -74,7 +74,8 @@ MEASURE_DELAY = 30.0  # seconds between the load and its measurement reaching th
 STARTUP = 60.0  # seconds from a task asked for to a task serving
 SLOTS = 4  # tasks (of 1 cpu) a machine holds
 TARGET = 0.6
-SAMPLE = 10.0  # the daemon's --usage-sample (its stale_after: 2 x STEP + SAMPLE)
+SAMPLE = 10.0  # the daemon's --usage-sample
+STALE_AFTER = 2 * STEP + SAMPLE  # the daemon's: a reading older than this is no reading
 WEEK = 7 * 24 * 60
 T0 = 2 * WEEK * 60  # the measured week's start on the clock the history keeps (a Monday, 00:00)
 POLICY = Autoscale(min=2, max=1000, target_cpu=TARGET, tolerance=0.1, predictive=True, scale_down_after=300,
@@ -363,6 +364,70 @@ def reporting_at(outages, minute: int, seen_minute: int) -> float:
     return share
 
 
+def new_job(side: Side, j: int, load: list[float], history: list[list[float]] | None) -> dict:
+    """Job j of a side at the trace's start: its tasks (sized for the first minute's load), and
+    its autoscaler's state."""
+    n0 = max(POLICY.min, math.ceil(load[0] / TARGET))
+    sim = JobSim(side.pool, f"j{j}/api")
+    sim.grow(n0, -STARTUP)
+    sim.starts = 0
+    job = {"load": load, "sim": sim, "ready": []}
+    if side.kind == "hpa":
+        job["auto"] = Hpa(POLICY.min, POLICY.max, TARGET)
+        job["ca"] = ClusterAutoscaler(SLOTS) if side.ca else None
+    else:
+        job["mem"] = Memory()
+        job["series"] = warm_history(history[j]) if history is not None else Series()
+    return job
+
+
+def decide(side: Side, job: dict, now: float, seen_minute: int, share: float) -> int:
+    """The job's size its autoscaler asks for now: the HPA's (side.kind "hpa") or the SRM's as the
+    daemon runs it, from the load seen MEASURE_DELAY late, of the serving tasks that report
+    (`share`). Keeps what the step leaves behind: the serving count (job["ready"], for the
+    minute's over-target test) and, for the SRM, its memory and usage series."""
+    sim: JobSim = job["sim"]
+    measured = job["load"][max(0, seen_minute)]
+    ready = sim.serving(now)
+    job["ready"].append(ready)
+    size = sim.size()
+    used = min(measured, ready * 1.0)  # what the serving tasks used (a core each at most)
+    reporting = round(ready * share)
+    if side.kind == "hpa":
+        per_pod = used / ready if ready else None
+        return job["auto"].desired(now, size, [per_pod] * reporting + [None] * (ready - reporting), size - ready)
+    began = time.process_time()
+    mem: Memory = job["mem"]
+    clock = T0 + now  # the history's clock
+    if side.policy.predictive:
+        refresh(mem, job["series"], clock, mem.startup + STEP + SAMPLE)
+    summed = used * reporting / ready * 1000 if reporting else None
+    r = usage_reading(summed, reporting, ready)
+    reading = Reading(r.load, MEASURE_DELAY, ready) if r.load is not None else r
+    d = recommend(side.policy, mem, clock, size, reading, TARGET, TARGET, None, STALE_AFTER)
+    side.cpu += time.process_time() - began
+    side.calls += 1
+    mem.ran(clock, ready)
+    if summed is not None:  # the Recorder keeps the tasks' usage sums
+        job["series"].sample(clock, round(summed), 64)
+    hour = int(clock // 3600)
+    if hour != job.setdefault("hour", hour):  # and rolls each hour up once it is over
+        job["series"].close_hour(job["hour"])
+        job["hour"] = hour
+    return d.size
+
+
+def over_target_minute(side: Side, minute: int) -> None:
+    """At a minute's end: count the jobs whose load per serving task (the minute's mean) was
+    over target x 1.1."""
+    for job in side.jobs:
+        r = job["ready"]
+        serving = sum(r) / len(r)
+        if job["load"][minute] / max(serving, 1e-9) > TARGET * 1.1:
+            side.result.over += 1
+        r.clear()
+
+
 def simulate(loads: list[list[float]], history: list[list[float]] | None, outages, machines: int, minutes: int,
              predictive: bool = True) -> tuple[list[Result], dict]:
     sides = [Side("hpa", "hpa"), Side("hpa+ca", "hpa", ca=True),
@@ -372,20 +437,7 @@ def simulate(loads: list[list[float]], history: list[list[float]] | None, outage
     for side in sides:
         side.pool = Pool(machines)
         side.result.need = needed
-        for j, load in enumerate(loads):
-            n0 = max(POLICY.min, math.ceil(load[0] / TARGET))
-            sim = JobSim(side.pool, f"j{j}/api")
-            sim.grow(n0, -STARTUP)
-            sim.starts = 0
-            job = {"load": load, "sim": sim, "ready": []}
-            if side.kind == "hpa":
-                job["auto"] = Hpa(POLICY.min, POLICY.max, TARGET)
-                job["ca"] = ClusterAutoscaler(SLOTS) if side.ca else None
-            else:
-                job["mem"] = Memory()
-                job["series"] = warm_history(history[j]) if history is not None else Series()
-            side.jobs.append(job)
-    stale_after = 2 * STEP + SAMPLE
+        side.jobs = [new_job(side, j, load, history) for j, load in enumerate(loads)]
     steps_per_minute = int(60 // STEP)
     for step in range(int(minutes * 60 // STEP)):
         now = step * STEP
@@ -396,36 +448,8 @@ def simulate(loads: list[list[float]], history: list[list[float]] | None, outage
             res = side.result
             for job in side.jobs:
                 sim: JobSim = job["sim"]
-                measured = job["load"][max(0, seen_minute)]
-                ready = sim.serving(now)
-                job["ready"].append(ready)
                 size = sim.size()
-                used = min(measured, ready * 1.0)  # what the serving tasks used (a core each at most)
-                reporting = round(ready * share)
-                if side.kind == "hpa":
-                    per_pod = used / ready if ready else None
-                    new = job["auto"].desired(now, size, [per_pod] * reporting + [None] * (ready - reporting),
-                                              size - ready)
-                else:
-                    began = time.process_time()
-                    mem: Memory = job["mem"]
-                    clock = T0 + now  # the history's clock
-                    if side.policy.predictive:
-                        refresh(mem, job["series"], clock, mem.startup + STEP + SAMPLE)
-                    summed = used * reporting / ready * 1000 if reporting else None
-                    r = usage_reading(summed, reporting, ready)
-                    reading = Reading(r.load, MEASURE_DELAY, ready) if r.load is not None else r
-                    d = recommend(side.policy, mem, clock, size, reading, TARGET, TARGET, None, stale_after)
-                    side.cpu += time.process_time() - began
-                    side.calls += 1
-                    new = d.size
-                    mem.ran(clock, ready)
-                    if summed is not None:  # the Recorder keeps the tasks' usage sums
-                        job["series"].sample(clock, round(summed), 64)
-                    hour = int(clock // 3600)
-                    if hour != job.setdefault("hour", hour):  # and rolls each hour up once it is over
-                        job["series"].close_hour(job["hour"])
-                        job["hour"] = hour
+                new = decide(side, job, now, seen_minute, share)
                 if new > size:
                     if sim.grow(new - size, now) and job.get("ca") is not None:
                         job["ca"].grew(now)
@@ -451,12 +475,7 @@ def simulate(loads: list[list[float]], history: list[list[float]] | None, outage
             res.machine_seconds += side.pool.held * STEP
         if (step + 1) % steps_per_minute == 0:
             for side in sides:
-                for job in side.jobs:
-                    r = job["ready"]
-                    serving = sum(r) / len(r)
-                    if job["load"][minute] / max(serving, 1e-9) > TARGET * 1.1:
-                        side.result.over += 1
-                    r.clear()
+                over_target_minute(side, minute)
     for side in sides:
         side.result.changes = sum(job["sim"].starts + job["sim"].stops for job in side.jobs)
     srm = next(s for s in sides if s.name == "srm")

@@ -1,0 +1,430 @@
+"""Opportunistic capacity on a week of a region (issue #37): what the tier adds, against the same
+region without it and against what a Kubernetes user runs, on the same trace.
+
+A simulated region on a simulated clock (bench_srm.py's simulator: no daemon, no containers).
+Guaranteed services: bench_srm.py's built-in diurnal week (its jobs, scales and shifts, its AR(1)
+noise, the flash crowd), each job its own entitlement on machines of SLOTS one-core slots. A
+backlog of opportunistic batch work that never runs dry: tasks of one core each, using BATCH_USE of
+it once started (STARTUP after they are asked for), checkpointing every CHECKPOINT_EVERY seconds and
+on a notice or a SIGTERM (ACK seconds). The region holds as many machines as the services need at
+their week's peak minute at the target, and a tenth more. On Thursday at 15:00 one MSB of five is
+lost for an hour: a fifth of every service's machines (and, for Kubernetes, a fifth of every node).
+
+Three ways, on the same trace and region:
+
+- tier: the services autoscaled by the SRM as the daemon runs it (bench_srm.decide); every machine
+  the region does not need now (the free pool) runs batch work, a whole machine at a time, as an
+  opportunistic entitlement's; a service whose growth finds no free machine makes the region
+  reclaim opportunistic machines (controlplane/capacity/reclaim.py's Budget: at most 10 machines
+  or 50 % of the entitlement in flight), with the entitlement's notice (NOTICE, 120 s) as the
+  deadline: the batch TaskController checkpoints and acks after ACK seconds and the machine goes to
+  the service then. A failure's replacements reclaim at once, without notice (the batch tasks
+  killed lose their work since their last checkpoint).
+- no tier: the same services and SRM; freed machines idle in the pool.
+- k8s: the services under the HPA (bench/hpa.py); batch as pods of a low PriorityClass above the
+  Cluster Autoscaler's expendable cutoff, so the autoscaler grows the cluster to the region for
+  them and they fill every free slot of every node, service nodes included (pods, not machines:
+  the strongest packing Kubernetes gives). A service pod with no free slot preempts a batch pod,
+  the newest first (the scheduler prefers victims that started last), with no notice: SIGTERM and
+  the 30 s grace period (the pod checkpoints on it in ACK s and exits, so no work is lost; generous
+  to the baseline); the service pod binds when the slot is free. No node is ever under half
+  requested, so the Cluster Autoscaler's scale-down never acts.
+
+Figures: utilisation = cores used by useful work (what the services' serving tasks used of their
+load, and what the batch tasks used, less batch work lost to kills) over the cores of machines held
+by anyone (a service, batch, a reclaim in flight; k8s: every node up); opportunistic availability =
+the share of the measured week's hours that had at least the machines offered for them
+(controlplane/capacity/slo.py as the daemon runs it: the pool's hourly history, the week before
+simulated the same way with the history loads, forecast every hour, the 99 % line offered, each
+hour judged against the offer made earliest); reclaims with >= 120 s notice (k8s: preemptions, with
+none); guaranteed over-target minutes (a job's minute with load per serving task over target x 1.1).
+
+    .venv/bin/python bench/bench_capacity.py [--jobs 10] [--days 7] [--seed 26]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+from collections import deque
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_srm import (MEASURE_DELAY, POLICY, SLOTS, STARTUP, STEP, T0, TARGET, WEEK, JobSim, Pool,  # noqa: E402
+                       Side, builtin_trace, decide, job_loads, new_job, over_target_minute)
+
+from controlplane.capacity import slo  # noqa: E402
+from controlplane.capacity.reclaim import Budget  # noqa: E402
+
+NOTICE = 120.0  # seconds: an opportunistic entitlement's notice (the default)
+ACK = 10.0  # seconds from a notice (or SIGTERM) to the batch task's checkpoint and ack (or exit)
+GRACE = 30.0  # seconds: Kubernetes' default terminationGracePeriodSeconds
+BATCH_USE = 0.95  # of its core a running batch task uses
+CHECKPOINT_EVERY = 600.0  # seconds between a batch task's own checkpoints
+HEADROOM = 0.10  # the region's machines beyond the services' peak need
+FAILURE_AT = 3 * 1440 + 15 * 60  # minute of the measured week an MSB is lost (Thursday 15:00)
+FAILURE_FOR = 60  # minutes it stays lost
+FAILURE_SHARE = 0.2  # one MSB of five
+GROUP = "generic/dc1"
+
+
+def region_size(loads: list[list[float]], minutes: int) -> int:
+    """Machines for the services' week's peak minute at the target, and HEADROOM more."""
+    peak = sum(math.ceil(max(POLICY.min, math.ceil(max(load[:minutes]) / TARGET - 1e-9)) / SLOTS) for load in loads)
+    return math.ceil(peak * (1 + HEADROOM))
+
+
+def lost_work(started: float, now: float) -> float:
+    """Core-seconds a batch task killed now loses: what it did since its last checkpoint."""
+    ran = max(0.0, now - started)
+    return (ran % CHECKPOINT_EVERY) * BATCH_USE
+
+
+@dataclass
+class Tally:
+    name: str
+    useful: float = 0.0  # core-seconds of useful work
+    held: float = 0.0  # core-seconds of machines held by anyone
+    over: int = 0
+    reclaims: int = 0
+    noticed: int = 0  # reclaims (preemptions) with a notice of NOTICE or more
+    lost: float = 0.0  # core-seconds of batch work lost to kills
+    hours: dict[int, int] = field(default_factory=dict)  # hour -> the least available seen in it
+    starts: dict[int, int] = field(default_factory=dict)  # hour -> available at its start
+    over_in: dict[int, int] = field(default_factory=dict)  # hour of the week -> over-target minutes in it
+
+    @property
+    def utilisation(self) -> float:
+        return self.useful / self.held if self.held else 0.0
+
+
+class TierPool(Pool):
+    """The free pool of a region with (or without) the opportunistic tier: what the services do
+    not hold, the batch entitlement holds, a machine at a time; reclaims take it back."""
+
+    def __init__(self, machines: int, tier: bool, budget: Budget = Budget()):
+        super().__init__(machines)
+        self.tier, self.budget = tier, budget
+        self.batch: dict[int, float] = {}  # batch machine -> when its tasks started
+        self.reclaiming: deque[tuple[float, int, float, int]] = deque()  # (ack at, machine, its tasks' start, heir job)
+        self.promised = 0  # machines acked to a service, not yet taken by it
+        self.down = 0  # machines lost (the failure)
+        self.ids = 0
+
+    def take(self) -> str | None:
+        got = super().take()
+        if got is not None and self.promised:
+            self.promised -= 1
+        return got
+
+    def available(self) -> int:
+        """slo.pool()'s figure: free (not promised to an heir) and opportunistic not reclaiming."""
+        return self.free - self.promised + len(self.batch)
+
+    def fill(self, now: float) -> None:
+        """Batch takes every free machine no service is owed."""
+        if not self.tier:
+            return
+        while self.free - self.promised > 0:
+            self.free -= 1
+            self.ids += 1
+            self.batch[self.ids] = now
+
+    def reclaim(self, n: int, now: float, t: Tally, failure: bool, heir: int = 0) -> None:
+        """n batch machines taken back for a service: with notice (acked after ACK), or, for a
+        failure, at once (the tasks killed)."""
+        limit = self.budget.limit(len(self.batch) + len(self.reclaiming))
+        for mid in sorted(self.batch, key=lambda m: -self.batch[m])[:n]:  # the newest first (least work at stake)
+            if not failure and len(self.reclaiming) >= limit:
+                break
+            started = self.batch.pop(mid)
+            t.reclaims += 1
+            if failure:
+                t.lost += SLOTS * lost_work(started + STARTUP, now)
+                self.free += 1
+                self.promised += 1
+            else:
+                t.noticed += 1  # its deadline is the entitlement's notice, NOTICE
+                self.reclaiming.append((now + ACK, mid, started, heir))
+
+    def acks(self, now: float, jobs: list[dict] = ()) -> None:
+        """The reclaims acked by now: each machine to its heir, whose tasks waiting for it are
+        placed there at the ack (the shard leader's pass places a job's pending tasks as the
+        machine changes hands, not at the SRM's next interval)."""
+        while self.reclaiming and self.reclaiming[0][0] <= now:
+            at, _, _, heir = self.reclaiming.popleft()
+            self.free += 1
+            self.promised += 1
+            if jobs and (k := need_of(jobs[heir])):
+                jobs[heir]["sim"].grow(min(k, SLOTS), at)
+
+    def owed(self, heir: int) -> int:
+        """Machines in reclaim for that job."""
+        return sum(1 for r in self.reclaiming if r[3] == heir)
+
+
+def fail_jobs(side: Side, pool: TierPool, now: float) -> dict[int, int]:
+    """The MSB's loss: a fifth of each job's machines (the last ones taken) go down with their
+    tasks. Returns each job's tasks lost."""
+    lost = {}
+    for n, job in enumerate(side.jobs):
+        sim: JobSim = job["sim"]
+        gone = sorted(sim.machines, key=lambda m: int(m[1:]))[-round(len(sim.machines) * FAILURE_SHARE):] \
+            if round(len(sim.machines) * FAILURE_SHARE) else []
+        lost[n] = 0
+        for m in gone:
+            for i in sorted(sim.machines.pop(m)):
+                del sim.tasks[i]
+                lost[n] += 1
+            pool.held -= 1
+            pool.down += 1
+    return lost
+
+
+def run_twine(loads, history, minutes: int, machines: int, tier: bool, predictive: bool = True,
+              failure: bool = True, budget: Budget = Budget()) -> Tally:
+    """tier / no tier: the SRM's services, with batch on the free machines or without."""
+    t = Tally("tier" if tier else "no tier")
+    pool = TierPool(machines, tier, budget)
+    side = Side(t.name, "srm")
+    side.pool = pool
+    if not predictive:
+        side.policy = replace(POLICY, predictive=False)
+    side.jobs = [new_job(side, j, load, history) for j, load in enumerate(loads)]
+    pool.fill(-STARTUP)
+    steps_per_minute = int(60 // STEP)
+    back_at = None
+    for step in range(int(minutes * 60 // STEP)):
+        now = step * STEP
+        minute = int(now // 60)
+        seen_minute = int((now - MEASURE_DELAY) // 60)
+        pool.acks(now, side.jobs)
+        if failure and minute == FAILURE_AT and back_at is None:
+            for n, k in fail_jobs(side, pool, now).items():
+                sim = side.jobs[n]["sim"]
+                sim.grow(k, now)  # the scheduler places the lost tasks again at once
+            back_at = (FAILURE_AT + FAILURE_FOR) * 60
+            short = sum(need_of(job) for job in side.jobs)
+            pool.reclaim(math.ceil(short / SLOTS), now, t, failure=True)
+        if back_at is not None and now >= back_at and pool.down:
+            pool.free += pool.down  # the MSB is back: its machines return to the pool
+            pool.down = 0
+        for n, job in enumerate(side.jobs):
+            sim: JobSim = job["sim"]
+            size = sim.size()
+            new = decide(side, job, now, seen_minute, 1.0)
+            if new > size:
+                sim.grow(new - size, now)
+            elif new < size:
+                sim.stop(sim.srm_victims(size - new, now))
+            if new != size:
+                job["mem"].changed(T0 + now, size, sim.size())
+            job["want"] = new
+            if tier and (short := new - sim.size()) > 0:  # its demand: machines to reclaim, less those coming
+                pool.reclaim(math.ceil(short / SLOTS) - pool.owed(n), now, t, failure=False, heir=n)
+        pool.fill(now)
+        for job in side.jobs:
+            load, serving = job["load"][minute], job["sim"].serving(now)
+            t.useful += min(load, serving) * STEP
+        t.useful += sum(SLOTS * BATCH_USE * STEP for started in pool.batch.values() if now >= started + STARTUP)
+        t.useful += sum(SLOTS * BATCH_USE * STEP for _, _, started, _ in pool.reclaiming
+                        if now >= started + STARTUP)  # they work on until they checkpoint
+        t.held += (pool.held + len(pool.batch) + len(pool.reclaiming) + pool.promised) * SLOTS * STEP
+        hour = int((T0 + now) // 3600)
+        t.hours[hour] = min(t.hours.get(hour, machines), pool.available())
+        t.starts.setdefault(hour, pool.available())
+        if (step + 1) % steps_per_minute == 0:
+            minute_end(side, minute, t)
+    t.over = side.result.over
+    t.useful -= t.lost
+    return t
+
+
+def minute_end(side: Side, minute: int, t: Tally) -> None:
+    before = side.result.over
+    over_target_minute(side, minute)
+    if side.result.over > before:
+        t.over_in[minute // 60] = t.over_in.get(minute // 60, 0) + side.result.over - before
+
+
+def need_of(job: dict) -> int:
+    """Tasks a job asked for that have no machine yet."""
+    return max(0, job.get("want", job["sim"].size()) - job["sim"].size())
+
+
+def run_k8s(loads, minutes: int, machines: int, failure: bool = True) -> Tally:
+    """HPA services and low-priority batch pods sharing every node, slot by slot."""
+    t = Tally("k8s")
+    slots = machines * SLOTS
+    side = Side("k8s", "hpa")
+    side.pool = Pool(machines)  # unused for placement: pods are placed by slot below
+    jobs = []
+    for j, load in enumerate(loads):
+        job = new_job(side, j, load, None)
+        jobs.append(job)
+    side.jobs = jobs
+    for job in jobs:  # the pods, without machines: serving from (a slot each)
+        job["pods"] = [-1.0] * job["sim"].size()
+        job["pending"] = deque()  # slot free at (preempted batch pod exiting)
+    batch: list[float] = []  # batch pods: started at
+    down = 0
+    back_at = None
+    steps_per_minute = int(60 // STEP)
+    for step in range(int(minutes * 60 // STEP)):
+        now = step * STEP
+        minute = int(now // 60)
+        seen_minute = int((now - MEASURE_DELAY) // 60)
+        if failure and minute == FAILURE_AT and back_at is None:
+            down = round(slots * FAILURE_SHARE)
+            k = round(len(batch) * FAILURE_SHARE)  # a fifth of every node's pods
+            for started in batch[len(batch) - k:]:
+                t.lost += lost_work(started + STARTUP, now)
+            del batch[len(batch) - k:]
+            free = slots - down - sum(len(j["pods"]) + len(j["pending"]) for j in jobs) - len(batch)
+            for job in jobs:  # the ReplicaSet makes the lost pods again at once
+                k = round(len(job["pods"]) * FAILURE_SHARE)
+                del job["pods"][len(job["pods"]) - k:]
+                free += k
+                free = place(job, k, free, batch, now, t)
+            back_at = (FAILURE_AT + FAILURE_FOR) * 60
+        if back_at is not None and now >= back_at:
+            down = 0
+        for job in jobs:
+            sim: JobSim = job["sim"]
+            while job["pending"] and job["pending"][0] <= now:  # a victim exited: the pod binds
+                job["pending"].popleft()
+                job["pods"].append(now + STARTUP)
+            sim.tasks = {i: ("n", at) for i, at in enumerate(job["pods"] + [math.inf] * len(job["pending"]))}
+            size = sim.size()
+            new = decide(side, job, now, seen_minute, 1.0)
+            if new < size:  # a ReplicaSet's order: not yet bound, not ready, then the newest
+                drop = size - new
+                while drop and job["pending"]:
+                    job["pending"].pop()
+                    drop -= 1
+                job["pods"].sort()
+                del job["pods"][len(job["pods"]) - drop:]
+            job["want"] = new
+        used = sum(len(j["pods"]) + len(j["pending"]) for j in jobs)
+        free = slots - down - used - len(batch)
+        for job in jobs:
+            free = place(job, job["want"] - len(job["pods"]) - len(job["pending"]), free, batch, now, t)
+        if free > 0:
+            batch += [now] * free  # the backlog's pending pods take every free slot
+        for job in jobs:
+            serving = sum(1 for at in job["pods"] if at <= now)
+            t.useful += min(job["load"][minute], serving) * STEP
+        t.useful += sum(BATCH_USE * STEP for started in batch if now >= started + STARTUP)
+        t.useful += sum(BATCH_USE * STEP * len(j["pending"]) for j in jobs)  # victims checkpointing
+        t.held += (slots - down) * STEP  # every node up is held (batch pods on all of them)
+        if (step + 1) % steps_per_minute == 0:
+            minute_end(side, minute, t)
+    t.over = side.result.over
+    t.useful -= t.lost
+    return t
+
+
+def place(job: dict, n: int, free: int, batch: list[float], now: float, t: Tally) -> int:
+    """n more pods of a service: each in a free slot, else in the slot of the newest batch pod,
+    preempted (SIGTERM: it checkpoints and exits after ACK, within GRACE). Returns the slots left
+    free."""
+    for _ in range(max(0, n)):
+        if free > 0:
+            free -= 1
+            job["pods"].append(now + STARTUP)
+        elif batch:
+            batch.sort()
+            batch.pop()
+            t.reclaims += 1
+            job["pending"].append(now + min(ACK, GRACE))
+    return free
+
+
+def availability(before: Tally, measured: Tally, machines: int, hours_measured: list[int]
+                 ) -> tuple[float, int, list[tuple[int, int, int]]]:
+    """The measured hours delivered (available >= offered), in percent, and how many were
+    judged: the history the week before's hours, then each measured hour's own as it closes; at
+    each hour's start the forecast from what was kept, its 99 % line offered for 24 hours."""
+    h = slo.History()
+    for hour, avail in sorted(before.hours.items()):
+        h.put(hour, {"groups": {GROUP: {"machines": machines, "available": avail}}})
+    for hour in hours_measured:
+        now_pool = {GROUP: {"machines": machines, "available": measured.starts[hour]}}
+        h.offered[hour] = slo.offer(slo.forecast(h, now_pool, hour, {GROUP}))
+        h.hours[hour] = {GROUP: {"machines": machines, "available": measured.hours[hour]}}
+    judged = [(t, o, a) for t, o, a, _ in slo.judged(h, GROUP) if t in set(hours_measured)]
+    missed = [(t, o, a) for t, o, a in judged if a < o]
+    return (100.0 * (len(judged) - len(missed)) / len(judged) if judged else 0.0), len(judged), missed
+
+
+def when(hour: int) -> str:
+    """An hour of the measured week (on the history's clock) as its day and time."""
+    h = hour - T0 // 3600
+    return f"{('Mon', 'Tue', 'Wed', 'Thu', 'Fri', 'Sat', 'Sun')[h // 24 % 7]} {h % 24:02d}:00"
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--jobs", type=int, default=10)
+    p.add_argument("--days", type=float, default=7.0, help="of the measured week (default all of it)")
+    p.add_argument("--seed", type=int, default=26)
+    p.add_argument("--budget", default=f"{Budget().machines},{Budget().percent:g}",
+                   help="the reclaims' disruption budget: MACHINES,PERCENT in flight (reclaim.Budget; default %(default)s)")
+    args = p.parse_args()
+    try:
+        n, pct = args.budget.split(",")
+        budget = Budget(int(n), float(pct))
+    except ValueError:
+        p.error(f"--budget {args.budget!r}: want MACHINES,PERCENT, e.g. 10,50")
+    began = time.perf_counter()
+    minutes = min(WEEK, int(args.days * 1440))
+    base = builtin_trace(args.seed)
+    before = builtin_trace(args.seed + 1, flash=False, level=0.9, drift=40)
+    loads = job_loads(base, args.jobs, args.seed, args.seed)
+    history = job_loads(before, args.jobs, args.seed, args.seed + 2)
+    machines = region_size(loads, minutes)
+    # the pool's history: the week before, the same region and tier, with the history's loads (the
+    # srm's own forecast off there: it has no week before that)
+    week_before = run_twine(history, None, WEEK, machines, tier=True, predictive=False, failure=False, budget=budget)
+    shift = WEEK // 60  # its hours are the week before the measured one's
+    week_before.hours = {hour - shift: a for hour, a in week_before.hours.items()}
+    tier = run_twine(loads, history, minutes, machines, tier=True, budget=budget)
+    none = run_twine(loads, history, minutes, machines, tier=False)
+    k8s = run_k8s(loads, minutes, machines)
+    hours = sorted(tier.hours)
+    o, judged, missed = availability(week_before, tier, machines, hours)
+    s = round(slo.LEVELS[0] * 100)
+    print(f"the built-in diurnal week ({args.jobs} guaranteed services, flash crowd, {minutes / 60:.0f} h measured) on "
+          f"{machines} machines of {SLOTS} one-core slots (the services' peak + {HEADROOM:.0%}); an MSB (a fifth of "
+          f"the machines) lost for {FAILURE_FOR} min on Thursday 15:00; batch backlog of one-core tasks using "
+          f"{BATCH_USE:g} core, checkpoint every {CHECKPOINT_EVERY:g} s and in {ACK:g} s on a notice or SIGTERM")
+    print(f"{'way':8} {'utilisation':>11} {'useful core-h':>13} {'held core-h':>11} {'over-target min':>15} "
+          f"{'reclaims':>8} {'noticed':>7} {'batch core-h lost':>17}")
+    for r in (tier, none, k8s):
+        print(f"{r.name:8} {100 * r.utilisation:10.1f}% {r.useful / 3600:13.0f} {r.held / 3600:11.0f} {r.over:15d} "
+              f"{r.reclaims:8d} {r.noticed:7d} {r.lost / 3600:17.1f}")
+    print(f"opportunistic availability: {judged} hours judged against the {s} % line offered for them (from the "
+          f"pool's hourly history, the week before simulated with its own loads); missed: "
+          + (", ".join(f"{when(h)} (offered {o}, available {a})" for h, o, a in missed) or "none"))
+    worse = sorted(((tier.over_in.get(h, 0) - none.over_in.get(h, 0), h) for h in set(tier.over_in) | set(none.over_in)),
+                   reverse=True)[:5]
+    print("over-target minutes the tier added, its worst hours: "
+          + ", ".join(f"{when(h + T0 // 3600)} +{d}" for d, h in worse if d > 0))
+    print(f"simulated in {time.perf_counter() - began:.0f} s of wall time")
+    p_notice = 100.0 * tier.noticed / tier.reclaims if tier.reclaims else 100.0
+    u, v, k = 100 * tier.utilisation, 100 * none.utilisation, 100 * k8s.utilisation
+    goals = [("U >= 1.4 V", u >= 1.4 * v), ("U >= K", u >= k), ("O >= S >= 99", o >= s >= 99),
+             ("P >= 95", p_notice >= 95), ("A <= 1.05 B", tier.over <= 1.05 * none.over)]
+    print("issue #37's goals: " + "; ".join(f"{g} {'met' if ok else 'NOT MET'}" for g, ok in goals))
+    print(f"capacity: utilisation {u:.0f}% (no opportunistic tier {v:.0f}%, k8s priority {k:.0f}%); opportunistic "
+          f"availability {o:.1f}% (offered SLO {s}%); reclaims with >= {NOTICE:.0f} s notice {p_notice:.0f}% (k8s 0%); "
+          f"guaranteed over-target minutes {tier.over} (without the tier {none.over})")
+
+
+if __name__ == "__main__":
+    main()

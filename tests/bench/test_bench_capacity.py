@@ -1,0 +1,81 @@
+"""bench/bench_capacity.py's own rules (issue #37): a reclaim with notice hands the machine over
+when the batch controller acks and batch never takes a machine owed to a service; a failure's
+reclaim kills at once and loses the work since the last checkpoint; the disruption budget bounds
+what is in flight; and the last line is the issue's, word for word."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "bench"))
+
+import bench_capacity as bc  # noqa: E402
+
+LAST = re.compile(r"capacity: utilisation \d+% \(no opportunistic tier \d+%, k8s priority \d+%\); opportunistic "
+                  r"availability \d+\.\d% \(offered SLO 99%\); reclaims with >= 120 s notice \d+% \(k8s 0%\); "
+                  r"guaranteed over-target minutes \d+ \(without the tier \d+\)")
+
+
+def test_a_killed_batch_task_loses_what_it_did_since_its_last_checkpoint():
+    assert bc.lost_work(0.0, 15 * 60) == pytest.approx(5 * 60 * bc.BATCH_USE)  # checkpointed at 10 min
+    assert bc.lost_work(0.0, 10 * 60) == 0.0
+    assert bc.lost_work(100.0, 50.0) == 0.0, "not started yet: nothing done"
+
+
+def test_a_reclaim_with_notice_hands_the_machine_over_at_the_ack_and_batch_keeps_off_it():
+    pool = bc.TierPool(4, tier=True)
+    pool.fill(0.0)
+    assert (pool.free, len(pool.batch), pool.available()) == (0, 4, 4)
+    t = bc.Tally("t")
+    pool.reclaim(1, 100.0, t, failure=False)
+    assert (t.reclaims, t.noticed, len(pool.batch), pool.available()) == (1, 1, 3, 3)
+    pool.acks(100.0 + bc.ACK - 1)
+    assert pool.free == 0, "not before the controller acks"
+    pool.acks(100.0 + bc.ACK)
+    pool.fill(100.0 + bc.ACK)
+    assert (pool.free, pool.promised, len(pool.batch)) == (1, 1, 3), "the acked machine is the service's"
+    assert pool.available() == 3
+    assert pool.take() is not None and (pool.free, pool.promised, pool.held) == (0, 0, 1)
+    assert t.lost == 0.0
+
+
+def test_a_failure_reclaims_at_once_without_notice_and_loses_work():
+    pool = bc.TierPool(2, tier=True)
+    pool.fill(0.0)
+    t = bc.Tally("t")
+    now = bc.STARTUP + 15 * 60  # the tasks have run 15 minutes
+    pool.reclaim(1, now, t, failure=True)
+    assert (t.reclaims, t.noticed, pool.free, pool.promised) == (1, 0, 1, 1)
+    assert t.lost == pytest.approx(bc.SLOTS * 5 * 60 * bc.BATCH_USE)
+
+
+def test_reclaims_in_flight_stay_within_the_budget():
+    pool = bc.TierPool(40, tier=True)
+    pool.fill(0.0)
+    t = bc.Tally("t")
+    pool.reclaim(30, 0.0, t, failure=False)
+    assert len(pool.reclaiming) == 10, "at most 10 machines (reclaim.Budget's default) in flight"
+    small = bc.TierPool(6, tier=True)
+    small.fill(0.0)
+    small.reclaim(6, 0.0, t, failure=False)
+    assert len(small.reclaiming) == 3, "and at most half the entitlement"
+
+
+def test_without_the_tier_free_machines_stay_free():
+    pool = bc.TierPool(3, tier=False)
+    pool.fill(0.0)
+    assert (pool.free, len(pool.batch), pool.available()) == (3, 0, 3)
+
+
+def test_the_last_line_is_the_issues():
+    out = subprocess.run([sys.executable, str(REPO / "bench/bench_capacity.py"), "--jobs", "2", "--days", "1.5"],
+                         capture_output=True, text=True, timeout=600, check=True).stdout
+    lines = out.strip().splitlines()
+    assert LAST.fullmatch(lines[-1]), lines[-1]
+    assert any(line.startswith("k8s ") for line in lines) and any(line.startswith("no tier ") for line in lines)

@@ -270,22 +270,36 @@ class Store:
         while self.unavailable:
             await asyncio.sleep(PROBE_INTERVAL)
             try:
-                await self.check()
-            except Exception:  # noqa: BLE001 - `unavailable` says why; the loop must not end on a surprise
-                log.exception("probing etcd")
+                await self._call(lambda c: c.get(PROBE_KEY))  # a linearizable read: a member with a leader
+            except Exception:  # noqa: BLE001 - `unavailable` says why
+                pass
 
     async def check(self) -> str:
-        """Ask etcd now: "" when a member with a leader answers (moving on to the others as any
-        call does), else why none did (and `unavailable` says so too). /healthz answers with this,
-        not with what the last call happened to see: a daemon whose etcd died a moment ago has not
-        necessarily noticed yet (its watch ends when it next reads the socket)."""
+        """For /healthz: "" when the member in use answers a linearizable read now (a member with a
+        leader), else why not; the last call's word is not enough (a daemon whose etcd died a moment
+        ago has not necessarily read the closed socket yet). A member that does not answer within
+        CHECK_TIMEOUT is reported and nothing more: the daemon's own calls allow `timeout`, and a
+        probe must not move the store or mark the view stale (pausing the scheduler) on a slow
+        fsync. A member that refuses the connection is met as any call meets it: the store moves
+        on to the others (one round) and says so in `unavailable` if none answers."""
+        if self.unavailable:
+            return self.unavailable
+        client, at = self.client, self.endpoint
         try:
-            await self._call(lambda c: _probe(c, CHECK_TIMEOUT))
-        except Unavailable as e:
-            return str(e)
-        except aetcd.exceptions.ClientError as e:  # it answered, with an error (a permission, say)
-            return f"etcd at {self.endpoint}: {e}"
-        return ""
+            await _probe(client, CHECK_TIMEOUT)
+            return ""
+        except ConnectionTimeoutError:
+            return f"etcd unreachable at {at}: no answer in {CHECK_TIMEOUT:g} s"
+        except UNREACHABLE:
+            try:
+                await self._call(lambda c: _probe(c, CHECK_TIMEOUT), retry_timeouts=False)
+                return ""
+            except Unavailable as e:
+                return str(e)
+            except Exception as e:  # noqa: BLE001 - whatever it is, the answer is 503 saying it
+                return f"etcd at {self.endpoint}: {type(e).__name__}: {e}"
+        except Exception as e:  # noqa: BLE001 - an error etcd answered with (a permission, say), or a surprise
+            return f"etcd at {at}: {type(e).__name__}: {e}"
 
     async def _call(self, op: Callable[[aetcd.Client], Awaitable[T]], retry_timeouts: bool = True) -> T:
         """op on the endpoint in use; on a connection failure, on the next ones, one round."""

@@ -71,3 +71,39 @@ def test_a_read_in_flight_on_the_member_left_behind_is_answered_by_the_next(etcd
             await store.close()
 
         asyncio.run(body())
+
+
+def test_a_health_check_reports_a_hung_member_and_moves_nothing(tmp_path):
+    """Store.check (what /healthz asks): the member in use stopped (SIGSTOP) is reported within its
+    CHECK_TIMEOUT, and the store neither moves to another member nor marks itself unavailable (a
+    slow member would otherwise fail the daemon over and pause its scheduler at every probe); one
+    that refuses (killed) is left for the next member, as any call leaves it."""
+    from controlplane.store.etcd import CHECK_TIMEOUT
+
+    cluster = EtcdCluster(3, data_root=tmp_path).start()
+    first = cluster.members[0].proc
+    assert first is not None
+    try:
+        async def body():
+            store = Store([(m.host, m.port) for m in cluster.members])
+            assert await store.check() == ""
+            moved = store.moved()
+            os.kill(first.pid, signal.SIGSTOP)
+            try:
+                since = time.monotonic()
+                why = await store.check()
+                took = time.monotonic() - since
+            finally:
+                os.kill(first.pid, signal.SIGCONT)
+            assert why == f"etcd unreachable at {cluster.endpoints[0]}: no answer in {CHECK_TIMEOUT:g} s", why
+            assert took < CHECK_TIMEOUT + 1, took
+            assert store.endpoint == cluster.endpoints[0] and not moved.is_set() and store.unavailable == ""
+            assert await store.check() == "", "answered again once continued"
+            cluster.members[0].halt()  # refused from now on
+            assert await store.check() == ""
+            assert store.endpoint != cluster.endpoints[0] and moved.is_set(), "moved on, as a call would"
+            await store.close()
+
+        asyncio.run(body())
+    finally:
+        cluster.stop()

@@ -7,8 +7,10 @@ noise, the flash crowd), each job its own entitlement on machines of SLOTS one-c
 backlog of opportunistic batch work that never runs dry: tasks of one core each, using BATCH_USE of
 it once started (STARTUP after they are asked for), checkpointing every CHECKPOINT_EVERY seconds and
 on a notice or a SIGTERM (ACK seconds). The region holds as many machines as the services need at
-their week's peak minute at the target, and a tenth more. On Thursday at 15:00 one MSB of five is
-lost for an hour: a fifth of every service's machines (and, for Kubernetes, a fifth of every node).
+their week's peak minute at the target, and a tenth more (U counts the machines batch holds, V only
+the services': a larger region lends more and raises U, not V). On Thursday at 15:00 one MSB of five is
+lost for an hour: a fifth of every service's machines and of the batch machines (for Kubernetes, of
+every node), their tasks with them.
 
 Three ways, on the same trace and region:
 
@@ -37,7 +39,9 @@ the share of the measured week's hours that had at least the machines offered fo
 (controlplane/capacity/slo.py as the daemon runs it: the pool's hourly history, the week before
 simulated the same way with the history loads, forecast every hour, the 99 % line offered, each
 hour judged against the offer made earliest); reclaims with >= 120 s notice (k8s: preemptions, with
-none); guaranteed over-target minutes (a job's minute with load per serving task over target x 1.1).
+none; the tier gives every reclaim for demand the entitlement's notice as its deadline and never cuts
+it short, a service waiting for the ack instead, which the over-target minutes count: only a
+failure's reclaims go without); guaranteed over-target minutes (a job's minute with load per serving task over target x 1.1).
 
     .venv/bin/python bench/bench_capacity.py [--jobs 10] [--days 7] [--seed 26]
 """
@@ -107,9 +111,9 @@ class TierPool(Pool):
     """The free pool of a region with (or without) the opportunistic tier: what the services do
     not hold, the batch entitlement holds, a machine at a time; reclaims take it back."""
 
-    def __init__(self, machines: int, tier: bool, budget: Budget = Budget()):
+    def __init__(self, machines: int, tier: bool, budget: Budget = Budget(), ack: float = ACK):
         super().__init__(machines)
-        self.tier, self.budget = tier, budget
+        self.tier, self.budget, self.ack = tier, budget, ack
         self.batch: dict[int, float] = {}  # batch machine -> when its tasks started
         self.reclaiming: deque[tuple[float, int, float, int]] = deque()  # (ack at, machine, its tasks' start, heir job)
         self.promised = 0  # machines acked to a service, not yet taken by it
@@ -136,10 +140,12 @@ class TierPool(Pool):
             self.batch[self.ids] = now
 
     def reclaim(self, n: int, now: float, t: Tally, failure: bool, heir: int = 0) -> None:
-        """n batch machines taken back for a service: with notice (acked after ACK), or, for a
-        failure, at once (the tasks killed)."""
+        """n batch machines taken back for a service: with the entitlement's notice as the deadline
+        (the machine changes hands when the controller acks, `ack` seconds in, or at the deadline),
+        or, for a failure, at once (the tasks killed). The product never cuts a notice short for
+        demand: a service waits for the ack instead (what the over-target minutes measure)."""
         limit = self.budget.limit(len(self.batch) + len(self.reclaiming))
-        for mid in sorted(self.batch, key=lambda m: -self.batch[m])[:n]:  # the newest first (least work at stake)
+        for mid in sorted(self.batch, key=lambda m: -self.batch[m])[:max(0, n)]:  # the newest: least work at stake
             if not failure and len(self.reclaiming) >= limit:
                 break
             started = self.batch.pop(mid)
@@ -150,7 +156,7 @@ class TierPool(Pool):
                 self.promised += 1
             else:
                 t.noticed += 1  # its deadline is the entitlement's notice, NOTICE
-                self.reclaiming.append((now + ACK, mid, started, heir))
+                self.reclaiming.append((now + min(self.ack, NOTICE), mid, started, heir))
 
     def acks(self, now: float, jobs: list[dict] = ()) -> None:
         """The reclaims acked by now: each machine to its heir, whose tasks waiting for it are
@@ -168,9 +174,14 @@ class TierPool(Pool):
         return sum(1 for r in self.reclaiming if r[3] == heir)
 
 
-def fail_jobs(side: Side, pool: TierPool, now: float) -> dict[int, int]:
-    """The MSB's loss: a fifth of each job's machines (the last ones taken) go down with their
-    tasks. Returns each job's tasks lost."""
+def fail(side: Side, pool: TierPool, now: float, t: Tally) -> dict[int, int]:
+    """The MSB's loss: a fifth of each job's machines (the last ones taken) and of the batch
+    machines go down with their tasks (batch's work since its last checkpoint lost). Returns each
+    job's tasks lost."""
+    k = round(len(pool.batch) * FAILURE_SHARE)
+    for mid in sorted(pool.batch)[len(pool.batch) - k:]:
+        t.lost += SLOTS * lost_work(pool.batch.pop(mid) + STARTUP, now)
+        pool.down += 1
     lost = {}
     for n, job in enumerate(side.jobs):
         sim: JobSim = job["sim"]
@@ -187,10 +198,11 @@ def fail_jobs(side: Side, pool: TierPool, now: float) -> dict[int, int]:
 
 
 def run_twine(loads, history, minutes: int, machines: int, tier: bool, predictive: bool = True,
-              failure: bool = True, budget: Budget = Budget()) -> Tally:
-    """tier / no tier: the SRM's services, with batch on the free machines or without."""
+              failure_at: int | None = FAILURE_AT, budget: Budget = Budget(), ack: float = ACK) -> Tally:
+    """tier / no tier: the SRM's services, with batch on the free machines or without.
+    failure_at: the minute the MSB is lost (None: never)."""
     t = Tally("tier" if tier else "no tier")
-    pool = TierPool(machines, tier, budget)
+    pool = TierPool(machines, tier, budget, ack)
     side = Side(t.name, "srm")
     side.pool = pool
     if not predictive:
@@ -204,13 +216,15 @@ def run_twine(loads, history, minutes: int, machines: int, tier: bool, predictiv
         minute = int(now // 60)
         seen_minute = int((now - MEASURE_DELAY) // 60)
         pool.acks(now, side.jobs)
-        if failure and minute == FAILURE_AT and back_at is None:
-            for n, k in fail_jobs(side, pool, now).items():
+        if minute == failure_at and back_at is None:
+            for n, k in fail(side, pool, now, t).items():
                 sim = side.jobs[n]["sim"]
+                before = sim.size()
                 sim.grow(k, now)  # the scheduler places the lost tasks again at once
-            back_at = (FAILURE_AT + FAILURE_FOR) * 60
-            short = sum(need_of(job) for job in side.jobs)
-            pool.reclaim(math.ceil(short / SLOTS), now, t, failure=True)
+                if short := k - (sim.size() - before):  # and takes machines from batch for the rest
+                    pool.reclaim(math.ceil(short / SLOTS), now, t, failure=True, heir=n)
+                    sim.grow(short, now)
+            back_at = (failure_at + FAILURE_FOR) * 60
         if back_at is not None and now >= back_at and pool.down:
             pool.free += pool.down  # the MSB is back: its machines return to the pool
             pool.down = 0
@@ -257,7 +271,7 @@ def need_of(job: dict) -> int:
     return max(0, job.get("want", job["sim"].size()) - job["sim"].size())
 
 
-def run_k8s(loads, minutes: int, machines: int, failure: bool = True) -> Tally:
+def run_k8s(loads, minutes: int, machines: int, failure_at: int | None = FAILURE_AT, ack: float = ACK) -> Tally:
     """HPA services and low-priority batch pods sharing every node, slot by slot."""
     t = Tally("k8s")
     slots = machines * SLOTS
@@ -270,8 +284,9 @@ def run_k8s(loads, minutes: int, machines: int, failure: bool = True) -> Tally:
     side.jobs = jobs
     for job in jobs:  # the pods, without machines: serving from (a slot each)
         job["pods"] = [-1.0] * job["sim"].size()
-        job["pending"] = deque()  # slot free at (preempted batch pod exiting)
-    batch: list[float] = []  # batch pods: started at
+        job["pending"] = deque()  # (its slot free at, the preempted batch pod's start): a pod waiting to bind
+    # batch pods (started at) in every slot the services leave, running as the week begins (as the tier's)
+    batch: list[float] = [-STARTUP] * (slots - sum(len(j["pods"]) for j in jobs))
     down = 0
     back_at = None
     steps_per_minute = int(60 // STEP)
@@ -279,26 +294,31 @@ def run_k8s(loads, minutes: int, machines: int, failure: bool = True) -> Tally:
         now = step * STEP
         minute = int(now // 60)
         seen_minute = int((now - MEASURE_DELAY) // 60)
-        if failure and minute == FAILURE_AT and back_at is None:
+        if minute == failure_at and back_at is None:
             down = round(slots * FAILURE_SHARE)
-            k = round(len(batch) * FAILURE_SHARE)  # a fifth of every node's pods
-            for started in batch[len(batch) - k:]:
-                t.lost += lost_work(started + STARTUP, now)
-            del batch[len(batch) - k:]
-            free = slots - down - sum(len(j["pods"]) + len(j["pending"]) for j in jobs) - len(batch)
-            for job in jobs:  # the ReplicaSet makes the lost pods again at once
+            lost = []
+            for job in jobs:  # a fifth of every node's pods: the services'
                 k = round(len(job["pods"]) * FAILURE_SHARE)
                 del job["pods"][len(job["pods"]) - k:]
-                free += k
-                free = place(job, k, free, batch, now, t)
-            back_at = (FAILURE_AT + FAILURE_FOR) * 60
+                lost.append(k)
+            k = round(len(batch) * FAILURE_SHARE)  # and batch's
+            free = slots - down - sum(len(j["pods"]) + len(j["pending"]) for j in jobs) - (len(batch) - k)
+            k += max(0, -free)  # (rounding: no pod is left on a slot that is down)
+            batch.sort()
+            for started in batch[max(0, len(batch) - k):]:
+                t.lost += lost_work(started + STARTUP, now)
+            del batch[max(0, len(batch) - k):]
+            free = max(0, free)
+            for job, k in zip(jobs, lost):  # the ReplicaSet makes the lost pods again at once
+                free = place(job, k, free, batch, now, t, ack)
+            back_at = (failure_at + FAILURE_FOR) * 60
         if back_at is not None and now >= back_at:
             down = 0
         for job in jobs:
             sim: JobSim = job["sim"]
-            while job["pending"] and job["pending"][0] <= now:  # a victim exited: the pod binds
-                job["pending"].popleft()
-                job["pods"].append(now + STARTUP)
+            while job["pending"] and job["pending"][0][0] <= now:  # a victim exited: the pod binds
+                at, _ = job["pending"].popleft()
+                job["pods"].append(at + STARTUP)
             sim.tasks = {i: ("n", at) for i, at in enumerate(job["pods"] + [math.inf] * len(job["pending"]))}
             size = sim.size()
             new = decide(side, job, now, seen_minute, 1.0)
@@ -313,14 +333,15 @@ def run_k8s(loads, minutes: int, machines: int, failure: bool = True) -> Tally:
         used = sum(len(j["pods"]) + len(j["pending"]) for j in jobs)
         free = slots - down - used - len(batch)
         for job in jobs:
-            free = place(job, job["want"] - len(job["pods"]) - len(job["pending"]), free, batch, now, t)
+            free = place(job, job["want"] - len(job["pods"]) - len(job["pending"]), free, batch, now, t, ack)
         if free > 0:
             batch += [now] * free  # the backlog's pending pods take every free slot
         for job in jobs:
             serving = sum(1 for at in job["pods"] if at <= now)
             t.useful += min(job["load"][minute], serving) * STEP
         t.useful += sum(BATCH_USE * STEP for started in batch if now >= started + STARTUP)
-        t.useful += sum(BATCH_USE * STEP * len(j["pending"]) for j in jobs)  # victims checkpointing
+        t.useful += sum(BATCH_USE * STEP for j in jobs for _, started in j["pending"]
+                        if now >= started + STARTUP)  # victims at work until they checkpoint
         t.held += (slots - down) * STEP  # every node up is held (batch pods on all of them)
         if (step + 1) % steps_per_minute == 0:
             minute_end(side, minute, t)
@@ -329,7 +350,7 @@ def run_k8s(loads, minutes: int, machines: int, failure: bool = True) -> Tally:
     return t
 
 
-def place(job: dict, n: int, free: int, batch: list[float], now: float, t: Tally) -> int:
+def place(job: dict, n: int, free: int, batch: list[float], now: float, t: Tally, ack: float = ACK) -> int:
     """n more pods of a service: each in a free slot, else in the slot of the newest batch pod,
     preempted (SIGTERM: it checkpoints and exits after ACK, within GRACE). Returns the slots left
     free."""
@@ -339,9 +360,8 @@ def place(job: dict, n: int, free: int, batch: list[float], now: float, t: Tally
             job["pods"].append(now + STARTUP)
         elif batch:
             batch.sort()
-            batch.pop()
             t.reclaims += 1
-            job["pending"].append(now + min(ACK, GRACE))
+            job["pending"].append((now + min(ack, GRACE), batch.pop()))
     return free
 
 
@@ -373,6 +393,8 @@ def main() -> None:
     p.add_argument("--jobs", type=int, default=10)
     p.add_argument("--days", type=float, default=7.0, help="of the measured week (default all of it)")
     p.add_argument("--seed", type=int, default=26)
+    p.add_argument("--ack", type=float, default=ACK,
+                   help="seconds from a notice (or SIGTERM) to the batch task's checkpoint and ack (default %(default)s)")
     p.add_argument("--budget", default=f"{Budget().machines},{Budget().percent:g}",
                    help="the reclaims' disruption budget: MACHINES,PERCENT in flight (reclaim.Budget; default %(default)s)")
     args = p.parse_args()
@@ -390,19 +412,20 @@ def main() -> None:
     machines = region_size(loads, minutes)
     # the pool's history: the week before, the same region and tier, with the history's loads (the
     # srm's own forecast off there: it has no week before that)
-    week_before = run_twine(history, None, WEEK, machines, tier=True, predictive=False, failure=False, budget=budget)
+    week_before = run_twine(history, None, WEEK, machines, tier=True, predictive=False, failure_at=None, budget=budget,
+                            ack=args.ack)
     shift = WEEK // 60  # its hours are the week before the measured one's
     week_before.hours = {hour - shift: a for hour, a in week_before.hours.items()}
-    tier = run_twine(loads, history, minutes, machines, tier=True, budget=budget)
+    tier = run_twine(loads, history, minutes, machines, tier=True, budget=budget, ack=args.ack)
     none = run_twine(loads, history, minutes, machines, tier=False)
-    k8s = run_k8s(loads, minutes, machines)
+    k8s = run_k8s(loads, minutes, machines, ack=args.ack)
     hours = sorted(tier.hours)
     o, judged, missed = availability(week_before, tier, machines, hours)
     s = round(slo.LEVELS[0] * 100)
     print(f"the built-in diurnal week ({args.jobs} guaranteed services, flash crowd, {minutes / 60:.0f} h measured) on "
           f"{machines} machines of {SLOTS} one-core slots (the services' peak + {HEADROOM:.0%}); an MSB (a fifth of "
           f"the machines) lost for {FAILURE_FOR} min on Thursday 15:00; batch backlog of one-core tasks using "
-          f"{BATCH_USE:g} core, checkpoint every {CHECKPOINT_EVERY:g} s and in {ACK:g} s on a notice or SIGTERM")
+          f"{BATCH_USE:g} core, checkpoint every {CHECKPOINT_EVERY:g} s and in {args.ack:g} s on a notice or SIGTERM")
     print(f"{'way':8} {'utilisation':>11} {'useful core-h':>13} {'held core-h':>11} {'over-target min':>15} "
           f"{'reclaims':>8} {'noticed':>7} {'batch core-h lost':>17}")
     for r in (tier, none, k8s):

@@ -79,3 +79,35 @@ def test_the_last_line_is_the_issues():
     lines = out.strip().splitlines()
     assert LAST.fullmatch(lines[-1]), lines[-1]
     assert any(line.startswith("k8s ") for line in lines) and any(line.startswith("no tier ") for line in lines)
+
+
+def test_on_a_flat_load_each_way_counts_what_it_should():
+    """One service of 2.4 cores (4 tasks at the 0.6 target: one machine) in a region of 3 machines,
+    2 hours, no failure: the tier and Kubernetes both run batch on the other 8 slots (useful 2.4 +
+    8 x 0.95 = 10 cores of 12 held), without the tier 2.4 of the service's 4; nothing reclaimed."""
+    loads = [[2.4] * 120]
+    tier = bc.run_twine(loads, None, 120, 3, tier=True, failure_at=None)
+    none = bc.run_twine(loads, None, 120, 3, tier=False, failure_at=None)
+    k8s = bc.run_k8s(loads, 120, 3, failure_at=None)
+    assert tier.utilisation == pytest.approx(10 / 12) and k8s.utilisation == pytest.approx(10 / 12)
+    assert none.utilisation == pytest.approx(0.6)
+    assert (tier.reclaims, k8s.reclaims, tier.lost, k8s.lost, tier.over, k8s.over) == (0, 0, 0, 0, 0, 0)
+    assert set(tier.hours.values()) == {2} and set(none.hours.values()) == {2}, "2 machines available all along"
+
+
+def test_an_msb_lost_takes_batch_machines_with_it_and_its_replacements_reclaim_without_notice():
+    """20 tasks (5 machines) in a region of 10; a fifth of every machine lost at minute 35 for an
+    hour: one service machine (4 tasks) and one batch machine go down; the 4 tasks are placed again
+    at once on a batch machine reclaimed without notice; both batch machines' work since their last
+    checkpoint (at 30 min: 5 minutes of 4 tasks each) is lost. Kubernetes: 4 of 20 service pods and
+    4 of 20 batch pods lost, the 4 pods made again preempt 4 batch pods (which checkpoint)."""
+    loads = [[12.0] * 120]
+    lost = 5 * 60 * bc.BATCH_USE  # a task's, since its checkpoint at 30 min
+    tier = bc.run_twine(loads, None, 120, 10, tier=True, failure_at=35)
+    assert tier.reclaims - tier.noticed == 1, "one reclaim without notice"
+    assert tier.lost == pytest.approx(2 * bc.SLOTS * lost)
+    # available (free and batch): 5 before; during, 10 less 2 down less the service's 5 (4 left and 1 reclaimed)
+    assert tier.starts[bc.T0 // 3600] == 5 and tier.hours[bc.T0 // 3600] == 3
+    k8s = bc.run_k8s(loads, 120, 10, failure_at=35)
+    assert k8s.reclaims >= 4 and k8s.noticed == 0
+    assert k8s.lost == pytest.approx(4 * lost)

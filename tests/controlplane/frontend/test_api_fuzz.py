@@ -27,6 +27,14 @@ expected-statuses = ["2XX", 401, 403, 404, 409, 422]
 [checks.negative_data_rejection]
 # 413: a body over the 1 MiB limit is refused before its schema is looked at
 expected-statuses = [400, 401, 403, 404, 405, 406, 409, 413, 415, 422]
+
+# DELETE /v1/jobs/{ent}/{name} answers 202: the job stops its tasks and stays readable, `stopping`
+# then `stopped` (docs/api.md), as a Kubernetes object with finalizers stays readable until they are
+# done; a read of it after the delete is no use after free (schemathesis takes any 2XX as gone)
+[[operations]]
+include-path-regex = "^/v1/jobs/"
+include-method = "GET"
+checks.use_after_free.enabled = false
 """
 
 

@@ -11,12 +11,19 @@ from controlplane.store.records import EventRec, MachineRec
 
 
 class Reclaims(dict):
-    """machine id -> the open reclaim (an EventRec of kind reclaim) that covers it."""
+    """machine id -> the open reclaim (an EventRec of kind reclaim) that covers it; and `began`:
+    opportunistic entitlement -> when its last reclaim for demand began (its budget's cool-down)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.began: dict[str, float] = {}
 
     def take(self, old: EventRec | None, new: EventRec | None) -> bool:
         """A reclaim event written (`new`) or gone (`old` before it); False for any other kind."""
         if not any(e is not None and e.kind == "reclaim" for e in (old, new)):
             return False
+        if new is not None and new.kind == "reclaim" and new.scope and new.cause != "failure":
+            self.began[new.scope] = max(self.began.get(new.scope, new.start), new.start)
         for e, is_new in ((old, False), (new, True)):
             for mid in (e.machines if e is not None else ()):
                 if is_new and e.end is None:

@@ -26,7 +26,7 @@ from controlplane.allocator import AllocationError, Snapshot, allocate
 from controlplane.allocator.model import tasks_fit
 from controlplane.scheduler.ops import Maintenance
 from controlplane.scheduler.periodic import every
-from controlplane.store.records import EventRec, JobRec, MachineRec, TaskRec
+from controlplane.store.records import EntitlementRec, EventRec, JobRec, MachineRec, TaskRec
 from controlplane.capacity.index import in_flight
 from controlplane.store.state import RegionState, to_entitlement, to_machine, to_placed
 
@@ -40,13 +40,21 @@ SETTLE = 10.0  # seconds of a shard's leadership before it cancels a reclaim for
 @dataclass(frozen=True)
 class Budget:
     """How much of an opportunistic entitlement may be in reclaim at once: at most `machines`, and
-    at most `percent` of what it holds (at least one machine)."""
+    at most `percent` of what it holds (at least one machine); and `cooldown` seconds after a
+    reclaim of it begins before the next may (a failure's excepted: it waits for nothing)."""
 
     machines: int = 10
     percent: float = 50.0
+    cooldown: float = 0.0
 
     def limit(self, held: int) -> int:
         return max(1, min(self.machines, int(held * self.percent / 100.0)))
+
+    def of(self, ent: EntitlementRec | None) -> Budget:
+        """The entitlement's own budget (`reclaim` on its record), these defaults where it sets none."""
+        r = (ent.reclaim if ent is not None else None) or {}
+        return Budget(int(r.get("max_machines", self.machines)), float(r.get("max_percent", self.percent)),
+                      float(r.get("cooldown", self.cooldown)))
 
 
 @dataclass(frozen=True)
@@ -109,7 +117,8 @@ def free_slots(m: MachineRec, cpus: float, memory_mb: int) -> int:
 def choose(state: RegionState, handle: str, d: Demand, budget: Budget, now: float) -> dict[str, list[str]]:
     """Machines to take back for one guaranteed job's demand, by opportunistic entitlement: as
     many as its tasks need (less what is in flight for its entitlement already), within its
-    entitlement's quota and each opportunistic entitlement's budget, the emptiest first."""
+    entitlement's quota and each opportunistic entitlement's budget (its own, else `budget`: in
+    flight, and for demand its cool-down since its last reclaim began), the emptiest first."""
     job = state.jobs.get(handle)
     ent = state.entitlements.get(job.entitlement) if job is not None else None
     if ent is None or ent.kind != "guaranteed":
@@ -128,8 +137,10 @@ def choose(state: RegionState, handle: str, d: Demand, budget: Budget, now: floa
         if want <= 0:
             break
         name = m.entitlement
-        limit = budget.limit(len(state.machines_of(name)))
-        if in_flight(state, scope=name) + len(chosen.get(name, ())) >= limit:
+        own = budget.of(state.entitlements.get(name))
+        if in_flight(state, scope=name) + len(chosen.get(name, ())) >= own.limit(len(state.machines_of(name))):
+            continue
+        if d.cause != "failure" and name not in chosen and now - state.reclaims.began.get(name, -math.inf) < own.cooldown:
             continue
         chosen.setdefault(name, []).append(m.id)
         want -= 1

@@ -45,10 +45,19 @@ async def ent_create(api: Api, args, out: Out) -> int:
         body["kind"] = args.kind
     if args.notice is not None:
         body["notice"] = args.notice
+    if budget := reclaim_of(args):
+        body["reclaim"] = budget
     if policy := rollout.policy_of(args):
         body["rollout"] = policy
     out(await api.call("POST", "/v1/entitlements", body), render.entitlement_show)
     return EXIT_OK
+
+
+def reclaim_of(args) -> dict:
+    """The --reclaim-* flags as the API's `reclaim` body (the fields given)."""
+    given = (("max_machines", args.reclaim_max_machines), ("max_percent", args.reclaim_max_percent),
+             ("cooldown", args.reclaim_cooldown))
+    return {k: v for k, v in given if v is not None}
 
 
 async def ent_modify(api: Api, args, out: Out) -> int:
@@ -75,11 +84,13 @@ async def ent_modify(api: Api, args, out: Out) -> int:
         body["allow_controller_networks"] = [n for n in args.allow_controller_network if nullable(n) is not None]
     if args.notice is not None:
         body["notice"] = args.notice
+    if budget := reclaim_of(args):
+        body["reclaim"] = budget
     if policy := rollout.policy_of(args):
         body["rollout"] = policy
     if not body:
         raise CliError(EXIT_INPUT, "entitlement modify: nothing to change; give --quota, --profile, --owner, --spread, "
-                                   "--pin-dc, --allow-controller-network, --notice or a rollout flag")
+                                   "--pin-dc, --allow-controller-network, --notice, a --reclaim-* or a rollout flag")
     before = None
     if args.wait is not None:
         shown = await api.call("GET", f"/v1/entitlements/{quoted(args.name)}")

@@ -52,6 +52,16 @@ def rollout_flags(sp: argparse.ArgumentParser) -> None:
                     "then its tasks to run again (default 300)")
 
 
+def reclaim_flags(sp: argparse.ArgumentParser) -> None:
+    """An opportunistic entitlement's disruption budget (the API's `reclaim`)."""
+    sp.add_argument("--reclaim-max-machines", type=count, metavar="N",
+                    help="of its machines in reclaim at once, at most N (default 10)")
+    sp.add_argument("--reclaim-max-percent", type=float, metavar="P",
+                    help="of its machines in reclaim at once, at most P percent (at least one; default 50)")
+    sp.add_argument("--reclaim-cooldown", type=float, metavar="S",
+                    help="seconds after one of its reclaims begins before the next may (default 0)")
+
+
 def common(parser: argparse.ArgumentParser) -> None:
     """The global options, accepted before the command and after it (SUPPRESS: a subcommand
     that is not given one leaves the top level's value alone)."""
@@ -100,6 +110,7 @@ def parser() -> argparse.ArgumentParser:
                         "when a guaranteed entitlement needs them (default guaranteed)")
     c.add_argument("--notice", type=float, metavar="S", help="seconds of advance notice before one of its machines "
                                                               "is taken back (default 120)")
+    reclaim_flags(c)
     rollout_flags(c)
     m = leaf(ent_sub, "modify", "change an entitlement (PATCH); '' or none clears --profile / --pin-dc")
     m.add_argument("name", metavar="NAME")
@@ -112,6 +123,7 @@ def parser() -> argparse.ArgumentParser:
                    help="replaces the networks its TaskControllers may be at (repeat for more; none: no network)")
     m.add_argument("--notice", type=float, metavar="S", help="seconds of advance notice before one of its machines "
                                                               "is taken back")
+    reclaim_flags(m)
     rollout_flags(m)
     m.add_argument("--wait", nargs="?", type=float, const=1800.0, default=None, metavar="S",
                    help="follow the profile rollout the change begins until it is done (at most S seconds, 1800 by "

@@ -97,6 +97,8 @@ def entitlement_show(e: dict) -> str:
         ("entitlement", cell(e.get("name"))),
         ("kind", cell(e.get("kind", "guaranteed")) + (f" (machines taken back after {e['notice']:g} s of notice)"
                                                       if e.get("kind") == "opportunistic" else "")),
+        *([("reclaims", "at most {max_machines} machines or {max_percent:g} % at once, {cooldown:g} s apart".format(
+            **e["reclaim"]))] if e.get("kind") == "opportunistic" and e.get("reclaim") else []),
         ("owner", cell(e.get("owner"))),
         ("machine type", cell(e.get("machine_type"))),
         ("quota", f"{cell(e.get('held'))} of {cell(e.get('quota'))} machines held"),

@@ -4,6 +4,7 @@ each), made from the region's view and, for a job, its shard leader's work on it
 from __future__ import annotations
 
 from controlplane.broker.agents import AgentService
+from controlplane.capacity.reclaim import Budget
 from controlplane.rollouts.record import summary
 from controlplane.store.jobsecrets import redact_task
 from controlplane.store.records import JobRec, TaskRec
@@ -41,6 +42,9 @@ def entitlement_answer(state: RegionState, name: str, detail: bool = False) -> d
     e = state.entitlements[name]
     machines = [m.id for m in state.machines_of(name)]
     out = {**e.to_json(), "held": len(machines)}
+    if e.kind == "opportunistic":  # its disruption budget in force: what it set, the defaults for the rest
+        b = Budget().of(e)
+        out["reclaim"] = {"max_machines": b.machines, "max_percent": b.percent, "cooldown": b.cooldown}
     r = state.rollouts.get(name)
     out["rollout_state"] = summary(r) if r is not None else None
     if detail:

@@ -59,6 +59,9 @@ class Entitlement(Answer):
     held: Annotated[int, Meta(description="machines it holds")]
     kind: Annotated[str, Meta(description="guaranteed or opportunistic")] = "guaranteed"
     notice: Annotated[float, Meta(description="seconds of notice before an opportunistic machine is taken back")] = 120.0
+    reclaim: Annotated[Union[dict[str, Any], None], Meta(description="an opportunistic entitlement's disruption "
+                                                         "budget in force: max_machines, max_percent, cooldown "
+                                                         "(null for a guaranteed one)")] = None
     machines: Union[Strings, msgspec.UnsetType] = msgspec.UNSET  # one entitlement's view
     jobs: Union[Strings, msgspec.UnsetType] = msgspec.UNSET
     # its profile rollout in short (null: none yet): state, from, to, machines by phase

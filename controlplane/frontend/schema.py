@@ -60,6 +60,18 @@ Notice = Annotated[float, Meta(ge=0, le=3600, description="seconds of advance no
                                                         "before an opportunistic machine is taken back (default 120)")]
 
 
+class ReclaimPolicy(Struct, forbid_unknown_fields=True):
+    """An opportunistic entitlement's disruption budget: how much of it reclaims may take at once."""
+    max_machines: Union[Annotated[int, Meta(ge=1, le=1_000_000, description="machines in reclaim at once, at most "
+                                            "(default 10)")], msgspec.UnsetType] = msgspec.UNSET
+    max_percent: Union[Annotated[float, Meta(ge=1, le=100, description="percent of what it holds in reclaim at "
+                                             "once, at most (at least one machine; default 50)")],
+                       msgspec.UnsetType] = msgspec.UNSET
+    cooldown: Union[Annotated[float, Meta(ge=0, le=86_400, description="seconds after a reclaim begins before "
+                                          "the next may (a failure's reclaims excepted; default 0)")],
+                    msgspec.UnsetType] = msgspec.UNSET
+
+
 class EntitlementPatch(Struct, forbid_unknown_fields=True):
     quota: Union[Annotated[int, Meta(ge=0, le=1_000_000)], msgspec.UnsetType] = msgspec.UNSET
     profile: Union[Name, None, msgspec.UnsetType] = msgspec.UNSET
@@ -69,6 +81,7 @@ class EntitlementPatch(Struct, forbid_unknown_fields=True):
     allow_controller_networks: Union[Networks, msgspec.UnsetType] = msgspec.UNSET
     rollout: Union[RolloutPolicy, msgspec.UnsetType] = msgspec.UNSET
     notice: Union[Notice, msgspec.UnsetType] = msgspec.UNSET
+    reclaim: Union[ReclaimPolicy, msgspec.UnsetType] = msgspec.UNSET
 
 
 class EntitlementSpec(Struct, forbid_unknown_fields=True):
@@ -86,6 +99,7 @@ class EntitlementSpec(Struct, forbid_unknown_fields=True):
                     "machines the region does not need now and give them back, after `notice`, when a "
                     "guaranteed entitlement needs them (fixed at creation)")] = "guaranteed"
     notice: Notice = 120.0
+    reclaim: Union[ReclaimPolicy, msgspec.UnsetType] = msgspec.UNSET
 
 
 class EntitlementMove(Struct, forbid_unknown_fields=True):

@@ -96,6 +96,9 @@ class EntitlementRec:
     # advance notice to their TaskControllers (docs/api.md, "Opportunistic capacity")
     kind: str = "guaranteed"
     notice: float = 120.0
+    # an opportunistic entitlement's disruption budget ({max_machines, max_percent, cooldown}, each
+    # absent one the region's default: capacity/reclaim.py Budget)
+    reclaim: dict | None = None
 
     def to_json(self) -> dict:
         d = _encode(self)
@@ -116,7 +119,7 @@ class EntitlementRec:
         ent = replace(ent, kind=data.get("kind", ent.kind))  # fixed at creation: no change takes it
         return ent.modified({k: v for k, v in data.items() if k in
                              ("profile", "owner", "spread", "allow_host_network", "allow_controller_networks", "rollout",
-                              "notice")})
+                              "notice", "reclaim")})
 
     def modified(self, data: dict) -> EntitlementRec:
         """The entitlement with the fields of a PATCH body (schema.EntitlementPatch) changed. A
@@ -128,6 +131,8 @@ class EntitlementRec:
             changes["allow_controller_networks"] = controller_networks(data["allow_controller_networks"])
         if "rollout" in data:  # the fields given change, the others stay
             changes["rollout"] = {**(self.rollout or {}), **data["rollout"]}
+        if "reclaim" in data:  # the same
+            changes["reclaim"] = {**(self.reclaim or {}), **data["reclaim"]}
         return replace(self, **changes)
 
 

@@ -153,3 +153,42 @@ def test_a_guaranteed_task_lost_with_its_machine_takes_an_opportunistic_one_back
         assert holder(c, mid) == "web"
         states = sorted(t["state"] for t in c.call("GET", "/v1/jobs/batch/work")[1]["tasks"])
         assert states == ["pending", "running"], states
+
+
+def test_an_entitlements_disruption_budget_bounds_its_reclaims_in_flight_and_spaces_them(tmp_path, etcd_server,
+                                                                                            capsys):
+    """`reclaim` on an opportunistic entitlement: at most 1 machine in reclaim at once (though 100 %
+    would allow both) and 600 s between two reclaims for demand; web needs both of batch's machines:
+    it gets one, and the second only once the cool-down is set to 0 (twinectl modify, the other
+    fields kept); a bad budget is refused naming the field, and changes nothing."""
+    from controlplane.cli import twinectl
+    from tests.controlplane.controld_proc import API_TOKEN
+
+    with daemon_with_sim_agents(tmp_path, etcd_server.port, ("h1", "h2"), heartbeat_timeout=5.0) as (c, _agents):
+        def ctl(*argv):
+            return twinectl.main(["--url", c.url, "--token", API_TOKEN, *argv])
+
+        assert ctl("entitlement", "create", "batch", "--machine-type", "generic", "--quota", "2", "--kind",
+                   "opportunistic", "--notice", "1", "--reclaim-max-machines", "1", "--reclaim-max-percent", "100",
+                   "--reclaim-cooldown", "600") == 0
+        assert "at most 1 machines or 100 % at once, 600 s apart" in capsys.readouterr().out
+        status, e = c.call("PATCH", "/v1/entitlements/batch", {"reclaim": {"max_percent": 0}})
+        assert status == 400 and "reclaim" in (e.get("field") or ""), e
+        assert c.call("GET", "/v1/entitlements/batch")[1]["reclaim"] == {"max_machines": 1, "max_percent": 100.0,
+                                                                         "cooldown": 600.0}
+        assert c.call("POST", "/v1/entitlements", {"name": "web", "machine_type": "generic", "quota": 2})[0] == 201
+        assert c.call("POST", "/v1/jobs", {"entitlement": "batch", "name": "work", "count": 2, "task": BIG})[0] == 201
+        wait(lambda: [t["state"] for t in c.call("GET", "/v1/jobs/batch/work")[1]["tasks"]] == ["running"] * 2, 20,
+             "batch on both machines")
+        assert c.call("POST", "/v1/jobs", {"entitlement": "web", "name": "api", "count": 2, "task": BIG})[0] == 201
+        [first] = wait(lambda: reclaims(c), 20, "a reclaim")
+        assert len(first["machines"]) == 1, first
+        wait(lambda: holder(c, first["machines"][0]) == "web", 20, "the first machine handed to web")
+        time.sleep(3.0)
+        assert [x["id"] for x in reclaims(c)] == [first["id"]], "no second reclaim within the cool-down"
+        assert ctl("entitlement", "modify", "batch", "--reclaim-cooldown", "0") == 0
+        assert "at most 1 machines or 100 % at once, 0 s apart" in capsys.readouterr().out
+        second = wait(lambda: [x for x in reclaims(c) if x["id"] != first["id"]], 20, "the second reclaim")
+        assert second[0]["machines"] != first["machines"]
+        wait(lambda: [t["state"] for t in c.call("GET", "/v1/jobs/web/api")[1]["tasks"]] == ["running"] * 2, 30,
+             "web on both machines")

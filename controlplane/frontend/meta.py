@@ -31,7 +31,7 @@ class Meta:
     async def healthz(self, request: web.Request) -> web.Response:
         """200 when etcd answers now and this view follows it; else 503 saying why. etcd is asked on
         each call (as kube-apiserver's /healthz does), so the answer never lags an outage."""
-        if stale := self.state.stale or await self.state.store.check() or self.state.stale:
+        if stale := self.state.stale or await self.state.store.check():
             return reply({"ok": False, **ApiError("unavailable", None, stale).to_json()}, 503)
         return reply({"ok": True})
 

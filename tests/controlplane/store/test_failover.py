@@ -96,7 +96,8 @@ def test_a_health_check_reports_a_hung_member_and_moves_nothing(tmp_path):
             finally:
                 os.kill(first.pid, signal.SIGCONT)
             assert why == f"etcd unreachable at {cluster.endpoints[0]}: no answer in {CHECK_TIMEOUT:g} s", why
-            assert took < CHECK_TIMEOUT + 1, took
+            # the check's 2 s, not the store's 10 s for a read (the margin: a connect on a loaded 2-core host)
+            assert took < CHECK_TIMEOUT + 3, took
             assert store.endpoint == cluster.endpoints[0] and not moved.is_set() and store.unavailable == ""
             assert await store.check() == "", "answered again once continued"
             cluster.members[0].halt()  # refused from now on

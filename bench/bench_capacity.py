@@ -20,7 +20,8 @@ Three ways, on the same trace and region:
   reclaim opportunistic machines (controlplane/capacity/reclaim.py's Budget: at most 10 machines
   or 50 % of the entitlement in flight), with the entitlement's notice (NOTICE, 120 s) as the
   deadline: the batch TaskController checkpoints and acks after ACK seconds and the machine goes to
-  the service then. A failure's replacements reclaim at once, without notice (the batch tasks
+  the service then. With no free machine the SRM's forecast looks that notice further ahead, as the
+  daemon's does (srm/service.py, reclaim_lead), so that growth it foresees is asked for in time. A failure's replacements reclaim at once, without notice (the batch tasks
   killed lose their work since their last checkpoint).
 - no tier: the same services and SRM; freed machines idle in the pool.
 - k8s: the services under the HPA (bench/hpa.py); batch as pods of a low PriorityClass above the
@@ -37,11 +38,12 @@ load, and what the batch tasks used, less batch work lost to kills) over the cor
 by anyone (a service, batch, a reclaim in flight; k8s: every node up); opportunistic availability =
 the share of the measured week's hours that had at least the machines offered for them
 (controlplane/capacity/slo.py as the daemon runs it: the pool's hourly history, the week before
-simulated the same way with the history loads, forecast every hour, the 99 % line offered, each
-hour judged against the offer made earliest); reclaims with >= 120 s notice (k8s: preemptions, with
-none; the tier gives every reclaim for demand the entitlement's notice as its deadline and never cuts
-it short, a service waiting for the ack instead, which the over-target minutes count: only a
-failure's reclaims go without); guaranteed over-target minutes (a job's minute with load per serving task over target x 1.1).
+simulated the same way with the history loads, forecast every hour, the 99 % line less the
+failure-domain buffer offered, each hour judged against the offer made earliest); reclaims with
+>= 120 s notice (k8s: preemptions, with none; the tier gives every reclaim for demand the
+entitlement's notice as its deadline and never cuts it short, a service waiting for the ack
+instead, which the over-target minutes count: only a failure's reclaims go without); guaranteed
+over-target minutes (a job's minute with load per serving task over target x 1.1).
 
     .venv/bin/python bench/bench_capacity.py [--jobs 10] [--days 7] [--seed 26]
 """
@@ -100,6 +102,7 @@ class Tally:
     lost: float = 0.0  # core-seconds of batch work lost to kills
     hours: dict[int, int] = field(default_factory=dict)  # hour -> the least available seen in it
     starts: dict[int, int] = field(default_factory=dict)  # hour -> available at its start
+    buffers: dict[int, int] = field(default_factory=dict)  # hour -> the failure-domain buffer at its start
     over_in: dict[int, int] = field(default_factory=dict)  # hour of the week -> over-target minutes in it
 
     @property
@@ -198,7 +201,8 @@ def fail(side: Side, pool: TierPool, now: float, t: Tally) -> dict[int, int]:
 
 
 def run_twine(loads, history, minutes: int, machines: int, tier: bool, predictive: bool = True,
-              failure_at: int | None = FAILURE_AT, budget: Budget = Budget(), ack: float = ACK) -> Tally:
+              failure_at: int | None = FAILURE_AT, budget: Budget = Budget(), ack: float = ACK,
+              lead: bool = True) -> Tally:
     """tier / no tier: the SRM's services, with batch on the free machines or without.
     failure_at: the minute the MSB is lost (None: never)."""
     t = Tally("tier" if tier else "no tier")
@@ -228,6 +232,8 @@ def run_twine(loads, history, minutes: int, machines: int, tier: bool, predictiv
         if back_at is not None and now >= back_at and pool.down:
             pool.free += pool.down  # the MSB is back: its machines return to the pool
             pool.down = 0
+        # with no free machine, growth takes machines back with notice: the forecast looks that much further
+        side.lead = NOTICE if tier and lead and pool.free - pool.promised <= 0 else 0.0
         for n, job in enumerate(side.jobs):
             sim: JobSim = job["sim"]
             size = sim.size()
@@ -251,12 +257,21 @@ def run_twine(loads, history, minutes: int, machines: int, tier: bool, predictiv
         t.held += (pool.held + len(pool.batch) + len(pool.reclaiming) + pool.promised) * SLOTS * STEP
         hour = int((T0 + now) // 3600)
         t.hours[hour] = min(t.hours.get(hour, machines), pool.available())
-        t.starts.setdefault(hour, pool.available())
+        if hour not in t.starts:
+            t.starts[hour] = pool.available()
+            t.buffers[hour] = buffer(side)
         if (step + 1) % steps_per_minute == 0:
             minute_end(side, minute, t)
     t.over = side.result.over
     t.useful -= t.lost
     return t
+
+
+def buffer(side: Side) -> int:
+    """slo.pool()'s failure-domain buffer: the guaranteed machines of the largest MSB. Every
+    service is spread over the five MSBs as evenly as it can be, and the one lost takes each
+    service's share (fail()): that share, summed."""
+    return sum(round(len(job["sim"].machines) * FAILURE_SHARE) for job in side.jobs)
 
 
 def minute_end(side: Side, minute: int, t: Tally) -> None:
@@ -365,21 +380,25 @@ def place(job: dict, n: int, free: int, batch: list[float], now: float, t: Tally
     return free
 
 
-def availability(before: Tally, measured: Tally, machines: int, hours_measured: list[int]
-                 ) -> tuple[float, int, list[tuple[int, int, int]]]:
+def availability(before: Tally, measured: Tally, machines: int, hours_measured: list[int], buffers: bool = True
+                 ) -> tuple[float, int, list[tuple[int, int, int]], float]:
     """The measured hours delivered (available >= offered), in percent, and how many were
     judged: the history the week before's hours, then each measured hour's own as it closes; at
-    each hour's start the forecast from what was kept, its 99 % line offered for 24 hours."""
+    each hour's start the forecast from what was kept, its 99 % line less the failure-domain
+    buffer then (buffers=False: the 99 % line itself) offered for 24 hours. And the machines
+    offered for an hour, on average over those judged."""
     h = slo.History()
     for hour, avail in sorted(before.hours.items()):
         h.put(hour, {"groups": {GROUP: {"machines": machines, "available": avail}}})
     for hour in hours_measured:
-        now_pool = {GROUP: {"machines": machines, "available": measured.starts[hour]}}
+        now_pool = {GROUP: {"machines": machines, "available": measured.starts[hour],
+                            "buffer": measured.buffers[hour] if buffers else 0}}
         h.offered[hour] = slo.offer(slo.forecast(h, now_pool, hour, {GROUP}))
         h.hours[hour] = {GROUP: {"machines": machines, "available": measured.hours[hour]}}
     judged = [(t, o, a) for t, o, a, _ in slo.judged(h, GROUP) if t in set(hours_measured)]
     missed = [(t, o, a) for t, o, a in judged if a < o]
-    return (100.0 * (len(judged) - len(missed)) / len(judged) if judged else 0.0), len(judged), missed
+    mean = sum(o for _, o, _ in judged) / len(judged) if judged else 0.0
+    return (100.0 * (len(judged) - len(missed)) / len(judged) if judged else 0.0), len(judged), missed, mean
 
 
 def when(hour: int) -> str:
@@ -420,7 +439,8 @@ def main() -> None:
     none = run_twine(loads, history, minutes, machines, tier=False)
     k8s = run_k8s(loads, minutes, machines, ack=args.ack)
     hours = sorted(tier.hours)
-    o, judged, missed = availability(week_before, tier, machines, hours)
+    o, judged, missed, offered = availability(week_before, tier, machines, hours)
+    o_bare, _, missed_bare, offered_bare = availability(week_before, tier, machines, hours, buffers=False)
     s = round(slo.LEVELS[0] * 100)
     print(f"the built-in diurnal week ({args.jobs} guaranteed services, flash crowd, {minutes / 60:.0f} h measured) on "
           f"{machines} machines of {SLOTS} one-core slots (the services' peak + {HEADROOM:.0%}); an MSB (a fifth of "
@@ -434,6 +454,10 @@ def main() -> None:
     print(f"opportunistic availability: {judged} hours judged against the {s} % line offered for them (from the "
           f"pool's hourly history, the week before simulated with its own loads); missed: "
           + (", ".join(f"{when(h)} (offered {o}, available {a})" for h, o, a in missed) or "none"))
+    print(f"offered: {offered:.0f} machines an hour on average, the 99 % line less the failure-domain buffer of "
+          f"{sum(tier.buffers.values()) / len(tier.buffers):.0f} (lent, not offered); the 99 % line itself offered "
+          f"would have been {offered_bare:.0f} an hour at {o_bare:.1f}%, missing "
+          + (", ".join(f"{when(h)} (offered {o}, available {a})" for h, o, a in missed_bare) or "none"))
     worse = sorted(((tier.over_in.get(h, 0) - none.over_in.get(h, 0), h) for h in set(tier.over_in) | set(none.over_in)),
                    reverse=True)[:5]
     print("over-target minutes the tier added, its worst hours: "

@@ -317,6 +317,7 @@ class Side:
     jobs: list = field(default_factory=list)
     cpu: float = 0.0
     calls: int = 0
+    lead: float = 0.0  # seconds the SRM's forecast looks further ahead (a reclaim's notice: bench_capacity)
 
     def __post_init__(self) -> None:
         self.result = Result(self.name)
@@ -400,7 +401,7 @@ def decide(side: Side, job: dict, now: float, seen_minute: int, share: float) ->
     mem: Memory = job["mem"]
     clock = T0 + now  # the history's clock
     if side.policy.predictive:
-        refresh(mem, job["series"], clock, mem.startup + STEP + SAMPLE)
+        refresh(mem, job["series"], clock, mem.startup + STEP + SAMPLE + side.lead)
     summed = used * reporting / ready * 1000 if reporting else None
     r = usage_reading(summed, reporting, ready)
     reading = Reading(r.load, MEASURE_DELAY, ready) if r.load is not None else r

@@ -1,7 +1,7 @@
 """Opportunistic capacity's SLO for Prometheus (capacity/slo.py), from the process that leads
-shard 0 (the others export nothing of it): per group (machine type/dc), the machines available
-at the recorder's last look (a scrape makes no pass over the machines), the line offered for the
-hour under way, and the hours judged and delivered."""
+shard 0 (the others export nothing of it): per group (machine type/dc), the machines available and
+the failure-domain buffer at the recorder's last look (a scrape makes no pass over the machines),
+the line offered for the hour under way, and the hours judged and delivered."""
 
 from __future__ import annotations
 
@@ -25,8 +25,14 @@ class CapacityCollector:
         for group, f in sorted(r.last.items()):
             avail.add_metric([group], f["available"])
         yield avail
+        buffer = GaugeMetricFamily("twine_capacity_buffer_machines", "the failure-domain buffer: the guaranteed "
+                                   "machines of the group's largest MSB (lent to opportunistic work, not offered)",
+                                   labels=["group"])
+        for group, f in sorted(r.last.items()):
+            buffer.add_metric([group], f.get("buffer", 0))
+        yield buffer
         offered = GaugeMetricFamily("twine_capacity_offered_machines", "the SLO's line for the hour under way: "
-                                    "machines available with 99 % probability", labels=["group"])
+                                    "machines available with 99 % probability, less the buffer", labels=["group"])
         for group, n in sorted(r.offered_now.items()):
             if n is not None:
                 offered.add_metric([group], n)

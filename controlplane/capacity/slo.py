@@ -19,7 +19,19 @@ lead (nearest rank, lower), within [0, the group's machines]. With fewer errors 
 needs (100 for 99 %, 1,000 for 99.9 %) the line is the worst error seen, and the answer says how
 many there are: it is then an estimate, not a measured probability.
 
-The SLO offered is the 99 % line. Each hour's record keeps the line offered for the 24 hours after
+A group's *failure-domain buffer* is what losing one MSB would take from the pool for the
+guaranteed tasks to run again: the guaranteed machines of its largest MSB,
+
+    B(type, dc) = max over MSBs m of the dc of  sum over guaranteed entitlements e of g(e, type, m)
+
+(an entitlement spread over N MSBs, evenly, loses 1/N of its machines with one of them; the sum
+over entitlements of machines(e)/N bounds B from above, and B is what the machines' places say).
+The buffer is not kept idle: it is lent to opportunistic work like the rest of the pool, and on an
+MSB's loss the failed tasks' replacements take it (free machines first, then opportunistic ones
+reclaimed without notice). It is lent without a promise: the line offered is the 99 % line less
+the buffer, so an MSB's loss takes what was never offered.
+
+The SLO offered is that line. Each hour's record keeps the line offered for the 24 hours after
 it; an hour is judged against the offer made for it earliest (up to 24 h ahead): delivered when
 what was available in it is at least what was offered.
 
@@ -37,7 +49,7 @@ from typing import Mapping
 HOURS_KEPT = 8 * 7 * 24  # hourly records kept (8 weeks, as usage's rollups)
 LEADS = 24  # hours ahead the forecast covers
 LEVELS = (0.99, 0.999)  # the probabilities of the lines; the SLO offered is the first
-FIGURES = ("machines", "guaranteed", "opportunistic", "free", "reclaiming", "available")
+FIGURES = ("machines", "guaranteed", "opportunistic", "free", "reclaiming", "available", "buffer")
 
 
 def group_of(labels: Mapping[str, str]) -> str:
@@ -53,20 +65,35 @@ def of_group(group: str) -> tuple[str, str]:
 def pool(state, now: float, machines=None) -> dict[str, dict[str, int]]:
     """The region's machines now (or those given), per group: machines (healthy, in no
     maintenance), guaranteed, opportunistic, free, reclaiming (in a reclaim still open), available
-    (free + opportunistic, not reclaiming)."""
-    kinds = {name: e.kind for name, e in state.entitlements.items()}
+    (free + opportunistic, not reclaiming) and buffer (the guaranteed machines of its largest MSB)."""
     out: dict[str, dict[str, int]] = {}
-    for m in state.machines.values() if machines is None else machines:
-        g = out.setdefault(group_of(m.labels), dict.fromkeys(FIGURES, 0))
+    per_msb: dict[tuple[str, str], int] = {}
+    _count(state, now, state.machines.values() if machines is None else machines, out, per_msb)
+    return _buffers(out, per_msb)
+
+
+def _count(state, now: float, machines, out: dict, per_msb: dict) -> None:
+    kinds = {name: e.kind for name, e in state.entitlements.items()}
+    for m in machines:
+        group = group_of(m.labels)
+        g = out.setdefault(group, dict.fromkeys(FIGURES, 0))
         if not m.healthy or state.maintenance.of(m.id, now) is not None:
             continue
         g["machines"] += 1
         opportunistic = m.entitlement is not None and kinds.get(m.entitlement) == "opportunistic"
         g["free" if m.entitlement is None else "opportunistic" if opportunistic else "guaranteed"] += 1
+        if m.entitlement is not None and not opportunistic:
+            key = (group, m.labels.get("msb", ""))
+            per_msb[key] = per_msb.get(key, 0) + 1
         if opportunistic and m.id in state.reclaims:
             g["reclaiming"] += 1
         elif opportunistic or m.entitlement is None:
             g["available"] += 1
+
+
+def _buffers(out: dict[str, dict[str, int]], per_msb: dict[tuple[str, str], int]) -> dict[str, dict[str, int]]:
+    for (group, _), n in per_msb.items():
+        out[group]["buffer"] = max(out[group]["buffer"], n)
     return out
 
 
@@ -74,14 +101,12 @@ async def pool_in_steps(state, now: float, step: int = 5_000) -> dict[str, dict[
     """pool(), giving the event loop back every `step` machines (a region of a million machines
     is a second or two of passes, each step a few milliseconds)."""
     machines = list(state.machines.values())
-    total: dict[str, dict[str, int]] = {}
+    out: dict[str, dict[str, int]] = {}
+    per_msb: dict[tuple[str, str], int] = {}
     for i in range(0, len(machines), step):
-        for group, figures in pool(state, now, machines[i:i + step]).items():
-            t = total.setdefault(group, dict.fromkeys(FIGURES, 0))
-            for k, v in figures.items():
-                t[k] += v
+        _count(state, now, machines[i:i + step], out, per_msb)
         await asyncio.sleep(0)
-    return total
+    return _buffers(out, per_msb)
 
 
 @dataclass
@@ -93,8 +118,11 @@ class History:
     offered: dict[int, dict[str, list[int | None]]] = field(default_factory=dict)
 
     def available(self, hour: int, group: str) -> int | None:
+        return self.figure(hour, group, "available")
+
+    def figure(self, hour: int, group: str, name: str) -> int | None:
         figures = self.hours.get(hour, {}).get(group)
-        return None if figures is None else figures.get("available")
+        return None if figures is None else figures.get(name)
 
     def groups(self) -> set[str]:
         return {g for rec in self.hours.values() for g in rec}
@@ -150,8 +178,9 @@ def errors(h: History, group: str, lead: int, method: str) -> list[int]:
 
 def forecast(h: History, now_pool: Mapping[str, Mapping[str, int]], hour: int,
              groups: set[str] | None = None) -> dict[str, list[dict]]:
-    """Per group, the LEADS hours after `hour` (the hour now): what is expected available, and
-    the lines available with each of LEVELS' probability (None: no history to say it from).
+    """Per group, the LEADS hours after `hour` (the hour now): what is expected available, the
+    lines available with each of LEVELS' probability (None: no history to say it from), the
+    group's failure-domain buffer now and the line offered (the first level's, less the buffer).
     About 50 ms a group with 8 weeks of history: callers on the event loop run it in a thread."""
     out: dict[str, list[dict]] = {}
     for group in sorted(groups if groups is not None else set(now_pool) | h.groups()):
@@ -159,6 +188,9 @@ def forecast(h: History, now_pool: Mapping[str, Mapping[str, int]], hour: int,
         avail, machines = now.get("available"), now.get("machines", 0)
         if avail is None:
             avail = h.available(hour - 1, group)
+        buffer = now.get("buffer")
+        if buffer is None:
+            buffer = h.figure(hour - 1, group, "buffer") or 0
         rows = []
         for lead in range(1, LEADS + 1):
             at = hour + lead
@@ -171,14 +203,16 @@ def forecast(h: History, now_pool: Mapping[str, Mapping[str, int]], hour: int,
                 key = f"p{str(p)[2:]}"  # p99, p999
                 row[key] = None if not errs else min(machines, max(0, f + quantile(errs, p)))
                 row[f"{key}_measured"] = bool(errs) and len(errs) * (1 - p) >= 1
+            row["buffer"] = buffer
+            row["offered"] = None if row["p99"] is None else max(0, row["p99"] - buffer)
             rows.append(row)
         out[group] = rows
     return out
 
 
 def offer(fc: Mapping[str, list[dict]]) -> dict[str, list[int | None]]:
-    """What is offered (the 99 % line), per group, for the LEADS hours ahead."""
-    return {g: [r["p99"] for r in rows] for g, rows in fc.items()}
+    """What is offered (the 99 % line less the buffer), per group, for the LEADS hours ahead."""
+    return {g: [r["offered"] for r in rows] for g, rows in fc.items()}
 
 
 def judged(h: History, group: str) -> list[tuple[int, int, int, int]]:

@@ -42,17 +42,25 @@ def _line(r: dict, key: str) -> str:
     return f"{r[key]}" if r[f"{key}_measured"] else f"{r[key]}~"
 
 
+def _short(now: dict) -> str:
+    short = now.get("buffer", 0) - now.get("available", 0)
+    return f"; {short} short: losing that MSB now would leave guaranteed tasks without a machine" if short > 0 else ""
+
+
 def forecast_text(body: dict) -> str:
     lines = [f"history: {body['history_hours']} hour(s) kept; the SLO offered is the {body['offered_level']:.0%} line "
-             "(~: an estimate, too few past errors to measure that probability)"]
+             "less the failure-domain buffer (~: an estimate, too few past errors to measure that probability)"]
     for g in body["groups"]:
         now = g["now"]
         lines += ["", f"{g['group']}: {now.get('available', 0)} of {now.get('machines', 0)} machine(s) available now "
                       f"({now.get('free', 0)} free, {now.get('opportunistic', 0)} opportunistic, "
                       f"{now.get('reclaiming', 0)} being reclaimed)",
-                  table(("HOUR", "EXPECTED", "99%", "99.9%", "METHOD", "ERRORS"),
+                  f"  failure-domain buffer: {now.get('buffer', 0)} (the guaranteed machines of its largest MSB; "
+                  "lent, not offered)" + _short(now),
+                  table(("HOUR", "EXPECTED", "99%", "99.9%", "OFFERED", "METHOD", "ERRORS"),
                         ([when(r["hour"]), "-" if r["expected"] is None else r["expected"], _line(r, "p99"),
-                          _line(r, "p999"), r["method"] or "-", r["samples"]] for r in g["hours"]))]
+                          _line(r, "p999"), "-" if r["offered"] is None else r["offered"], r["method"] or "-",
+                          r["samples"]] for r in g["hours"]))]
     if not body["groups"]:
         lines.append("no machines")
     return "\n".join(lines)

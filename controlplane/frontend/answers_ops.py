@@ -122,17 +122,20 @@ class CapacityHour(Answer):
     method: Annotated[Union[str, None], Meta(description="daily (the day before's shape at today's level) or "
                                                          "persistence (no day before: what is available now)")]
     samples: Annotated[int, Meta(description="the forecast's past errors the lines are drawn from")]
-    p99: Annotated[Union[int, None], Meta(description="machines available with 99 % probability (the SLO "
-                                                      "offered); None: no history yet")]
+    p99: Annotated[Union[int, None], Meta(description="machines available with 99 % probability; None: no "
+                                                      "history yet")]
     p99_measured: Annotated[bool, Meta(description="false: fewer than 100 errors, the line is the worst seen")]
     p999: Union[int, None]
     p999_measured: Annotated[bool, Meta(description="false: fewer than 1,000 errors, the line is the worst seen")]
+    buffer: Annotated[int, Meta(description="the group's failure-domain buffer: the guaranteed machines of its "
+                                            "largest MSB, lent to opportunistic work without a promise")]
+    offered: Annotated[Union[int, None], Meta(description="the SLO offered: the 99 % line less the buffer")]
 
 
 class CapacityGroup(Answer):
     group: Annotated[str, Meta(description="machine type/dc")]
     now: Annotated[dict[str, int], Meta(description="machines, guaranteed, opportunistic, free, reclaiming, "
-                                                    "available (free + opportunistic, not reclaiming)")]
+                                                    "available (free + opportunistic, not reclaiming), buffer")]
     hours: list[CapacityHour]
 
 
@@ -141,6 +144,29 @@ class CapacityForecast(Answer):
     offered_level: float
     history_hours: Annotated[int, Meta(description="hours of the pool's history kept (8 weeks at most)")]
     groups: list[CapacityGroup]
+
+
+class CapacityPast(Answer):
+    hour: Annotated[Time, Meta(description="the hour's start")]
+    machines: int
+    guaranteed: int
+    opportunistic: int
+    free: int
+    reclaiming: int
+    available: Annotated[int, Meta(description="the hour's least (the others: its most)")]
+    buffer: Annotated[int, Meta(description="the failure-domain buffer (0 in hours kept before it was)")]
+    offered: Annotated[Union[int, None], Meta(description="the line offered for the hour earliest; None: none was")]
+
+
+class CapacityPastGroup(Answer):
+    group: Annotated[str, Meta(description="machine type/dc")]
+    hours: list[CapacityPast]
+
+
+class CapacityHistory(Answer):
+    since: Annotated[Time, Meta(description="the first hour asked for")]
+    step: Annotated[int, Meta(description="seconds an hour covers: 3600")]
+    groups: list[CapacityPastGroup]
 
 
 class CapacityMiss(Answer):

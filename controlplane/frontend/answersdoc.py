@@ -14,8 +14,8 @@ from controlplane.frontend.answers import (Answer, AutoscaleStatus, Cluster, Des
                                            JobList, Machine, MachineList, Maintenance, MaintenanceList, Registration,
                                            Relayed, Revoked, ShutdownReply, Task, Token, TokenList)
 from controlplane.frontend.answers_usage import Fleet, TaskFigures, UsageHistory
-from controlplane.frontend.answers_ops import (Capacity, CapacityForecast, CapacitySlo, DryRun, MaintenanceDryRun,
-                                               RebalancePlan, RebalanceRound, RebalanceStatus, Rollout)
+from controlplane.frontend.answers_ops import (Capacity, CapacityForecast, CapacityHistory, CapacitySlo, DryRun,
+                                               MaintenanceDryRun, RebalancePlan, RebalanceRound, RebalanceStatus, Rollout)
 from controlplane.store.records import Endpoint
 
 ANSWERS: dict[str, type] = {t.__name__: t for t in (
@@ -23,7 +23,7 @@ ANSWERS: dict[str, type] = {t.__name__: t for t in (
     MachineList, Token, TokenList, Revoked, Event, EventList, Maintenance, MaintenanceList, Discovery, Registration,
     DesiredState, HeartbeatReply, ShutdownReply, Relayed, Cluster, Fleet, UsageHistory, TaskFigures,
     AutoscaleStatus, RebalancePlan, RebalanceRound, RebalanceStatus, Capacity, CapacityForecast,
-    CapacitySlo)}
+    CapacitySlo, CapacityHistory)}
 
 
 def answers_markdown() -> str:

@@ -63,6 +63,7 @@ ROUTES = [
     ("POST", "/v1/capacity/resume", CapacityView.resume),
     ("GET", "/v1/capacity/forecast", CapacityView.forecast),
     ("GET", "/v1/capacity/slo", CapacityView.service_level),
+    ("GET", "/v1/capacity/history", CapacityView.past),
     ("GET", "/v1/machines", Machines.list),
     ("GET", "/v1/machines/{id}", Machines.show),
     ("POST", "/v1/machines/{id}/release", Machines.release),

@@ -1,7 +1,8 @@
 """/v1/capacity: opportunistic capacity (controlplane/capacity). The reclaims open and the last
 ones over, and the switch that pauses them (admin): `twinectl capacity [status|pause|resume]`;
 the machines opportunistic work can count on for the next 24 hours (`forecast`) and how well the
-region kept what it offered (`slo`), from the pool's history in etcd (capacity/slo.py)."""
+region kept what it offered (`slo`), from the pool's history in etcd (capacity/slo.py), and that
+history itself (`history`, the fleet page's capacity view)."""
 
 from __future__ import annotations
 
@@ -15,10 +16,12 @@ from controlplane.capacity import slo
 from controlplane.capacity.recorder import CapacityRecorder
 from controlplane.capacity.reclaim import paused
 from controlplane.frontend.body import query_entitlement, reply
+from controlplane.frontend.usage import seconds
 from controlplane.store.records import ApiError, EventRec
 from controlplane.store.state import RegionState
 
 RECENT = 20
+HISTORY_SINCE = 7 * 86400  # the hours /v1/capacity/history gives by default: a week
 
 
 def reclaim_answer(state: RegionState, e: EventRec, now: float) -> dict:
@@ -95,6 +98,22 @@ class CapacityView:
         fc = await asyncio.to_thread(slo.forecast, h, pool, int(now // 3600), groups)
         return reply({"levels": list(slo.LEVELS), "offered_level": slo.LEVELS[0], "history_hours": len(h.hours),
                       "groups": [{"group": g, "now": pool.get(g, {}), "hours": rows} for g, rows in fc.items()]})
+
+    async def past(self, request: web.Request) -> web.Response:
+        """The pool's hours kept, per group: its figures (available: the hour's least; the others
+        its most) and the line offered for it earliest (None: no offer was made for it)."""
+        wanted = self._wanted(request)
+        since = seconds(request, "since", HISTORY_SINCE, 3600, slo.HOURS_KEPT * 3600)
+        now = time.time()
+        h = await self._history()
+        first = int((now - since) // 3600)
+        groups = sorted(g for g in h.groups() if wanted(g))
+        offered = {g: {t: o for t, o, _, _ in slo.judged(h, g)} for g in groups}
+        return reply({"since": first * 3600, "step": 3600, "groups": [
+            {"group": g, "hours": [{"hour": t * 3600, **{k: rec[g].get(k, 0) for k in slo.FIGURES},
+                                    "offered": offered[g].get(t)}
+                                   for t, rec in sorted(h.hours.items()) if t >= first and g in rec]}
+            for g in groups]})
 
     async def service_level(self, request: web.Request) -> web.Response:
         wanted = self._wanted(request)

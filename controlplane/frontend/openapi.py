@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 from functools import cache
 
+from controlplane.capacity import slo
 from controlplane.frontend import schema as schemas_of
 from controlplane.frontend import usage
 from controlplane.usage import peers
@@ -112,6 +113,9 @@ PATHS = {
                                          "probability, from the pool's history", "the forecast", "CapacityForecast")},
     "/v1/capacity/slo": {"get": _op("how well the region kept the capacity it offered: hours judged and delivered, "
                                     "and the reclaims by cause with the notice they gave", "the SLO", "CapacitySlo")},
+    "/v1/capacity/history": {"get": _op("the pool's hours kept, per machine type and dc: machines, guaranteed, "
+                                        "opportunistic, free, reclaiming, available (the hour's least), buffer, and "
+                                        "the line offered for the hour", "the history", "CapacityHistory")},
     "/v1/fleet": {"get": _op("the region's machines summed per dc, msb, entitlement, profile and machine type: held, "
                              "healthy, in maintenance, reserved, used; the free pool; what each entitlement can still "
                              "fit", "the fleet", "Fleet")},
@@ -190,6 +194,10 @@ QUERY_PARAMS = {
                               ("msb", {"type": "string", "minLength": 1, "maxLength": 253}, "only this MSB's machines")],
     ("/v1/capacity/forecast", "get"): [("entitlement", NAME_PARAM, "only the machines this entitlement can use")],
     ("/v1/capacity/slo", "get"): [("entitlement", NAME_PARAM, "only the machines this entitlement can use")],
+    ("/v1/capacity/history", "get"): [
+        ("entitlement", NAME_PARAM, "only the machines this entitlement can use"),
+        ("since", {"type": "integer", "minimum": 3600, "maximum": slo.HOURS_KEPT * 3600},
+         "how far back, in seconds (a week by default; 8 weeks are kept)")],
     ("/v1/rebalance/plan", "get"): [("entitlement", NAME_PARAM, "only this entitlement's machines")],
     ("/v1/rebalance/apply", "post"): [("entitlement", NAME_PARAM, "only this entitlement's machines")],
     ("/v1/fleet", "get"): [("by", {"type": "string", "pattern": usage.BY.pattern}, "the dimensions to sum by, "

@@ -76,6 +76,7 @@ class Autoscaler:
                          "decide_seconds": 0.0, "recommendations": 0}
         self._keys_root = UsageKeys(state.keys.region).srm()
         self._caps: dict[str, tuple[float, int]] = {}  # machine type -> a machine's (cpus, MiB)
+        self._free: dict[str, int] = {}  # machine type -> its healthy free machines, at the same look
         self._caps_until = -math.inf
 
     @property
@@ -104,13 +105,8 @@ class Autoscaler:
         jobs = [j for j in st.jobs.values() if j.autoscale is not None and j.state == "active" and self.led(j)]
         await self.loads.refresh([j for j in jobs if j.autoscale.metric is not None], now)
         usage = self.usage.jobs()
-        if now >= self._caps_until:  # the machine types' capacity: a pass over the machines now and then
-            caps: dict[str, tuple[float, int]] = {}
-            for m in st.machines.values():
-                t = m.labels.get("machine_type")
-                if t and t not in caps and m.capacity.get("cpus"):
-                    caps[t] = (float(m.capacity["cpus"]), int(m.capacity.get("memory_mb", 0)))
-            self._caps, self._caps_until = caps, now + FORECAST_EVERY
+        if now >= self._caps_until:
+            self.look(now)
         reserved: dict[str, list[float]] = {}  # entitlement -> [cpus, MiB] its active jobs reserve
         for j in st.jobs.values():
             if j.state == "active":
@@ -169,6 +165,33 @@ class Autoscaler:
         return max(0, min(int(free_cpu / cpus + 1e-9), int(free_mem / mem) if mem else 10**9,
                           ent.quota * per_machine))
 
+    def look(self, now: float) -> None:
+        """The machine types' capacity and healthy free machines: a pass over the machines, now and then."""
+        caps: dict[str, tuple[float, int]] = {}
+        free: dict[str, int] = {}
+        for m in self.state.machines.values():
+            t = m.labels.get("machine_type")
+            if t and t not in caps and m.capacity.get("cpus"):
+                caps[t] = (float(m.capacity["cpus"]), int(m.capacity.get("memory_mb", 0)))
+            if t and m.entitlement is None and m.healthy:
+                free[t] = free.get(t, 0) + 1
+        self._caps, self._free, self._caps_until = caps, free, now + FORECAST_EVERY
+
+    def reclaim_lead(self, job: JobRec) -> float:
+        """Seconds more the job's forecast looks ahead when its growth would take machines back from
+        opportunistic work (no free machine of its type at the last look): the longest notice such a
+        reclaim gives. Growth the forecast sees coming is then asked for in time for the reclaim's
+        whole notice, and the machines are there when the load comes (issue #37)."""
+        st = self.state
+        ent = st.entitlements.get(job.entitlement)
+        if ent is None or ent.kind != "guaranteed":
+            return 0.0
+        mtype = job.machine_type or ent.machine_type
+        if self._free.get(mtype, 0):
+            return 0.0
+        return max((float(e.notice) for e in st.entitlements.values()
+                    if e.kind == "opportunistic" and e.machine_type == mtype), default=0.0)
+
     def decide(self, job: JobRec, now: float, usage: dict, reserved: dict[str, list[float]]) -> Decision:
         h, p = job.handle, job.autoscale
         mem = self.memory.get(h)
@@ -184,7 +207,7 @@ class Autoscaler:
         per_task = p.metric.target if p.metric is not None else p.target_cpu * cpus
         if p.predictive and now >= mem.forecast_until:
             series = self.recorder.series.get(("job", h)) if self.recorder is not None else None
-            refresh(mem, series, now, mem.startup + self.interval + self.sample)
+            refresh(mem, series, now, mem.startup + self.interval + self.sample + self.reclaim_lead(job))
         reading = self.reading(job, usage, running, now)
         d = recommend(p, mem, now, job.count, reading, per_task, p.target_cpu * cpus, self.room(job, reserved),
                       self.stale_after)

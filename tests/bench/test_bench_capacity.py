@@ -108,6 +108,8 @@ def test_an_msb_lost_takes_batch_machines_with_it_and_its_replacements_reclaim_w
     assert tier.lost == pytest.approx(2 * bc.SLOTS * lost)
     # available (free and batch): 5 before; during, 10 less 2 down less the service's 5 (4 left and 1 reclaimed)
     assert tier.starts[bc.T0 // 3600] == 5 and tier.hours[bc.T0 // 3600] == 3
+    # the failure-domain buffer at the hour's start: the one service machine the MSB's loss then took
+    assert tier.buffers[bc.T0 // 3600] == 1
     k8s = bc.run_k8s(loads, 120, 10, failure_at=35)
     assert k8s.reclaims >= 4 and k8s.noticed == 0
     assert k8s.lost == pytest.approx(4 * lost)

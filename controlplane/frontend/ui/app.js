@@ -266,6 +266,52 @@ async function rolloutsView(view) {
   }
 }
 
+// Opportunistic capacity (issue #37), per machine type and dc: what guaranteed and opportunistic
+// entitlements hold, what is free and the failure-domain buffer, over the week kept (an hour a point,
+// /v1/capacity/history) and on into the next 24 hours (/v1/capacity/forecast: expected and offered).
+const CAPACITY_WINDOW = 7 * 86400;
+
+async function capacityView(view) {
+  const [cap, fc, past] = await Promise.all([api("/v1/capacity"), api("/v1/capacity/forecast"),
+    api(`/v1/capacity/history?since=${CAPACITY_WINDOW}`)]);
+  view.append(h("h1", {}, "Capacity"),
+    h("p", {}, "reclaims ", h("b", { "data-k": "cap-reclaims" }, cap.paused ? "paused" : "on"), "; ",
+      h("b", { "data-k": "cap-open" }, cap.open.length), " open; the SLO offered is the ",
+      `${Math.round(fc.offered_level * 100)} % line less the failure-domain buffer`));
+  const kept = new Map(past.groups.map((g) => [g.group, g.hours]));
+  const figures = ["machines", "guaranteed", "opportunistic", "free", "reclaiming", "available", "buffer"];
+  view.append(table(["machine type/dc", ...figures, "offered now"], fc.groups.filter((g) => g.now.machines).map((g) =>
+    h("tr", {}, td(g.group), figures.map((k) => td(g.now[k] ?? 0, `cap-${g.group}-${k}`)),
+      td(g.hours.length ? g.hours[0].offered ?? "-" : "-", `cap-${g.group}-offered`)))));
+  for (const g of fc.groups.filter((g) => g.now.machines || kept.has(g.group))) {
+    view.append(h("h2", {}, g.group));
+    capacityChart(view, g, kept.get(g.group) || [], past.since);
+  }
+  const when = (t) => (t ? new Date(t * 1000).toISOString().replace(/\.\d+Z$/, "Z") : "-");
+  view.append(h("h2", {}, "Reclaims open"), table(["id", "from", "to", "cause", "machines", "left", "deadline", "phase"],
+    cap.open.map((r) => h("tr", { "data-k": "cap-reclaim" }, td(r.id), td(r.entitlement), td(r.heir), td(r.cause),
+      td(r.machines.length), td(r.left), td(when(r.deadline)), td(r.phase)))));
+}
+
+// The past (an hour a point) and the forecast after it, on an x axis from the window's start to the
+// forecast's last hour, whatever points there are.
+function capacityChart(where, g, hours, since) {
+  if (typeof uPlot === "undefined") return;
+  const ahead = g.hours, end = ahead.length ? ahead[ahead.length - 1].hour + 3600 : since + CAPACITY_WINDOW;
+  const xs = [...hours.map((r) => r.hour), ...ahead.map((r) => r.hour)];
+  const col = (k, future) => [...hours.map((r) => r[k]), ...ahead.map(future)];
+  const data = [xs, col("guaranteed", () => null), col("opportunistic", () => null), col("free", () => null),
+    col("available", (r) => r.expected), col("buffer", (r) => r.buffer), col("offered", (r) => r.offered)];
+  const series = [{}, { label: "guaranteed", stroke: "#e65100", width: 2 }, { label: "opportunistic", stroke: "#6a1b9a", width: 2 },
+    { label: "free", stroke: "#9e9e9e" }, { label: "available (then expected)", stroke: "#1565c0", width: 2 },
+    { label: "buffer", stroke: "#c62828", dash: [6, 4] }, { label: "offered", stroke: "#2e7d32", dash: [2, 4], width: 2 }];
+  const box = h("div", { className: "chart", "data-k": `cap-chart-${g.group}` });
+  where.append(box);
+  box.chart = new uPlot({ width: 760, height: 240, series,
+    scales: { x: { time: true, range: () => [since, end] }, y: { range: (u, lo, hi) => [0, Math.max(hi, 1) * 1.1] } } },
+  data, box);
+}
+
 // -- the page ------------------------------------------------------------------------------------
 
 async function route() {
@@ -287,6 +333,7 @@ async function route() {
     else if (parts[0] === "events") await eventsView(view);
     else if (parts[0] === "rebalance") await rebalanceView(view);
     else if (parts[0] === "rollouts") await rolloutsView(view);
+    else if (parts[0] === "capacity") await capacityView(view);
     else await regionView(view);
     showError("");
     view.setAttribute("data-ready", parts[0]);

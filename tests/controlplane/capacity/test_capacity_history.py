@@ -26,8 +26,8 @@ HOUR = T0 // 3600
 G = "generic/dc1"
 
 
-def machine(mid: str, entitlement: str | None) -> MachineRec:
-    return MachineRec(mid, mid, {"dc": "dc1", "msb": "msb1", "rack": "r1", "machine_type": "generic"},
+def machine(mid: str, entitlement: str | None, msb: str = "msb1") -> MachineRec:
+    return MachineRec(mid, mid, {"dc": "dc1", "msb": msb, "rack": "r1", "machine_type": "generic"},
                       {"cpus": 4, "memory_mb": 4096}, entitlement)
 
 
@@ -50,14 +50,16 @@ def test_each_hour_keeps_its_least_available_and_the_next_leader_judges_the_offe
                                                            kind="opportunistic").to_json(),
             keys.machine("m1"): machine("m1", "web").to_json(),
             keys.machine("m2"): machine("m2", "batch").to_json(),
-            keys.machine("m3"): machine("m3", None).to_json()})
+            keys.machine("m3"): machine("m3", None, "msb2").to_json(),
+            keys.machine("m4"): machine("m4", None, "msb2").to_json()})
         await state.wait_for((await store.range(keys.root))[1])
-        assert slo.pool(state, T0)[G] == {"machines": 3, "guaranteed": 1, "opportunistic": 1, "free": 1,
-                                          "reclaiming": 0, "available": 2}
+        assert slo.pool(state, T0)[G] == {"machines": 4, "guaranteed": 1, "opportunistic": 1, "free": 2,
+                                          "reclaiming": 0, "available": 3, "buffer": 1}
         assert await slo.pool_in_steps(state, T0, step=1) == slo.pool(state, T0)  # a machine a step, the same sums
         await rec.tick(T0 + 10)
-        # half an hour in, web takes the free machine; an hour on, the hour's record says the least
-        await store.commit([], {keys.machine("m3"): machine("m3", "web").to_json()})
+        # half an hour in, web takes a free machine of the other MSB (its buffer stays one machine: losing
+        # either MSB loses one of web's); an hour on, the hour's record says the least
+        await store.commit([], {keys.machine("m3"): machine("m3", "web", "msb2").to_json()})
         await state.wait_for((await store.range(keys.root))[1])
         await rec.tick(T0 + 1800)
         old = rec.key(HOUR - slo.HOURS_KEPT)  # a record of 8 weeks before: gone when the hour is kept
@@ -65,19 +67,21 @@ def test_each_hour_keeps_its_least_available_and_the_next_leader_judges_the_offe
         await rec.tick(T0 + 3610)
         [kept] = (await store.range(rec.prefix))[0]
         assert kept.key == rec.key(HOUR)
-        assert kept.value["groups"][G]["available"] == 1 and kept.value["groups"][G]["guaranteed"] == 2
+        assert kept.value["groups"][G]["available"] == 2 and kept.value["groups"][G]["guaranteed"] == 2
+        assert kept.value["groups"][G]["buffer"] == 1
         assert kept.value["offered"] == {G: [None] * slo.LEADS}  # one hour: no error seen to draw a line from
 
         # a day and more of hours: lines are offered, and hours judged against them
         for h in range(2, 30):
             await rec.tick(T0 + h * 3600 + 10)
         assert rec.counters["hours_written"] == 29
-        assert rec.offered_now[G] == 1 and rec.kept[G]["judged"] > 0
+        assert rec.offered_now[G] == 1 and rec.kept[G]["judged"] > 0  # 2 available all along, less the buffer
         assert rec.kept[G]["delivered"] == rec.kept[G]["judged"]  # nothing changed since: every offer kept
         registry = CollectorRegistry()
         registry.register(CapacityCollector(rec))
         text = generate_latest(registry).decode()
-        for line in (f'twine_capacity_available_machines{{group="{G}"}} 1.0',
+        for line in (f'twine_capacity_available_machines{{group="{G}"}} 2.0',
+                     f'twine_capacity_buffer_machines{{group="{G}"}} 1.0',
                      f'twine_capacity_offered_machines{{group="{G}"}} 1.0',
                      f'twine_capacity_slo_hours_judged{{group="{G}"}} {rec.kept[G]["judged"]}.0'):
             assert line in text, text
@@ -144,6 +148,7 @@ def test_the_forecast_and_the_slo_through_the_api_and_twinectl(tmp_path, etcd_se
         for h in g["hours"]:  # the afternoons' dip, at today's level; lines from a history the forecast met
             at = h["hour"] // 3600
             assert (h["expected"], h["p99"]) == ((hist(at - 24), hist(at - 24)) if h["lead"] < 24 else (3, 3)), h
+            assert (h["buffer"], h["offered"]) == (0, h["p99"]), "no guaranteed machine: no buffer to keep"
         slo_body = c.call("GET", "/v1/capacity/slo")[1]
         [kept] = [k for k in slo_body["groups"] if k["group"] == name]
         seeded = range(now_hour - 72, now_hour)
@@ -153,7 +158,8 @@ def test_the_forecast_and_the_slo_through_the_api_and_twinectl(tmp_path, etcd_se
 
         assert ctl("capacity", "forecast", "--entitlement", "batch") == 0
         out = capsys.readouterr().out
-        assert f"{name}: 3 of 3 machine(s) available now" in out and "EXPECTED" in out, out
+        assert f"{name}: 3 of 3 machine(s) available now" in out and "EXPECTED" in out and "OFFERED" in out, out
+        assert "failure-domain buffer: 0" in out, out
         assert ctl("capacity", "slo") == 0
         out = capsys.readouterr().out
         assert "HOURS JUDGED" in out and f"missed {name}" in out and "reclaims: none" in out, out

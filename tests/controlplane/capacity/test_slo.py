@@ -109,3 +109,50 @@ def test_records_round_trip():
     again.put(DAY0, h.record(DAY0))
     assert again.hours[DAY0] == h.hours[DAY0] and again.offered[DAY0] == {G: [1, 2]}
     assert slo.of_group(G) == ("generic", "dc1") and slo.group_of({"machine_type": "generic", "dc": "dc1"}) == G
+
+
+def test_the_offer_is_the_99_line_less_the_failure_domain_buffer_kept_in_the_history():
+    h = history(10, noise=0)
+    hour = DAY0 + 10 * 24 + 7
+    fc = slo.forecast(h, {G: {"available": 20, "machines": 30, "buffer": 4}}, hour)[G]
+    assert all(r["buffer"] == 4 and r["offered"] == r["p99"] - 4 for r in fc), fc
+    assert slo.offer({G: fc})[G] == [r["p99"] - 4 for r in fc]
+    # never below zero; and without a look at the pool now, the last hour's buffer is the one kept
+    h.hours[hour - 1][G]["buffer"] = 25
+    for r in slo.forecast(h, {}, hour)[G]:
+        assert (r["buffer"], r["offered"]) == (25, 0), r
+
+
+class _Machine:
+    def __init__(self, mid, entitlement, msb, machine_type="generic", healthy=True):
+        self.id, self.entitlement, self.healthy = mid, entitlement, healthy
+        self.labels = {"dc": "dc1", "msb": msb, "machine_type": machine_type}
+
+
+class _Ent:
+    def __init__(self, kind):
+        self.kind = kind
+
+
+class _Maintenance:
+    def of(self, mid, now):
+        return None
+
+
+class _State:
+    def __init__(self, machines, entitlements):
+        self.machines = {m.id: m for m in machines}
+        self.entitlements, self.reclaims, self.maintenance = entitlements, {}, _Maintenance()
+
+
+def test_the_buffer_is_the_guaranteed_machines_of_the_largest_msb_of_the_group():
+    """web: 2 machines in msb1, 1 in msb2; api: 1 in msb2, 1 in msb3; batch (opportunistic) 3 in msb3:
+    losing msb1 or msb2 takes 2 guaranteed machines, msb3 1; opportunistic and down machines do not count,
+    nor do other groups'."""
+    ms = [_Machine("a", "web", "msb1"), _Machine("b", "web", "msb1"), _Machine("c", "web", "msb2"),
+          _Machine("d", "api", "msb2"), _Machine("e", "api", "msb3"), _Machine("f", None, "msb1"),
+          _Machine("g", "web", "msb1", healthy=False), _Machine("x", "web", "msb1", machine_type="big")]
+    ms += [_Machine(f"o{i}", "batch", "msb3") for i in range(3)]
+    st = _State(ms, {"web": _Ent("guaranteed"), "api": _Ent("guaranteed"), "batch": _Ent("opportunistic")})
+    assert slo.pool(st, 0.0)[G]["buffer"] == 2 and slo.pool(st, 0.0)["big/dc1"]["buffer"] == 1
+    assert slo.pool(st, 0.0)[G]["available"] == 4  # f and batch's three: the buffer is lent, not held back

@@ -131,3 +131,21 @@ def test_job_status_shows_taskcontrol_operations_and_why_they_wait():
     assert "pending: restart/0/v2" in text and "in flight: restart/1/v2" in text
     assert "recently completed: restart/2/v2" in text
     assert "held: restart #0: update v1 -> v2: waiting for the TaskController" in text
+
+
+def test_capacity_forecast_shows_the_buffer_the_offer_and_a_buffer_the_pool_cannot_cover():
+    from controlplane.cli.capacity import forecast_text
+
+    hour = {"hour": 1_800_003_600, "lead": 1, "expected": 6, "method": "daily", "samples": 120, "p99": 5,
+            "p99_measured": True, "p999": 4, "p999_measured": False, "buffer": 3, "offered": 2}
+    body = {"history_hours": 200, "offered_level": 0.99, "levels": [0.99, 0.999], "groups": [
+        {"group": "generic/dc1", "now": {"machines": 12, "available": 6, "free": 2, "opportunistic": 4,
+                                         "reclaiming": 0, "buffer": 3}, "hours": [hour]},
+        {"group": "generic/dc2", "now": {"machines": 5, "available": 1, "free": 1, "opportunistic": 0,
+                                         "reclaiming": 0, "buffer": 3}, "hours": []}]}
+    text = forecast_text(body)
+    first = text.split("\n\ngeneric/dc2")[0]
+    [row] = columns(first, ("HOUR", "EXPECTED", "99%", "99.9%", "OFFERED", "METHOD", "ERRORS"))
+    assert (row["EXPECTED"], row["99%"], row["99.9%"], row["OFFERED"]) == ("6", "5", "4~", "2"), row
+    assert "failure-domain buffer: 3 (the guaranteed machines of its largest MSB; lent, not offered)\n" in text, text
+    assert "failure-domain buffer: 3 (the guaranteed machines of its largest MSB; lent, not offered); 2 short" in text

@@ -107,6 +107,7 @@ def test_every_answer_of_a_live_region_holds_to_the_documents_schema(tmp_path, e
         a.call("GET", "/v1/capacity")
         a.call("GET", "/v1/capacity/forecast")
         a.call("GET", "/v1/capacity/slo")
+        a.call("GET", "/v1/capacity/history?since=7200")
         a.call("DELETE", "/v1/jobs/web/auto", want=202)
         a.call("GET", "/v1/discovery/web/api")
         a.call("GET", "/v1/machines")

@@ -269,3 +269,78 @@ def test_the_page_asks_for_no_icon_the_api_refuses(tmp_path, etcd_server, browse
         assert not [e for e in logs if e["level"] == "SEVERE"], logs
     finally:
         c.close()
+
+
+async def capacity_hours(port: int, region: str, group: str, hours: range) -> None:
+    """The pool's hours as the leader of shard 0 keeps them, each with the lines it offered after it."""
+    store = Store([("127.0.0.1", port)])
+    prefix = f"/twine-usage/{region}/capacity/"
+    puts = {f"{prefix}{t:08d}": {"groups": {group: {"machines": 3, "guaranteed": 1, "opportunistic": 1, "free": 1,
+                                                      "reclaiming": 0, "available": 2 - t % 2, "buffer": 1}},
+                                 "offered": {group: [1] * 24}} for t in hours}
+    await store.commit([], puts)
+    await store.close()
+
+
+def test_the_capacity_view_shows_the_pool_the_buffer_and_the_offer_as_the_api_has_them(tmp_path, etcd_server,
+                                                                                        browser):
+    """Issue #37: per machine type and dc, what guaranteed and opportunistic entitlements hold, what is
+    free, the failure-domain buffer and the line offered now, as /v1/capacity/forecast has them; a chart of
+    the hours kept and the next 24 on one axis from the week asked for to the forecast's last hour."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as EC
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    if (left := 3600 - time.time() % 3600) < 90:  # the hour now is the API's and the page's: one hour, not two
+        time.sleep(left + 1)
+    c = Controld(tmp_path, etcd_server.port).start()
+    stop = threading.Event()
+    try:
+        creds = [register(c, m, "dc1", msb, cpus=4, memory_mb=4096)
+                 for m, msb in (("m1", "msb1"), ("m2", "msb2"), ("m3", "msb2"))]
+
+        def heartbeats():
+            while not stop.is_set():
+                for cred in creds:
+                    c.call("POST", "/v1/agent/heartbeat", {"digest": "a", "tasks": []}, token=cred)
+                stop.wait(0.5)
+
+        threading.Thread(target=heartbeats, daemon=True).start()
+        assert c.call("POST", "/v1/entitlements", {"name": "web", "machine_type": "generic", "quota": 1})[0] == 201
+        assert c.call("POST", "/v1/entitlements", {"name": "batch", "machine_type": "generic", "quota": 1,
+                                                   "kind": "opportunistic"})[0] == 201
+        for ent in ("web", "batch"):
+            assert c.call("POST", "/v1/jobs", {"entitlement": ent, "name": "a", "count": 1, "task": TASK})[0] == 201
+        group = "generic/dc1"
+        hour = int(time.time() // 3600)
+        asyncio.run(capacity_hours(etcd_server.port, c.region, group, range(hour - 30, hour)))
+        fc = c.wait_for("/v1/capacity/forecast", lambda b: any(
+            g["now"].get("guaranteed") == 1 and g["now"].get("opportunistic") == 1 for g in b["groups"]),
+            what="web and batch each holding a machine")
+        [now] = [g for g in fc["groups"] if g["group"] == group]
+        assert now["now"]["buffer"] == 1 and now["now"]["available"] == 2, now["now"]  # batch's and the free one
+        past = c.call("GET", "/v1/capacity/history?since=86400")[1]
+        [kept] = [g for g in past["groups"] if g["group"] == group]
+        assert len(kept["hours"]) == 24 and kept["hours"][-1]["offered"] == 1, kept["hours"][-1]
+        assert c.call("GET", "/v1/capacity/history?since=60")[0] == 400  # less than an hour: named
+
+        sign_in(browser, c.url, API_TOKEN, "capacity")
+        wait = WebDriverWait(browser, 20)
+        for k in ("machines", "guaranteed", "opportunistic", "free", "available", "buffer"):
+            cell = wait.until(EC.presence_of_element_located((By.CSS_SELECTOR, f'[data-k="cap-{group}-{k}"]')))
+            assert int(cell.text) == now["now"][k], (k, cell.text, now["now"])
+        assert browser.find_element(By.CSS_SELECTOR, f'[data-k="cap-{group}-offered"]').text == \
+            str(now["hours"][0]["offered"])
+        x = browser.execute_script(
+            "const b = document.querySelector('#view .chart');"
+            "return [b.chart.scales.x.min, b.chart.scales.x.max, b.chart.data[0].length];")
+        history = c.call("GET", "/v1/capacity/history?since=604800")[1]
+        [week] = [g for g in history["groups"] if g["group"] == group]
+        assert x[0] == history["since"] and x[1] == now["hours"][-1]["hour"] + 3600, (x, history["since"])
+        assert x[2] == len(week["hours"]) + 24 == 30 + 24  # every hour kept, then the forecast's
+        browser.save_screenshot(str(tmp_path / "capacity.png"))
+        logs = browser.get_log("browser")
+        assert not [e for e in logs if e["level"] == "SEVERE"], logs
+    finally:
+        stop.set()
+        c.close()

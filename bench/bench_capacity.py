@@ -20,8 +20,9 @@ Three ways, on the same trace and region:
   reclaim opportunistic machines (controlplane/capacity/reclaim.py's Budget: at most 10 machines
   or 50 % of the entitlement in flight), with the entitlement's notice (NOTICE, 120 s) as the
   deadline: the batch TaskController checkpoints and acks after ACK seconds and the machine goes to
-  the service then. With no free machine the SRM's forecast looks that notice further ahead, as the
-  daemon's does (srm/service.py, reclaim_lead), so that growth it foresees is asked for in time. A failure's replacements reclaim at once, without notice (the batch tasks
+  the service then. With no free machine the SRM's forecast looks that notice further ahead (the
+  daemon's rule, srm/service.py's reclaim_lead, with the bench's one group), so that growth it
+  foresees is asked for in time. A failure's replacements reclaim at once, without notice (the batch tasks
   killed lose their work since their last checkpoint).
 - no tier: the same services and SRM; freed machines idle in the pool.
 - k8s: the services under the HPA (bench/hpa.py); batch as pods of a low PriorityClass above the

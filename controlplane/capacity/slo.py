@@ -29,7 +29,9 @@ over entitlements of machines(e)/N bounds B from above, and B is what the machin
 The buffer is not kept idle: it is lent to opportunistic work like the rest of the pool, and on an
 MSB's loss the failed tasks' replacements take it (free machines first, then opportunistic ones
 reclaimed without notice). It is lent without a promise: the line offered is the 99 % line less
-the buffer, so an MSB's loss takes what was never offered.
+the buffer, so what an MSB's loss takes for the replacements was never offered. The lost MSB's
+own free and opportunistic machines go down with it too; that part is left to the 99 % line
+(deducting it would take about an MSB's share of the dc off every hour's offer).
 
 The SLO offered is that line. Each hour's record keeps the line offered for the 24 hours after
 it; an hour is judged against the offer made for it earliest (up to 24 h ahead): delivered when

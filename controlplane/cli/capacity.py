@@ -44,7 +44,8 @@ def _line(r: dict, key: str) -> str:
 
 def _short(now: dict) -> str:
     short = now.get("buffer", 0) - now.get("available", 0)
-    return f"; {short} short: losing that MSB now would leave guaranteed tasks without a machine" if short > 0 else ""
+    return (f"; {short} short: losing that MSB now would leave guaranteed tasks without a machine"
+            if short > 0 else "")
 
 
 def forecast_text(body: dict) -> str:
@@ -59,7 +60,7 @@ def forecast_text(body: dict) -> str:
                   "lent, not offered)" + _short(now),
                   table(("HOUR", "EXPECTED", "99%", "99.9%", "OFFERED", "METHOD", "ERRORS"),
                         ([when(r["hour"]), "-" if r["expected"] is None else r["expected"], _line(r, "p99"),
-                          _line(r, "p999"), "-" if r["offered"] is None else r["offered"], r["method"] or "-",
+                          _line(r, "p999"), "-" if r.get("offered") is None else r["offered"], r["method"] or "-",
                           r["samples"]] for r in g["hours"]))]
     if not body["groups"]:
         lines.append("no machines")

@@ -147,6 +147,8 @@ class CapacityForecast(Answer):
 
 
 class CapacityPast(Answer):
+    """An hour kept (a figure missing from an hour kept before it was counted: 0)."""
+
     hour: Annotated[Time, Meta(description="the hour's start")]
     machines: int
     guaranteed: int

@@ -108,7 +108,7 @@ class CapacityView:
         h = await self._history()
         first = int((now - since) // 3600)
         groups = sorted(g for g in h.groups() if wanted(g))
-        offered = {g: {t: o for t, o, _, _ in slo.judged(h, g)} for g in groups}
+        offered = await asyncio.to_thread(lambda: {g: {t: o for t, o, _, _ in slo.judged(h, g)} for g in groups})
         return reply({"since": first * 3600, "step": 3600, "groups": [
             {"group": g, "hours": [{"hour": t * 3600, **{k: rec[g].get(k, 0) for k in slo.FIGURES},
                                     "offered": offered[g].get(t)}

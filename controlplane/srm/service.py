@@ -76,7 +76,8 @@ class Autoscaler:
                          "decide_seconds": 0.0, "recommendations": 0}
         self._keys_root = UsageKeys(state.keys.region).srm()
         self._caps: dict[str, tuple[float, int]] = {}  # machine type -> a machine's (cpus, MiB)
-        self._free: dict[str, int] = {}  # machine type -> its healthy free machines, at the same look
+        self._free: dict[tuple[str, str], int] = {}  # (type, dc) -> healthy free machines, at the same look
+        self._notice: dict[str, float] = {}  # type -> the longest notice of the opportunistic machines of it
         self._caps_until = -math.inf
 
     @property
@@ -166,31 +167,41 @@ class Autoscaler:
                           ent.quota * per_machine))
 
     def look(self, now: float) -> None:
-        """The machine types' capacity and healthy free machines: a pass over the machines, now and then."""
+        """A pass over the machines, now and then: the machine types' capacity; the healthy free
+        machines in no maintenance per (type, dc); and per type, the longest notice of the
+        opportunistic entitlements holding machines of it (what a reclaim for growth would wait)."""
+        st = self.state
         caps: dict[str, tuple[float, int]] = {}
-        free: dict[str, int] = {}
-        for m in self.state.machines.values():
+        free: dict[tuple[str, str], int] = {}
+        notice: dict[str, float] = {}
+        opportunistic = {n: float(e.notice) for n, e in st.entitlements.items() if e.kind == "opportunistic"}
+        for m in st.machines.values():
             t = m.labels.get("machine_type")
-            if t and t not in caps and m.capacity.get("cpus"):
+            if not t:
+                continue
+            if t not in caps and m.capacity.get("cpus"):
                 caps[t] = (float(m.capacity["cpus"]), int(m.capacity.get("memory_mb", 0)))
-            if t and m.entitlement is None and m.healthy:
-                free[t] = free.get(t, 0) + 1
-        self._caps, self._free, self._caps_until = caps, free, now + FORECAST_EVERY
+            if m.entitlement is None:
+                if m.healthy and st.maintenance.of(m.id, now) is None:
+                    key = (t, m.labels.get("dc", ""))
+                    free[key] = free.get(key, 0) + 1
+            elif m.entitlement in opportunistic:
+                notice[t] = max(notice.get(t, 0.0), opportunistic[m.entitlement])
+        self._caps, self._free, self._notice, self._caps_until = caps, free, notice, now + FORECAST_EVERY
 
     def reclaim_lead(self, job: JobRec) -> float:
         """Seconds more the job's forecast looks ahead when its growth would take machines back from
-        opportunistic work (no free machine of its type at the last look): the longest notice such a
-        reclaim gives. Growth the forecast sees coming is then asked for in time for the reclaim's
-        whole notice, and the machines are there when the load comes (issue #37)."""
-        st = self.state
-        ent = st.entitlements.get(job.entitlement)
+        opportunistic work (at the last look, no free machine of its type, in its dc if it is pinned
+        to one, and opportunistic machines of that type): the longest notice such a reclaim gives.
+        Growth the forecast sees coming is then asked for in time for the reclaim's whole notice,
+        and the machines are there when the load comes (issue #37)."""
+        ent = self.state.entitlements.get(job.entitlement)
         if ent is None or ent.kind != "guaranteed":
             return 0.0
-        mtype = job.machine_type or ent.machine_type
-        if self._free.get(mtype, 0):
+        mtype, dc = job.machine_type or ent.machine_type, job.dc or ent.spread.pinned_dc
+        if any(n for (t, d), n in self._free.items() if t == mtype and dc in (None, d)):
             return 0.0
-        return max((float(e.notice) for e in st.entitlements.values()
-                    if e.kind == "opportunistic" and e.machine_type == mtype), default=0.0)
+        return self._notice.get(mtype, 0.0)
 
     def decide(self, job: JobRec, now: float, usage: dict, reserved: dict[str, list[float]]) -> Decision:
         h, p = job.handle, job.autoscale

@@ -272,20 +272,28 @@ async function rolloutsView(view) {
 const CAPACITY_WINDOW = 7 * 86400;
 
 async function capacityView(view) {
-  const [cap, fc, past] = await Promise.all([api("/v1/capacity"), api("/v1/capacity/forecast"),
-    api(`/v1/capacity/history?since=${CAPACITY_WINDOW}`)]);
+  // the forecast and the history come from etcd through a process with the scheduler role: without
+  // them the reclaims are still shown
+  const kept = (p) => api(p).catch((e) => {
+    if (e instanceof Refused) throw e;
+    return { error: e.message, groups: [], since: Math.floor(Date.now() / 3600000) * 3600 - CAPACITY_WINDOW };
+  });
+  const [cap, fc, past] = await Promise.all([api("/v1/capacity"), kept("/v1/capacity/forecast"),
+    kept(`/v1/capacity/history?since=${CAPACITY_WINDOW}`)]);
   view.append(h("h1", {}, "Capacity"),
     h("p", {}, "reclaims ", h("b", { "data-k": "cap-reclaims" }, cap.paused ? "paused" : "on"), "; ",
-      h("b", { "data-k": "cap-open" }, cap.open.length), " open; the SLO offered is the ",
-      `${Math.round(fc.offered_level * 100)} % line less the failure-domain buffer`));
-  const kept = new Map(past.groups.map((g) => [g.group, g.hours]));
+      h("b", { "data-k": "cap-open" }, cap.open.length), " open; the SLO offered is the 99 % line less the ",
+      "failure-domain buffer"),
+    [fc, past].filter((b) => b.error).map((b) => h("p", { className: "muted" }, b.error)));
+  const hours = new Map(past.groups.map((g) => [g.group, g.hours]));
   const figures = ["machines", "guaranteed", "opportunistic", "free", "reclaiming", "available", "buffer"];
-  view.append(table(["machine type/dc", ...figures, "offered now"], fc.groups.filter((g) => g.now.machines).map((g) =>
-    h("tr", {}, td(g.group), figures.map((k) => td(g.now[k] ?? 0, `cap-${g.group}-${k}`)),
-      td(g.hours.length ? g.hours[0].offered ?? "-" : "-", `cap-${g.group}-offered`)))));
-  for (const g of fc.groups.filter((g) => g.now.machines || kept.has(g.group))) {
+  const shown = fc.groups.filter((g) => g.now.machines);
+  view.append(table(["machine type/dc", ...figures, "offered next hour"], shown.map((g) => h("tr", {}, td(g.group),
+    figures.map((k) => td(g.now[k] ?? 0, `cap-${g.group}-${k}`)),
+    td(g.hours.length ? g.hours[0].offered ?? "-" : "-", `cap-${g.group}-offered`)))));
+  for (const g of fc.groups.filter((g) => g.now.machines || hours.has(g.group))) {
     view.append(h("h2", {}, g.group));
-    capacityChart(view, g, kept.get(g.group) || [], past.since);
+    capacityChart(view, g, hours.get(g.group) || [], past.since);
   }
   const when = (t) => (t ? new Date(t * 1000).toISOString().replace(/\.\d+Z$/, "Z") : "-");
   view.append(h("h2", {}, "Reclaims open"), table(["id", "from", "to", "cause", "machines", "left", "deadline", "phase"],

@@ -57,17 +57,25 @@ def test_with_no_free_machine_the_forecast_looks_a_notice_further(etcd_server):
         recorder = SimpleNamespace(series={("job", job.handle): yesterday()})
         nobody = SimpleNamespace(schedulers={}, scheduler_for=lambda h: None)
 
-        def forecast() -> tuple[float, float | None, int | None]:
+        def forecast(j: JobRec = job) -> tuple[float, float | None, int | None]:
             srm = Autoscaler(state, SimpleNamespace(jobs=dict), nobody, recorder=recorder)
             srm.look(NOW)
-            d = srm.decide(job, NOW, {}, {})
-            return srm.reclaim_lead(job), srm.memory[job.handle].forecast, d.predictive
+            d = srm.decide(j, NOW, {}, {})
+            return srm.reclaim_lead(j), srm.memory[j.handle].forecast, d.predictive
+
+        async def put(*machines: MachineRec) -> None:
+            await store.commit([], {keys.machine(m.id): m.to_json() for m in machines})
+            await state.wait_for((await store.range(keys.root))[1])
 
         # every machine is held (web's, batch's): growth takes batch's back, with 600 s of notice
         assert forecast() == (600.0, 3.0, 5)  # 3 cores at 0.6 of a core a task
         # a free machine: growth waits for no notice, the horizon is the job's own
-        await store.commit([], {keys.machine("m3"): machine("m3", None).to_json()})
-        await state.wait_for((await store.range(keys.root))[1])
+        await put(machine("m3", None))
+        assert forecast() == (0.0, 1.0, 2)
+        # ... unless the job is pinned to another dc, where nothing is free
+        assert forecast(dataclasses.replace(job, name="dc2", dc="dc2"))[0] == 600.0
+        # no opportunistic machine to take back and none free: nothing to wait a notice for
+        await put(machine("m3", "web"), machine("m2", "web"))
         assert forecast() == (0.0, 1.0, 2)
         await store.close()
         await state.stop()

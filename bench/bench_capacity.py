@@ -46,7 +46,7 @@ entitlement's notice as its deadline and never cuts it short, a service waiting 
 instead, which the over-target minutes count: only a failure's reclaims go without); guaranteed
 over-target minutes (a job's minute with load per serving task over target x 1.1).
 
-    .venv/bin/python bench/bench_capacity.py [--jobs 10] [--days 7] [--seed 26]
+    .venv/bin/python bench/bench_capacity.py [--jobs 10] [--days 7] [--seed 26] [--ack 10] [--budget 10,50] [--no-lead]
 """
 
 from __future__ import annotations
@@ -415,6 +415,8 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=26)
     p.add_argument("--ack", type=float, default=ACK,
                    help="seconds from a notice (or SIGTERM) to the batch task's checkpoint and ack (default %(default)s)")
+    p.add_argument("--no-lead", action="store_true",
+                   help="the SRM's forecast does not look a reclaim's notice further when no machine is free")
     p.add_argument("--budget", default=f"{Budget().machines},{Budget().percent:g}",
                    help="the reclaims' disruption budget: MACHINES,PERCENT in flight (reclaim.Budget; default %(default)s)")
     args = p.parse_args()
@@ -436,7 +438,7 @@ def main() -> None:
                             ack=args.ack)
     shift = WEEK // 60  # its hours are the week before the measured one's
     week_before.hours = {hour - shift: a for hour, a in week_before.hours.items()}
-    tier = run_twine(loads, history, minutes, machines, tier=True, budget=budget, ack=args.ack)
+    tier = run_twine(loads, history, minutes, machines, tier=True, budget=budget, ack=args.ack, lead=not args.no_lead)
     none = run_twine(loads, history, minutes, machines, tier=False)
     k8s = run_k8s(loads, minutes, machines, ack=args.ack)
     hours = sorted(tier.hours)

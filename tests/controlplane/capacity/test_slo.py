@@ -146,13 +146,14 @@ class _State:
 
 
 def test_the_buffer_is_the_guaranteed_machines_of_the_largest_msb_of_the_group():
-    """web: 2 machines in msb1, 1 in msb2; api: 1 in msb2, 1 in msb3; batch (opportunistic) 3 in msb3:
-    losing msb1 or msb2 takes 2 guaranteed machines, msb3 1; opportunistic and down machines do not count,
-    nor do other groups'."""
+    """web: 2 machines in msb1, 1 in msb2; api: 2 in msb2, 1 in msb3; batch (opportunistic) 3 in msb3:
+    losing msb1 takes 2 guaranteed machines, msb2 3 (web's and api's together: more than any one
+    entitlement loses anywhere), msb3 1; opportunistic and down machines do not count, nor do other groups'."""
     ms = [_Machine("a", "web", "msb1"), _Machine("b", "web", "msb1"), _Machine("c", "web", "msb2"),
-          _Machine("d", "api", "msb2"), _Machine("e", "api", "msb3"), _Machine("f", None, "msb1"),
+          _Machine("d", "api", "msb2"), _Machine("d2", "api", "msb2"), _Machine("e", "api", "msb3"),
+          _Machine("f", None, "msb1"),
           _Machine("g", "web", "msb1", healthy=False), _Machine("x", "web", "msb1", machine_type="big")]
     ms += [_Machine(f"o{i}", "batch", "msb3") for i in range(3)]
     st = _State(ms, {"web": _Ent("guaranteed"), "api": _Ent("guaranteed"), "batch": _Ent("opportunistic")})
-    assert slo.pool(st, 0.0)[G]["buffer"] == 2 and slo.pool(st, 0.0)["big/dc1"]["buffer"] == 1
+    assert slo.pool(st, 0.0)[G]["buffer"] == 3 and slo.pool(st, 0.0)["big/dc1"]["buffer"] == 1
     assert slo.pool(st, 0.0)[G]["available"] == 4  # f and batch's three: the buffer is lent, not held back

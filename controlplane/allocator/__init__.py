@@ -9,7 +9,7 @@ tasks need machines (a create, a resize up, a replacement, a move), each a quest
 asked before; a cache of answers hit 2 times in 250 in a realistic mix (bench_allocation_mix.py)."""
 
 from .allocate import allocate
-from .errors import AllocationError, InvalidRequest, NoPlacement, QuotaExceeded
+from .errors import AllocationError, InvalidRequest, NoPlacement, QuotaExceeded, ReserveKept
 from .model import (Entitlement, JobRequest, Machine, MachineClaim, PlacedTask, Placement,
                     SoftPreference, SpreadPolicy)
 from .naive import allocate_naive
@@ -17,6 +17,6 @@ from .snapshot import Snapshot
 
 __all__ = [
     "AllocationError", "Entitlement", "InvalidRequest", "JobRequest",
-    "Machine", "MachineClaim", "NoPlacement", "PlacedTask", "Placement", "QuotaExceeded", "Snapshot",
+    "Machine", "MachineClaim", "NoPlacement", "PlacedTask", "Placement", "QuotaExceeded", "ReserveKept", "Snapshot",
     "SoftPreference", "SpreadPolicy", "allocate", "allocate_naive",
 ]

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from .candidates import Candidates
-from .errors import AllocationError, AllocatorInconsistency, NoPlacement, QuotaExceeded
+from .errors import AllocationError, AllocatorInconsistency, NoPlacement, QuotaExceeded, ReserveKept
 from .filters import Filter, count_survivors
 from .model import JobRequest, Machine, Placement
 from .preferences import BinCounts
@@ -72,6 +72,10 @@ def no_fit(snapshot: Snapshot, req: Requirements, overlay: Overlay, task: int) -
             return QuotaExceeded(r.job, task, ent.name, ent.quota, overlay.held())
     filters = req.filters(allow_free=quota_open)
     survivors = count_survivors(filters, machines, overlay, total)
+    if not survivors[-1][1] and quota_open and ent.reserve:
+        without = tuple(f for f in filters if f.field != "reserve")
+        if count_survivors(without, machines, overlay, total)[-1][1]:
+            return ReserveKept(r.job, task, ent.name, ent.reserve)
     if survivors[-1][1]:
         raise _missed(filters, machines, overlay, r.job, task, survivors[-1][1])
     field = next(f.field for f, (_, left) in zip(filters, survivors[1:]) if left == 0)

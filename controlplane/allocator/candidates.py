@@ -64,6 +64,8 @@ class Candidates:
         self.owned_msb = index.bins("msb", req.machine_type, ent.name)
         self.pool_msb = index.bins("msb", req.machine_type, None)
         self.quota_open = overlay.held() < ent.quota
+        self.reserve = ent.reserve  # free machines it leaves in each dc (opportunistic entitlements)
+        self.closed: set[str] = set()  # dcs whose free machines it may no longer take (their reserve reached)
         self.occupied = occupied  # bins holding tasks of this job: scored one by one
         # Racks as bins: a quiet candidate is no machine of an occupied rack. Msbs as bins: an
         # occupied msb has no quiet candidate (and every consumed machine is in an occupied bin).
@@ -83,6 +85,11 @@ class Candidates:
                 self._refresh(p)
         self._group_quiet()
 
+    def _pool_open(self, dc: str) -> bool:
+        """Whether the dc's free machines are candidates: quota left, and free machines beyond
+        the reserve."""
+        return self.quota_open and (not self.reserve or self.overlay.pool_left(self.req.machine_type, dc) > self.reserve)
+
     def _class_of(self, msb: Path) -> Path:
         if msb in self.msbs_with_tasks:
             return msb  # its quiet racks score by its own task count
@@ -98,7 +105,7 @@ class Candidates:
                 owned = (c, mem, mid)
         if owned is not None:
             self.best[p] = (OWNED, owned)
-        elif self.quota_open and (free := first_fit(self.pool.get(p, ()), r.cpus, r.memory_mb, overlay.consumed)):
+        elif self._pool_open(p[1]) and (free := first_fit(self.pool.get(p, ()), r.cpus, r.memory_mb, overlay.consumed)):
             self.best[p] = (FREE, free)
         else:
             self.best.pop(p, None)  # for good: room only shrinks during one allocation
@@ -110,7 +117,7 @@ class Candidates:
         e = first_fit(self.owned_msb.get(msb, ()), r.cpus, r.memory_mb, skip)
         if e is not None:
             key = (OWNED, e)
-        elif self.quota_open and (e := first_fit(self.pool_msb.get(msb, ()), r.cpus, r.memory_mb, skip)):
+        elif self._pool_open(msb[1]) and (e := first_fit(self.pool_msb.get(msb, ()), r.cpus, r.memory_mb, skip)):
             key = (FREE, e)
         else:
             return None
@@ -169,4 +176,8 @@ class Candidates:
             self.msbs_with_tasks.add(msb)  # its entry in its old class is dropped when met
             if (q := self._quiet_in(msb)) is not None:  # a picked msb passes the dc pins
                 self.quiet[msb] = [q]
+        if self.reserve and self.quota_open and path[1] not in self.closed and not self._pool_open(path[1]):
+            self.closed.add(path[1])  # the pick left the dc's reserve: its free machines are no candidates now
+            self.best = {p: k for p, k in self.best.items() if k[0] == OWNED or p[1] != path[1]}
+            self._group_quiet()
         self._refresh(path)

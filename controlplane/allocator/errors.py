@@ -47,6 +47,21 @@ class QuotaExceeded(AllocationError):
         self.held = held
 
 
+class ReserveKept(AllocationError):
+    """Free machines would fit, but they are the region's reserve, which this (opportunistic)
+    entitlement leaves free."""
+
+    def __init__(self, job: str, task: int, entitlement: str, reserve: int) -> None:
+        super().__init__(
+            "reserve",
+            f"no placement for {job} task {task}: the free machines that would fit are the region's reserve "
+            f"({reserve:,} free machines per machine type and dc kept for guaranteed entitlements' growth: "
+            f"`twinectl capacity reserve`), which entitlement {entitlement} leaves free",
+        )
+        self.job = job
+        self.task = task
+
+
 class AllocatorInconsistency(Exception):
     """A bug, not a user's error: the machine index disagrees with the filters (the definition it
     must agree with) or with the machines it indexes. Not an AllocationError, so never a 4xx: the

@@ -107,6 +107,26 @@ class EntitlementFilter:
 
 
 @dataclass(frozen=True, slots=True)
+class ReserveFilter:
+    """A free machine only while more than `reserve` free machines of its type are left in its dc
+    (an opportunistic entitlement leaves the region's reserve for guaranteed growth). Not a
+    requirement of a task already placed (`keeps` False)."""
+
+    reserve: int
+    field: str = "reserve"
+    resource: bool = False
+    keeps: ClassVar[bool] = False
+
+    @property
+    def name(self) -> str:
+        return f"free beyond the reserve of {self.reserve} per dc"
+
+    def passes(self, machine: Machine, overlay: Overlay) -> bool:
+        return (overlay.owner(machine.id) is not None
+                or overlay.pool_left(machine.machine_type, machine.dc) > self.reserve)
+
+
+@dataclass(frozen=True, slots=True)
 class FreeCpuFilter:
     cpus: float
     field: str = "cpus"

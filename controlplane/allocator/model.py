@@ -81,6 +81,9 @@ class Entitlement:
     machine_type: str
     quota: int  # at most this many machines
     spread: SpreadPolicy = SpreadPolicy()
+    # free machines of its type it leaves in each dc (an opportunistic entitlement: the region's
+    # reserve, kept for guaranteed growth while reclaims with notice refill it; docs/api.md)
+    reserve: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,12 +28,18 @@ def allocate_naive(snapshot: Snapshot, request: JobRequest) -> Placement:
     need_cpus, need_mem = r.cpus - EPSILON, r.memory_mb
     for i in to_place:
         allow_free = overlay.held() < ent.quota
+        left: dict[str, int] = {}  # dc -> free machines of the type (for the reserve)
+        if allow_free and ent.reserve:
+            for m in snapshot.machines.values():
+                if m.machine_type == req.machine_type and m.schedulable and overlay.owner(m.id) is None:
+                    left[m.dc] = left.get(m.dc, 0) + 1
         survivors = []  # (bin, tier, free cpus, free memory, machine id, machine)
         for m in snapshot.machines.values():
             if m.machine_type != req.machine_type or not m.schedulable or (dcs and (len(dcs) > 1 or m.dc not in dcs)):
                 continue
             owner = overlay.owner(m.id)
-            if owner != ent.name and not (allow_free and owner is None):
+            free_ok = allow_free and owner is None and (not ent.reserve or left[m.dc] > ent.reserve)
+            if owner != ent.name and not free_ok:
                 continue
             c, mem = overlay.free(m.id)
             if c >= need_cpus and mem >= need_mem:

@@ -10,7 +10,7 @@ from .snapshot import Snapshot
 
 
 class Overlay:
-    __slots__ = ("snapshot", "entitlement", "consumed", "taken", "_touched_bins")
+    __slots__ = ("snapshot", "entitlement", "consumed", "taken", "_touched_bins", "_pool")
 
     def __init__(self, snapshot: Snapshot, entitlement: str) -> None:
         self.snapshot = snapshot
@@ -18,6 +18,7 @@ class Overlay:
         self.consumed: dict[str, tuple[float, int]] = {}  # machine id -> taken by this allocation
         self.taken: list[str] = []  # free machines this allocation moves into the entitlement
         self._touched_bins: dict[tuple[str, ...], list[str]] = {}  # bin path -> touched machine ids
+        self._pool: dict[tuple[str, str], int] = {}  # (machine type, dc) -> free machines left (pool_left)
 
     def free(self, machine_id: str) -> tuple[float, int]:
         c, mem = self.snapshot.free(machine_id)
@@ -36,6 +37,17 @@ class Overlay:
         """Machines the entitlement holds, counting the ones this allocation takes."""
         return self.snapshot.held(self.entitlement) + len(self.taken)
 
+    def pool_left(self, machine_type: str, dc: str) -> int:
+        """Free machines of the type in the dc that take tasks (healthy, not cordoned), less the
+        ones this allocation takes: what an entitlement's reserve is measured against."""
+        n = self._pool.get((machine_type, dc))
+        if n is None:  # counted once an allocation, then kept as it takes machines (consume)
+            machines = self.snapshot.machines
+            n = self._pool[(machine_type, dc)] = (
+                sum(len(b) for p, b in self.snapshot.index.bins("msb", machine_type, None).items() if p[1] == dc)
+                - sum(1 for mid in self.taken if machines[mid].dc == dc and machines[mid].machine_type == machine_type))
+        return n
+
     def consume(self, machine: Machine, cpus: float, memory_mb: int, path: tuple[str, ...]) -> None:
         """Place one task on `machine`; `path` is its bin, so bins can list what was touched."""
         c, mem = self.consumed.get(machine.id, (0.0, 0))
@@ -43,6 +55,8 @@ class Overlay:
             self._touched_bins.setdefault(path, []).append(machine.id)
             if machine.entitlement is None:
                 self.taken.append(machine.id)
+                if (key := (machine.machine_type, machine.dc)) in self._pool:
+                    self._pool[key] -= 1
         self.consumed[machine.id] = (round(c + cpus, 9), mem + memory_mb)
 
     def touched_in(self, path: tuple[str, ...]) -> list[str]:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from .errors import InvalidRequest
 from .filters import (DcFilter, EntitlementFilter, Filter, FreeCpuFilter, FreeMemoryFilter,
-                      CordonFilter, HealthyFilter, MachineTypeFilter)
+                      CordonFilter, HealthyFilter, MachineTypeFilter, ReserveFilter)
 from .model import Entitlement, JobRequest, Machine, MachineClaim, Placement, SoftPreference
 from .snapshot import Snapshot
 
@@ -25,8 +25,9 @@ class Requirements:
 
     def filters(self, allow_free: bool) -> tuple[Filter, ...]:
         r = self.request
+        reserve = (ReserveFilter(self.entitlement.reserve),) if allow_free and self.entitlement.reserve else ()
         return (MachineTypeFilter(self.machine_type), HealthyFilter(), CordonFilter(), *self.dcs,
-                EntitlementFilter(self.entitlement.name, allow_free),
+                EntitlementFilter(self.entitlement.name, allow_free), *reserve,
                 FreeCpuFilter(r.cpus), FreeMemoryFilter(r.memory_mb))
 
     def dc_allows(self, dc: str) -> bool:

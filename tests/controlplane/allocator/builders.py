@@ -14,8 +14,8 @@ def make_machine(id: str, *, dc: str = "dc1", msb: str = "m1", rack: str = "r1",
 
 
 def make_entitlement(name: str = "ent", *, type: str = "sky", quota: int = 100, pinned_dc: str | None = None,
-                     spread: tuple[str, ...] = ("dc", "msb")) -> Entitlement:
-    return Entitlement(name, type, quota, SpreadPolicy(spread, pinned_dc))
+                     spread: tuple[str, ...] = ("dc", "msb"), reserve: int = 0) -> Entitlement:
+    return Entitlement(name, type, quota, SpreadPolicy(spread, pinned_dc), reserve)
 
 
 def job(name: str = "ent/job", count: int = 1, cpus: float = 1.0, memory_mb: int = 512, **kw) -> JobRequest:

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from controlplane.allocator import InvalidRequest, JobRequest, NoPlacement, QuotaExceeded, SoftPreference, allocate
+from controlplane.allocator import (InvalidRequest, JobRequest, NoPlacement, QuotaExceeded, SoftPreference, allocate,
+                                   ReserveKept, allocate_naive)
 
 from .builders import grid, job, make_entitlement, make_machine, snapshot
+from .test_reference import outcome
 
 
 def fleet():
@@ -83,3 +85,23 @@ def test_invalid_requests_name_the_field(build, field):
     with pytest.raises(InvalidRequest) as e:
         build()
     assert e.value.field == field
+
+
+def test_an_entitlement_with_a_reserve_leaves_that_many_free_machines_in_each_dc_and_says_so():
+    # 3 free machines in dc0, 4 in dc1; a reserve of 2 leaves 2 in each: 1 + 2 machines to take
+    machines = [make_machine(f"a{i}", dc="dc0", msb=f"m{i}", cpus=1) for i in range(3)] + \
+               [make_machine(f"b{i}", dc="dc1", msb=f"m{i}", cpus=1) for i in range(4)]
+    snap = snapshot(machines, make_entitlement("batch", reserve=2), make_entitlement("web"))
+    got = allocate(snap, job("batch/j", count=3))
+    assert sorted(snap.machines[m].dc for m in got.machines_taken) == ["dc0", "dc1", "dc1"]
+    with pytest.raises(ReserveKept) as e:
+        allocate(snap, job("batch/j", count=4))
+    assert e.value.field == "reserve" and str(e.value).startswith(
+        "no placement for batch/j task 3: the free machines that would fit are the region's reserve (2 free machines "
+        "per machine type and dc")
+    assert outcome(allocate_naive, snap, job("batch/j", count=4)) == outcome(allocate, snap, job("batch/j", count=4))
+    with pytest.raises(NoPlacement, match="free beyond the reserve of 2 per dc left 7; cpu>=2 left 0"):
+        allocate(snap, job("batch/j", cpus=2))  # too big for any machine: the reserve is not the reason
+    # a guaranteed entitlement (no reserve) takes the reserve itself
+    assert len(allocate(snap, job("web/j", count=7)).machines_taken) == 7
+    assert allocate_naive(snap, job("web/j", count=7)) == allocate(snap, job("web/j", count=7))

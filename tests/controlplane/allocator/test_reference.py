@@ -29,7 +29,8 @@ def random_region(rnd: random.Random, dcs: int = 2, msbs: int = 3, racks: int = 
             entitlement=rnd.choice([None, None, "ent", "other"])))
     tasks = [PlacedTask(f"{rnd.choice(['ent', 'other'])}/t{k}", k, rnd.choice(machines).id, rnd.choice([0.5, 1, 1.5]), 256)
              for k in range(rnd.randrange(0, 30))]
-    ents = [make_entitlement("ent", quota=rnd.randrange(0, 40), pinned_dc=rnd.choice([None, None, "dc1"])),
+    ents = [make_entitlement("ent", quota=rnd.randrange(0, 40), pinned_dc=rnd.choice([None, None, "dc1"]),
+                             reserve=rnd.choice([0, 0, 1, 3])),  # an opportunistic entitlement leaves a reserve
             make_entitlement("other")]
     return Snapshot.build(machines, ents, tasks)
 

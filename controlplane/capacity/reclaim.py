@@ -10,6 +10,12 @@ at the deadline. A stopped task leaves the machine (pending: placed again where 
 the transaction that takes the last task off it gives the machine to the guaranteed entitlement,
 the *heir*, instead of the free pool (scheduler/txn.py); its profile follows. The event is over
 once none of its machines is the opportunistic entitlement's any more.
+
+The region's *reserve* (`twinectl capacity reserve N`): opportunistic entitlements leave N free
+machines of each type in each dc (the allocator's Entitlement.reserve), so a guaranteed job's
+growth finds machines at once; when fewer are free, the leader of an opportunistic entitlement's
+shard reclaims its machines with notice to refill it (cause `reserve`, no heir: they go to the
+pool), and ends the reclaim early once the reserve is full without them.
 """
 
 from __future__ import annotations
@@ -162,8 +168,18 @@ class Reclaimer:
         await every(self.interval, self.state, self.step, self.counters, log, f"shard {self.shard}: reclaims")
 
     def _mine(self, e: EventRec) -> bool:
-        heir = self.state.entitlements.get(e.heir or "")
-        return heir is not None and heir.shard == self.shard
+        """Its heir's shard's; a reclaim for the reserve (no heir), its opportunistic entitlement's."""
+        ent = self.state.entitlements.get(e.heir or e.scope or "")
+        return ent is not None and ent.shard == self.shard
+
+    def _needed(self, e: EventRec, wanting: set[str]) -> bool:
+        """Whether what the reclaim was for still wants its machines: its heir's demand, or the
+        reserve of its machines' type and dc not full without them."""
+        if e.heir is not None:
+            return e.heir in wanting
+        m = next((m for mid in e.machines if (m := self.state.machines.get(mid)) is not None), None)
+        return m is not None and free_in(self.state, m.labels.get("machine_type", ""), m.labels.get("dc", "")) \
+            < self.state.reserve
 
     async def step(self, now: float) -> None:
         st = self.state
@@ -175,12 +191,13 @@ class Reclaimer:
                 await self._write(replace(e, end=now))
                 self.counters["ended"] += 1
                 log.info("reclaim %s over: its machines left %s", e.id, e.scope)
-            elif e.heir not in wanting and time.monotonic() - self.began > SETTLE:
-                # its heir's tasks found room (or went): the rest stay where they are (not in a new
-                # leader's first seconds: its demand is known once its passes have seen the jobs)
-                await self._write(replace(e, end=now, reason=f"{e.reason}; ended: {e.heir} needs no more"))
+            elif not self._needed(e, wanting) and time.monotonic() - self.began > SETTLE:
+                # its heir's tasks found room (or went), or the reserve is full: the rest stay where
+                # they are (not in a new leader's first seconds: its demand is known once its passes
+                # have seen the jobs)
+                await self._write(replace(e, end=now, reason=f"{e.reason}; ended: {e.heir or 'the reserve'} needs no more"))
                 self.counters["cancelled"] += 1
-                log.info("reclaim %s cancelled: %s needs no more machines", e.id, e.heir)
+                log.info("reclaim %s cancelled: %s needs no more machines", e.id, e.heir or "the reserve")
         if paused(st):
             return
         for handle, d in sorted(self.demand.items()):
@@ -199,6 +216,14 @@ class Reclaimer:
                 self.counters["machines"] += len(machines)
                 log.warning("reclaim %s: %d machine(s) of %s for %s (%s, %s), notice %.0f s", e.id, len(machines), name,
                             job.entitlement, e.reason, d.cause, notice)
+        for name, (machines, why) in sorted(refill(st, self.shard, self.budget, now).items()):
+            e = EventRec(f"reclaim-{int(now)}-{secrets.token_hex(3)}", "reclaim", tuple(sorted(machines)), now, why,
+                         None, now + st.entitlements[name].notice, None, name, None, now, heir=None, cause="reserve")
+            await self._write(e, machines)
+            self.counters["reclaims"] += 1
+            self.counters["machines"] += len(machines)
+            log.warning("reclaim %s: %d machine(s) of %s for the reserve (%s), notice %.0f s", e.id, len(machines),
+                        name, why, e.due - now)
 
     async def _write(self, e: EventRec, machines=()) -> None:
         st, keys = self.state, self.state.keys
@@ -212,6 +237,47 @@ class Reclaimer:
             txn.puts[key] = e.to_json()
             rev = await self.writer.send(txn)
         await st.wait_for(rev)
+
+
+def free_in(state: RegionState, machine_type: str, dc: str) -> int:
+    """Free machines of the type in the dc that take tasks (the allocator's pool: healthy, not
+    cordoned), counted from the snapshot's index (a pass over its msbs, not the machines)."""
+    return sum(len(b) for p, b in state.snapshot().index.bins("msb", machine_type, None).items() if p[1] == dc)
+
+
+def refill(state: RegionState, shard: int, budget: Budget, now: float) -> dict[str, tuple[list[str], str]]:
+    """Machines to take back for the reserve, by opportunistic entitlement of this shard (with why):
+    per machine type and dc where they hold machines, as many as the free ones fall short of the
+    reserve, less those coming back from reserve reclaims in flight; the emptiest first, within
+    each entitlement's budget and cool-down."""
+    reserve = state.reserve
+    if reserve <= 0:
+        return {}
+    ours = {n for n, e in state.entitlements.items() if e.kind == "opportunistic" and e.shard == shard}
+    coming: dict[tuple[str, str], int] = {}
+    for mid, e in state.reclaims.items():
+        if e.heir is None and (m := state.machines.get(mid)) is not None and m.entitlement == e.scope:
+            key = (m.labels.get("machine_type", ""), m.labels.get("dc", ""))
+            coming[key] = coming.get(key, 0) + 1
+    groups = {(m.labels.get("machine_type", ""), m.labels.get("dc", "")) for n in ours for m in state.machines_of(n)}
+    chosen: dict[str, tuple[list[str], str]] = {}
+    for mtype, dc in sorted(groups):
+        free = free_in(state, mtype, dc)
+        want = reserve - free - coming.get((mtype, dc), 0)
+        why = f"the reserve: {free} of {reserve} free {mtype} machine(s) in {dc}"
+        for m in sorted((m for m in candidates(state, mtype, dc, now) if m.entitlement in ours),
+                        key=lambda m: (m.alloc_tasks, m.alloc_cpus, m.id)):
+            if want <= 0:
+                break
+            own = budget.of(state.entitlements.get(m.entitlement))
+            taking = chosen.get(m.entitlement, ([], ""))[0]
+            if in_flight(state, scope=m.entitlement) + len(taking) >= own.limit(len(state.machines_of(m.entitlement))):
+                continue
+            if not taking and now - state.reclaims.began.get(m.entitlement, -math.inf) < own.cooldown:
+                continue
+            chosen[m.entitlement] = ([*taking, m.id], why)
+            want -= 1
+    return chosen
 
 
 def candidates(state: RegionState, machine_type: str, dc: str | None, now: float) -> list[MachineRec]:

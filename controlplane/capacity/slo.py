@@ -67,11 +67,12 @@ def of_group(group: str) -> tuple[str, str]:
 def pool(state, now: float, machines=None) -> dict[str, dict[str, int]]:
     """The region's machines now (or those given), per group: machines (healthy, in no
     maintenance), guaranteed, opportunistic, free, reclaiming (in a reclaim still open), available
-    (free + opportunistic, not reclaiming) and buffer (the guaranteed machines of its largest MSB)."""
+    (free beyond the region's reserve + opportunistic, not reclaiming: what opportunistic work can
+    hold) and buffer (the guaranteed machines of its largest MSB)."""
     out: dict[str, dict[str, int]] = {}
     per_msb: dict[tuple[str, str], int] = {}
     _count(state, now, state.machines.values() if machines is None else machines, out, per_msb)
-    return _buffers(out, per_msb)
+    return _finish(out, per_msb, state.reserve)
 
 
 def _count(state, now: float, machines, out: dict, per_msb: dict) -> None:
@@ -93,9 +94,14 @@ def _count(state, now: float, machines, out: dict, per_msb: dict) -> None:
             g["available"] += 1
 
 
-def _buffers(out: dict[str, dict[str, int]], per_msb: dict[tuple[str, str], int]) -> dict[str, dict[str, int]]:
+def _finish(out: dict[str, dict[str, int]], per_msb: dict[tuple[str, str], int], reserve: int
+            ) -> dict[str, dict[str, int]]:
+    """The buffers, and the reserve (free machines opportunistic work leaves alone) out of what is
+    available."""
     for (group, _), n in per_msb.items():
         out[group]["buffer"] = max(out[group]["buffer"], n)
+    for g in out.values():
+        g["available"] -= min(reserve, g["free"])
     return out
 
 
@@ -108,7 +114,7 @@ async def pool_in_steps(state, now: float, step: int = 5_000) -> dict[str, dict[
     for i in range(0, len(machines), step):
         _count(state, now, machines[i:i + step], out, per_msb)
         await asyncio.sleep(0)
-    return _buffers(out, per_msb)
+    return _finish(out, per_msb, state.reserve)
 
 
 @dataclass

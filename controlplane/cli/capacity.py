@@ -1,7 +1,8 @@
-"""`twinectl capacity [status]|pause|resume|forecast|slo` (issue #37): the reclaims of opportunistic
-machines open and the last ones over; pause stops new reclaims (those begun go on), resume lets
-them begin; the machines opportunistic work can count on for the next day (forecast) and how well
-the region kept what it offered (slo)."""
+"""`twinectl capacity [status]|pause|resume|reserve N|forecast|slo` (issue #37): the reclaims of
+opportunistic machines open and the last ones over; pause stops new reclaims (those begun go on),
+resume lets them begin; reserve keeps N free machines per type and dc from opportunistic work;
+the machines opportunistic work can count on for the next day (forecast) and how well the region
+kept what it offered (slo)."""
 
 from __future__ import annotations
 
@@ -13,11 +14,13 @@ HEADERS = ("RECLAIM", "FROM", "FOR", "CAUSE", "MACHINES", "LEFT", "PHASE", "DEAD
 
 
 def _row(r: dict) -> list:
-    return [r["id"], r["entitlement"], r["heir"], r["cause"], len(r["machines"]), r["left"], r["phase"], when(r["deadline"])]
+    return [r["id"], r["entitlement"], r["heir"] or "(reserve)", r["cause"], len(r["machines"]), r["left"], r["phase"],
+            when(r["deadline"])]
 
 
 def status_text(body: dict) -> str:
-    lines = [f"reclaims: {'paused (twinectl capacity resume)' if body.get('paused') else 'on'}"]
+    lines = [f"reclaims: {'paused (twinectl capacity resume)' if body.get('paused') else 'on'}",
+             f"reserve: {body.get('reserve', 0)} free machine(s) per machine type and dc kept from opportunistic work"]
     if body.get("open"):
         lines += ["", "open:", table(HEADERS, (_row(r) for r in body["open"]))]
     else:
@@ -31,6 +34,8 @@ async def capacity(api: Api, args, out: Out) -> int:
     verb = getattr(args, "action", None) or "status"
     if verb == "status":
         out(await api.call("GET", "/v1/capacity"), status_text)
+    elif verb == "reserve":
+        out(await api.call("POST", "/v1/capacity/reserve", {"machines": args.machines}), status_text)
     else:
         out(await api.call("POST", f"/v1/capacity/{verb}", {}), status_text)
     return EXIT_OK

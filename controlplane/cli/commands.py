@@ -214,6 +214,7 @@ COMMANDS: dict[tuple[str, str | None], Command] = {
     ("capacity", "status"): capacity.capacity,
     ("capacity", "pause"): capacity.capacity,
     ("capacity", "resume"): capacity.capacity,
+    ("capacity", "reserve"): capacity.capacity,
     ("capacity", "forecast"): capacity.forecast,
     ("capacity", "slo"): capacity.slo,
 }

@@ -10,7 +10,7 @@
   twinectl job autoscale HANDLE
   twinectl rebalance plan|apply [--entitlement E] [--wait [S]]   rebalance status
   twinectl rebalance enable|disable [--entitlement E]
-  twinectl capacity [status] | pause | resume | forecast|slo [--entitlement E]
+  twinectl capacity [status] | pause | resume | reserve N | forecast|slo [--entitlement E]
   twinectl maintenance schedule (--machine ID ... | --dc DC | --msb MSB | --rack RACK) --start WHEN
            --duration DUR [--deadline WHEN] [--policy move|stop] [--reason TEXT] [--dry-run]
   twinectl maintenance list [--all] | show ID | end ID
@@ -227,6 +227,9 @@ def parser() -> argparse.ArgumentParser:
     leaf(cap_sub, "status", "the reclaims open (machines taken back for guaranteed entitlements) and the last ones")
     leaf(cap_sub, "pause", "no reclaim begins from now on; those begun go on (admin)")
     leaf(cap_sub, "resume", "reclaims begin again (admin)")
+    leaf(cap_sub, "reserve", "keep N free machines per machine type and dc from opportunistic work, for guaranteed "
+         "growth; reclaims with notice refill it (admin; 0: none)").add_argument(
+        "machines", metavar="N", type=int, help="free machines per machine type and dc (0 to 10,000)")
     leaf(cap_sub, "forecast", "the machines opportunistic work can count on for the next 24 hours: expected, and "
          "with 99 % (the SLO offered) and 99.9 % probability").add_argument(
         "--entitlement", metavar="E", help="only the machines this entitlement can use")

@@ -98,7 +98,8 @@ class RebalanceStatus(Answer):
 class CapacityReclaim(Answer):
     id: str
     entitlement: Annotated[str, Meta(description="the opportunistic entitlement its machines are taken from")]
-    heir: Annotated[Union[str, None], Meta(description="the guaranteed entitlement they go to")]
+    heir: Annotated[Union[str, None], Meta(description="the guaranteed entitlement they go to (none: to the free pool, "
+                                                       "for the reserve)")]
     cause: str
     machines: Strings
     left: Annotated[int, Meta(description="of its machines, those the opportunistic entitlement holds no more")]
@@ -111,6 +112,9 @@ class CapacityReclaim(Answer):
 
 class Capacity(Answer):
     paused: Annotated[bool, Meta(description="no reclaim begins (twinectl capacity pause); those begun go on")]
+    reserve: Annotated[int, Meta(description="free machines per machine type and dc that opportunistic entitlements "
+                                             "leave free for guaranteed growth, refilled by reclaims with notice "
+                                             "(twinectl capacity reserve)")]
     open: list[CapacityReclaim]
     recent: Annotated[list[CapacityReclaim], Meta(description="the last reclaims over, newest first (at most 20)")]
 

@@ -61,6 +61,7 @@ ROUTES = [
     ("GET", "/v1/capacity", CapacityView.status),
     ("POST", "/v1/capacity/pause", CapacityView.pause),
     ("POST", "/v1/capacity/resume", CapacityView.resume),
+    ("POST", "/v1/capacity/reserve", CapacityView.reserve),
     ("GET", "/v1/capacity/forecast", CapacityView.forecast),
     ("GET", "/v1/capacity/slo", CapacityView.service_level),
     ("GET", "/v1/capacity/history", CapacityView.past),

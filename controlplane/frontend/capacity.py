@@ -1,5 +1,6 @@
 """/v1/capacity: opportunistic capacity (controlplane/capacity). The reclaims open and the last
-ones over, and the switch that pauses them (admin): `twinectl capacity [status|pause|resume]`;
+ones over, the switch that pauses them and the reserve (admin): `twinectl capacity
+[status|pause|resume|reserve N]`;
 the machines opportunistic work can count on for the next 24 hours (`forecast`) and how well the
 region kept what it offered (`slo`), from the pool's history in etcd (capacity/slo.py), and that
 history itself (`history`, the fleet page's capacity view)."""
@@ -15,7 +16,8 @@ from aiohttp import web
 from controlplane.capacity import slo
 from controlplane.capacity.recorder import CapacityRecorder
 from controlplane.capacity.reclaim import paused
-from controlplane.frontend.body import query_entitlement, reply
+from controlplane.frontend import schema as S
+from controlplane.frontend.body import body, query_entitlement, reply
 from controlplane.frontend.usage import seconds
 from controlplane.store.records import ApiError, EventRec
 from controlplane.store.state import RegionState
@@ -57,7 +59,7 @@ class CapacityView:
     def _status(self) -> dict:
         now = time.time()
         reclaims = sorted((e for e in self.state.events.values() if e.kind == "reclaim"), key=lambda e: (e.start, e.id))
-        return {"paused": paused(self.state),
+        return {"paused": paused(self.state), "reserve": self.state.reserve,
                 "open": [reclaim_answer(self.state, e, now) for e in reclaims if e.end is None],
                 "recent": [reclaim_answer(self.state, e, now) for e in reversed(reclaims) if e.end is not None][:RECENT]}
 
@@ -70,9 +72,17 @@ class CapacityView:
     async def resume(self, request: web.Request) -> web.Response:
         return await self._switch(False)
 
+    async def reserve(self, request: web.Request) -> web.Response:
+        """POST /v1/capacity/reserve {"machines": N}."""
+        return await self._settings(reserve=(await body(request, schema=S.CapacityReserve))["machines"])
+
     async def _switch(self, paused: bool) -> web.Response:
+        return await self._settings(paused=paused)
+
+    async def _settings(self, **changes) -> web.Response:
+        """The settings changed as asked, the others kept (a write since this view read them: 409)."""
         key = self.state.keys.capacity_settings()
-        await self.state.write([self.state.guard(key)], {key: {"paused": paused}})
+        await self.state.write([self.state.guard(key)], {key: {**self.state.capacity_settings.get("", {}), **changes}})
         return reply(self._status())
 
     def _wanted(self, request: web.Request) -> Callable[[str], bool]:

@@ -108,6 +108,9 @@ PATHS = {
     "/v1/capacity/pause": {"post": _op("no reclaim begins from now on (admin); those begun go on", "the status",
                                        "Capacity")},
     "/v1/capacity/resume": {"post": _op("reclaims begin again (admin)", "the status", "Capacity")},
+    "/v1/capacity/reserve": {"post": _op("the free machines per machine type and dc that opportunistic entitlements "
+                                         "leave free, refilled by reclaims with notice (admin; 0: none)", "the status",
+                                         "Capacity", "CapacityReserve")},
     "/v1/capacity/forecast": {"get": _op("the machines opportunistic work can count on for the next 24 hours, per "
                                          "machine type and dc: expected, and with 99 % (the SLO offered) and 99.9 % "
                                          "probability, from the pool's history", "the forecast", "CapacityForecast")},

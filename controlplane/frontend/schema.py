@@ -170,6 +170,11 @@ class RebalanceSwitch(Struct, forbid_unknown_fields=True):
     entitlement: Union[Name, None] = None  # None: every entitlement
 
 
+class CapacityReserve(Struct, forbid_unknown_fields=True):
+    # free machines per machine type and dc that opportunistic entitlements leave free (0: none)
+    machines: Annotated[int, Meta(ge=0, le=10_000)]
+
+
 class TokenSpec(Struct, forbid_unknown_fields=True):
     role: Literal["admin", "owner", "reader", "bootstrap"]
     entitlements: Annotated[list[Name], Meta(max_length=1000)] = []
@@ -291,7 +296,7 @@ MAX_WAIT_ASKED = 3600  # seconds a long poll's ?wait may ask for (at most --max-
 ALL = ("0", "1", "true", "false")  # a yes/no query parameter (body.query_flag)
 
 BODIES: dict[str, type] = {t.__name__: t for t in (EntitlementSpec, EntitlementPatch, EntitlementMove, JobSpec,
-                                                   Resize, RebalanceSwitch, TokenSpec, MaintenanceSpec, Relay,
+                                                   Resize, RebalanceSwitch, CapacityReserve, TokenSpec, MaintenanceSpec, Relay,
                                                    AgentRegister,
                                                    Heartbeat, Shutdown)}
 

@@ -135,8 +135,8 @@ def _reclaims(job: JobRec, current: dict[int, TaskRec], machines: Mapping[str, M
         if mt is None or mt.kind != "reclaim" or mt.active or not job.live(i) or not m.healthy \
                 or t.state not in ("allocated", "starting", "running", "failed"):
             continue
-        op = Op("reclaim", i, f"reclaim {mt.id} for {mt.heir} (deadline {_clock(mt.deadline)})", f"reclaim/{i}/{t.machine}",
-                t.machine, "reclaim")
+        op = Op("reclaim", i, f"reclaim {mt.id} for {mt.heir or 'the reserve'} (deadline {_clock(mt.deadline)})",
+                f"reclaim/{i}/{t.machine}", t.machine, "reclaim")
         if gate.approved is None:
             plan.waiting.append(f"#{i}: runs on {t.machine} until reclaim {mt.id} stops it at {_clock(mt.deadline)}")
         elif gate.allow(op, plan):
@@ -180,7 +180,7 @@ def _live_step(t: TaskRec, m: MachineStatus | None, change, plan: JobPlan) -> No
     if mt is not None and mt.kind == "reclaim" and m.healthy:
         if t.state == "suspended":
             if m.reports is not None and key not in m.reports:  # stopped there: it leaves the machine
-                why = f"reclaim {mt.id}: machine taken back for {mt.heir}"
+                why = f"reclaim {mt.id}: machine taken back for {mt.heir or 'the reserve'}"
                 change(t, t.moved(state="pending", machine=None, discovery=False, reason=why), Op("reclaimed", t.index, why))
             return
         if mt.active:  # the notice is over: what is still here stops

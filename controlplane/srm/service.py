@@ -191,15 +191,15 @@ class Autoscaler:
 
     def reclaim_lead(self, job: JobRec) -> float:
         """Seconds more the job's forecast looks ahead when its growth would take machines back from
-        opportunistic work (at the last look, no free machine of its type, in its dc if it is pinned
-        to one, and opportunistic machines of that type): the longest notice such a reclaim gives.
-        Growth the forecast sees coming is then asked for in time for the reclaim's whole notice,
-        and the machines are there when the load comes (issue #37)."""
+        opportunistic work (at the last look, no free machine of its type beyond the region's
+        reserve, in its dc if it is pinned to one, and opportunistic machines of that type): the
+        longest notice such a reclaim gives. Growth the forecast sees coming is then asked for in
+        time for the reclaim's whole notice, and the machines are there when the load comes (issue #37)."""
         ent = self.state.entitlements.get(job.entitlement)
         if ent is None or ent.kind != "guaranteed":
             return 0.0
-        mtype, dc = job.machine_type or ent.machine_type, job.dc or ent.spread.pinned_dc
-        if any(n for (t, d), n in self._free.items() if t == mtype and dc in (None, d)):
+        mtype, dc, reserve = job.machine_type or ent.machine_type, job.dc or ent.spread.pinned_dc, self.state.reserve
+        if any(n > reserve for (t, d), n in self._free.items() if t == mtype and dc in (None, d)):
             return 0.0
         return self._notice.get(mtype, 0.0)
 

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Iterable
 
 import msgspec
 
-from controlplane.allocator import Entitlement, Machine, PlacedTask, Snapshot, SpreadPolicy
+from controlplane.allocator import Snapshot
 from controlplane.capacity.index import Reclaims
 from controlplane.opsplanner.maintenance import Calendar
 from controlplane.rollouts.record import doc_name, machine_doc, stopping
@@ -29,6 +29,7 @@ from controlplane.security.sealing import Sealer
 from controlplane.store import Change, Index, Store, Versioned
 from controlplane.store.codec import Skipped, decode
 from controlplane.store.keys import Keys
+from controlplane.store.allocview import MOVING, to_entitlement, to_machine, to_placed, to_placed_copy  # noqa: F401
 from controlplane.store.wakeups import Wakeups
 
 if TYPE_CHECKING:
@@ -66,39 +67,6 @@ def decoded(kind: str, raw: bytes) -> Any:
     except (ValueError, RecursionError) as e:
         raise ValueError(f"not JSON: {str(e)[:200]}") from None
     return value if typed is None else typed[0].from_json(value)
-
-
-def to_machine(m: MachineRec, version: int, cordoned: bool = False) -> Machine:
-    """The allocator's machine. One under (or scheduled for) maintenance is cordoned: it takes no
-    new tasks, and the tasks on it stay unless the scheduler asks to place them afresh (a move)."""
-    lb = m.labels
-    return Machine(m.id, lb["region"], lb["dc"], lb["msb"], lb["rack"], lb["machine_type"],
-                   float(m.capacity["cpus"]), int(m.capacity["memory_mb"]), m.healthy, m.entitlement, version,
-                   cordoned)
-
-
-def to_entitlement(e: EntitlementRec) -> Entitlement:
-    return Entitlement(e.name, e.machine_type, e.quota, SpreadPolicy(e.spread.properties, e.spread.pinned_dc))
-
-
-def to_placed(t: TaskRec) -> PlacedTask | None:
-    if t.machine is None:
-        return None
-    cpus, mem = t.resources
-    return PlacedTask(t.job, t.index, t.machine, cpus, mem)
-
-
-# The allocator's snapshot holds a moving task's copy (TaskRec.moving) as a task of its own, of a
-# job name no job can have (not a NAME): what it reserves on the machine it moves to is counted,
-# and no allocation of the job sees it among the job's tasks.
-MOVING = "#moving"
-
-
-def to_placed_copy(t: TaskRec) -> PlacedTask | None:
-    if t.moving is None:
-        return None
-    cpus, mem = t.resources
-    return PlacedTask(t.job + MOVING, t.index, t.moving.machine, cpus, mem)
 
 
 class RegionState:
@@ -247,6 +215,8 @@ class RegionState:
             if kind == "members":
                 self.members_version += 1
                 self.coordination_changed.set()
+            if kind == "capacity-settings":  # the reserve opportunistic entitlements leave free: in their snapshot
+                self._dirty_ents.update(n for n, e in self.entitlements.items() if e.kind == "opportunistic")
             if kind == "rollouts":  # which profile each machine should hold, and which must stop its tasks
                 self._wake_entitlement(rest, None)
                 return set(self.jobs_by_ent.get(rest, ()))
@@ -461,16 +431,23 @@ class RegionState:
             body["tasks"] = [t.agent_spec(self.sealer.open_task) for t in tasks]
         return {**body, "version": digest}
 
+    @property
+    def reserve(self) -> int:
+        """Free machines per machine type and dc that opportunistic entitlements leave free
+        (`twinectl capacity reserve`; 0: none)."""
+        return int(self.capacity_settings.get("", {}).get("reserve", 0))
+
     def snapshot(self) -> Snapshot:
         """The allocator's snapshot, moved forward in place by the changes since the last call:
         the same object every time, at a cost that follows the changes, not the region. Use it
         before your next await (allocate() is synchronous) and do not keep it: the next call
         changes it."""
         self._refresh_cordons(time.time())
+        reserve = self.reserve
         if self._snapshot is None:
             self._snapshot = Snapshot.build(
                 (to_machine(m, self.revs[self.keys.machine(m.id)], m.id in self._cordoned) for m in self.machines.values()),
-                (to_entitlement(e) for e in self.entitlements.values()),
+                (to_entitlement(e, reserve) for e in self.entitlements.values()),
                 itertools.chain((p for ts in self.tasks.values() for t in ts.values() if (p := to_placed(t)) is not None),
                                 (to_placed_copy(t) for ts in self.tasks.values() for t in ts.values()
                                  if t.moving is not None)),
@@ -487,7 +464,7 @@ class RegionState:
                 removed_machines=[mid for mid in self._dirty_machines if mid not in self.machines],
                 tasks=[p for p in placed.values() if p is not None],
                 removed_tasks=[k for k, p in placed.items() if p is None],
-                entitlements=[to_entitlement(self.entitlements[n]) for n in self._dirty_ents
+                entitlements=[to_entitlement(self.entitlements[n], reserve) for n in self._dirty_ents
                               if n in self.entitlements],
                 removed_entitlements=[n for n in self._dirty_ents if n not in self.entitlements],
                 revision=self.revision)

@@ -297,7 +297,7 @@ async function capacityView(view) {
   }
   const when = (t) => (t ? new Date(t * 1000).toISOString().replace(/\.\d+Z$/, "Z") : "-");
   view.append(h("h2", {}, "Reclaims open"), table(["id", "from", "to", "cause", "machines", "left", "deadline", "phase"],
-    cap.open.map((r) => h("tr", { "data-k": "cap-reclaim" }, td(r.id), td(r.entitlement), td(r.heir), td(r.cause),
+    cap.open.map((r) => h("tr", { "data-k": "cap-reclaim" }, td(r.id), td(r.entitlement), td(r.heir || "(reserve)"), td(r.cause),
       td(r.machines.length), td(r.left), td(when(r.deadline)), td(r.phase)))));
 }
 

@@ -192,3 +192,55 @@ def test_an_entitlements_disruption_budget_bounds_its_reclaims_in_flight_and_spa
         assert second[0]["machines"] != first["machines"]
         wait(lambda: [t["state"] for t in c.call("GET", "/v1/jobs/web/api")[1]["tasks"]] == ["running"] * 2, 30,
              "web on both machines")
+
+
+def test_the_reserve_is_refilled_with_notice_kept_from_batch_and_taken_at_once_by_growth(tmp_path, etcd_server, capsys):
+    """`twinectl capacity reserve 1` with batch on all three machines: one is reclaimed with its
+    notice for the reserve (no heir: it goes to the free pool) and batch's task stays pending
+    rather than take it back; web's growth takes it at once, with no reclaim for demand; the
+    reserve short again, another reclaim begins, and ends early once the reserve is set to 0. A bad
+    reserve is refused naming the field, and changes nothing."""
+    from controlplane.cli import twinectl
+    from tests.controlplane.controld_proc import API_TOKEN
+
+    with daemon_with_sim_agents(tmp_path, etcd_server.port, ("h1", "h2", "h3"), heartbeat_timeout=5.0) as (c, _agents):
+        def ctl(*argv):
+            return twinectl.main(["--url", c.url, "--token", API_TOKEN, *argv])
+
+        assert c.call("POST", "/v1/entitlements", {"name": "batch", "machine_type": "generic", "quota": 3,
+                                                   "kind": "opportunistic", "notice": 3})[0] == 201
+        assert c.call("POST", "/v1/entitlements", {"name": "web", "machine_type": "generic", "quota": 2})[0] == 201
+        assert c.call("POST", "/v1/jobs", {"entitlement": "batch", "name": "work", "count": 3, "task": BIG})[0] == 201
+        wait(lambda: [t["state"] for t in c.call("GET", "/v1/jobs/batch/work")[1]["tasks"]] == ["running"] * 3, 20,
+             "batch on all three machines")
+        for bad in ({"machines": -1}, {"machines": 10_001}, {"machines": "1"}, {"reserve": 1}):
+            status, e = c.call("POST", "/v1/capacity/reserve", bad)
+            assert status == 400 and e["field"] in ("machines", "reserve"), (bad, e)
+        assert c.call("GET", "/v1/capacity")[1]["reserve"] == 0 and reclaims(c) == []
+        assert ctl("capacity", "reserve", "1") == 0
+        assert "reserve: 1 free machine(s) per machine type and dc" in capsys.readouterr().out
+        [e] = wait(lambda: reclaims(c), 20, "a reclaim for the reserve")
+        assert (e["scope"], e["heir"], e["cause"], len(e["machines"])) == ("batch", None, "reserve", 1), e
+        assert e["deadline"] - e["start"] == pytest.approx(3.0), "the entitlement's notice"
+        [mid] = e["machines"]
+        wait(lambda: holder(c, mid) is None, 20, "the machine back in the free pool")
+        assert time.time() >= e["deadline"]
+        wait(lambda: [x for x in reclaims(c) if x["end"] is not None], 20, "the reclaim over")
+        time.sleep(2.0)  # batch's stopped task finds only the reserve, and leaves it
+        states = sorted((t["state"], t["machine"]) for t in c.call("GET", "/v1/jobs/batch/work")[1]["tasks"])
+        assert [s for s, _ in states] == ["pending", "running", "running"] and mid not in {m for _, m in states}, states
+        assert holder(c, mid) is None and c.call("GET", "/v1/capacity/forecast")[1]["groups"][0]["now"]["available"] == 2
+        began = time.time()
+        assert c.call("POST", "/v1/jobs", {"entitlement": "web", "name": "api", "count": 1, "task": BIG})[0] == 201
+        wait(lambda: [(t["machine"], t["state"]) for t in c.call("GET", "/v1/jobs/web/api")[1]["tasks"]] == [(mid, "running")],
+             20, "web's task on the reserve")
+        assert time.time() - began < 3.0, "at once: no notice waited"
+        assert all(x["cause"] == "reserve" for x in reclaims(c)), "no reclaim for demand"
+        refill = wait(lambda: [x for x in reclaims(c) if x["id"] != e["id"]], 20, "the reserve refilled")[0]
+        assert (refill["heir"], refill["cause"]) == (None, "reserve"), refill
+        assert ctl("capacity", "reserve", "0") == 0
+        capsys.readouterr()
+        [over] = wait(lambda: [x for x in reclaims(c) if x["id"] == refill["id"] and x["end"] is not None], 30,
+                      "the refill ended")
+        if over["end"] < over["deadline"]:  # (its notice may have run out before the reserve was set to 0)
+            assert "the reserve needs no more" in over["reason"], over

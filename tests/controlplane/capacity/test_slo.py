@@ -143,6 +143,7 @@ class _State:
     def __init__(self, machines, entitlements):
         self.machines = {m.id: m for m in machines}
         self.entitlements, self.reclaims, self.maintenance = entitlements, {}, _Maintenance()
+        self.reserve = 0
 
 
 def test_the_buffer_is_the_guaranteed_machines_of_the_largest_msb_of_the_group():
@@ -157,3 +158,5 @@ def test_the_buffer_is_the_guaranteed_machines_of_the_largest_msb_of_the_group()
     st = _State(ms, {"web": _Ent("guaranteed"), "api": _Ent("guaranteed"), "batch": _Ent("opportunistic")})
     assert slo.pool(st, 0.0)[G]["buffer"] == 3 and slo.pool(st, 0.0)["big/dc1"]["buffer"] == 1
     assert slo.pool(st, 0.0)[G]["available"] == 4  # f and batch's three: the buffer is lent, not held back
+    st.reserve = 2  # the reserve is not lent: of one free machine, none is available; none of another group's
+    assert slo.pool(st, 0.0)[G]["available"] == 3 and slo.pool(st, 0.0)["big/dc1"]["available"] == 0

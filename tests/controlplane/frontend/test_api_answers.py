@@ -104,6 +104,7 @@ def test_every_answer_of_a_live_region_holds_to_the_documents_schema(tmp_path, e
         a.call("POST", "/v1/rebalance/disable", {})
         a.call("POST", "/v1/capacity/pause", {})
         a.call("POST", "/v1/capacity/resume", {})
+        a.call("POST", "/v1/capacity/reserve", {"machines": 0})
         a.call("GET", "/v1/capacity")
         a.call("GET", "/v1/capacity/forecast")
         a.call("GET", "/v1/capacity/slo")

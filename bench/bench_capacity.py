@@ -23,7 +23,9 @@ Three ways, on the same trace and region:
   the service then. With no free machine the SRM's forecast looks that notice further ahead (the
   daemon's rule, srm/service.py's reclaim_lead, with the bench's one group), so that growth it
   foresees is asked for in time. A failure's replacements reclaim at once, without notice (the batch tasks
-  killed lose their work since their last checkpoint).
+  killed lose their work since their last checkpoint). The region keeps a reserve of RESERVED free
+  machines from batch (`twinectl capacity reserve 2`; --reserve): growth takes those at once, and
+  reclaims with notice (no heir: to the pool) refill it, as capacity/reclaim.py's refill does.
 - no tier: the same services and SRM; freed machines idle in the pool.
 - k8s: the services under the HPA (bench/hpa.py); batch as pods of a low PriorityClass above the
   Cluster Autoscaler's expendable cutoff, so the autoscaler grows the cluster to the region for
@@ -38,15 +40,16 @@ Figures: utilisation = cores used by useful work (what the services' serving tas
 load, and what the batch tasks used, less batch work lost to kills) over the cores of machines held
 by anyone (a service, batch, a reclaim in flight; k8s: every node up); opportunistic availability =
 the share of the measured week's hours that had at least the machines offered for them
-(controlplane/capacity/slo.py as the daemon runs it: the pool's hourly history, the week before
-simulated the same way with the history loads, forecast every hour, the 99 % line less the
-failure-domain buffer offered, each hour judged against the offer made earliest); reclaims with
+(controlplane/capacity/slo.py as the daemon runs it: free machines beyond the reserve and batch's
+machines; the pool's hourly history, the week before simulated the same way with the history
+loads, forecast every hour, the 99 % line less the failure-domain buffer offered, each hour judged
+against the offer made earliest); reclaims with
 >= 120 s notice (k8s: preemptions, with none; the tier gives every reclaim for demand the
 entitlement's notice as its deadline and never cuts it short, a service waiting for the ack
 instead, which the over-target minutes count: only a failure's reclaims go without); guaranteed
 over-target minutes (a job's minute with load per serving task over target x 1.1).
 
-    .venv/bin/python bench/bench_capacity.py [--jobs 10] [--days 7] [--seed 26] [--ack 10] [--budget 10,50] [--no-lead]
+    .venv/bin/python bench/bench_capacity.py [--jobs 10] [--days 7] [--seed 26] [--ack 10] [--budget 10,50] [--reserve 2] [--no-lead]
 """
 
 from __future__ import annotations
@@ -78,6 +81,8 @@ FAILURE_AT = 3 * 1440 + 15 * 60  # minute of the measured week an MSB is lost (T
 FAILURE_FOR = 60  # minutes it stays lost
 FAILURE_SHARE = 0.2  # one MSB of five
 GROUP = "generic/dc1"
+RESERVE = -1  # the heir of a reclaim that refills the reserve (the free pool)
+RESERVED = 2  # free machines the region keeps unlent (`twinectl capacity reserve`)
 
 
 def region_size(loads: list[list[float]], minutes: int) -> int:
@@ -115,9 +120,9 @@ class TierPool(Pool):
     """The free pool of a region with (or without) the opportunistic tier: what the services do
     not hold, the batch entitlement holds, a machine at a time; reclaims take it back."""
 
-    def __init__(self, machines: int, tier: bool, budget: Budget = Budget(), ack: float = ACK):
+    def __init__(self, machines: int, tier: bool, budget: Budget = Budget(), ack: float = ACK, reserve: int = 0):
         super().__init__(machines)
-        self.tier, self.budget, self.ack = tier, budget, ack
+        self.tier, self.budget, self.ack, self.reserve = tier, budget, ack, reserve
         self.batch: dict[int, float] = {}  # batch machine -> when its tasks started
         self.reclaiming: deque[tuple[float, int, float, int]] = deque()  # (ack at, machine, its tasks' start, heir job)
         self.promised = 0  # machines acked to a service, not yet taken by it
@@ -131,14 +136,15 @@ class TierPool(Pool):
         return got
 
     def available(self) -> int:
-        """slo.pool()'s figure: free (not promised to an heir) and opportunistic not reclaiming."""
-        return self.free - self.promised + len(self.batch)
+        """slo.pool()'s figure: free (not promised to an heir) beyond the reserve, and opportunistic
+        not reclaiming."""
+        return max(0, self.free - self.promised - self.reserve) + len(self.batch)
 
     def fill(self, now: float) -> None:
-        """Batch takes every free machine no service is owed."""
+        """Batch takes every free machine no service is owed, but the reserve."""
         if not self.tier:
             return
-        while self.free - self.promised > 0:
+        while self.free - self.promised > self.reserve:
             self.free -= 1
             self.ids += 1
             self.batch[self.ids] = now
@@ -169,9 +175,17 @@ class TierPool(Pool):
         while self.reclaiming and self.reclaiming[0][0] <= now:
             at, _, _, heir = self.reclaiming.popleft()
             self.free += 1
+            if heir == RESERVE:
+                continue  # to the free pool: the reserve again
             self.promised += 1
             if jobs and (k := need_of(jobs[heir])):
                 jobs[heir]["sim"].grow(min(k, SLOTS), at)
+
+    def refill(self, now: float, t: Tally) -> None:
+        """The reserve, short of what the region keeps free: reclaims with notice for it (the
+        reclaimer's refill), less those already coming."""
+        if self.tier and (short := self.reserve - (self.free - self.promised) - self.owed(RESERVE)) > 0:
+            self.reclaim(short, now, t, failure=False, heir=RESERVE)
 
     def owed(self, heir: int) -> int:
         """Machines in reclaim for that job."""
@@ -203,11 +217,11 @@ def fail(side: Side, pool: TierPool, now: float, t: Tally) -> dict[int, int]:
 
 def run_twine(loads, history, minutes: int, machines: int, tier: bool, predictive: bool = True,
               failure_at: int | None = FAILURE_AT, budget: Budget = Budget(), ack: float = ACK,
-              lead: bool = True) -> Tally:
+              lead: bool = True, reserve: int = RESERVED) -> Tally:
     """tier / no tier: the SRM's services, with batch on the free machines or without.
     failure_at: the minute the MSB is lost (None: never)."""
     t = Tally("tier" if tier else "no tier")
-    pool = TierPool(machines, tier, budget, ack)
+    pool = TierPool(machines, tier, budget, ack, reserve if tier else 0)
     side = Side(t.name, "srm")
     side.pool = pool
     if not predictive:
@@ -234,7 +248,7 @@ def run_twine(loads, history, minutes: int, machines: int, tier: bool, predictiv
             pool.free += pool.down  # the MSB is back: its machines return to the pool
             pool.down = 0
         # with no free machine, growth takes machines back with notice: the forecast looks that much further
-        side.lead = NOTICE if tier and lead and pool.free - pool.promised <= 0 else 0.0
+        side.lead = NOTICE if tier and lead and pool.free - pool.promised <= pool.reserve else 0.0
         for n, job in enumerate(side.jobs):
             sim: JobSim = job["sim"]
             size = sim.size()
@@ -248,6 +262,7 @@ def run_twine(loads, history, minutes: int, machines: int, tier: bool, predictiv
             job["want"] = new
             if tier and (short := new - sim.size()) > 0:  # its demand: machines to reclaim, less those coming
                 pool.reclaim(math.ceil(short / SLOTS) - pool.owed(n), now, t, failure=False, heir=n)
+        pool.refill(now, t)
         pool.fill(now)
         for job in side.jobs:
             load, serving = job["load"][minute], job["sim"].serving(now)
@@ -417,6 +432,8 @@ def main() -> None:
                    help="seconds from a notice (or SIGTERM) to the batch task's checkpoint and ack (default %(default)s)")
     p.add_argument("--no-lead", action="store_true",
                    help="the SRM's forecast does not look a reclaim's notice further when no machine is free")
+    p.add_argument("--reserve", type=int, default=RESERVED,
+                   help="free machines the region keeps unlent, refilled by reclaims with notice (default %(default)s)")
     p.add_argument("--budget", default=f"{Budget().machines},{Budget().percent:g}",
                    help="the reclaims' disruption budget: MACHINES,PERCENT in flight (reclaim.Budget; default %(default)s)")
     args = p.parse_args()
@@ -435,10 +452,11 @@ def main() -> None:
     # the pool's history: the week before, the same region and tier, with the history's loads (the
     # srm's own forecast off there: it has no week before that)
     week_before = run_twine(history, None, WEEK, machines, tier=True, predictive=False, failure_at=None, budget=budget,
-                            ack=args.ack)
+                            ack=args.ack, reserve=args.reserve)
     shift = WEEK // 60  # its hours are the week before the measured one's
     week_before.hours = {hour - shift: a for hour, a in week_before.hours.items()}
-    tier = run_twine(loads, history, minutes, machines, tier=True, budget=budget, ack=args.ack, lead=not args.no_lead)
+    tier = run_twine(loads, history, minutes, machines, tier=True, budget=budget, ack=args.ack, lead=not args.no_lead,
+                     reserve=args.reserve)
     none = run_twine(loads, history, minutes, machines, tier=False)
     k8s = run_k8s(loads, minutes, machines, ack=args.ack)
     hours = sorted(tier.hours)

@@ -67,6 +67,22 @@ def test_reclaims_in_flight_stay_within_the_budget():
     assert len(small.reclaiming) == 3, "and at most half the entitlement"
 
 
+def test_the_reserve_is_kept_from_batch_taken_at_once_and_refilled_with_notice():
+    pool = bc.TierPool(10, tier=True, reserve=2)
+    pool.fill(0.0)
+    assert (pool.free, len(pool.batch), pool.available()) == (2, 8, 8), "the reserve is not lent, nor available"
+    t = bc.Tally("t")
+    assert pool.take() and pool.take() and pool.free == 0, "growth takes the reserve at once"
+    pool.refill(10.0, t)
+    assert (t.reclaims, t.noticed, len(pool.reclaiming), pool.owed(bc.RESERVE)) == (2, 2, 2, 2)
+    pool.refill(11.0, t)
+    assert t.reclaims == 2, "those coming are counted"
+    pool.acks(10.0 + bc.ACK)
+    assert (pool.free, pool.promised, len(pool.batch)) == (2, 0, 6), "back to the pool, promised to nobody"
+    pool.fill(30.0)
+    assert len(pool.batch) == 6, "and kept from batch"
+
+
 def test_without_the_tier_free_machines_stay_free():
     pool = bc.TierPool(3, tier=False)
     pool.fill(0.0)
@@ -86,7 +102,7 @@ def test_on_a_flat_load_each_way_counts_what_it_should():
     2 hours, no failure: the tier and Kubernetes both run batch on the other 8 slots (useful 2.4 +
     8 x 0.95 = 10 cores of 12 held), without the tier 2.4 of the service's 4; nothing reclaimed."""
     loads = [[2.4] * 120]
-    tier = bc.run_twine(loads, None, 120, 3, tier=True, failure_at=None)
+    tier = bc.run_twine(loads, None, 120, 3, tier=True, failure_at=None, reserve=0)
     none = bc.run_twine(loads, None, 120, 3, tier=False, failure_at=None)
     k8s = bc.run_k8s(loads, 120, 3, failure_at=None)
     assert tier.utilisation == pytest.approx(10 / 12) and k8s.utilisation == pytest.approx(10 / 12)
@@ -103,7 +119,7 @@ def test_an_msb_lost_takes_batch_machines_with_it_and_its_replacements_reclaim_w
     4 of 20 batch pods lost, the 4 pods made again preempt 4 batch pods (which checkpoint)."""
     loads = [[12.0] * 120]
     lost = 5 * 60 * bc.BATCH_USE  # a task's, since its checkpoint at 30 min
-    tier = bc.run_twine(loads, None, 120, 10, tier=True, failure_at=35)
+    tier = bc.run_twine(loads, None, 120, 10, tier=True, failure_at=35, reserve=0)
     assert tier.reclaims - tier.noticed == 1, "one reclaim without notice"
     assert tier.lost == pytest.approx(2 * bc.SLOTS * lost)
     # available (free and batch): 5 before; during, 10 less 2 down less the service's 5 (4 left and 1 reclaimed)

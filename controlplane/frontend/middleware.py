@@ -55,9 +55,10 @@ class Gate:
         return response
 
     async def _caught_up(self) -> bool:
-        """Whether this view was behind etcd's current revision, and has now seen it (a 404 is then
-        asked again: every replica answers as etcd holds the region, not as its watch has it so far).
-        False when it was not behind, or etcd cannot say: the 404 stands."""
+        """Whether this view was behind etcd's current revision, and has now seen it (a 404, or an
+        agent's credential not known, is then asked again: every replica answers as etcd holds the
+        region, not as its watch has it so far). False when it was not behind, or etcd cannot say:
+        the 404 (401) stands."""
         st = self.state
         seen = st.revision  # what the 404 was answered from
         try:
@@ -82,7 +83,15 @@ class Gate:
     async def _answer(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         st = self.state
         try:
-            self._admit(request)
+            try:
+                self._admit(request)
+            except ApiError as e:
+                # a machine's credential this view has not read yet: registered through another
+                # replica a moment ago, which named this one for its heartbeats (heartbeat_to)
+                if e.kind != "unauthorized" or not request.path.startswith("/v1/agent/") or st.stale \
+                        or not await self._caught_up():
+                    raise
+                self._admit(request)
             try:
                 response = await handler(request)
             except ApiError as e:

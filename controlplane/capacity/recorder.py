@@ -20,7 +20,7 @@ from controlplane.store import Store
 from controlplane.store.state import RegionState
 
 log = logging.getLogger("twine.controld.capacity")
-SAMPLE = 60.0  # seconds between looks at the pool (each a pass over every machine, in steps)
+SAMPLE = 60.0  # seconds between looks at the pool (from the sums kept as machines change: store/cells.py)
 LEAST = ("available",)  # figures whose hour's value is the least seen; the others keep the most
 
 
@@ -50,7 +50,7 @@ class CapacityRecorder:
             self.hour, self.current, self.last = None, {}, {}
             return
         hour = int(now // 3600)
-        figures = self.last = await slo.pool_in_steps(self.state, now)
+        figures = self.last = slo.pool(self.state, now)
         if self.hour is not None and hour > self.hour:
             await self.close(self.hour, figures)
         if self.hour is None:  # leading shard 0 from now on: what etcd says was offered and kept

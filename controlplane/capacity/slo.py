@@ -43,10 +43,11 @@ SRM's sizes follow, not a growth the SRM foresees and the pool has not seen.
 
 from __future__ import annotations
 
-import asyncio
 import math
 from dataclasses import dataclass, field
 from typing import Mapping
+
+from controlplane.store.cells import HEALTHY
 
 HOURS_KEPT = 8 * 7 * 24  # hourly records kept (8 weeks, as usage's rollups)
 LEADS = 24  # hours ahead the forecast covers
@@ -64,57 +65,51 @@ def of_group(group: str) -> tuple[str, str]:
     return machine_type, dc
 
 
-def pool(state, now: float, machines=None) -> dict[str, dict[str, int]]:
-    """The region's machines now (or those given), per group: machines (healthy, in no
-    maintenance), guaranteed, opportunistic, free, reclaiming (in a reclaim still open), available
-    (free beyond the region's reserve + opportunistic, not reclaiming: what opportunistic work can
-    hold) and buffer (the guaranteed machines of its largest MSB)."""
+def pool(state, now: float) -> dict[str, dict[str, int]]:
+    """The region's machines now, per group: machines (healthy, in no maintenance), guaranteed,
+    opportunistic, free, reclaiming (in a reclaim still open), available (free beyond the region's
+    reserve + opportunistic, not reclaiming: what opportunistic work can hold) and buffer (the
+    guaranteed machines of its largest MSB). From the machines' sums kept as they change
+    (store/cells.py), less the few machines in maintenance, and the few in a reclaim moved from
+    available to reclaiming: a pass over the cells, not the machines."""
+    kinds = {name: e.kind for name, e in state.entitlements.items()}
     out: dict[str, dict[str, int]] = {}
     per_msb: dict[tuple[str, str], int] = {}
-    _count(state, now, state.machines.values() if machines is None else machines, out, per_msb)
-    return _finish(out, per_msb, state.reserve)
-
-
-def _count(state, now: float, machines, out: dict, per_msb: dict) -> None:
-    kinds = {name: e.kind for name, e in state.entitlements.items()}
-    for m in machines:
-        group = group_of(m.labels)
-        g = out.setdefault(group, dict.fromkeys(FIGURES, 0))
-        if not m.healthy or state.maintenance.of(m.id, now) is not None:
-            continue
-        g["machines"] += 1
-        opportunistic = m.entitlement is not None and kinds.get(m.entitlement) == "opportunistic"
-        g["free" if m.entitlement is None else "opportunistic" if opportunistic else "guaranteed"] += 1
-        if m.entitlement is not None and not opportunistic:
-            key = (group, m.labels.get("msb", ""))
-            per_msb[key] = per_msb.get(key, 0) + 1
-        if opportunistic and m.id in state.reclaims:
+    for (dc, msb, ent, _, mtype), r in state.cells.rows.items():
+        _add(out, per_msb, f"{mtype}/{dc}", msb, _kind(kinds, ent), r[HEALTHY])
+    for mid in state.maintenance.machines():
+        m = state.machines.get(mid)
+        if m is not None and m.healthy and state.maintenance.of(mid, now) is not None:
+            _add(out, per_msb, group_of(m.labels), m.labels.get("msb", ""), _kind(kinds, m.entitlement), -1)
+    for mid in state.reclaims:
+        m = state.machines.get(mid)
+        if (m is not None and m.healthy and kinds.get(m.entitlement or "") == "opportunistic"
+                and state.maintenance.of(mid, now) is None):
+            g = out[group_of(m.labels)]
             g["reclaiming"] += 1
-        elif opportunistic or m.entitlement is None:
-            g["available"] += 1
-
-
-def _finish(out: dict[str, dict[str, int]], per_msb: dict[tuple[str, str], int], reserve: int
-            ) -> dict[str, dict[str, int]]:
-    """The buffers, and the reserve (free machines opportunistic work leaves alone) out of what is
-    available."""
+            g["available"] -= 1
+    for g in out.values():
+        g["available"] -= min(state.reserve, g["free"])
     for (group, _), n in per_msb.items():
         out[group]["buffer"] = max(out[group]["buffer"], n)
-    for g in out.values():
-        g["available"] -= min(reserve, g["free"])
     return out
 
 
-async def pool_in_steps(state, now: float, step: int = 5_000) -> dict[str, dict[str, int]]:
-    """pool(), giving the event loop back every `step` machines (a region of a million machines
-    is a second or two of passes, each step a few milliseconds)."""
-    machines = list(state.machines.values())
-    out: dict[str, dict[str, int]] = {}
-    per_msb: dict[tuple[str, str], int] = {}
-    for i in range(0, len(machines), step):
-        _count(state, now, machines[i:i + step], out, per_msb)
-        await asyncio.sleep(0)
-    return _finish(out, per_msb, state.reserve)
+def _kind(kinds: dict[str, str], ent: str | None) -> str:
+    """free (no entitlement), opportunistic, or guaranteed (any other)."""
+    return "free" if not ent else "opportunistic" if kinds.get(ent) == "opportunistic" else "guaranteed"
+
+
+def _add(out: dict[str, dict[str, int]], per_msb: dict[tuple[str, str], int], group: str, msb: str, kind: str,
+         n: int) -> None:
+    """n healthy machines of an entitlement of that kind ("free": none) in the group's msb."""
+    g = out.setdefault(group, dict.fromkeys(FIGURES, 0))
+    g["machines"] += n
+    g[kind] += n
+    if kind == "guaranteed":
+        per_msb[(group, msb)] = per_msb.get((group, msb), 0) + n
+    else:
+        g["available"] += n
 
 
 @dataclass

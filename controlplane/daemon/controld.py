@@ -42,7 +42,6 @@ from controlplane.store import Conflict, Store, Versioned
 from controlplane.store.keys import Keys
 from controlplane.store.state import RegionState
 from controlplane.taskcontrol.reach import Reach
-from controlplane.usage.fleet import Tallies
 from controlplane.usage.metrics import UsageCollector
 from controlplane.usage.peers import PeerTasks
 from controlplane.srm.metrics import SrmCollector
@@ -120,14 +119,13 @@ class ControlDaemon:
         self.usage = RegionUsage(self.agents.usage)
         self.recorder = Recorder(self.state, store, self.usage, lambda: self.shards.schedulers.keys(),
                                  s.usage_sample, max_txn_ops=s.max_txn_ops) if "scheduler" in s.roles else None
-        self.tallies = Tallies(self.state)
         self.srm = Autoscaler(self.state, self.usage, self.shards, self.recorder, s.srm_interval, s.usage_sample,
                               Loads(self.state, s.prometheus_url, self.reach)) if "scheduler" in s.roles else None
         if self.srm is not None:
             self.registry.register(SrmCollector(self.srm))
         self.rebalancer = Continuous(self.state, self.usage, lambda: 0 in self.shards.schedulers,
                                      s.rebalance_interval) if "scheduler" in s.roles else None
-        self.registry.register(UsageCollector(self.state, self.usage, self.recorder, self.tallies))
+        self.registry.register(UsageCollector(self.state, self.usage, self.recorder))
         # the pool's history (opportunistic capacity's SLO): kept by the leader of shard 0, read by any replica
         self.capacity = CapacityRecorder(self.state, store, lambda: 0 in self.shards.schedulers)
         self.registry.register(CapacityCollector(self.capacity))
@@ -182,7 +180,7 @@ class ControlDaemon:
             state=self.state, shards=self.shards, agents=self.agents, ops=self.ops, clean=self.health.clean,
             forwarder=Forwarder(self.coordinator, self.http), coordinator=self.coordinator, relay=self.relay,
             reach=self.reach, metrics=self.metrics_text, usage=self.usage, recorder=self.recorder,
-            tallies=self.tallies, srm=self.srm, capacity=self.capacity, prometheus_url=s.prometheus_url))
+            srm=self.srm, capacity=self.capacity, prometheus_url=s.prometheus_url))
 
     async def run(self, host: str, port: int, stop: asyncio.Event, notifier: Notifier | None = None) -> None:
         s = self.settings

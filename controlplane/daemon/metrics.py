@@ -22,7 +22,9 @@ from controlplane.broker.relay import Relay
 from controlplane.coordination.coordinator import Coordinator
 from controlplane.daemon.shards import ShardHost
 from controlplane.health.check import HealthService
+from controlplane.store.cells import HEALTHY, TOMBSTONED
 from controlplane.store.state import RegionState
+from controlplane.usage.fleet import in_maintenance
 
 # what each component's counters count, by component and key (the metric is twine_<component>_<key>_total)
 COUNTED = {
@@ -97,16 +99,16 @@ class DaemonCollector(Collector):
 
     def _region(self) -> Iterator[Metric]:
         st, now = self.state, time.time()
-        machines = st.machines.values()
+        cells = st.cells  # the machines' sums kept as they change (store/cells.py): no pass over the machines
         yield _gauge("twine_records_skipped", "records under the region's prefix this daemon cannot read", len(st.skipped))
         yield _gauge("twine_machines", "machines in the region", len(st.machines))
-        yield _gauge("twine_machines_unhealthy", "machines not healthy", sum(1 for m in machines if not m.healthy))
+        yield _gauge("twine_machines_unhealthy", "machines not healthy", len(st.machines) - cells.total(HEALTHY))
         # held by tasks moved off them whose containers are not reported gone (machine clean: the admin's way out)
         yield _gauge("twine_machines_with_tombstones", "machines holding tombstones",
-                     sum(1 for m in machines if m.tombstones))
+                     cells.total(TOMBSTONED))
         yield _gauge("twine_machines_in_maintenance", "machines in a maintenance in progress",
-                     sum(1 for mid in st.machines if (e := st.maintenance.of(mid, now)) and e.phase(now) == "in progress"))
-        yield _gauge("twine_machines_free", "machines in the free pool", sum(1 for m in machines if m.entitlement is None))
+                     len(in_maintenance(st, now)))
+        yield _gauge("twine_machines_free", "machines in the free pool", sum(p[0] for p in cells.pool.values()))
         yield _gauge("twine_jobs", "jobs in the region", len(st.jobs))
         yield _gauge("twine_etcd_revision", "the etcd revision this daemon's view has", st.revision)
 

@@ -106,7 +106,7 @@ def make_app(s: Services) -> web.Application:
         Maintenance(s.ops),
         Agents(s.agents),
         Meta(s.state, s.shards, s.coordinator, s.relay, s.metrics),
-        Usage(s.state, s.usage, s.recorder, s.shards, s.forwarder, s.tallies),
+        Usage(s.state, s.usage, s.recorder, s.shards, s.forwarder),
     ]
     by_class = {type(g): g for g in groups}
     gate = Gate(s.state, Authenticator(s.state, s.agents, s.settings.api_tokens), s.settings.roles)

@@ -29,12 +29,11 @@ def quota_warnings(state: RegionState, job: JobRec) -> list[str]:
     if p is None or ent is None:
         return []
     mtype = job.machine_type or ent.machine_type
-    m = next((m for m in state.machines.values() if m.labels.get("machine_type") == mtype and m.capacity.get("cpus")),
-             None)
-    if m is None:
+    cap = state.cells.capacity.get(mtype)  # a machine of the type's (kept as machines change: no pass over them)
+    if cap is None:
         return []
     cpus, mem = job.resources()
-    per_machine = tasks_fit(float(m.capacity["cpus"]), int(m.capacity.get("memory_mb", 0)), cpus, mem)
+    per_machine = tasks_fit(cap[0], cap[1], cpus, mem)
     holds = ent.quota * per_machine
     if p.max <= holds:
         return []

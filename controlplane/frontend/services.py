@@ -17,7 +17,6 @@ from controlplane.opsplanner.planner import OpsPlanner
 from controlplane.scheduler.service import Scheduler
 from controlplane.store.state import RegionState
 from controlplane.taskcontrol.reach import Reach
-from controlplane.usage.fleet import Tallies
 from controlplane.usage.recorder import Recorder
 from controlplane.usage.region import RegionUsage
 from controlplane.srm.service import Autoscaler
@@ -57,7 +56,6 @@ class Services:
     metrics: Callable[[], str]  # the Prometheus text of /v1/metrics
     usage: RegionUsage  # what the region uses now
     recorder: Recorder | None  # the usage history of the shards this process leads
-    tallies: Tallies  # the machines summed for the fleet's answers
     srm: Autoscaler | None = None  # the SRM of the shards this process leads
     capacity: CapacityRecorder | None = None  # the pool's history (opportunistic capacity's SLO)
     prometheus_url: str | None = None  # the region's Prometheus server (autoscale metrics may query it)

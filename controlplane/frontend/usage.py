@@ -19,7 +19,7 @@ from controlplane.store.records import NAME, ApiError, TaskRec
 from controlplane.store.state import RegionState
 from controlplane.usage import history as H
 from controlplane.usage.book import TaskUsage
-from controlplane.usage.fleet import DIMENSIONS, Tallies, fleet
+from controlplane.usage import fleet
 from controlplane.usage.peers import MAX_NAMES
 from controlplane.usage.recorder import Recorder
 from controlplane.usage.region import RegionUsage
@@ -29,7 +29,7 @@ MAX_SINCE = H.HOURS * 3600  # 8 weeks: the rollups' window
 MINUTES_SINCE = H.MINUTES * 60  # 48 hours: the points' window
 MAX_STEP = 7 * 86400
 MAX_POINTS = 10_000  # since / step
-BY = re.compile(f"^({'|'.join(DIMENSIONS)})(,({'|'.join(DIMENSIONS)}))*$")
+BY = re.compile(f"^({'|'.join(fleet.DIMENSIONS)})(,({'|'.join(fleet.DIMENSIONS)}))*$")
 FIELDS = ["t", "cpu", "cpu_max", "memory_mb", "memory_mb_max"]
 _NAME = NAME.pattern[1:NAME.pattern.index("$")]  # a name's, without its anchors
 HANDLE = re.compile(f"^{_NAME}/{_NAME}$(?!\\n)")  # a job's: <entitlement>/<name>
@@ -109,16 +109,16 @@ def tasks_view(tasks: dict[int, TaskRec], measured: dict[tuple[str, int, str], T
 
 class Usage:
     def __init__(self, state: RegionState, usage: RegionUsage, recorder: Recorder | None, shards: Shards,
-                 forwarder: Forwarder, tallies: Tallies):
-        self.state, self.usage, self.recorder, self.tallies = state, usage, recorder, tallies
+                 forwarder: Forwarder):
+        self.state, self.usage, self.recorder = state, usage, recorder
         self.shards, self.forwarder = shards, forwarder
 
     async def fleet(self, request: web.Request) -> web.Response:
-        by = request.query.get("by", ",".join(DIMENSIONS))
+        by = request.query.get("by", ",".join(fleet.DIMENSIONS))
         dims = by.split(",")
         if BY.match(by) is None:
-            raise ApiError("invalid", "by", f"{by[:80]!r}: a comma-separated list of {', '.join(DIMENSIONS)}")
-        return reply(await fleet(self.state, self.usage, [d for d in DIMENSIONS if d in dims], self.tallies))
+            raise ApiError("invalid", "by", f"{by[:80]!r}: a comma-separated list of {', '.join(fleet.DIMENSIONS)}")
+        return reply(fleet.answer(self.state, self.usage, [d for d in fleet.DIMENSIONS if d in dims]))
 
     def _series(self, key: tuple[str, str], shard: int) -> H.Series | None | bool:
         """The series, None when it has no points, False when another replica leads the shard."""

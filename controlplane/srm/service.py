@@ -167,27 +167,22 @@ class Autoscaler:
                           ent.quota * per_machine))
 
     def look(self, now: float) -> None:
-        """A pass over the machines, now and then: the machine types' capacity; the healthy free
-        machines in no maintenance per (type, dc); and per type, the longest notice of the
-        opportunistic entitlements holding machines of it (what a reclaim for growth would wait)."""
+        """Now and then, from the machines' sums kept as they change (store/cells.py): the machine
+        types' capacity; the healthy free machines in no maintenance per (type, dc); and per type,
+        the longest notice of the opportunistic entitlements holding machines (what a reclaim for
+        growth would wait)."""
         st = self.state
-        caps: dict[str, tuple[float, int]] = {}
-        free: dict[tuple[str, str], int] = {}
+        free = {key: p[1] for key, p in st.cells.pool.items()}
+        for mid in st.maintenance.machines():  # the calendar's few, not the region's machines
+            m = st.machines.get(mid)
+            if m is not None and m.entitlement is None and m.healthy and st.maintenance.of(mid, now) is not None:
+                free[(m.labels.get("machine_type", ""), m.labels.get("dc", ""))] -= 1
         notice: dict[str, float] = {}
-        opportunistic = {n: float(e.notice) for n, e in st.entitlements.items() if e.kind == "opportunistic"}
-        for m in st.machines.values():
-            t = m.labels.get("machine_type")
-            if not t:
-                continue
-            if t not in caps and m.capacity.get("cpus"):
-                caps[t] = (float(m.capacity["cpus"]), int(m.capacity.get("memory_mb", 0)))
-            if m.entitlement is None:
-                if m.healthy and st.maintenance.of(m.id, now) is None:
-                    key = (t, m.labels.get("dc", ""))
-                    free[key] = free.get(key, 0) + 1
-            elif m.entitlement in opportunistic:
-                notice[t] = max(notice.get(t, 0.0), opportunistic[m.entitlement])
-        self._caps, self._free, self._notice, self._caps_until = caps, free, notice, now + FORECAST_EVERY
+        for name, e in st.entitlements.items():
+            if e.kind == "opportunistic" and st.cells.held.get(name):
+                notice[e.machine_type] = max(notice.get(e.machine_type, 0.0), float(e.notice))
+        self._caps, self._free, self._notice = dict(st.cells.capacity), free, notice
+        self._caps_until = now + FORECAST_EVERY
 
     def reclaim_lead(self, job: JobRec) -> float:
         """Seconds more the job's forecast looks ahead when its growth would take machines back from

@@ -28,6 +28,7 @@ from controlplane.store.records import ON_MACHINE, EntitlementRec, EventRec, Job
 from controlplane.security.sealing import Sealer
 from controlplane.store import Change, Index, Store, Versioned
 from controlplane.store.codec import Skipped, decode
+from controlplane.store.cells import Cells
 from controlplane.store.keys import Keys
 from controlplane.store.allocview import MOVING, to_entitlement, to_machine, to_placed, to_placed_copy  # noqa: F401
 from controlplane.store.wakeups import Wakeups
@@ -79,6 +80,7 @@ class RegionState:
         self.jobs: dict[str, JobRec] = {}
         self.jobs_by_ent: dict[str, set[str]] = {}
         self._by_ent: defaultdict[str, set[str]] = defaultdict(set)  # entitlement -> its machines' ids
+        self.cells = Cells()  # the machines summed per fleet cell, kept as they change (store/cells.py)
         self.machines_version = self.members_version = 0  # bumped: a machine added or removed; a member's change
         self.tasks: dict[str, dict[int, TaskRec]] = defaultdict(dict)
         self.events: dict[str, EventRec] = {}
@@ -280,6 +282,7 @@ class RegionState:
         old = self.machines.get(mid)
         if m is not None:
             self._share_parts(m)
+        self.cells.change(old, m)
         if old is not None and old.credential_sha256:
             self.credentials.pop(old.credential_sha256, None)
         if old is not None and old.entitlement and (m is None or m.entitlement != old.entitlement):

@@ -12,14 +12,12 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from controlplane.store.state import RegionState
-from controlplane.usage.fleet import Tallies
+from controlplane.store.cells import MACHINES, RESERVED_CPU_M, RESERVED_MB
 from controlplane.usage.history import SERIES_BYTES
 from controlplane.usage.recorder import Recorder
 from controlplane.usage.region import RegionUsage
 
 MIB = 1 << 20
-FLEET_BY = ("dc", "type", "entitlement")  # the fleet families' labels, as a tally groups them
-FLEET_EVERY = 15.0  # seconds a tally of the machines serves the scrapes at most (Prometheus' default interval)
 
 
 def _family(name: str, help_: str, labels: list[str], rows: dict[tuple, float]) -> GaugeMetricFamily:
@@ -30,9 +28,8 @@ def _family(name: str, help_: str, labels: list[str], rows: dict[tuple, float]) 
 
 
 class UsageCollector(Collector):
-    def __init__(self, state: RegionState, usage: RegionUsage, recorder: Recorder | None = None,
-                 tallies: Tallies | None = None):
-        self.state, self.usage, self.recorder, self.tallies = state, usage, recorder, tallies
+    def __init__(self, state: RegionState, usage: RegionUsage, recorder: Recorder | None = None):
+        self.state, self.usage, self.recorder = state, usage, recorder
 
     def collect(self) -> Iterator[Metric]:
         yield GaugeMetricFamily("twine_usage_machines_reporting", "machines whose last usage report this process holds "
@@ -75,15 +72,14 @@ class UsageCollector(Collector):
                           rows["mu"])
         fleet: dict[str, dict[tuple, float]] = {k: {} for k in ("n", "cr", "cu", "mr", "mu")}
         pool: dict[tuple, float] = {}
-        # the machines summed at the last scrape or the one before (a pass over them is no scrape's: fleet.py)
-        t = self.tallies.refresh(FLEET_BY, FLEET_EVERY) if self.tallies is not None else None
-        if t is not None:
-            for (dc, mtype, ent), r in t.rows.items():
-                fleet["n"][(dc, mtype, ent)] = r[0]
-                fleet["cr"][(dc, mtype, ent)] = r[5]
-                fleet["mr"][(dc, mtype, ent)] = r[6] * MIB
-            for (mtype, dc), (n, _) in t.pool.items():
-                pool[(dc, mtype)] = n
+        # the machines' sums kept as they change (store/cells.py): a pass over the cells, not the machines
+        for (dc, _, ent, _, mtype), r in st.cells.rows.items():
+            key = (dc, mtype, ent)
+            fleet["n"][key] = fleet["n"].get(key, 0) + r[MACHINES]
+            fleet["cr"][key] = fleet["cr"].get(key, 0.0) + r[RESERVED_CPU_M] / 1000
+            fleet["mr"][key] = fleet["mr"].get(key, 0.0) + r[RESERVED_MB] * MIB
+        for (mtype, dc), (n, _) in st.cells.pool.items():
+            pool[(dc, mtype)] = n
         for (dc, _, ent, _, mtype), figures in self.usage.cells().items():
             key = (dc, mtype, ent)
             fleet["cu"][key] = fleet["cu"].get(key, 0.0) + figures[0] / 1000

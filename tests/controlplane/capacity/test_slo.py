@@ -10,6 +10,8 @@ import random
 import pytest
 
 from controlplane.capacity import slo
+from controlplane.opsplanner.maintenance import Calendar
+from controlplane.store.cells import Cells
 
 G = "generic/dc1"
 DAY0 = 1_800_000_000 // 86400 * 24  # an hour at midnight UTC
@@ -127,6 +129,8 @@ class _Machine:
     def __init__(self, mid, entitlement, msb, machine_type="generic", healthy=True):
         self.id, self.entitlement, self.healthy = mid, entitlement, healthy
         self.labels = {"dc": "dc1", "msb": msb, "machine_type": machine_type}
+        self.capacity, self.alloc_cpus, self.alloc_memory_mb, self.tombstones = {"cpus": 4}, 0.0, 0, ()
+        self.profile_applied = None
 
 
 class _Ent:
@@ -134,16 +138,14 @@ class _Ent:
         self.kind = kind
 
 
-class _Maintenance:
-    def of(self, mid, now):
-        return None
-
-
 class _State:
     def __init__(self, machines, entitlements):
         self.machines = {m.id: m for m in machines}
-        self.entitlements, self.reclaims, self.maintenance = entitlements, {}, _Maintenance()
+        self.entitlements, self.reclaims, self.maintenance = entitlements, {}, Calendar()
         self.reserve = 0
+        self.cells = Cells()  # as RegionState keeps them
+        for m in machines:
+            self.cells.change(None, m)
 
 
 def test_the_buffer_is_the_guaranteed_machines_of_the_largest_msb_of_the_group():

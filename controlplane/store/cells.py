@@ -1,0 +1,75 @@
+"""The region's machines summed as they change (issue #38): per fleet cell (dc, msb, entitlement,
+host profile, machine type), the free pool per (machine type, dc), the machines each entitlement
+holds, and the region's counts the metrics give. RegionState applies every machine record it
+reads, at start and from the watch, here too (`change(old, new)`: the old record's part taken
+out, the new one's put in), so that the fleet's answers and a Prometheus scrape cost the cells,
+never a pass over a million machines.
+
+What depends on the clock rather than on a record (a maintenance in progress) is not kept here:
+the few machines under maintenance are counted when asked (usage/fleet.py). Resources are kept
+in millicores and MiB, as integers: a sum kept by adding and taking away never drifts."""
+
+from __future__ import annotations
+
+from controlplane.usage.book import Cell, cell_of
+
+# a cell's row: machines, healthy, millicores, MiB, reserved millicores, reserved MiB, with tombstones
+MACHINES, HEALTHY, CPU_M, MEMORY_MB, RESERVED_CPU_M, RESERVED_MB, TOMBSTONED = range(7)
+
+
+def millicores(cpus) -> int:
+    return int(round(float(cpus) * 1000))
+
+
+class Cells:
+    __slots__ = ("rows", "pool", "held", "capacity")
+
+    def __init__(self) -> None:
+        self.rows: dict[Cell, list[int]] = {}
+        self.pool: dict[tuple[str, str], list[int]] = {}  # (machine type, dc) -> [free machines, healthy]
+        self.held: dict[str, int] = {}  # entitlement -> machines it holds
+        self.capacity: dict[str, tuple[float, int]] = {}  # machine type -> a machine's cpus and MiB (the first seen)
+
+    def change(self, old, new) -> None:
+        """A machine record replaced (None: absent before, or gone)."""
+        if old is not None:
+            self._add(old, -1)
+        if new is not None:
+            self._add(new, 1)
+
+    def _add(self, m, k: int) -> None:
+        cell = cell_of(m)
+        r = self.rows.get(cell)
+        if r is None:
+            r = self.rows[cell] = [0] * 7
+        cap = m.capacity
+        r[MACHINES] += k
+        r[HEALTHY] += k * m.healthy
+        r[CPU_M] += k * millicores(cap.get("cpus", 0))
+        r[MEMORY_MB] += k * int(cap.get("memory_mb", 0))
+        r[RESERVED_CPU_M] += k * millicores(m.alloc_cpus)
+        r[RESERVED_MB] += k * m.alloc_memory_mb
+        r[TOMBSTONED] += k * bool(m.tombstones)
+        if not r[MACHINES]:
+            del self.rows[cell]
+        if m.entitlement is None:
+            key = (cell[4], cell[0])
+            p = self.pool.get(key)
+            if p is None:
+                p = self.pool[key] = [0, 0]
+            p[0] += k
+            p[1] += k * m.healthy
+            if not p[0]:
+                del self.pool[key]
+        else:
+            n = self.held.get(m.entitlement, 0) + k
+            if n:
+                self.held[m.entitlement] = n
+            else:
+                del self.held[m.entitlement]
+        if k > 0 and cell[4] not in self.capacity and cap.get("cpus"):
+            self.capacity[cell[4]] = (float(cap["cpus"]), int(cap.get("memory_mb", 0)))
+
+    def total(self, i: int) -> int:
+        """Figure `i` of every cell, summed (a pass over the cells)."""
+        return sum(r[i] for r in self.rows.values())

@@ -28,7 +28,18 @@ Measured, each beside a baseline taken in the same run:
   5. one shard's capacity: jobs of 36 tasks created in shard 0 only, for S seconds after 4. (the
      heartbeats go on), by 32 closed-loop clients at the shard's leader (the process shares the
      machine's two cores with the others and etcd); baseline: the same clients reading jobs of that
-     shard from its leader (GET /v1/jobs/{ent}/{name}) for S/2 seconds.
+     shard from its leader (GET /v1/jobs/{ent}/{name}) for S/2 seconds;
+  6. the fleet: GET /v1/fleet?by=dc,msb,entitlement 20 times, one after another, during the
+     heartbeats (after 7.'s scrapes); p50; baseline: GET /v1/cluster, which names no machine;
+  7. Prometheus scrapes: every process's /v1/metrics, one after another, for S/2 seconds of 3.;
+     the longest event loop stall of each process in those seconds, from its stall monitor
+     (twine_event_loop_lag_recent_seconds, the longest lag of its last 10 s); baseline: the same
+     figure for the S/2 seconds before, heartbeats alone.
+
+Its last line: `region 1M: rss R GiB; heartbeats H/s; one shard J jobs/s; fleet F ms; scrape stall S
+ms; false verdicts V` (R: the processes' resident memory together, at the start or the end,
+whichever is more; H: heartbeats answered per second in 3. before any job is created, scrapes
+and fleet requests included; J: 5.; F: 6.'s p50; S: 7.'s longest; V: 3.'s false failure verdicts).
 
     .venv/bin/python bench/bench_region_scale.py [--machines 1000000] [--processes 4] [--shards 20]
         [--agents 100000] [--interval 10] [--seconds 20]
@@ -41,6 +52,7 @@ import asyncio
 import hashlib
 import random
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -266,6 +278,7 @@ USAGE = b',"usage":' + msgspec.json.encode({
     "window": 10.0, "cpus": 32, "cpu": 7.25, "memory_mb": 40960.0, "memory_total_mb": 131072.0, "power_w": None,
     "tasks": [[f"s0-e0/j{i % 4}", i, 0.31 + i / 100, 512.0 + i] for i in range(20)]})
 CAPACITY_CLIENTS = 32
+RECENT_LAG = "twine_event_loop_lag_recent_seconds"  # the stall monitor's longest lag of the last 10 s
 
 
 def main() -> int:
@@ -304,7 +317,7 @@ def main() -> int:
         print(f"\n1. index: {args.processes} processes x {args.shards} shards ready (every shard led) {ready:.1f}s after "
               f"start; baseline: one paged range read of the {n:,} records {base_read:.1f}s (ratio {ready / base_read:.1f})")
         print(f"2. memory: {', '.join(f'{r:.2f}' for r in rss)} GiB per process; {sum(rss):.2f} GiB together "
-              f"(goal: all shards <= 4 GB together: {'met' if sum(rss) <= 4 * 1e9 / 2**30 else 'NOT met'})")
+              f"(goal: all processes <= 3.0 GiB together: {'met' if sum(rss) <= 3.0 else 'NOT met'})")
         # heartbeats first: the health check judges a machine silent for its grace (timeout + 5 s)
         # after the process started, so the simulated agents must begin at once
         ents = [f"s{s}-e{e}" for s in range(args.shards) for e in range(3)]
@@ -319,7 +332,25 @@ def main() -> int:
                 marks.append((phase, time.perf_counter(), sum(p.ok for p in pipes)))
 
             mark("start")
-            await asyncio.sleep(args.seconds)
+            # the first half alone; then the longest loop stall of each process in the last 10 s
+            # (its stall monitor), the baseline; then Prometheus scrapes of every process, one
+            # after another, for the second half, and the longest stall again; then the fleet
+            await asyncio.sleep(args.seconds / 2)
+            quiet.extend(await asyncio.to_thread(lambda: [c.metric(RECENT_LAG) for c in cs]))
+            until = time.monotonic() + args.seconds / 2
+            while time.monotonic() < until:
+                for c in cs:
+                    await asyncio.to_thread(c.metrics)
+                    scrapes.append(c.url)
+                await asyncio.sleep(0.25)
+            scraped.extend(await asyncio.to_thread(lambda: [c.metric(RECENT_LAG) for c in cs]))
+            for path, out in (("/v1/fleet?by=dc,msb,entitlement", fleet_ms), ("/v1/cluster", cluster_ms)):
+                for _ in range(20):
+                    t0 = time.perf_counter()
+                    status, _ = await asyncio.to_thread(cs[0].call, "GET", path)
+                    out.append((time.perf_counter() - t0) * 1000)
+                    if status != 200:
+                        raise SystemExit(f"GET {path}: {status}")
             mark("alone")
             created = await create_jobs(urls, ents, args.seconds)
             mark("during 4.")
@@ -339,7 +370,13 @@ def main() -> int:
             return await beating, created, (made, reads)
 
         marks: list[tuple[str, float, int]] = []
+        quiet: list[float] = []  # each process's longest loop stall of the 10 s before the scrapes
+        scraped: list[float] = []  # and of the 10 s of scrapes
+        scrapes: list[str] = []
+        fleet_ms: list[float] = []
+        cluster_ms: list[float] = []
         (ok, failed, beat_for), (total, per_ent), (made, reads) = asyncio.run(both())
+        rss_end = [psutil.Process(c.proc.pid).memory_info().rss / 2**30 for c in cs]
         phases = ", ".join(f"{b[0]} {(b[2] - a[2]) / (b[1] - a[1]):.0f}/s" for a, b in zip(marks, marks[1:]))
         time.sleep(1)
         events = cs[0].call("GET", "/v1/events")[1]["events"]
@@ -389,16 +426,27 @@ def main() -> int:
               f"answered by its leader) {reads:.0f}/s"
               + (f" (ratio {made / args.seconds / reads:.3f})" if reads else " (no job to read: no ratio)") + "; "
               "bench_commit prints the commit path alone")
-        t0 = time.perf_counter()  # the fleet page's first call, at this size
         status, fleet = cs[0].call("GET", "/v1/fleet?by=dc,msb,entitlement", timeout=120)
-        took = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        cs[0].call("GET", "/healthz", token=None)
-        base = time.perf_counter() - t0
         size = len(msgspec.json.encode(fleet))
-        print(f"6. GET /v1/fleet?by=dc,msb,entitlement at {args.machines:,} machines: {status}, {took * 1000:.0f} ms, "
-              f"{len(fleet.get('cells', []))} cells in {size / 1024:.0f} KiB (summed on the server); baseline GET "
-              f"/healthz {base * 1000:.1f} ms")
+        f50, c50 = statistics.median(fleet_ms), statistics.median(cluster_ms)
+        print(f"6. GET /v1/fleet?by=dc,msb,entitlement at {args.machines:,} machines, 20 requests one after another "
+              f"during the heartbeats (after 7.'s scrapes): p50 {f50:.1f} ms, most {max(fleet_ms):.1f} ms; "
+              f"{len(fleet.get('cells', []))} cells in {size / 1024:.0f} KiB; baseline GET /v1/cluster (no machine "
+              f"in it) p50 {c50:.1f} ms (ratio {f50 / c50:.1f})")
+        stall, base_stall = max(scraped) * 1000, max(quiet) * 1000
+        print(f"7. Prometheus scrapes (GET /v1/metrics), {len(scrapes)} of the {args.processes} processes one after "
+              f"another for {args.seconds / 2:.0f}s during the heartbeats: the longest event loop stall of each "
+              f"process in those seconds (twine_event_loop_lag_recent_seconds, its stall monitor) "
+              f"{', '.join(f'{s * 1000:.0f}' for s in scraped)} ms; baseline, the {args.seconds / 2:.0f}s before "
+              f"them with the heartbeats alone: {', '.join(f'{s * 1000:.0f}' for s in quiet)} ms")
+        rss_most = max(sum(rss), sum(rss_end))
+        print(f"   memory at the end: {', '.join(f'{r:.2f}' for r in rss_end)} GiB per process, {sum(rss_end):.2f} "
+              f"together (at the start {sum(rss):.2f})")
+        size = "1M" if args.machines == 1_000_000 else f"{args.machines / 1000:g}k"
+        alone = (marks[1][2] - marks[0][2]) / (marks[1][1] - marks[0][1])  # 3.: no job created meanwhile
+        print(f"region {size}: rss {rss_most:.2f} GiB; heartbeats {alone:.0f}/s; one shard "
+              f"{made / args.seconds:.1f} jobs/s; fleet {f50:.0f} ms; scrape stall {stall:.0f} ms; false verdicts "
+              f"{len(false)}")
     finally:
         for c in cs:
             c.close()

@@ -7,6 +7,8 @@ delays all of them at once, and a keep-alive that waits longer than the lease la
 leadership of the process. These figures say how long and why:
 
 - `twine_event_loop_lag_seconds`: how much later than asked a short sleep woke up (every 0.1 s).
+- `twine_event_loop_lag_recent_seconds`: the longest of those lags in the last RECENT seconds (what
+  a turn of a scrape, or of an API request, held the loop for: read it after one).
 - `twine_gc_pause_seconds{generation}`: each collection of the cyclic garbage collector.
 
 A lag of a third of the lease's TTL or more is logged as a warning, with the collections that ran
@@ -23,8 +25,9 @@ import sys
 import threading
 import time
 import traceback
+from collections import deque
 
-from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client import CollectorRegistry, Gauge, Histogram
 
 log = logging.getLogger("twine.controld")
 
@@ -33,6 +36,7 @@ FULL_EVERY = 100  # collections of generation 1 between two full ones (CPython's
 LAG_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5)
 GC_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5)
 TICK = 0.1
+RECENT = 10.0  # seconds the recent longest lag covers
 
 
 class Stalls:
@@ -44,6 +48,9 @@ class Stalls:
                              ["generation"], buckets=GC_BUCKETS, registry=registry)
         self.gc_pause = {g: gc_pause.labels(str(g)) for g in range(3)}
         self.longest = 0.0
+        self._recent: deque[tuple[float, float]] = deque()  # (when, lag) of the last RECENT seconds' ticks
+        Gauge("twine_event_loop_lag_recent_seconds", f"The longest lag of the event loop in the last {RECENT:g} s",
+              registry=registry).set_function(self.recent)
         self._gc_started = 0.0
         # (generation, pause) since the last tick. The collector's callback only appends here: it
         # runs wherever a collection is set off, a scrape holding a metric's lock included, so it
@@ -93,12 +100,22 @@ class Stalls:
         lag = max(lag, 0.0)
         self.lag.observe(lag)
         self.longest = max(self.longest, lag)
+        now = time.monotonic()
+        self._recent.append((now, lag))
+        while self._recent and self._recent[0][0] < now - RECENT:
+            self._recent.popleft()
         if lag >= self.warn_after:
             in_gc = sum(p for _, p in collections)
             full = [p for g, p in collections if g == 2]
             log.warning("the event loop was held for %.2fs (lease keep-alives, heartbeats and the scheduler waited); "
                         "garbage collection took %.2fs of it in %d collection(s)%s", lag, in_gc, len(collections),
                         f", the longest full one {max(full):.2f}s" if full else "")
+
+
+    def recent(self) -> float:
+        """The longest lag of the ticks in the last RECENT seconds (0: none)."""
+        now = time.monotonic()
+        return max((lag for at, lag in self._recent if at >= now - RECENT), default=0.0)
 
 
 def tune_collector() -> None:

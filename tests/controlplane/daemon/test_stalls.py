@@ -7,7 +7,7 @@ import time
 
 from prometheus_client import CollectorRegistry
 
-from controlplane.daemon.stalls import Stalls
+from controlplane.daemon.stalls import RECENT, Stalls
 
 
 def a_long_turn(seconds: float) -> None:
@@ -37,6 +37,11 @@ def test_a_held_loop_is_measured_said_and_located_and_collections_are_timed(capl
     where = [m for m in said if m.startswith("the event loop has been held")]
     assert any("a_long_turn" in m for m in where), said  # the stack names what held it
     assert 0.5 <= stalls.longest < 1.5
+    assert 0.5 <= registry.get_sample_value("twine_event_loop_lag_recent_seconds") < 1.5  # within the last 10 s
+    ticks = list(stalls._recent)  # noqa: SLF001 - the same ticks, as if RECENT seconds older
+    stalls._recent.clear()  # noqa: SLF001
+    stalls._recent.extend((at - RECENT - 1, lag) for at, lag in ticks)  # noqa: SLF001
+    assert registry.get_sample_value("twine_event_loop_lag_recent_seconds") == 0.0
     lag_count = registry.get_sample_value("twine_event_loop_lag_seconds_count")
     assert lag_count >= 5
     assert registry.get_sample_value("twine_event_loop_lag_seconds_bucket", {"le": "0.5"}) <= lag_count - 1

@@ -46,29 +46,32 @@ def test_with_no_free_machine_the_forecast_looks_a_notice_further(etcd_server):
         keys = Keys(region)
         state = RegionState(store, keys)
         await state.start()
-        await store.commit([], {
+        # (a commit's Revision: the view waits for all of its events, not the first of them)
+        rev = await store.commit([], {
             keys.entitlement("web"): EntitlementRec("web", "generic", 3).to_json(),
             keys.entitlement("batch"): dataclasses.replace(EntitlementRec("batch", "generic", 3), kind="opportunistic",
                                                            notice=600.0).to_json(),
             keys.machine("m1"): machine("m1", "web").to_json(),
             keys.machine("m2"): machine("m2", "batch").to_json()})
-        await state.wait_for((await store.range(keys.root))[1])
+        await state.wait_for(rev)
         job = JobRec("web", "api", 2, {"image": "x", "cpus": 1, "memory_mb": 64}, autoscale=Autoscale(max=10))
         recorder = SimpleNamespace(series={("job", job.handle): yesterday()})
         nobody = SimpleNamespace(schedulers={}, scheduler_for=lambda h: None)
+
+        seen = {}
 
         def forecast(j: JobRec = job) -> tuple[float, float | None, int | None]:
             srm = Autoscaler(state, SimpleNamespace(jobs=dict), nobody, recorder=recorder)
             srm.look(NOW)
             d = srm.decide(j, NOW, {}, {})
+            seen.update(free=srm._free, notice=srm._notice, held=dict(state.cells.held), decision=d)  # noqa: SLF001
             return srm.reclaim_lead(j), srm.memory[j.handle].forecast, d.predictive
 
         async def put(*machines: MachineRec) -> None:
-            await store.commit([], {keys.machine(m.id): m.to_json() for m in machines})
-            await state.wait_for((await store.range(keys.root))[1])
+            await state.wait_for(await store.commit([], {keys.machine(m.id): m.to_json() for m in machines}))
 
         # every machine is held (web's, batch's): growth takes batch's back, with 600 s of notice
-        assert forecast() == (600.0, 3.0, 5)  # 3 cores at 0.6 of a core a task
+        assert forecast() == (600.0, 3.0, 5), seen  # 3 cores at 0.6 of a core a task
         # a free machine: growth waits for no notice, the horizon is the job's own
         await put(machine("m3", None))
         assert forecast() == (0.0, 1.0, 2)

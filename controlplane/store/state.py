@@ -460,8 +460,7 @@ class RegionState:
         reserve = self.reserve
         if self._snapshot is None:
             self._snapshot = Snapshot.build(
-                (to_machine(m, self.revs[self.keys.machine(m.id)], m.id in self._cordoned) for m in self.machines.values()
-                 if self._placeable(m)),
+                (to_machine(m, self.revs[self.keys.machine(m.id)], m.id in self._cordoned) for m in self.machines.values()),
                 (to_entitlement(e, reserve) for e in self.entitlements.values()),
                 itertools.chain((p for ts in self.tasks.values() for t in ts.values() if (p := to_placed(t)) is not None),
                                 (to_placed_copy(t) for ts in self.tasks.values() for t in ts.values()
@@ -475,9 +474,8 @@ class RegionState:
             placed = {k: self._placed_one(k) for k in self._dirty_tasks}
             self._snapshot.apply(
                 machines=[to_machine(self.machines[mid], self.revs[self.keys.machine(mid)], mid in self._cordoned)
-                          for mid in self._dirty_machines if mid in self.machines and self._placeable(self.machines[mid])],
-                removed_machines=[mid for mid in self._dirty_machines
-                                  if mid not in self.machines or not self._placeable(self.machines[mid])],
+                          for mid in self._dirty_machines if mid in self.machines],
+                removed_machines=[mid for mid in self._dirty_machines if mid not in self.machines],
                 tasks=[p for p in placed.values() if p is not None],
                 removed_tasks=[k for k, p in placed.items() if p is None],
                 entitlements=[to_entitlement(self.entitlements[n], reserve) for n in self._dirty_ents
@@ -488,11 +486,6 @@ class RegionState:
         self._dirty_tasks.clear()
         self._dirty_ents.clear()
         return self._snapshot
-
-    def _placeable(self, m: MachineRec) -> bool:
-        """Whether the snapshot has the machine: not one that is down, free and empty (no task can
-        go there, none is there: at a million machines, most of them, and an object each; #38)."""
-        return m.healthy or m.entitlement is not None or bool(m.alloc_tasks or m.tombstones or self.by_machine.get(m.id))
 
     def reread(self, machines: Iterable[str], tasks: Iterable[tuple[str, int]]) -> None:
         """The snapshot takes these machines and tasks from their records again at the next

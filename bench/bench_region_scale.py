@@ -34,7 +34,8 @@ Measured, each beside a baseline taken in the same run:
   7. Prometheus scrapes: every process's /v1/metrics, one after another, for S/2 seconds of 3.;
      the longest event loop stall of each process in those seconds, from its stall monitor
      (twine_event_loop_lag_recent_seconds, the longest lag of its last 10 s); baseline: the same
-     figure for the S/2 seconds before, heartbeats alone.
+     figure for the S/2 seconds before, heartbeats alone (the monitor's window is 10 s: with S/2 under
+     10 s, as in the tests' small run, the two windows overlap and the figures say less).
 
 Its last line: `region 1M: rss R GiB; heartbeats H/s; one shard J jobs/s; fleet F ms; scrape stall S
 ms; false verdicts V` (R: the processes' resident memory together, at the start or the end,

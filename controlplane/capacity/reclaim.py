@@ -34,7 +34,8 @@ from controlplane.scheduler.ops import Maintenance
 from controlplane.scheduler.periodic import every
 from controlplane.store.records import EntitlementRec, EventRec, JobRec, MachineRec, TaskRec
 from controlplane.capacity.index import in_flight
-from controlplane.store.state import RegionState, to_entitlement, to_machine, to_placed
+from controlplane.store.allocview import to_entitlement, to_machine, to_placed
+from controlplane.store.state import RegionState
 
 if TYPE_CHECKING:
     from controlplane.scheduler.writer import ShardWriter
@@ -216,7 +217,7 @@ class Reclaimer:
                 self.counters["machines"] += len(machines)
                 log.warning("reclaim %s: %d machine(s) of %s for %s (%s, %s), notice %.0f s", e.id, len(machines), name,
                             job.entitlement, e.reason, d.cause, notice)
-        for name, (machines, why) in sorted(refill(st, self.shard, self.budget, now).items()):
+        for (name, _, _), (machines, why) in sorted(refill(st, self.shard, self.budget, now).items()):
             e = EventRec(f"reclaim-{int(now)}-{secrets.token_hex(3)}", "reclaim", tuple(sorted(machines)), now, why,
                          None, now + st.entitlements[name].notice, None, name, None, now, heir=None, cause="reserve")
             await self._write(e, machines)
@@ -245,11 +246,13 @@ def free_in(state: RegionState, machine_type: str, dc: str) -> int:
     return sum(len(b) for p, b in state.snapshot().index.bins("msb", machine_type, None).items() if p[1] == dc)
 
 
-def refill(state: RegionState, shard: int, budget: Budget, now: float) -> dict[str, tuple[list[str], str]]:
-    """Machines to take back for the reserve, by opportunistic entitlement of this shard (with why):
-    per machine type and dc where they hold machines, as many as the free ones fall short of the
-    reserve, less those coming back from reserve reclaims in flight; the emptiest first, within
-    each entitlement's budget and cool-down."""
+def refill(state: RegionState, shard: int, budget: Budget,
+           now: float) -> dict[tuple[str, str, str], tuple[list[str], str]]:
+    """Machines to take back for the reserve, by (opportunistic entitlement of this shard, machine
+    type, dc), with why: one reclaim each, so that `_needed` judges it by its own group. Per type
+    and dc where they hold machines, as many as the free ones fall short of the reserve, less those
+    coming back from reserve reclaims in flight; the emptiest first, within each entitlement's
+    budget and cool-down."""
     reserve = state.reserve
     if reserve <= 0:
         return {}
@@ -260,7 +263,7 @@ def refill(state: RegionState, shard: int, budget: Budget, now: float) -> dict[s
             key = (m.labels.get("machine_type", ""), m.labels.get("dc", ""))
             coming[key] = coming.get(key, 0) + 1
     groups = {(m.labels.get("machine_type", ""), m.labels.get("dc", "")) for n in ours for m in state.machines_of(n)}
-    chosen: dict[str, tuple[list[str], str]] = {}
+    chosen: dict[tuple[str, str, str], tuple[list[str], str]] = {}
     for mtype, dc in sorted(groups):
         free = free_in(state, mtype, dc)
         want = reserve - free - coming.get((mtype, dc), 0)
@@ -270,12 +273,13 @@ def refill(state: RegionState, shard: int, budget: Budget, now: float) -> dict[s
             if want <= 0:
                 break
             own = budget.of(state.entitlements.get(m.entitlement))
-            taking = chosen.get(m.entitlement, ([], ""))[0]
-            if in_flight(state, scope=m.entitlement) + len(taking) >= own.limit(len(state.machines_of(m.entitlement))):
+            taking = sum(len(ms) for (name, _, _), (ms, _) in chosen.items() if name == m.entitlement)
+            if in_flight(state, scope=m.entitlement) + taking >= own.limit(len(state.machines_of(m.entitlement))):
                 continue
             if not taking and now - state.reclaims.began.get(m.entitlement, -math.inf) < own.cooldown:
                 continue
-            chosen[m.entitlement] = ([*taking, m.id], why)
+            key = (m.entitlement, mtype, dc)
+            chosen[key] = ([*chosen.get(key, ([], ""))[0], m.id], why)
             want -= 1
     return chosen
 

@@ -24,6 +24,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Callable
 
 from controlplane.allocator.model import tasks_fit
+from controlplane.capacity import slo
 from controlplane.srm.forecast import EVERY as FORECAST_EVERY, refresh
 from controlplane.srm.load import Loads
 from controlplane.srm.recommend import Decision, Memory, Reading, budget_left, recommend, usage_reading
@@ -172,11 +173,7 @@ class Autoscaler:
         the longest notice of the opportunistic entitlements holding machines (what a reclaim for
         growth would wait)."""
         st = self.state
-        free = {key: p[1] for key, p in st.cells.pool.items()}
-        for mid in st.maintenance.machines():  # the calendar's few, not the region's machines
-            m = st.machines.get(mid)
-            if m is not None and m.entitlement is None and m.healthy and st.maintenance.of(mid, now) is not None:
-                free[(m.labels.get("machine_type", ""), m.labels.get("dc", ""))] -= 1
+        free = {slo.of_group(g): f["free"] for g, f in slo.pool(st, now).items()}  # the capacity tier's count
         notice: dict[str, float] = {}
         for name, e in st.entitlements.items():
             if e.kind == "opportunistic" and st.cells.held.get(name):

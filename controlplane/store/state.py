@@ -30,7 +30,7 @@ from controlplane.store import Change, Index, Store, Versioned
 from controlplane.store.codec import Skipped, decode
 from controlplane.store.cells import Cells
 from controlplane.store.keys import Keys
-from controlplane.store.allocview import MOVING, to_entitlement, to_machine, to_placed, to_placed_copy  # noqa: F401
+from controlplane.store.allocview import MOVING, to_entitlement, to_machine, to_placed, to_placed_copy
 from controlplane.store.wakeups import Wakeups
 
 if TYPE_CHECKING:

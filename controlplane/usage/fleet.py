@@ -14,6 +14,7 @@ from __future__ import annotations
 import time
 from typing import Sequence
 
+from controlplane.allocator.index import MachineIndex
 from controlplane.store.cells import CPU_M, HEALTHY, MACHINES, MEMORY_MB, RESERVED_CPU_M, RESERVED_MB
 from controlplane.store.records import MachineRec
 from controlplane.store.state import RegionState
@@ -33,11 +34,11 @@ def in_maintenance(state: RegionState, now: float) -> list[MachineRec]:
     return out
 
 
-def largest(state: RegionState, machine_type: str, owner: str | None) -> tuple[float, int]:
+def largest(index: MachineIndex, machine_type: str, owner: str | None) -> tuple[float, int]:
     """The most free (cpus, MiB) on one machine of the type the owner holds (None: the free pool)
     that takes tasks: the top of each of its msb bins in the allocator's index."""
     best = (0.0, 0)
-    for b in state.snapshot().index.bins("msb", machine_type, owner).values():
+    for b in index.bins("msb", machine_type, owner).values():
         c, mem, _ = b[-1]
         best = max(best, (round(c, 3), mem))
     return best
@@ -78,11 +79,12 @@ def answer(state: RegionState, usage: RegionUsage, by: Sequence[str] = DIMENSION
                                      "power_w": u[4] / 1000 if u[6] else None, "machines_with_power": u[6]}})
     ents = {}
     pool_largest: dict[str, tuple[float, int]] = {}
+    index = state.snapshot().index
     for name, e in sorted(state.entitlements.items()):
-        own = largest(state, e.machine_type, name)
+        own = largest(index, e.machine_type, name)
         n = state.cells.held.get(name, 0)
         if n < e.quota and e.machine_type not in pool_largest:
-            pool_largest[e.machine_type] = largest(state, e.machine_type, None)
+            pool_largest[e.machine_type] = largest(index, e.machine_type, None)
         grow = pool_largest.get(e.machine_type) if n < e.quota else None  # it may take a machine of the pool
         best = max(own, grow) if grow is not None else own
         ents[name] = {"held": n, "quota": e.quota, "largest_task": {"cpus": best[0], "memory_mb": best[1]},

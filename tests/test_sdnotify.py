@@ -12,6 +12,7 @@ import pytest
 
 from tests.agent.agentproc import AgentProc
 from tests.controlplane.controld_proc import Controld
+from tests.procs import freeze
 
 
 class NotifySocket:
@@ -61,7 +62,7 @@ def notify_socket(tmp_path):
 
 def _pings_stop_while_stopped(pid: int, sock: NotifySocket) -> None:
     assert sock.drain(1.5).count("WATCHDOG=1") >= 3, "the watchdog is not pinged every quarter of its timeout"
-    os.kill(pid, signal.SIGSTOP)
+    freeze(pid)
     try:
         sock.drain(0.3)  # what was already on its way
         assert "WATCHDOG=1" not in sock.drain(1.2), "pings came from a process that does not run"

@@ -23,6 +23,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from tests.controlplane.controld_proc import Controld, member, wait
 from tests.controlplane.simagents import SimAgents
 from tests.controlplane.frontend.test_controld_api import register
+from tests.procs import freeze
 from tests.tcpproxy import TcpProxy
 
 TASK = {"image": "twine/busybox:1", "command": ["sleep", "3600"], "cpus": 0.25, "memory_mb": 16}
@@ -262,7 +263,7 @@ def test_a_health_replica_of_its_own_judges_machines_while_the_scheduler_replica
             agents.poll = False  # their desired-state polls would hang on the frozen replica
             n = agents.sent[h.url]  # a poll in flight ends first: a whole round of heartbeats without one
             wait(lambda: agents.sent[h.url] >= n + 12, 10, "two rounds of heartbeats without polls")
-            a.proc.send_signal(signal.SIGSTOP)
+            freeze(a.proc.pid)
             frozen = True
             sent_to_h = agents.sent[h.url]
             agents.cut.add(lost)

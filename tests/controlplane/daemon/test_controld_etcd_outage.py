@@ -16,6 +16,7 @@ import urllib.request
 
 from tests.controlplane.controld_proc import API_TOKEN, Controld
 from tests.controlplane.frontend.test_controld_api import TASK, register
+from tests.procs import freeze
 
 OUTAGE = float(os.environ.get("TWINE_ETCD_OUTAGE", "30"))
 
@@ -117,7 +118,7 @@ def test_healthz_asks_etcd_so_a_hung_etcd_is_reported_at_once(tmp_path, own_etcd
     c = Controld(tmp_path, own_etcd.port).start()
     try:
         assert get(c, "/healthz", token=None)[0] == 200
-        os.kill(own_etcd.pid, signal.SIGSTOP)
+        freeze(own_etcd.pid)  # returns when etcd's every thread is stopped, not when the signal is sent
         try:
             t0 = time.monotonic()
             status, body, _ = get(c, "/healthz", token=None)

@@ -15,6 +15,7 @@ from controlplane.store import Store
 from controlplane.store.etcd import PICK_TIMEOUT
 from controlplane.store.etcdproc import EtcdCluster
 from controlplane.store.keys import Keys
+from tests.procs import freeze
 
 
 def test_a_store_leaving_a_member_passes_over_one_that_does_not_answer(tmp_path):
@@ -28,7 +29,7 @@ def test_a_store_leaving_a_member_passes_over_one_that_does_not_answer(tmp_path)
             await store.commit([], {keys.machine("a"): {"n": 1}})
             assert store.endpoint == cluster.endpoints[0]
             moved = store.moved()
-            os.kill(hung.pid, signal.SIGSTOP)
+            freeze(hung.pid)
             since = time.monotonic()
             await store.suspect("taken for cut off by the test")
             took = time.monotonic() - since
@@ -88,7 +89,7 @@ def test_a_health_check_reports_a_hung_member_and_moves_nothing(tmp_path):
             store = Store([(m.host, m.port) for m in cluster.members])
             assert await store.check() == ""
             moved = store.moved()
-            os.kill(first.pid, signal.SIGSTOP)
+            freeze(first.pid)
             try:
                 since = time.monotonic()
                 why = await store.check()

@@ -100,14 +100,21 @@ class Region:
         log(f"vagrant {' '.join(args)}: {time.monotonic() - t0:.0f} s")
         return r
 
+    def ssh_argv(self, vm: str, command: str, root: bool = True) -> list[str]:
+        # One SSH connection per VM, kept open: a new handshake costs seconds under emulation.
+        return ["ssh", "-F", str(self.ssh_config), "-o", "ConnectTimeout=20", "-o", "BatchMode=yes",
+                "-o", "ControlMaster=auto", "-o", f"ControlPath={REGION}/ssh-%r@%h:%p", "-o", "ControlPersist=600",
+                vm, "--", *(("sudo",) if root else ()), "bash", "-c", shlex.quote(command)]
+
     def ssh(self, vm: str, command: str, timeout: float = 300, check: bool = True) -> str:
         """`command` as root in the VM's shell; its stdout."""
-        # One SSH connection per VM, kept open: a new handshake costs seconds under emulation.
-        r = self.run("ssh", "-F", str(self.ssh_config), "-o", "ConnectTimeout=20", "-o", "BatchMode=yes",
-                     "-o", "ControlMaster=auto", "-o", f"ControlPath={REGION}/ssh-%r@%h:%p", "-o", "ControlPersist=600",
-                     vm,
-                     "--", "sudo", "bash", "-c", shlex.quote(command), timeout=timeout, check=check)
-        return r.stdout
+        return self.run(*self.ssh_argv(vm, command), timeout=timeout, check=check).stdout
+
+    def stream(self, *cmd: str) -> subprocess.Popen:
+        """`cmd` where the VMs are, running on: its stdout a pipe of text lines (stop it with
+        os.killpg: it leads a session of its own)."""
+        return subprocess.Popen([str(VMENV), "exec", *cmd], cwd=VAGRANT, env=self.env, stdin=subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True)
 
     def api_url(self, vm: str) -> str:
         """The URL of the controld on `vm` from this host: the port the Vagrantfile forwards to its

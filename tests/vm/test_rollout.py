@@ -12,13 +12,17 @@ deadline: that VM is rolled back, and the others never change (their kernels sam
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
+import subprocess
 import threading
-import time
+from pathlib import Path
 
 import pytest
 
-from tests.vm.region import MACHINES, SPARE, guest_ip
+from tests.vm.region import MACHINES, REGION, REPO, SPARE, guest_ip
 from tests.vm.test_profiles import back_in_the_free_pool
 from tests.vm.test_services import token_search
 
@@ -66,37 +70,56 @@ def swappiness(region) -> dict[str, str]:
     return {vm: region.ssh(vm, "cat /proc/sys/vm/swappiness").strip() for vm in VMS}
 
 
-class Watch(threading.Thread):
-    """About every second, from controld's answers: the most tasks of the job not running at once
-    and the most machines in a batch's phases at once. With `kernels`, also each VM's vm.swappiness
-    as sampled."""
+class Watch:
+    """About every second, from controld's answers (one sampler process for the whole watch:
+    tests/vm/sampler.py): the most tasks of the job not running at once and the most machines in a
+    batch's phases at once. With `kernels`, also each VM's vm.swappiness as read there about every
+    second (one shell a VM, kept running over the SSH connection the region keeps open). A watch
+    of twinectl and ssh calls each second cost seven process starts a second on the host whose two
+    cores run every guest."""
 
     def __init__(self, region, ent: str, kernels: bool = False):
-        super().__init__(daemon=True)
         self.region, self.ent, self.kernels = region, ent, kernels
         self.most_down = self.most_busy = 0
         self.seen: dict[str, set[str]] = {vm: set() for vm in VMS}
         self.samples, self.errors = 0, []
-        self.halt = threading.Event()
+        self.procs: list[subprocess.Popen] = []
+        self.threads: list[threading.Thread] = []
 
-    def run(self) -> None:
-        while not self.halt.is_set():
-            try:
-                self.sample()
-            except Exception as e:  # noqa: BLE001 - a slow or odd answer: counted, and the next sample
-                self.errors.append(f"{type(e).__name__}: {str(e)[-300:]}")
-            time.sleep(1)
-
-    def sample(self) -> None:
+    def start(self) -> None:
+        r = self.region
+        self._follow(r.stream(str(REPO / ".venv/bin/python"), str(Path(__file__).with_name("sampler.py")),
+                              r.api_url("control"), str(REGION / "pki" / "ca.pem"), str(REGION / "api-token"),
+                              self.ent, "svc"), self.sample)
         if self.kernels:
-            for vm, value in swappiness(self.region).items():
-                self.seen[vm].add(value)
-        tasks = self.region.ctl("job", "status", f"{self.ent}/svc")["tasks"]
-        self.most_down = max(self.most_down, 3 - sum(t["state"] == "running" for t in tasks))
-        r = self.region.ctl("entitlement", "rollout", "status", self.ent)
-        busy = [m["id"] for m in r["machines"] if m["phase"] in ("draining", "switching", "starting")]
-        self.most_busy = max(self.most_busy, len(busy))
+            for vm in VMS:
+                self._follow(r.stream(*r.ssh_argv(vm, "while :; do cat /proc/sys/vm/swappiness; sleep 1; done",
+                                                  root=False)), lambda line, vm=vm: self.seen[vm].add(line.strip()))
+
+    def _follow(self, proc: subprocess.Popen, take) -> None:
+        def read() -> None:
+            for line in proc.stdout:
+                take(line)
+        self.procs.append(proc)
+        self.threads.append(threading.Thread(target=read, daemon=True))
+        self.threads[-1].start()
+
+    def sample(self, line: str) -> None:
+        got = json.loads(line)
+        if "error" in got:
+            self.errors.append(got["error"])
+            return
+        self.most_down = max(self.most_down, 3 - got["tasks"].count("running"))
+        self.most_busy = max(self.most_busy, sum(p in ("draining", "switching", "starting") for p in got["phases"]))
         self.samples += 1
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(30)
+        for t in self.threads:
+            t.join(30)
 
 
 def watching(region, ent: str, *args: str, kernels: bool = False):
@@ -105,8 +128,28 @@ def watching(region, ent: str, *args: str, kernels: bool = False):
     try:
         return region.ctl("entitlement", "modify", ent, *args, check=False, timeout=1600), watch
     finally:
-        watch.halt.set()
-        watch.join(60)
+        watch.stop()
+
+
+def diagnosis(region, ent: str, r: dict, watch: Watch) -> str:
+    """For a failure's message: the rollout record, its events and the machines' failures, the
+    job's tasks, the kernels' values as sampled, and each VM's task containers with their exits
+    (docker ps -a) and its agent's journal about them."""
+    events = [f"{e['start']:.0f} {e['kind']} {e['machines']} {e['reason']}" for e in region.ctl("events")["events"]
+              if (e["kind"] == "rollout" and e.get("scope") == ent) or e["kind"] == "failure"]
+    tasks = region.ctl("job", "status", f"{ent}/svc")["tasks"]
+    hosts = {m["id"]: host for host, m in region.machines().items()}
+    out = [f"\nrollout: {json.dumps(r, indent=1)}", "events:", *events, f"tasks: {json.dumps(tasks, indent=1)}",
+           f"kernels sampled: {watch.seen}", f"machines: {hosts}"]
+    for vm in VMS:
+        out.append(f"--- {vm}: docker ps -a")
+        out.append(region.ssh(vm, "docker ps -a --filter label=twine.machine --format "
+                                  "'{{.Names}} {{.Status}} {{.CreatedAt}}'", check=False))
+        out.append(region.ssh(vm, "journalctl -u twine-agent --no-pager -o short-precise --since -20min | "
+                                  "grep -iE 'profile|desired|task|start|exit|restart|stop' | tail -n 60", check=False))
+    return "\n".join(out)
+
+
 
 
 def decisions(region) -> list[str]:
@@ -155,10 +198,10 @@ def test_a_profile_rolls_out_one_vm_at_a_time_past_a_replica_aware_controller_an
 
         region.ctl("entitlement", "modify", ent, "--rollout-deadline", "60")
         bad, watch = watching(region, ent, "--profile", "vm-roll-bad", "--wait", "1500", kernels=True)
-        assert bad.returncode == 1, bad.stdout[-3000:] + bad.stderr[-3000:]
         r = region.ctl("entitlement", "rollout", "status", ent)
+        assert bad.returncode == 1, bad.stdout[-2000:] + bad.stderr[-2000:] + diagnosis(region, ent, r, watch)
         first = r["batches"][0]
-        assert r["state"] == "rolled_back" and first["outcome"] == "failed", r
+        assert r["state"] == "rolled_back" and first["outcome"] == "failed", diagnosis(region, ent, r, watch)
         assert "tasks not running 60 s after the switch" in first["why"], first
         assert [b["machines"] for b in r["batches"]] == [first["machines"], first["machines"]]
         assert swappiness(region) == {vm: "22" for vm in VMS}

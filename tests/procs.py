@@ -34,7 +34,3 @@ def freeze(pid: int, timeout: float = 10.0) -> None:
         if time.monotonic() > deadline:
             raise AssertionError(f"process {pid} not stopped {timeout:g} s after SIGSTOP: threads {states}")
         time.sleep(0.001)
-
-
-def thaw(pid: int) -> None:
-    os.kill(pid, signal.SIGCONT)

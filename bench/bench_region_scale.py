@@ -243,7 +243,12 @@ class _Pipe:
                 self.waiting.clear()
                 self.writer.close()
                 self.closed += 1
-                await self.open()
+                while True:  # a replica that refuses connections for a moment holds this pipe, not the bench
+                    try:
+                        await self.open()
+                        break
+                    except OSError:
+                        await asyncio.sleep(0.5)
                 continue
             mid = self.waiting.pop(0)
             self.room.release()

@@ -150,8 +150,6 @@ def diagnosis(region, ent: str, r: dict, watch: Watch) -> str:
     return "\n".join(out)
 
 
-
-
 def decisions(region) -> list[str]:
     """The controller's log: a line for each decision and each completion it was told of."""
     return [line for line in region.ssh(SPARE, f"journalctl -u {CONTROLLER} --no-pager -o cat").splitlines()

@@ -26,7 +26,7 @@ from agent.profiles.engine import Engine
 from agent.profiles.loader import ProfileName, from_content
 from agent.profiles.model import Report
 from agent.reconcile import Plan, plan
-from agent.report import machine_info, task_reports
+from agent.report import machine_info, steady, task_reports
 from agent.runtime.base import ContainerInfo, ContainerRuntime, ImageNotFound, RuntimeUnavailable
 from agent.runtime.docker_runtime import DockerRuntime
 from agent.sdnotify import Notifier, host_rebooting
@@ -57,6 +57,7 @@ class Agent:
         self.profile_report: Report | None = None
         self._profile_failed_at: tuple[str | None, str, float] | None = None
         self.containers: list[ContainerInfo] = []
+        self.listed_at: float | None = None  # when Docker was last asked for the whole list (wall clock)
         self.sampler = Sampler()  # what the tasks and the host use, sent with each heartbeat
         self.last_plan = Plan()
         self.task_errors: dict[str, str] = {}
@@ -90,7 +91,7 @@ class Agent:
         if initial is not None:
             desired_mod.save_cache(self.config.state_dir, initial)
         try:
-            self.containers = await self.runtime.list(self.config.machine_id)
+            await self._list()
             self.adopted = [c.id for c in self.containers if c.running]
             log.info("adopted %d running container(s) of machine %s", len(self.adopted), self.config.machine_id)
         except RuntimeUnavailable as e:
@@ -250,13 +251,13 @@ class Agent:
     async def reconcile_once(self) -> Plan:
         self.counters["reconcile_passes"] += 1
         await self._converge_profile()
-        before = {c.id: c.status for c in self.containers}
-        self.containers = await self.runtime.list(self.config.machine_id)
+        before = {c.id: (c.status, steady(c, self.listed_at)) for c in self.containers}
+        await self._list()
         # a removal whose destroy event never came (the stream was down, the removal failed, or the
         # event came first): gone from the list, it is forgotten; a late event costs one pass
         self._removing.intersection_update(c.id for c in self.containers)
-        if {c.id: c.status for c in self.containers} != before:
-            self._notify()  # an exit (or a removal) is news to the control plane even when nothing is started
+        if {c.id: (c.status, steady(c, self.listed_at)) for c in self.containers} != before:
+            self._notify()  # an exit, a removal or a task now steady is news even when nothing is started
         p = plan(self.desired.tasks, self.containers, self.profile_ready(), time.time())
         self.last_plan = p
         if p.update or p.restart or p.place:  # the applied record is read once a pass, not per start
@@ -290,9 +291,14 @@ class Agent:
                 gone = {c.id for c in p.stop} | {old.id for old, _, _ in (*p.update, *p.restart)}
                 self.containers = [c for c in self.containers if c.id not in gone] + started
             else:
-                self.containers = await self.runtime.list(self.config.machine_id)
+                await self._list()
             self._notify()
         return p
+
+    async def _list(self) -> None:
+        asked = time.time()  # what Docker answers is true of this moment or later
+        self.containers = await self.runtime.list(self.config.machine_id)
+        self.listed_at = asked
 
     async def _stop_container(self, c: ContainerInfo, grace: float) -> None:
         self._removing.add(c.id)  # its die and destroy events are ours (_watch_containers)
@@ -376,7 +382,7 @@ class Agent:
                 "ok": ready,
                 "error": self.profile_report.error if failed else "",
             },
-            "tasks": task_reports(self.containers, self.desired.tasks, self.task_errors),
+            "tasks": task_reports(self.containers, self.desired.tasks, self.task_errors, self.listed_at),
             "usage": self.sampler.sample(Running(c.id, c.pid, c.task.job, c.task.index)
                                          for c in self.containers if c.running and c.pid > 0),
         }

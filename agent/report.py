@@ -15,10 +15,15 @@ import psutil
 from agent.config import AgentConfig
 from agent.models import TaskSpec
 from agent.profiles import appliers
+from agent.reconcile import parse_time
 from agent.runtime.base import L_SPEC_VERSION, ContainerInfo
 
 HUGEPAGES = Path("/sys/kernel/mm/hugepages")
 CGROUP2_MARKER = Path("/sys/fs/cgroup/cgroup.controllers")
+# A task is steady once Docker, asked this long or more after its container started, said it runs:
+# the agent's own observation on its own clock, which a rollout's batch waits for (a container that
+# exits at once is restarted by the agent, and the control plane may hear of the exit late).
+STEADY_AFTER = 5.0
 
 
 def capacity(config: AgentConfig) -> dict:
@@ -57,21 +62,30 @@ def machine_info(config: AgentConfig) -> dict:
     }
 
 
-def _container_report(c: ContainerInfo, error: str) -> dict:
+def steady(c: ContainerInfo, listed_at: float | None) -> bool:
+    """The container ran when Docker was asked at `listed_at`, STEADY_AFTER or more after it started."""
+    started = parse_time(c.started_at)
+    return c.running and listed_at is not None and started is not None and listed_at - started >= STEADY_AFTER
+
+
+def _container_report(c: ContainerInfo, error: str, listed_at: float | None) -> dict:
     state = "running" if c.running else "starting" if c.status == "created" else "exited"
     return {
         "job": c.task.job, "index": c.task.index, "spec_version": int(c.labels.get(L_SPEC_VERSION, "0")),
         "state": state, "exit_code": c.exit_code, "restarts": c.generation, "error": error,
+        "steady": steady(c, listed_at),
     }
 
 
-def task_reports(containers: list[ContainerInfo], desired: tuple[TaskSpec, ...], errors: dict[str, str]) -> list[dict]:
-    """One entry per container of this machine, plus desired tasks that failed to get one."""
-    out = [_container_report(c, errors.get(str(c.task), "")) for c in containers]
+def task_reports(containers: list[ContainerInfo], desired: tuple[TaskSpec, ...], errors: dict[str, str],
+                 listed_at: float | None = None) -> list[dict]:
+    """One entry per container of this machine, plus desired tasks that failed to get one.
+    `listed_at`: when Docker last listed the containers (a container started since is not steady)."""
+    out = [_container_report(c, errors.get(str(c.task), ""), listed_at) for c in containers]
     have = {c.task for c in containers}
     out += [
         {"job": t.job, "index": t.index, "spec_version": t.spec_version, "state": "failed",
-         "exit_code": None, "restarts": 0, "error": errors[str(t.key)]}
+         "exit_code": None, "restarts": 0, "error": errors[str(t.key)], "steady": False}
         for t in desired if t.key not in have and str(t.key) in errors
     ]
     return sorted(out, key=lambda r: (r["job"], r["index"], r["restarts"]))

@@ -6,6 +6,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from agent.report import steady
+
 
 def status(agent: Any) -> dict:
     """`agent`: the running Agent (daemon.py)."""
@@ -29,6 +31,7 @@ def status(agent: Any) -> dict:
             "state": state, "container": c.to_json() if c else None,
             "restarts": (c.generation - 1) if c else 0, "waiting": waiting.get(key, ""),
             "error": agent.task_errors.get(key, ""), "last_exit": agent.last_exit.get(key),
+            "steady": c is not None and steady(c, agent.listed_at),  # agent/report.py
         })
     return {
         "machine": {

@@ -235,6 +235,8 @@ class TaskReport(Struct):
     exit_code: Union[int, None] = None
     restarts: Annotated[int, Meta(ge=0)] = 0
     error: Annotated[str, Meta(max_length=65536)] = ""
+    steady: Annotated[Union[bool, None], Meta(description="the container ran when Docker was asked 5 s or more "
+                                                          "after it started (absent: the agent does not say)")] = None
 
 
 class HealthReport(Struct):

@@ -24,6 +24,10 @@ class TaskView:
     state: str
     reason: str = ""
     restarts: int = 0  # its container's restarts, as its agent last reported them
+    # its agent saw its container run 5 s or more after it started (agent/report.py: on the agent's
+    # own clock, so a crash the control plane hears of late cannot pass for a task that ran);
+    # None: the agent does not say
+    steady: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -98,16 +102,19 @@ def _step_machine(r: dict, mid: str, m: dict, v: MachineView, now: float) -> Non
     # (a container crashing at once and restarted between two reports shows "running" in each).
     restarts = {t.key: t.restarts for t in v.tasks}
     restarted = [t for t in v.tasks if m.get("restarts") is not None and t.restarts > m["restarts"].get(t.key, t.restarts)]
+    unsteady = [t for t in v.tasks if t.state == "running" and t.steady is False]
     m["restarts"] = restarts
     if down or restarted:
         m["ready_since"] = None if down else now
-        if now - m["since"] > deadline:
-            why = [f"{t.key} {t.state}{': ' + t.reason if t.reason else ''}" for t in down[:5]] if down else \
-                [f"{t.key} restarting ({t.restarts} restarts)" for t in restarted[:5]]
-            _fail(m, f"tasks not running {deadline:g} s after the switch: " + "; ".join(why))
     elif m["ready_since"] is None:
         m["ready_since"] = now
-    if not down and m["phase"] == "starting" and now - m["ready_since"] >= MIN_READY:
+    if (down or restarted or unsteady) and now - m["since"] > deadline:
+        why = [f"{t.key} {t.state}{': ' + t.reason if t.reason else ''}" for t in down[:5]] if down else \
+            [f"{t.key} restarting ({t.restarts} restarts)" for t in restarted[:5]] if restarted else \
+            [f"{t.key} not steady (its agent never saw it run 5 s; {t.restarts} restarts)" for t in unsteady[:5]]
+        _fail(m, f"tasks not running {deadline:g} s after the switch: " + "; ".join(why))
+        return
+    if not down and not unsteady and m["phase"] == "starting" and now - m["ready_since"] >= MIN_READY:
         m.update(phase="done", why="")
 
 

@@ -41,7 +41,7 @@ def wanted_doc(st: RegionState, profile: str | None) -> dict | None:
 
 def machine_views(st: RegionState, entitlement: str, reports: Reports | None = None) -> dict[str, MachineView]:
     """The entitlement's machines as a rollout sees them; `reports`: each machine's last task report
-    from its agent (each task's restarts), where this process has them."""
+    from its agent (each task's restarts, and whether it is steady), where this process has them."""
     out = {}
     for m in st.machines_of(entitlement):
         tasks = []
@@ -50,7 +50,9 @@ def machine_views(st: RegionState, entitlement: str, reports: Reports | None = N
             job = st.jobs.get(t.job)
             if t.machine == m.id and job is not None and job.state == "active" and job.live(t.index):
                 r = (seen or {}).get((t.job, t.index)) or {}
-                tasks.append(TaskView(f"{t.job}#{t.index}", t.state, t.reason, int(r.get("restarts") or 0)))
+                steady = r.get("steady")
+                tasks.append(TaskView(f"{t.job}#{t.index}", t.state, t.reason, int(r.get("restarts") or 0),
+                                      None if steady is None else bool(steady)))
         out[m.id] = MachineView(m.id, str(m.labels.get("msb", "")), m.healthy, m.health_reason, m.profile_applied,
                                 m.profile_hash, m.profile_ok, m.profile_error, tuple(tasks))
     return out

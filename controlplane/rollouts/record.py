@@ -17,7 +17,8 @@ machine not yet switched keeps the old content even after the file changed on th
 A machine's phases in a rollout: pending -> draining (its tasks are offered to their jobs'
 TaskControllers as `reprofile` operations and stopped) -> switching (its desired profile is the
 new one; the agent applies and verifies it) -> starting (its tasks start again) -> done (they ran
-for MIN_READY seconds); or failed (the agent could not apply it, the machine went down, or its
+for MIN_READY seconds, and their agent reports each steady: seen running 5 s after its container
+started); or failed (the agent could not apply it, the machine went down, or its
 tasks did not run within the deadline). A rollback runs the same phases towards the old profile
 for the machines that changed (`back` batches); the others never change.
 """

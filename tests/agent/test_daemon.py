@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import signal
 import textwrap
+import time
 
 import pytest
 
@@ -156,6 +157,27 @@ def test_exited_task_is_restarted_with_exit_code_and_logs_reported(tmp_path, age
     t = s["tasks"][0]
     assert t["last_exit"]["exit_code"] == 3
     assert t["last_exit"]["logs"][-2:] == ["starting", "about to fail"]
+
+
+def test_a_task_is_steady_once_docker_says_it_runs_5_s_after_its_start_and_a_crashing_one_never(tmp_path, agent):
+    """What a rollout's batch waits for (agent/report.py STEADY_AFTER): a task whose container exits
+    at once reads "running" between its restarts, but is never steady."""
+    path = desired(tmp_path, {"index": 0}, {"index": 1, "command": "exit 3"})
+    a = agent(path).start()
+    samples = []
+
+    def look(s: dict) -> bool:
+        samples.append((time.time(), {t["index"]: t for t in s["tasks"]}))
+        return s["tasks"][0]["steady"] and s["tasks"][1]["restarts"] >= 2
+
+    a.wait_for(look, timeout=40, what="task 0 steady, task 1 restarted twice")
+    assert not any(tasks[1]["steady"] for _, tasks in samples), "the crashing task was never steady"
+    for at, tasks in samples:
+        t = tasks[0]
+        if t["steady"]:
+            assert at - parse_time(t["container"]["started_at"]) >= 5.0, t
+    assert any(not tasks[0]["steady"] and tasks[0]["state"] == "running" for _, tasks in samples), \
+        "steady came after running"
 
 
 def test_bad_desired_state_file_exits_2_naming_the_field_and_changes_nothing(tmp_path, agent, docker_client, machine_id):

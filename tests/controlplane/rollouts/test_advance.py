@@ -18,8 +18,11 @@ class Fleet:
     reconciler would make them (suspended while their machine drains or switches)."""
 
     def __init__(self, msbs: dict[str, str], tasks: dict[str, int], broken: set[str] = frozenset(),
-                 crashing: set[str] = frozenset()):
+                 crashing: set[str] = frozenset(), steady_after: dict[str, float] | None = None):
         self.msbs, self.ntasks, self.broken = msbs, tasks, set(broken)
+        # these machines' agents say whether each task is steady: under the new profile, False until
+        # it has run this many looks (inf: never; its exit is not heard yet, so it reads running)
+        self.steady_after, self.looks = dict(steady_after or {}), {m: 0 for m in msbs}
         # under the new profile these machines' tasks crash at once and are restarted between two
         # reports: every report says running, and each a restart more
         self.crashing, self.restarts = set(crashing), 0
@@ -40,7 +43,11 @@ class Fleet:
                 state = "running"
             if mid in self.crashing and doc == NEW:
                 self.restarts += 1
-            tasks = tuple(TaskView(f"e/j#{mid}{i}", state, "", self.restarts if mid in self.crashing else 0)
+            steady = None
+            if mid in self.steady_after:
+                self.looks[mid] = self.looks[mid] + 1 if doc == NEW and state == "running" else 0
+                steady = state == "running" and (doc != NEW or self.looks[mid] > self.steady_after[mid])
+            tasks = tuple(TaskView(f"e/j#{mid}{i}", state, "", self.restarts if mid in self.crashing else 0, steady)
                           for i in range(self.ntasks.get(mid, 0)))
             out[mid] = MachineView(mid, msb, self.healthy[mid], "", doc["name"], doc["hash"], not self.error[mid],
                                    self.error[mid], tasks)
@@ -113,6 +120,28 @@ def test_tasks_that_crash_and_restart_between_reports_are_not_running_and_fail_t
     assert (first["machines"], first["outcome"]) == (["m1"], "failed"), r["batches"]
     assert any(n.startswith("batch 1 failed: m1: tasks not running 20 s after the switch: e/j#m10 restarting") for n in notes), notes
     assert fleet.applied == {"m1": OLD, "m2": OLD} and all(s.get("m2") in (None, "pending") for s in seen)
+
+
+def test_a_task_whose_exit_is_heard_late_is_not_done_until_its_agent_saw_it_steady():
+    # The VM rollout test's bad profile on slow emulated guests: the task exited at once, and the
+    # control plane heard of it more than MIN_READY after the start, its record reading "running"
+    # all that time with no restart counted. Its agent's report says it is not steady.
+    fleet = Fleet({"m1": "msb1", "m2": "msb2"}, {"m1": 1, "m2": 1}, steady_after={"m1": float("inf"), "m2": 0})
+    r = begin("e", OLD, NEW, list(fleet.msbs), {"deadline": 20}, 0.0)
+    r, _, notes, seen = run(r, fleet, 0.0, lambda r: r["state"] == "rolled_back")
+    first = r["batches"][0]
+    assert (first["machines"], first["outcome"]) == (["m1"], "failed"), r["batches"]
+    assert any(n.startswith("batch 1 failed: m1: tasks not running 20 s after the switch: e/j#m10 not steady")
+               for n in notes), notes
+    assert fleet.applied == {"m1": OLD, "m2": OLD} and all(s.get("m2") in (None, "pending") for s in seen)
+
+
+def test_a_machine_is_done_once_its_agent_says_its_tasks_are_steady():
+    fleet = Fleet({"m1": "msb1"}, {"m1": 2}, steady_after={"m1": 12})
+    r = begin("e", OLD, NEW, ["m1"], {}, 0.0)
+    r, now, _, _ = run(r, fleet, 0.0, lambda r: r["machines"]["m1"]["phase"] == "starting")
+    r, done_at, _, _ = run(r, fleet, now, lambda r: r["state"] == "done")
+    assert done_at - now >= 12 > MIN_READY, "steady came after MIN_READY: the batch waited for it"
 
 
 def test_without_auto_rollback_a_failed_batch_pauses_and_resume_switches_it_again():

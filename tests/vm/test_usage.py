@@ -1,6 +1,7 @@
 """Usage measured on real guests (issue #25): Debian with systemd and cgroup v2 alone, where the
-agent reads its tasks' cpu.stat and memory.current. A task that burns a core shows about one core
-used, a sleeping one about none, in what the control VM's controld answers."""
+agent reads its tasks' cpu.stat and memory.current. A task that burns a core shows what the guest's
+kernel gave it (about a core, less what the guest's own agent and daemons take on a one-vCPU guest),
+a sleeping one about none, in what the control VM's controld answers."""
 
 from __future__ import annotations
 
@@ -9,16 +10,40 @@ import time
 
 import pytest
 
+from tests.vm.region import MACHINES
+
 pytestmark = [pytest.mark.vm, pytest.mark.timeout(2700)]  # the first one brings the region up
 
 BURN = ["sh", "-c", "trap 'exit 0' TERM; while :; do :; done"]
 SLEEP = ["sh", "-c", "trap 'exit 0' TERM; while :; do sleep 1; done"]
 
-# Bounds from what emulated guests measured. A burning task: 0.93 of a core in steady samples, with
-# an odd 0.64 when the guest's own agent or another VM took its turn (hence three in a row).
-# The idle loop forks `sleep` once a second, which under TCG (about 16x slower than the host) cost
-# 0.01-0.06 of a core in CI's samples: 0.15 is 2.5x the worst seen and still far below a core.
-BURN_LOW, BURN_HIGH, IDLE_HIGH = 0.85, 1.15, 0.15
+# Bounds from what emulated guests measured. A burning task got 0.93 of a core in steady samples, and
+# 0.72-0.88 in one CI run: on a one-vCPU guest under TCG (about 16x slower than the host) the
+# guest's agent, dockerd and journald take their turns on the same vCPU. So the truth each figure is
+# judged against is what the guest's kernel counted for the task's cgroup over the same seconds
+# (cpu.stat, read over SSH with the guest's uptime). It must be a burn: at least BURN_LOW of a core
+# over three samples (the odd single sample measured 0.64). The three reported figures' mean must be
+# within AGREE of it: the agent's windows and these reads do not start at the same instants, and in
+# steady samples one window differed from the next by up to 0.06.
+# The idle loop forks `sleep` once a second, which under TCG cost 0.01-0.06 of a core in CI's
+# samples: 0.15 is 2.5x the worst seen and still far below a core.
+BURN_LOW, AGREE, IDLE_HIGH = 0.6, 0.1, 0.15
+
+
+def cgroup_of(region, job: str) -> tuple[str, str]:
+    """The VM running the job's one container, and the container's cgroup there."""
+    for vm in MACHINES:
+        pid = region.ssh(vm, f"docker ps -q --filter label=twine.job={job} | xargs -r docker inspect "
+                             "-f '{{.State.Pid}}'").strip()
+        if pid:
+            return vm, region.ssh(vm, f"cat /proc/{pid}/cgroup").strip().split("::", 1)[1]
+    raise AssertionError(f"no container of {job} on {MACHINES}")
+
+
+def kernel_count(region, vm: str, cgroup: str) -> tuple[float, float]:
+    """The guest's uptime and the cgroup's cpu seconds, read together."""
+    out = region.ssh(vm, f"cat /proc/uptime; grep '^usage_usec ' /sys/fs/cgroup{cgroup}/cpu.stat").split()
+    return float(out[0]), int(out[3]) / 1e6
 
 
 def test_a_task_burning_a_core_on_a_cgroup_v2_guest_shows_about_one_core(region, tmp_path):
@@ -31,22 +56,34 @@ def test_a_task_burning_a_core_on_a_cgroup_v2_guest_shows_about_one_core(region,
             spec.write_text(json.dumps({"entitlement": ent, "name": name, "count": 1, "task": {
                 "image": "twine/busybox:1", "command": command, "cpus": cpus, "memory_mb": 16}}))
             region.ctl("job", "run", str(spec), "--wait", "600")
-        seen: dict[str, list] = {"burn": [], "idle": [], "cell": []}
+        vm, cgroup = cgroup_of(region, f"{ent}/burn")
+        seen: dict[str, list] = {"burn": [], "idle": [], "cell": [], "kernel": []}
 
         def sample() -> None:
+            seen["kernel"].append(kernel_count(region, vm, cgroup))
             for name in jobs:
                 current = region.ctl("job", "usage", f"{ent}/{name}")["current"]
                 seen[name].append(None if current is None else current["cpus"])
             fleet = region.ctl("fleet", "--by", "entitlement")
             seen["cell"].append(next((c["used"]["cpus"] for c in fleet["cells"] if c["entitlement"] == ent), None))
+            seen["kernel"].append(kernel_count(region, vm, cgroup))
+
+        def kernel() -> float | None:
+            """Cores the guest's kernel gave the burning task over the last three samples."""
+            if len(seen["kernel"]) < 6:
+                return None
+            (t0, u0), (t1, u1) = seen["kernel"][-6], seen["kernel"][-1]
+            return (u1 - u0) / (t1 - t0)
 
         def holds() -> bool:
-            """Judged on samples already taken, never on a fresh one: three burning samples in a row
-            about one core, and the latest idle and entitlement figures in their bounds."""
-            burn, idle, cell = seen["burn"][-3:], seen["idle"][-1], seen["cell"][-1]
-            return len(burn) == 3 and all(b is not None and BURN_LOW <= b <= BURN_HIGH for b in burn) \
+            """Judged on samples already taken, never on a fresh one: three burning samples whose
+            mean is within AGREE of what the guest's kernel counted over them, a burn; the latest
+            idle figure and the entitlement's (burn and idle) in their bounds."""
+            burn, idle, cell, truth = seen["burn"][-3:], seen["idle"][-1], seen["cell"][-1], kernel()
+            return truth is not None and truth >= BURN_LOW and len(burn) == 3 and None not in burn \
+                and abs(sum(burn) / 3 - truth) <= AGREE \
                 and idle is not None and idle <= IDLE_HIGH \
-                and cell is not None and BURN_LOW <= cell <= BURN_HIGH + IDLE_HIGH
+                and cell is not None and truth - AGREE <= cell <= truth + AGREE + IDLE_HIGH
 
         deadline, held = time.monotonic() + 300, False
         while not held and time.monotonic() < deadline:
@@ -55,8 +92,8 @@ def test_a_task_burning_a_core_on_a_cgroup_v2_guest_shows_about_one_core(region,
             if not held:
                 time.sleep(3)
         print(f"\ncores used, as the guests' agents measured them: burn {seen['burn'][-6:]}, idle {seen['idle'][-6:]}, "
-              f"entitlement {seen['cell'][-6:]}")
-        assert held, seen
+              f"entitlement {seen['cell'][-6:]}; the burn's cgroup on {vm}, as its kernel counted: {kernel()}")
+        assert held, {**seen, "kernel": kernel(), "vm": vm}
     finally:
         for name in jobs:
             region.ctl("job", "stop", f"{ent}/{name}", "--wait", "300", check=False)

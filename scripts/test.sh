@@ -7,4 +7,4 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
 scripts/setup-vm.sh
-exec .venv/bin/python -m pytest -q --durations=15 "$@"  # the slowest, to see where the time goes
+exec .venv/bin/python -m pytest -q --durations=40 "$@"  # the slowest, to see where the time goes

@@ -17,17 +17,17 @@ pytestmark = [pytest.mark.vm, pytest.mark.timeout(2700)]  # the first one brings
 BURN = ["sh", "-c", "trap 'exit 0' TERM; while :; do :; done"]
 SLEEP = ["sh", "-c", "trap 'exit 0' TERM; while :; do sleep 1; done"]
 
-# Bounds from what emulated guests measured. A burning task got 0.93 of a core in steady samples, and
-# 0.72-0.88 in one CI run: on a one-vCPU guest under TCG (about 16x slower than the host) the
-# guest's agent, dockerd and journald take their turns on the same vCPU. So the truth each figure is
-# judged against is what the guest's kernel counted for the task's cgroup over the same seconds
-# (cpu.stat, read over SSH with the guest's uptime). It must be a burn: at least BURN_LOW of a core
-# over three samples (the odd single sample measured 0.64). The three reported figures' mean must be
-# within AGREE of it: the agent's windows and these reads do not start at the same instants, and in
-# steady samples one window differed from the next by up to 0.06.
-# The idle loop forks `sleep` once a second, which under TCG cost 0.01-0.06 of a core in CI's
-# samples: 0.15 is 2.5x the worst seen and still far below a core.
-BURN_LOW, AGREE, IDLE_HIGH = 0.6, 0.1, 0.15
+# Bounds from what emulated guests measured. A burning task got 0.93 of a core in steady samples,
+# 0.72-0.88 in one CI run, and 0.53-0.74 (its kernel counted 0.67 over three samples) in a run on a
+# one-vCPU guest: under TCG (about 16x slower than the host) the guest's agent, dockerd and journald
+# take their turns on the same vCPU, and the agent's share there is printed. So the truth each
+# figure is judged against is what the guest's kernel counted for the task's cgroup over the same
+# seconds (cpu.stat, read over SSH with the guest's uptime). The three reported figures' mean must be
+# within AGREE of it: the agent's windows and these reads do not start at the same instants (0.06
+# apart in that run). And it must be a burn: at least BURN_LOW of a core (below the lowest single
+# sample measured, 0.53) and far above the idle loop, which forks `sleep` once a second and cost
+# 0.01-0.06 of a core in CI's samples (IDLE_HIGH is 2.5x the worst seen).
+BURN_LOW, AGREE, IDLE_HIGH = 0.4, 0.1, 0.15
 
 
 def cgroup_of(region, job: str) -> tuple[str, str]:
@@ -40,10 +40,11 @@ def cgroup_of(region, job: str) -> tuple[str, str]:
     raise AssertionError(f"no container of {job} on {MACHINES}")
 
 
-def kernel_count(region, vm: str, cgroup: str) -> tuple[float, float]:
-    """The guest's uptime and the cgroup's cpu seconds, read together."""
-    out = region.ssh(vm, f"cat /proc/uptime; grep '^usage_usec ' /sys/fs/cgroup{cgroup}/cpu.stat").split()
-    return float(out[0]), int(out[3]) / 1e6
+def kernel_count(region, vm: str, cgroup: str) -> tuple[float, float, float]:
+    """The guest's uptime, the cgroup's cpu seconds and the agent's, read together."""
+    out = region.ssh(vm, f"cat /proc/uptime; grep -h '^usage_usec ' /sys/fs/cgroup{cgroup}/cpu.stat "
+                         "/sys/fs/cgroup/system.slice/twine-agent.service/cpu.stat").split()
+    return float(out[0]), int(out[3]) / 1e6, int(out[5]) / 1e6
 
 
 def test_a_task_burning_a_core_on_a_cgroup_v2_guest_shows_about_one_core(region, tmp_path):
@@ -72,8 +73,15 @@ def test_a_task_burning_a_core_on_a_cgroup_v2_guest_shows_about_one_core(region,
             """Cores the guest's kernel gave the burning task over the last three samples."""
             if len(seen["kernel"]) < 6:
                 return None
-            (t0, u0), (t1, u1) = seen["kernel"][-6], seen["kernel"][-1]
+            (t0, u0, _), (t1, u1, _) = seen["kernel"][-6], seen["kernel"][-1]
             return (u1 - u0) / (t1 - t0)
+
+        def agent() -> float | None:
+            """Cores the guest's agent used over the same samples."""
+            if len(seen["kernel"]) < 6:
+                return None
+            (t0, _, a0), (t1, _, a1) = seen["kernel"][-6], seen["kernel"][-1]
+            return (a1 - a0) / (t1 - t0)
 
         def holds() -> bool:
             """Judged on samples already taken, never on a fresh one: three burning samples whose
@@ -92,8 +100,8 @@ def test_a_task_burning_a_core_on_a_cgroup_v2_guest_shows_about_one_core(region,
             if not held:
                 time.sleep(3)
         print(f"\ncores used, as the guests' agents measured them: burn {seen['burn'][-6:]}, idle {seen['idle'][-6:]}, "
-              f"entitlement {seen['cell'][-6:]}; the burn's cgroup on {vm}, as its kernel counted: {kernel()}")
-        assert held, {**seen, "kernel": kernel(), "vm": vm}
+              f"entitlement {seen['cell'][-6:]}; as {vm}'s kernel counted: the burn {kernel()}, its agent {agent()}")
+        assert held, {**seen, "kernel": kernel(), "agent": agent(), "vm": vm}
     finally:
         for name in jobs:
             region.ctl("job", "stop", f"{ent}/{name}", "--wait", "300", check=False)

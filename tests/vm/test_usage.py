@@ -47,6 +47,15 @@ def kernel_count(region, vm: str, cgroup: str) -> tuple[float, float, float]:
     return float(out[0]), int(out[3]) / 1e6, int(out[5]) / 1e6
 
 
+def cores(counts: list[tuple[float, float, float]], which: int, samples: int = 3) -> float | None:
+    """Cores used between the first count of the last `samples` samples and the last count (two
+    counts a sample: before and after it), from field `which` of kernel_count()'s answers."""
+    if len(counts) < 2 * samples:
+        return None
+    first, last = counts[-2 * samples], counts[-1]
+    return (last[which] - first[which]) / (last[0] - first[0])
+
+
 def test_a_task_burning_a_core_on_a_cgroup_v2_guest_shows_about_one_core(region, tmp_path):
     ent = region.name("use")
     region.ctl("entitlement", "create", ent, "--machine-type", "generic", "--quota", "2")
@@ -69,19 +78,10 @@ def test_a_task_burning_a_core_on_a_cgroup_v2_guest_shows_about_one_core(region,
             seen["cell"].append(next((c["used"]["cpus"] for c in fleet["cells"] if c["entitlement"] == ent), None))
             seen["kernel"].append(kernel_count(region, vm, cgroup))
 
-        def kernel() -> float | None:
-            """Cores the guest's kernel gave the burning task over the last three samples."""
-            if len(seen["kernel"]) < 6:
-                return None
-            (t0, u0, _), (t1, u1, _) = seen["kernel"][-6], seen["kernel"][-1]
-            return (u1 - u0) / (t1 - t0)
-
-        def agent() -> float | None:
-            """Cores the guest's agent used over the same samples."""
-            if len(seen["kernel"]) < 6:
-                return None
-            (t0, _, a0), (t1, _, a1) = seen["kernel"][-6], seen["kernel"][-1]
-            return (a1 - a0) / (t1 - t0)
+        def kernel(which: int = 1) -> float | None:
+            """Cores the guest's kernel gave, over the last three samples, the burning task (1) or
+            the guest's agent (2): kernel_count()'s fields."""
+            return cores(seen["kernel"], which)
 
         def holds() -> bool:
             """Judged on samples already taken, never on a fresh one: three burning samples whose
@@ -100,8 +100,8 @@ def test_a_task_burning_a_core_on_a_cgroup_v2_guest_shows_about_one_core(region,
             if not held:
                 time.sleep(3)
         print(f"\ncores used, as the guests' agents measured them: burn {seen['burn'][-6:]}, idle {seen['idle'][-6:]}, "
-              f"entitlement {seen['cell'][-6:]}; as {vm}'s kernel counted: the burn {kernel()}, its agent {agent()}")
-        assert held, {**seen, "kernel": kernel(), "agent": agent(), "vm": vm}
+              f"entitlement {seen['cell'][-6:]}; as {vm}'s kernel counted: the burn {kernel()}, its agent {kernel(2)}")
+        assert held, {**seen, "kernel": kernel(), "agent": kernel(2), "vm": vm}
     finally:
         for name in jobs:
             region.ctl("job", "stop", f"{ent}/{name}", "--wait", "300", check=False)

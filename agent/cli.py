@@ -61,6 +61,9 @@ def main(argv: list[str] | None = None) -> int:
 
             return profile_command(args, config)
         if args.command == "run":
+            from agent.tls import default_trust
+
+            default_trust(config.control_plane_ca)
             from agent.daemon import run_daemon
 
             return run_daemon(config)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import ssl
 import time
 from dataclasses import replace
 
@@ -402,9 +403,8 @@ def _runtime(config: AgentConfig) -> DockerRuntime:
     return DockerRuntime(pull=config.image_pull, cgroup_parent=parent)
 
 
-def _control_plane(config: AgentConfig) -> tuple[ControlPlaneSource, ControlPlaneClient]:
+def _control_plane(config: AgentConfig, tls: ssl.SSLContext | None) -> tuple[ControlPlaneSource, ControlPlaneClient]:
     """The long-poll source and its client; registration happens in the background, when first needed."""
-    tls = client_context(config.control_plane_ca, "config", "control_plane_ca") if config.control_plane_ca else None
     client = ControlPlaneClient(
         config.control_plane, config.bootstrap_token(), config.state_dir, machine_info(config), config.heartbeat_interval,
         tls=tls,
@@ -413,12 +413,12 @@ def _control_plane(config: AgentConfig) -> tuple[ControlPlaneSource, ControlPlan
     return ControlPlaneSource(client, cached.version if cached else ""), client
 
 
-async def _main(config: AgentConfig) -> int:
+async def _main(config: AgentConfig, tls: ssl.SSLContext | None = None) -> int:
     runtime = _runtime(config)
     source: desired_mod.DesiredSource | None = None
     client, initial = None, None
     if config.control_plane:
-        source, client = _control_plane(config)
+        source, client = _control_plane(config, tls)
     elif config.desired:
         source = desired_mod.FileSource(config.desired)
         initial = source.read()  # DesiredStateError: exit 2, nothing touched
@@ -450,9 +450,10 @@ def run_daemon(config: AgentConfig) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if not config.machine_id:
         raise InputError("/etc/machine-id", "machine_id", "", "no machine id: set machine_id in the config or --machine-id")
+    tls = None
     if config.control_plane:
         config.bootstrap_token()  # InputError (exit 2) before anything starts
-        if config.control_plane_ca:
-            client_context(config.control_plane_ca, "config", "control_plane_ca")  # the same: a CA file we cannot use
+        if config.control_plane_ca:  # the same: a CA file we cannot use
+            tls = client_context(config.control_plane_ca, "config", "control_plane_ca")
     config.state_dir.mkdir(parents=True, exist_ok=True)
-    return asyncio.run(_main(replace(config)))
+    return asyncio.run(_main(replace(config), tls))

@@ -4,6 +4,8 @@ twinectl, an agent's control-plane client and a second replica that verify it ag
 from __future__ import annotations
 
 import asyncio
+import os
+import ssl
 import subprocess
 import sys
 import urllib.request
@@ -213,3 +215,41 @@ def test_with_etcds_auth_on_only_the_daemons_certificate_reaches_the_regions_key
             other.close()
     finally:
         etcd.stop()
+
+
+def _subjects(ctx) -> list[str]:
+    return [dict(kv for rdn in c["subject"] for kv in rdn).get("commonName", "") for c in ctx.get_ca_certs()]
+
+
+def test_a_client_given_the_regions_ca_trusts_that_ca_alone(ca):
+    """--ca / control_plane_ca: the region's CA is the only one (kubectl's certificate-authority);
+    the system's CAs are for a client given none."""
+    assert _subjects(client_context(ca.cert)) == _subjects(ssl.create_default_context(cafile=str(ca.cert)))
+    assert len(client_context(ca.cert).get_ca_certs()) == 1
+    assert len(client_context(None).get_ca_certs()) > 1  # the system's (Debian's ca-certificates)
+
+
+def test_the_agent_run_makes_the_regions_ca_its_default_trust_before_aiohttp_is_imported(ca, tmp_path, monkeypatch):
+    """`twine-agent run` with control_plane_ca: a default context made in the process (as aiohttp
+    makes one when imported) trusts the region's CA alone; an SSL_CERT_FILE set outside is kept."""
+    from agent import cli
+    import agent.daemon
+
+    seen = []
+
+    def run_daemon(config):
+        seen.append((os.environ.get("SSL_CERT_FILE"), len(ssl.create_default_context().get_ca_certs())))
+        return 0
+
+    monkeypatch.setattr(agent.daemon, "run_daemon", run_daemon)
+    monkeypatch.setenv("SSL_CERT_FILE", "")
+    monkeypatch.delenv("SSL_CERT_FILE")  # (absent again at the end, whatever the run set)
+    config = tmp_path / "agent.toml"
+    config.write_text(f'control_plane = ["https://127.0.0.1:1"]\ncontrol_plane_ca = "{ca.cert}"\n'
+                      f'state_dir = "{tmp_path / "state"}"\n')
+    assert cli.main(["--config", str(config), "run"]) == 0
+    assert seen == [(str(ca.cert), 1)]
+    other = CA(tmp_path / "other")
+    monkeypatch.setenv("SSL_CERT_FILE", str(other.cert))
+    assert cli.main(["--config", str(config), "run"]) == 0
+    assert seen[-1] == (str(other.cert), 1)

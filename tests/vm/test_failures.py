@@ -43,7 +43,7 @@ def test_a_hard_killed_machine_loses_its_tasks_to_another_and_comes_back_clean(r
         m1 = region.machines()["m1"]["id"]
 
         t0 = time.monotonic()
-        region.vagrant("halt", "--force", "m1", timeout=600)  # power cut: no shutdown, no notice
+        region.power_cut("m1")  # no shutdown, no notice
         region.wait(lambda: where(region, f"{ent}/web") == [("m2", "running")] * 2, 600,
                     "both tasks running on m2")
         print(f"power cut to both tasks running on m2: {time.monotonic() - t0:.0f} s")
@@ -51,7 +51,7 @@ def test_a_hard_killed_machine_loses_its_tasks_to_another_and_comes_back_clean(r
         assert swappiness(region, "m2") == "17"  # the replacements run under the entitlement's profile
         replacements = region.containers("m2")
 
-        region.vagrant("up", "m1", timeout=1200)
+        region.power_on("m1")
         region.wait(lambda: region.unit("m1", "twine-agent")["ActiveState"] == "active", 600, "m1's agent under systemd")
         region.wait(lambda: region.machines()["m1"]["healthy"], 600, "m1 healthy again")
         # its copy of the moved task is gone (the reboot stopped it; the agent removed it)

@@ -6,7 +6,9 @@ An agent heartbeats to one twine-controld process; the heartbeat's two uses live
   the owner's URL (`heartbeat_to`), so that it heartbeats there next and relays stay rare;
 - the *task report* (and a desired-state error) matters to every shard leader with a task on the
   machine: a report that changed is sent to every other member, and a member that joins gets every
-  report this process holds. Reports change when containers do, not with every heartbeat.
+  report this process holds. A member whose key lapsed and came back as the same process (its
+  `incarnation`) gets what changed while it was gone, queued for it, instead. Reports change when
+  containers do, not with every heartbeat.
 
 - *usage* (controlplane/usage/) matters to every member: each sends the others its sums per job
   and per fleet cell every `usage_every` seconds, whatever changed.
@@ -37,6 +39,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("twine.controld.relay")
 INTERVAL = 0.2
 USAGE_EVERY = 1.0  # seconds between two usage partials to each member
+GONE_FOR = 5  # lease TTLs a member's key may be gone with reports still queued for it
 
 
 class Relay:
@@ -53,6 +56,8 @@ class Relay:
         self.seen: dict[str, set[str]] = {}  # member -> machines heard from since the last send
         self.reports: dict[str, dict[str, dict]] = {}  # member -> machine -> its latest report
         self._members: set[str] = set()
+        self._incarnations: dict[str, str | None] = {}  # member -> the process it was when last a member
+        self._gone: dict[str, float] = {}  # member whose key went -> when (monotonic): its reports queue meanwhile
         self._failing: dict[str, str] = {}
         self.counters = {"sent": 0, "received": 0, "failures": 0, "seen_relayed": 0, "reports_relayed": 0}
 
@@ -70,7 +75,7 @@ class Relay:
         if coord is None:
             return
         rec = self._report(mid)
-        for member in self.state.members:
+        for member in (*self.state.members, *self._gone):
             if member != coord.id:
                 self.reports.setdefault(member, {})[mid] = rec
 
@@ -117,7 +122,7 @@ class Relay:
         while True:
             await asyncio.sleep(self.interval)
             self._greet_new_members()
-            peers = set(self.seen) | set(self.reports)
+            peers = (set(self.seen) | set(self.reports)) - set(self._gone)  # queued until back
             usage = None
             if self.usage is not None and time.monotonic() - self._usage_sent >= self.usage_every:
                 self._usage_sent = time.monotonic()
@@ -127,16 +132,32 @@ class Relay:
                 await asyncio.gather(*(self._send(p, usage) for p in sorted(peers)))
 
     def _greet_new_members(self) -> None:
+        """A member never seen, or a new process under a known id, gets every report this process
+        holds. A member whose key went (its lease lapsed: a loop held past the keep-alives, at a
+        million machines) and came back as the same process knew them already: it gets what changed
+        meanwhile, queued for it, not a greeting of every report (which held loops again, and the
+        keys lapsed again). Reports for a member gone for GONE_FOR lease TTLs are dropped."""
         coord = self.coordinator
         members = set(self.state.members)
+        now = time.monotonic()
         for member in members - self._members:
-            if coord is not None and member != coord.id:
+            self._gone.pop(member, None)
+            inc = self.state.members[member].get("incarnation")
+            known = member in self._incarnations and inc is not None and self._incarnations[member] == inc
+            self._incarnations[member] = inc
+            if coord is not None and member != coord.id and not known:
                 self.reports.setdefault(member, {}).update({mid: self._report(mid) for mid in self.agents.reports})
         for gone in self._members - members:
-            self.seen.pop(gone, None)
-            self.reports.pop(gone, None)
+            self._gone[gone] = now
+            self.seen.pop(gone, None)  # liveness goes to the machines' owners now
             if self.usage is not None:
-                self.usage.forget(gone)
+                self.usage.forget(gone)  # its sums: the members that hear its machines now count them
+        ttl = coord.ttl if coord is not None else 2
+        for gone, since in list(self._gone.items()):
+            if now - since > GONE_FOR * ttl:
+                del self._gone[gone]
+                self._incarnations.pop(gone, None)
+                self.reports.pop(gone, None)
         self._members = members
 
     async def _send(self, member: str, usage: dict | None = None) -> None:

@@ -130,6 +130,9 @@ class Coordinator:
         self.roles = roles
         self.shards = shards  # the shards this process may lead
         self.id = member_id or uuid.uuid4().hex[:12]
+        # this process, whatever its id (an id may be configured, and kept by a restarted process):
+        # a member back with the same incarnation after its lease lapsed kept everything it knew
+        self.incarnation = uuid.uuid4().hex
         self.ttl = ttl
         self.margin = ttl / 4
         self.fair_wait = fair_wait
@@ -205,7 +208,7 @@ class Coordinator:
                 sent = time.monotonic()
                 lease = await asyncio.wait_for(self.store.grant(self.ttl), self.ttl)
                 rec = {"id": self.id, "url": self.url, "roles": list(self.roles), "shards": list(self.shards),
-                       "started": time.time(), "lease": lease}
+                       "started": time.time(), "lease": lease, "incarnation": self.incarnation}
                 await asyncio.wait_for(self.store.put_leased(self.keys.member(self.id), rec, lease), self.ttl)
                 self.lease, self.valid_until = lease, sent + self.ttl
                 await self._bury_predecessors()

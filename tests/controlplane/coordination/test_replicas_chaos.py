@@ -8,7 +8,9 @@
   can lead);
 - agents heartbeating to one replica only: no false failure;
 - an entitlement moved to another shard in the middle of an update: no task restarted;
-- rate-limit buckets survive a change of leader.
+- rate-limit buckets survive a change of leader;
+- a replica frozen past its lease and thawed is sent what changed meanwhile, not every report, and
+  leads its shards again on reports as current as the others'.
 """
 
 from __future__ import annotations
@@ -366,3 +368,90 @@ def test_a_replica_whose_view_lags_answers_what_another_just_wrote_not_a_404(tmp
         for c in cs:
             c.close()
         proxy.close()
+
+
+def test_a_replica_back_after_its_lease_lapsed_is_sent_what_changed_not_every_report(tmp_path, etcd_server):
+    """Issue #38: a replica whose loop was held past its lease (SIGSTOP here; a long collection at a
+    million machines) loses its member key, and gets it back when it runs again. It is the same
+    process and knows every report it knew: the others send it what changed meanwhile, not every
+    report they hold (that greeting held their loops, and the keys lapsed again)."""
+    cs = replicas(tmp_path, etcd_server.port, 2, timeout=30.0)
+    a, b = cs
+    frozen = False
+    try:
+        a.start()
+        b.start(wait_led=False)
+        creds = {f"m{i}": register(a, f"m{i}", "dc1", f"msb{i % 3}") for i in range(12)}
+        name = "twine_relay_reports_relayed_total"
+        with SimAgents(creds, [a.url], interval=0.5, follow_hint=False):
+            wait(lambda: a.metric(name) >= 12, 20, "b sent the 12 machines' reports")
+            time.sleep(1.0)
+            before, b_id = a.metric(name), member(b)
+            freeze(b.proc.pid)
+            frozen = True
+            wait(lambda: b_id not in {m["id"] for m in a.cluster()["members"]}, 15, "b's member key gone")
+            time.sleep(3.0)  # a's relay sees it gone (a post to frozen b ends at its 2 s timeout first)
+            b.proc.send_signal(signal.SIGCONT)
+            frozen = False
+            wait(lambda: b_id in {m["id"] for m in a.cluster()["members"]}, 15, "b a member again")
+            time.sleep(2.0)  # ten relay intervals
+            after = a.metric(name)
+        print(f"\nb back after its lease lapsed: a relayed {after - before:.0f} reports to it (12 held)")
+        assert after - before < 12, "b was greeted as a new member"
+    finally:
+        if frozen:
+            b.proc.send_signal(signal.SIGCONT)
+        for c in cs:
+            c.close()
+
+
+def test_a_job_placed_while_a_replica_was_away_runs_on_when_that_replica_leads_its_shard_again(tmp_path, etcd_server):
+    """Issue #38: reports that change while a replica's member key is gone are queued for it, and
+    sent when it is back (it is not greeted with every report: it is the same process). Here b is
+    frozen past its lease; a leads every shard and places a job in each; b thaws, takes two shards
+    back, and leads jobs whose machines' reports it never heard from their agents: with what
+    was queued for it they are running, as their agents say, not waiting for a container."""
+    cs = replicas(tmp_path, etcd_server.port, 2, ("--shard-count", "4"), timeout=30.0)
+    a, b = cs
+    frozen = False
+    try:
+        a.start()
+        b.start(wait_led=False)
+        wait(lambda: Counter(s["leader"] for s in a.cluster()["shards"]) == {member(a): 2, member(b): 2},
+             30, "two shards each")
+        creds = {f"m{i}": register(a, f"m{i}", f"dc{i % 2}", f"msb{i}", cpus=2, memory_mb=2048) for i in range(8)}
+        with SimAgents(creds, [a.url], interval=0.3, follow_hint=False) as agents:
+            wait(lambda: a.metric("twine_relay_reports_relayed_total") >= 8, 20, "b sent the machines' reports")
+            b_id = member(b)
+            freeze(b.proc.pid)
+            frozen = True
+            wait(lambda: [s["leader"] for s in a.cluster()["shards"]] == [member(a)] * 4, 15, "a leads every shard")
+            handles = []
+            for e in range(4):
+                assert a.call("POST", "/v1/entitlements", {"name": f"e{e}", "machine_type": "generic", "quota": 2})[0] == 201
+                status, body = a.call("POST", "/v1/jobs", {"entitlement": f"e{e}", "name": "api", "count": 2, "task": TASK})
+                assert status == 201, body
+                handles.append(f"e{e}/api")
+            assert {a.call("GET", f"/v1/entitlements/e{e}")[1]["shard"] for e in range(4)} == {0, 1, 2, 3}
+            for h in handles:
+                wait(lambda: updated(a, h, 1, 2), 20, f"{h} running")
+            b.proc.send_signal(signal.SIGCONT)
+            frozen = False
+            wait(lambda: b_id in {m["id"] for m in a.cluster()["members"]}, 15, "b a member again")
+            wait(lambda: Counter(s["leader"] for s in a.cluster()["shards"]) == {member(a): 2, member(b): 2},
+                 30, "two shards each again")
+            led = [f"e{e}/api" for e in range(4) if a.cluster()["shards"][e]["leader"] == b_id]
+            seen: Counter = Counter()
+            until = time.monotonic() + 4.0
+            while time.monotonic() < until:  # b's own view of the jobs its shards hold, as it commits them
+                for h in led:
+                    seen.update(t["state"] for t in tasks_at(b, h))
+                time.sleep(0.05)
+            print(f"\nb leads {led} again: its view of their tasks over 4 s: {dict(seen)}")
+            assert set(seen) == {"running"}, seen
+            assert agents.restarts() == {"started_again": {}, "on_two_machines": {}}
+    finally:
+        if frozen:
+            b.proc.send_signal(signal.SIGCONT)
+        for c in cs:
+            c.close()

@@ -295,6 +295,22 @@ def test_a_health_replica_of_its_own_judges_machines_while_the_scheduler_replica
             c.close()
 
 
+def job_in_each_shard(a: Controld) -> list[tuple[str, dict]]:
+    """Entitlements e0-e3 of 2 machines, one in each of the region's 4 shards, each with a job of 2
+    tasks (e{n}/api) running: the handles and their specs."""
+    handles = []
+    for e in range(4):
+        assert a.call("POST", "/v1/entitlements", {"name": f"e{e}", "machine_type": "generic", "quota": 2})[0] == 201
+        spec = {"entitlement": f"e{e}", "name": "api", "count": 2, "task": TASK}
+        status, body = a.call("POST", "/v1/jobs", spec)
+        assert status == 201, body
+        handles.append((f"e{e}/api", spec))
+    assert {a.call("GET", f"/v1/entitlements/e{e}")[1]["shard"] for e in range(4)} == {0, 1, 2, 3}
+    for h, _ in handles:
+        wait(lambda: updated(a, h, 1, 2), 20, f"{h} running")
+    return handles
+
+
 def test_a_replica_that_joins_later_takes_its_share_of_shards_and_no_task_restarts(tmp_path, etcd_server):
     """One replica leads all 4 shards; a second one joins; shards are handed over, one every few
     seconds, until each leads 2. The jobs' tasks keep running (no start beyond the first), and an
@@ -306,17 +322,7 @@ def test_a_replica_that_joins_later_takes_its_share_of_shards_and_no_task_restar
         # each entitlement takes 2 machines from the free pool
         creds = {f"m{i}": register(a, f"m{i}", f"dc{i % 2}", f"msb{i}", cpus=2, memory_mb=2048) for i in range(8)}
         with SimAgents(creds, [a.url], interval=0.2) as agents:
-            handles = []
-            for e in range(4):
-                status, ent = a.call("POST", "/v1/entitlements", {"name": f"e{e}", "machine_type": "generic", "quota": 2})
-                assert status == 201
-                spec = {"entitlement": f"e{e}", "name": "api", "count": 2, "task": TASK}
-                status, body = a.call("POST", "/v1/jobs", spec)
-                assert status == 201, body
-                handles.append((f"e{e}/api", spec))
-            assert {a.call("GET", f"/v1/entitlements/e{e}")[1]["shard"] for e in range(4)} == {0, 1, 2, 3}
-            for h, _ in handles:
-                wait(lambda: updated(a, h, 1, 2), 20, f"{h} running")
+            handles = job_in_each_shard(a)
 
             b = cs[1].start(wait_led=False)
             t0 = time.monotonic()
@@ -426,15 +432,7 @@ def test_a_job_placed_while_a_replica_was_away_runs_on_when_that_replica_leads_i
             freeze(b.proc.pid)
             frozen = True
             wait(lambda: [s["leader"] for s in a.cluster()["shards"]] == [member(a)] * 4, 15, "a leads every shard")
-            handles = []
-            for e in range(4):
-                assert a.call("POST", "/v1/entitlements", {"name": f"e{e}", "machine_type": "generic", "quota": 2})[0] == 201
-                status, body = a.call("POST", "/v1/jobs", {"entitlement": f"e{e}", "name": "api", "count": 2, "task": TASK})
-                assert status == 201, body
-                handles.append(f"e{e}/api")
-            assert {a.call("GET", f"/v1/entitlements/e{e}")[1]["shard"] for e in range(4)} == {0, 1, 2, 3}
-            for h in handles:
-                wait(lambda: updated(a, h, 1, 2), 20, f"{h} running")
+            job_in_each_shard(a)
             b.proc.send_signal(signal.SIGCONT)
             frozen = False
             wait(lambda: b_id in {m["id"] for m in a.cluster()["members"]}, 15, "b a member again")

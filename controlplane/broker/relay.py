@@ -59,7 +59,8 @@ class Relay:
         self._incarnations: dict[str, str | None] = {}  # member -> the process it was when last a member
         self._gone: dict[str, float] = {}  # member whose key went -> when (monotonic): its reports queue meanwhile
         self._failing: dict[str, str] = {}
-        self.counters = {"sent": 0, "received": 0, "failures": 0, "seen_relayed": 0, "reports_relayed": 0}
+        self.counters = {"sent": 0, "received": 0, "failures": 0, "seen_relayed": 0, "reports_relayed": 0,
+                         "members_gone": 0, "members_back": 0}
 
     # -- from the heartbeat path -----------------------------------------------------------------
 
@@ -145,10 +146,12 @@ class Relay:
             inc = self.state.members[member].get("incarnation")
             known = member in self._incarnations and inc is not None and self._incarnations[member] == inc
             self._incarnations[member] = inc
+            self.counters["members_back"] += known
             if coord is not None and member != coord.id and not known:
                 self.reports.setdefault(member, {}).update({mid: self._report(mid) for mid in self.agents.reports})
         for gone in self._members - members:
             self._gone[gone] = now
+            self.counters["members_gone"] += 1
             self.seen.pop(gone, None)  # liveness goes to the machines' owners now
             if self.usage is not None:
                 self.usage.forget(gone)  # its sums: the members that hear its machines now count them

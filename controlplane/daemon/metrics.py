@@ -54,6 +54,8 @@ COUNTED = {
         "sent": "relays sent to other members", "received": "relays received from other members",
         "failures": "relays that failed", "seen_relayed": "heartbeats relayed to their machine's health owner",
         "reports_relayed": "task reports relayed to the other members",
+        "members_gone": "members whose key went (reports queue for them a while)",
+        "members_back": "members back as the same process, sent what changed while they were gone",
     },
 }
 

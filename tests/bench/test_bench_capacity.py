@@ -129,3 +129,18 @@ def test_an_msb_lost_takes_batch_machines_with_it_and_its_replacements_reclaim_w
     k8s = bc.run_k8s(loads, 120, 10, failure_at=35)
     assert k8s.reclaims >= 4 and k8s.noticed == 0
     assert k8s.lost == pytest.approx(4 * lost)
+
+
+def test_the_gap_to_kubernetes_is_the_service_machines_empty_slots_and_the_services_sizes():
+    """One service of 1.8 cores (3 tasks at the 0.6 target, one machine with a slot left) in a region
+    of 3 machines, 2 hours: the tier lends the 2 other machines whole and leaves that slot empty;
+    Kubernetes puts a batch pod in it. Same sizes on both sides: the whole gap is the empty slot's
+    batch work (0.95 of a core in 12 held), and the gap's line says so."""
+    loads = [[1.8] * 120]
+    tier = bc.run_twine(loads, None, 120, 3, tier=True, failure_at=None, reserve=0)
+    k8s = bc.run_k8s(loads, 120, 3, failure_at=None)
+    assert tier.empty / tier.held == pytest.approx(1 / 12)
+    assert k8s.utilisation - tier.utilisation == pytest.approx(bc.BATCH_USE / 12)
+    line = bc.gap(tier, k8s)
+    assert f"about {100 * bc.BATCH_USE / 12:.1f} from the service machines' empty slots" in line, line
+    assert "about 0.0 from the services' sizes" in line, line

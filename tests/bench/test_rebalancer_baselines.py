@@ -9,7 +9,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
-from bench_rebalancer import ca_scale_down, high_node  # noqa: E402
+from bench_rebalancer import ca_scale_down, high_node, least_moves  # noqa: E402
 from controlplane.rebalancer.view import Group, Machine, Region, Task  # noqa: E402
 
 
@@ -44,3 +44,16 @@ def test_high_node_utilization_places_evicted_tasks_on_the_fullest_machine():
     # that holds them (b: 4 cores free)
     assert side.freed == 2 and side.moves == 2, side
     assert side.after.spread_excess > 0 and side.violations, "both api tasks in msb1: the spread made worse"
+
+
+def test_the_least_moves_bound_takes_the_machines_holding_fewest_tasks_that_the_totals_spare():
+    """x holds 2 tasks, y 3, z 1 (15 of 48 cores in all): one 16-core machine could hold them, so
+    two may be freed, at 1 + 2 moves at least; three cannot. The other group (one machine full)
+    spares none."""
+    ms = [Machine(n, "web", "dc1", "msb1", 16_000, 65_536, rack="r1") for n in "xyz"]
+    tasks = [Task("web/a", i, "x", 1000, 1024) for i in range(2)] + [Task("web/b", i, "y", 1000, 1024) for i in range(3)]
+    tasks.append(Task("web/c", 0, "z", 10_000, 1024))
+    full = Machine("f", "web", "dc1", "msb2", 16_000, 65_536, rack="r2")
+    reg = Region([Group("web", "dc1", "msb1", ms, tasks), Group("web", "dc1", "msb2", [full], [Task("web/d", 0, "f", 16_000, 1024)])],
+                 {("dc1", "msb1"): 48_000, ("dc1", "msb2"): 16_000})
+    assert [least_moves(reg, n) for n in (1, 2, 3)] == [1, 3, None]

@@ -37,6 +37,11 @@ OWNERS_SLICE = 20_000  # machines whose health owner is computed between two tur
 # them due at once (the silent ones' fallback look, or all of them when a process comes to own
 # them) took seconds in one go, while heartbeats waited unread and the lease's keep-alive too
 EXAMINE_SLICE = 2_000
+# machines failed in one transaction at most, whatever etcd's --max-txn-ops allows (our installers
+# set 65536, and 32 MiB a request): a record and an event each, under 1 KB, so a DC's worth of
+# machines falling silent at once is written in transactions of about half a megabyte, not 30 MB
+# (and in 64s at etcd's default 128 operations)
+FAIL_BATCH = 500
 IN_MAINTENANCE = " (in maintenance "  # tags, for people, the reason of a machine silent during its maintenance
 Report = Mapping[tuple[str, int], Any]
 
@@ -239,7 +244,7 @@ class HealthService:
             for mid, *_ in failing:
                 self._push(mid, now)
             failing = []
-        batch = max(1, self.max_txn_ops // 2)  # a record and an event a machine; as many compares
+        batch = max(1, min(FAIL_BATCH, self.max_txn_ops // 2))  # a record and an event a machine; as many compares
         for i in range(0, len(failing), batch):
             try:
                 await self._fail(failing[i:i + batch])
@@ -338,7 +343,7 @@ class HealthService:
         that has not heartbeated since (the pass's other writes came between) is unhealthy for
         its reason, all in one
         transaction (issue #12: one transaction a machine, waited in turn, took an MSB of 50
-        machines 2.6 s past the first); check() sizes the batches by max_txn_ops; a failure event opens for each unless it is in maintenance
+        machines 2.6 s past the first); check() sizes the batches by max_txn_ops and FAIL_BATCH; a failure event opens for each unless it is in maintenance
         (or was unhealthy already: back with tombstones, then silent again, it only says so). The
         event starts when the machine was last heard from: as near as the daemon knows, when it
         failed (for one not heard from since this daemon started or came to judge it, then)."""

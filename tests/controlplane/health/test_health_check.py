@@ -9,6 +9,7 @@ import time
 import uuid
 
 from controlplane.coordination.coordinator import rendezvous
+from controlplane.health import check
 from controlplane.health.check import NO_HEARTBEAT, EXAMINE_SLICE, OWNERS_SLICE, HealthService
 from controlplane.store.records import MachineRec
 from controlplane.store.state import RegionState
@@ -129,6 +130,30 @@ def test_an_msb_falling_silent_fails_in_one_pass_a_few_transactions_not_one_a_ma
             events = [e for e in state.events.values() if e.kind == "failure"]
             assert sorted(m for e in events for m in e.machines) == silent and len(events) == len(silent)
             assert health.counters["failures"] == len(silent)
+        finally:
+            await state.stop()
+            await store.close()
+
+    asyncio.run(body())
+
+
+def test_with_etcd_allowing_huge_transactions_a_pass_still_fails_at_most_fail_batch_machines_in_one(etcd_server):
+    """With max-txn-ops 65536 (what our installers set) a pass that finds many machines silent wrote
+    them in transactions of 32,768 machines: about 30 MB (a 573-byte record and an event each), at
+    etcd's 32 MiB request limit, one raft entry that long to apply. Batches stay at FAIL_BATCH
+    machines: 600 take two."""
+    async def body() -> None:
+        mids = [f"m{i:04d}" for i in range(check.FAIL_BATCH + 100)]
+        store, state, health, last_seen = await region(etcd_server.port, mids, timeout=0.5, grace=0.5)
+        health.max_txn_ops = 65536
+        try:
+            now = time.monotonic()
+            last_seen.update((mid, now) for mid in mids)
+            await health.check()  # every machine looked at once: due a timeout after its heartbeat
+            await asyncio.sleep(0.7)
+            await health.check()  # the one pass that finds them all silent
+            assert not any(state.machines[m].healthy for m in mids)
+            assert len({state.revs[health.keys.machine(m)] for m in mids}) == 2
         finally:
             await state.stop()
             await store.close()

@@ -5,10 +5,10 @@ etcd (not registered through the API, which at ~400 registrations/s here would t
 hour at 1M), each with a known credential, so that simulated agents can heartbeat as real agents
 do (following the `heartbeat_to` the answers name). Everything else is the real path: real etcd,
 real `twine-controld` processes with `--shard-count` and `--shards`, jobs created through the API.
-controld runs with its default transaction limit, 128 operations (etcd's default): each 36-task job
-is then a round trip of its own. `--max-txn-ops 65536` runs it as install-controld.sh does (its etcd
-takes that; the creates that wait together go in one transaction); not the default yet: the
-health check then fails up to half that many machines in one transaction.
+controld runs as install-controld.sh sets it up: `--max-txn-ops 65536` beside an etcd that takes
+as much (this bench's etcd does), so the creates that wait together go in one transaction (the
+health check's failures stay at FAIL_BATCH machines a transaction). `--max-txn-ops 128` runs it at
+controld's own default, etcd's: each 36-task job is then a round trip of its own.
 
 Measured, each beside a baseline taken in the same run:
   1. index time: from the processes' start until every one answers and every shard has a leader;
@@ -47,7 +47,7 @@ whichever is more; H: heartbeats answered per second in 3. before any job is cre
 and fleet requests included; J: 5.; F: 6.'s p50; S: 7.'s longest; V: 3.'s false failure verdicts).
 
     .venv/bin/python bench/bench_region_scale.py [--machines 1000000] [--processes 4] [--shards 20]
-        [--agents 100000] [--interval 10] [--seconds 20] [--max-txn-ops 128]
+        [--agents 100000] [--interval 10] [--seconds 20] [--max-txn-ops 65536]
 """
 
 from __future__ import annotations
@@ -321,9 +321,10 @@ def main() -> int:
     ap.add_argument("--interval", type=float, default=10.0)
     ap.add_argument("--seconds", type=float, default=20.0)
     ap.add_argument("--no-usage", action="store_true", help="heartbeats without usage (as before issue #25)")
-    ap.add_argument("--max-txn-ops", type=int, default=128,
-                    help="controld's --max-txn-ops (its default, 128: one 36-task job a transaction); 65536 as "
-                         "install-controld.sh sets it beside an etcd with the same limit (this bench's etcd has it)")
+    ap.add_argument("--max-txn-ops", type=int, default=65536,
+                    help="controld's --max-txn-ops: 65536 (the default here) as install-controld.sh sets it beside an "
+                         "etcd with the same limit (this bench's etcd has it); 128, controld's own default, puts each "
+                         "36-task job in a transaction of its own")
     args = ap.parse_args()
     global USAGE
     if args.no_usage:

@@ -317,10 +317,41 @@ def _started_at(container_id: str) -> str:
 BURN = ["sh", "-c", "trap 'exit 0' TERM; while :; do :; done"]  # one core, busy
 
 
-def test_a_task_burning_a_core_shows_one_core_used_and_a_sleeping_one_none(region, api, tmp_path):
+# A burning task is judged against what the kernel counted for its container's cgroup over the
+# last KERNEL_WINDOW seconds (cpuacct.usage, read here as the agent reads it), not against a whole
+# core: on this two-core machine it gets less than a core whenever something else runs (the VM
+# region idling beside the tests in CI, twinectl's or Prometheus' or Chromium's start): in a
+# fresh-clone run the fleet page showed 0.20-0.82 for its 30 s beside Chromium, and with the VM tests
+# running beside, the API 0.42-0.66 for a minute. Each figure must be within AGREE of the kernel's,
+# and the kernel's must be a burn (BURN_LOW: five times the most a sleeping task uses, 0.05).
+KERNEL_WINDOW, AGREE, BURN_LOW = 3.0, 0.15, 0.25
+
+
+class KernelCount:
+    """Cores the kernel gave a container's cgroup over the last `window` seconds of reads."""
+
+    def __init__(self, pid: int, window: float = KERNEL_WINDOW):
+        from agent.usage import counters_of, mounts
+
+        self.counters = counters_of(pid, *mounts())
+        assert self.counters is not None, f"no cgroup counters for pid {pid}"
+        self.window = window
+        self.reads: list[tuple[float, int]] = []
+
+    def cores(self) -> float | None:
+        now, (cpu, _) = time.monotonic(), self.counters.read()
+        self.reads.append((now, cpu))
+        while len(self.reads) > 2 and self.reads[1][0] <= now - self.window:
+            self.reads.pop(0)
+        t0, c0 = self.reads[0]
+        return None if now - t0 < self.window / 2 else (cpu - c0) / 1e9 / (now - t0)
+
+
+def test_a_task_burning_a_core_shows_one_core_used_and_a_sleeping_one_none(region, api, tmp_path, docker_client):
     """Issue #25, for real: agents measure their containers' cgroups; a task that burns one CPU
-    shows ≈ 1 core used (within 15%) in `twinectl job usage`, in /v1/fleet and in Prometheus
-    (Debian's server, scraping controld over TLS with a token); a task that sleeps shows ≈ 0."""
+    shows what the kernel gave it (within AGREE of a core, a burn: KERNEL_WINDOW's comment) in
+    `twinectl job usage`, in /v1/fleet, in Prometheus (Debian's server, scraping controld over TLS
+    with a token) and on the fleet page; a task that sleeps shows ≈ 0."""
     from urllib.parse import urlsplit
 
     from tests.promserver import PrometheusServer
@@ -330,19 +361,24 @@ def test_a_task_burning_a_core_shows_one_core_used_and_a_sleeping_one_none(regio
     api.ok("POST", "/v1/jobs", job_spec("use", "sleep", 1, cpus=0.25))
     api.wait_running("use/burn")
     api.wait_running("use/sleep")
+    container = next(c for c in region.containers("use/burn") if c["status"] == "running")
+    kernel = KernelCount(docker_client.api.inspect_container(container["id"])["State"]["Pid"])
 
-    def settled(what: str, read, low: float, high: float, timeout: float = 60):
-        """read() once it gives a figure within [low, high]: a reading while something else on
-        this two-core machine takes a core (twinectl's or Prometheus' start, the VMs booting in CI)
-        shows less than a core, which the task did not get; it is read again until it settles."""
+    def settled(what: str, read, low: float | None = None, high: float | None = None, timeout: float = 60):
+        """read() once it gives a figure within [low, high], or (no bounds: the burning task) within
+        AGREE of what the kernel gave the task over the last seconds, a burn; read again until
+        then (a figure lags the kernel by a heartbeat or a scrape, which matters while the task's
+        share of a core changes)."""
         deadline, seen = time.monotonic() + timeout, []
         while True:
-            got = read()
-            seen.append(got[0])
-            if got[0] is not None and low <= got[0] <= high:
+            got, truth = read(), kernel.cores()
+            seen.append((got[0], None if truth is None else round(truth, 3)))
+            if got[0] is not None and (low <= got[0] <= high if low is not None else
+                                       truth is not None and truth >= BURN_LOW and abs(got[0] - truth) <= AGREE):
                 return got[1]
             if time.monotonic() > deadline:
-                raise AssertionError(f"{what}: cores used {seen[-10:]}, not within {low}..{high}")
+                raise AssertionError(f"{what}: cores used (and the kernel's count) {seen[-10:]}, not within "
+                                     + (f"{low}..{high}" if low is not None else f"{AGREE} of the kernel's, a burn"))
             time.sleep(0.5)
 
     def job_usage(handle: str):
@@ -359,11 +395,11 @@ def test_a_task_burning_a_core_shows_one_core_used_and_a_sleeping_one_none(regio
         cell = next(c for c in api.ok("GET", "/v1/fleet?by=entitlement")["cells"] if c["entitlement"] == "use")
         return cell["used"]["cpus"], cell
 
-    burn = settled("the API", lambda: job_usage("use/burn"), 0.85, 1.15)
+    burn = settled("the API", lambda: job_usage("use/burn"))
     sleep = settled("the API", lambda: job_usage("use/sleep"), 0.0, 0.05)
     print(f"\nmeasured: burn {burn['current']}, sleep {sleep['current']}")
-    settled("twinectl job usage", ctl_usage, 0.85, 1.15)
-    cell = settled("/v1/fleet", fleet_usage, 0.85, 1.2)  # both tasks
+    settled("twinectl job usage", ctl_usage)
+    cell = settled("/v1/fleet", fleet_usage)  # both tasks: the sleeping one adds at most 0.05
     assert cell["used"]["machines_reporting"] >= 1, cell
     target = urlsplit(region.url).netloc
     with PrometheusServer(tmp_path / "prometheus", target, region.api_token, region.ca_file) as prom:
@@ -372,7 +408,7 @@ def test_a_task_burning_a_core_shows_one_core_used_and_a_sleeping_one_none(regio
             return (float(got[0]["value"][1]) if got else None), got
 
         prom.wait('up{job="twine-controld"}', lambda r: bool(r) and r[0]["value"][1] == "1")
-        settled("Prometheus", lambda: scraped("use/burn"), 0.85, 1.15)
+        settled("Prometheus", lambda: scraped("use/burn"))
         settled("Prometheus", lambda: scraped("use/sleep"), 0.0, 0.05)
     # and on the fleet page, in Debian's headless Chromium (trusting controld's key alone)
     from selenium.webdriver.common.by import By
@@ -385,17 +421,18 @@ def test_a_task_burning_a_core_shows_one_core_used_and_a_sleeping_one_none(regio
     try:
         sign_in(driver, region.url, region.api_token, "job/use/burn")
         # a browser starting takes a core of this machine for a while: the task gets less of one
-        # then, and the page shows what it got (0.604 once in CI); it is read again until it settles
+        # then, and the page shows what it got; it is read again until it agrees with the kernel
         deadline, shown = time.monotonic() + 30, []
         while True:
-            shown.append(float(driver.find_element(By.CSS_SELECTOR, '[data-k="used-cpus"]').text))
-            if 0.85 <= shown[-1] <= 1.15 or time.monotonic() > deadline:
+            shown.append((float(driver.find_element(By.CSS_SELECTOR, '[data-k="used-cpus"]').text), kernel.cores()))
+            page, truth = shown[-1]
+            if (truth is not None and truth >= BURN_LOW and abs(page - truth) <= AGREE) or time.monotonic() > deadline:
                 break
             time.sleep(1)
             driver.refresh()  # the token stays in the tab's sessionStorage
             WebDriverWait(driver, 30).until(lambda d: d.find_elements(By.CSS_SELECTOR, '#view[data-ready="job"]'))
         driver.save_screenshot(str(tmp_path / "job-burn.png"))
-        assert 0.85 <= shown[-1] <= 1.15, shown
+        assert truth is not None and truth >= BURN_LOW and abs(page - truth) <= AGREE, shown
     finally:
         driver.quit()
     api.stop("use/burn")

@@ -322,7 +322,7 @@ BURN = ["sh", "-c", "trap 'exit 0' TERM; while :; do :; done"]  # one core, busy
 # core: on this two-core machine it gets less than a core whenever something else runs (the VM
 # region idling beside the tests in CI, twinectl's or Prometheus' or Chromium's start): in a
 # fresh-clone run the fleet page showed 0.20-0.82 for its 30 s beside Chromium, and with the VM tests
-# running beside, the API 0.42-0.66 for a minute. Each figure must be within AGREE of the kernel's,
+# running beside, twinectl 0.42-0.83 for a minute. Each figure must be within AGREE of the kernel's,
 # and the kernel's must be a burn (BURN_LOW: five times the most a sleeping task uses, 0.05).
 KERNEL_WINDOW, AGREE, BURN_LOW = 3.0, 0.15, 0.25
 

@@ -18,7 +18,7 @@ from typing import NamedTuple, Any, AsyncIterator, Awaitable, Callable, Sequence
 import aetcd
 from aetcd.exceptions import ConnectionFailedError, ConnectionTimeoutError, WatchTimeoutError
 
-from controlplane.store.codec import decode_value, encode, sized
+from controlplane.store.codec import decode, decode_value, encode, sized
 from controlplane.store.etcdtls import EtcdTls, TlsClient
 
 log = logging.getLogger("twine.store")

@@ -34,6 +34,7 @@ from controlplane.store.allocview import MOVING, to_entitlement, to_machine, to_
 from controlplane.store.wakeups import Wakeups
 
 if TYPE_CHECKING:
+    from controlplane.allocator import PlacedTask
     from controlplane.sidekick.documents import ProfileDocuments
 
 log = logging.getLogger("twine.controld.state")

@@ -179,3 +179,22 @@ def test_a_cancel_that_comes_back_as_the_calls_error_is_a_cancel(etcd_server):
             await store.close()
 
     asyncio.run(body())
+
+
+def test_create_takes_an_absent_key_and_otherwise_answers_who_holds_it(etcd_server, keys):
+    """The leader election's create (coordinator.py): the first caller's value, leased; a second
+    caller gets the first's value and revision back, and its own value is not written."""
+    async def body():
+        store = Store([("127.0.0.1", etcd_server.port)])
+        a, b = await store.grant(10), await store.grant(10)
+        k = keys.leader(0)
+        mine = await store.create(k, {"member": "a"}, a)
+        assert mine.value == {"member": "a"} and mine.mod_revision > 0
+        theirs = await store.create(k, {"member": "b"}, b)
+        assert (theirs.value, theirs.mod_revision) == ({"member": "a"}, mine.mod_revision)
+        assert (await store.read(k)).value == {"member": "a"}
+        await store.revoke(a)
+        await store.revoke(b)
+        await store.close()
+
+    run(body())

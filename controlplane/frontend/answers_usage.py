@@ -102,7 +102,8 @@ class UsageHistory(Answer):
 
 
 class TaskFigure(Struct, array_like=True, forbid_unknown_fields=True):
-    """[job, index, machine, millicores, MiB, when its heartbeat came], as the book keeps them."""
+    """[job, index, machine, millicores, MiB, when its heartbeat came, millicores smoothed], as the
+    book keeps them."""
 
     job: str
     index: int
@@ -110,6 +111,7 @@ class TaskFigure(Struct, array_like=True, forbid_unknown_fields=True):
     cpu_m: int
     memory_mb: int
     at: Time
+    cpu_avg_m: Union[int, None] = None  # None: a replica of a release before it (its cpu_m then)
 
 
 class TaskFigures(Answer):

@@ -44,11 +44,13 @@ def view_for(state: RegionState, usage: "RegionUsage | None", entitlements: set[
 
 async def measured_for(usage: "RegionUsage | None", entitlements: set[str] | None = None
                        ) -> dict[tuple[str, int, str], int]:
-    """(job, index, machine) -> the millicores each task of the entitlements uses there, from every
-    replica's book (the tasks' figures stay where their heartbeats came: usage/peers.py)."""
+    """(job, index, machine) -> the millicores each task of the entitlements uses there, smoothed
+    over its last half minute or so there (usage/book.py SMOOTHING: a plan and its apply a second
+    apart judge a machine alike), from every replica's book (the tasks' figures stay where their
+    heartbeats came: usage/peers.py)."""
     if usage is None:
         return {}
-    return {key: t.cpu_m for key, t in (await usage.tasks(entitlements=entitlements)).items()}
+    return {key: t.cpu_avg_m for key, t in (await usage.tasks(entitlements=entitlements)).items()}
 
 
 async def plan_round(state: RegionState, usage: "RegionUsage | None", entitlements: set[str] | None = None,

@@ -11,10 +11,15 @@ relays (usage/peers.py asks the other replicas for them when they are wanted).""
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Collection, Container, NamedTuple
 
 Cell = tuple[str, str, str, str, str]  # dc, msb, entitlement ("": the free pool), profile ("": none), machine type
+# seconds over which a task's cpu is smoothed for the ReBalancer (cpu_avg_m): a heartbeat's own figure
+# is its window's (a second or so), and on a busy host a burning task's went from above a machine's
+# hot line in one plan to under it in the apply a second later
+SMOOTHING = 30.0
 
 
 class TaskUsage(NamedTuple):
@@ -26,6 +31,14 @@ class TaskUsage(NamedTuple):
     cpu_m: int  # millicores
     memory_mb: int  # MiB
     at: float  # wall clock: when the report came
+    # millicores smoothed over the task's reports on this machine (an exponential mean, SMOOTHING
+    # seconds): what the ReBalancer weighs a machine by. Its first report's figure at first.
+    cpu_avg_m: int
+
+
+def smoothed(before: int, now: int, window: float) -> int:
+    """The exponential mean moved by a figure measured over `window` seconds."""
+    return round(before + (now - before) * -math.expm1(-window / SMOOTHING))
 
 
 def chosen(job: str, jobs: Collection[str] | None, entitlements: Collection[str] | None) -> bool:
@@ -67,9 +80,15 @@ class UsageBook:
         wall = time.time() if wall is None else wall
         per_job: dict[str, list] = {}  # a machine's tasks of one job, summed first: one entry in the sums
         each = []
+        old = self.machines.get(mid)
+        last = {(t.job, t.index): t.cpu_avg_m for t in old.each} if old is not None and old.each else {}
+        window = usage["window"]
         for job, index, cpu, mem in usage.get("tasks") or ():
             if job in known:
-                each.append(TaskUsage(job, index, mid, round(cpu * 1000), round(mem), wall))
+                cpu_m = round(cpu * 1000)
+                before = last.get((job, index))
+                each.append(TaskUsage(job, index, mid, cpu_m, round(mem), wall,
+                                      cpu_m if before is None else smoothed(before, cpu_m, window)))
                 s = per_job.get(job)
                 if s is None:
                     per_job[job] = [cpu, mem, 1]

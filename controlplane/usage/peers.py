@@ -72,7 +72,8 @@ class PeerTasks:
                 body = msgspec.json.decode(await r.read(), type=TaskFigures)
             if self._failing.pop(member, None):
                 log.info("member %s answers for its tasks' usage again", member)
-            return [TaskUsage(f.job, f.index, f.machine, f.cpu_m, f.memory_mb, f.at) for f in body.tasks]
+            return [TaskUsage(f.job, f.index, f.machine, f.cpu_m, f.memory_mb, f.at,
+                              f.cpu_m if f.cpu_avg_m is None else f.cpu_avg_m) for f in body.tasks]
         except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, msgspec.DecodeError) as e:
             self.counters["failures"] += 1
             why = f"{type(e).__name__}: {e}"

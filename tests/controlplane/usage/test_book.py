@@ -57,14 +57,39 @@ def test_each_tasks_own_figures_are_kept_replaced_and_let_go_with_its_machine():
     book.note("m2", CELL, usage(1.0, 200, [["web/api", 1, 0.05, 20.0], ["batch/etl", 0, 0.5, 64.0]]), known, 1,
               wall=101.0)
     rows = lambda ts: sorted(tuple(t) for t in ts)  # noqa: E731
-    assert rows(book.tasks(["web/api"])) == [("web/api", 0, "m1", 1500, 300, 100.0), ("web/api", 1, "m2", 50, 20, 101.0)]
+    # (the last field: millicores smoothed over the task's reports there; its first figure at first)
+    assert rows(book.tasks(["web/api"])) == [("web/api", 0, "m1", 1500, 300, 100.0, 1500),
+                                             ("web/api", 1, "m2", 50, 20, 101.0, 50)]
     assert {t.job for t in book.tasks(entitlements={"web"})} == {"web/api", "web/db"}
     assert {t.job for t in book.tasks(["batch/etl"], {"web"})} == {"web/api", "web/db", "batch/etl"}
     assert len(book.tasks()) == 4 and book.tasks(["made/up"]) == []  # no job of the region's: not kept
     book.note("m1", CELL, usage(1.0, 800, [["web/api", 0, 0.9, 310.0]]), known, 2, wall=102.0)  # web/db gone from m1
-    assert rows(book.tasks(entitlements={"web"})) == [("web/api", 0, "m1", 900, 310, 102.0),
-                                                     ("web/api", 1, "m2", 50, 20, 101.0)]
+    # 1 s of 900 moves the mean of 1500 by 1/30 of the way (1 - e^(-1/30) of it)
+    assert rows(book.tasks(entitlements={"web"})) == [("web/api", 0, "m1", 900, 310, 102.0, 1480),
+                                                     ("web/api", 1, "m2", 50, 20, 101.0, 50)]
     assert book.sweep(now=6.5) == 1  # m2 silent for 5.5 s
-    assert rows(book.tasks()) == [("web/api", 0, "m1", 900, 310, 102.0)] and list(book.by_job) == ["web/api"]
+    assert rows(book.tasks()) == [("web/api", 0, "m1", 900, 310, 102.0, 1480)] and list(book.by_job) == ["web/api"]
     book.drop("m1")
     assert book.tasks() == [] and book.by_job == {}
+
+
+def test_a_tasks_smoothed_figure_follows_its_load_over_half_a_minute_and_starts_again_on_another_machine():
+    """What the ReBalancer weighs (cpu_avg_m): a burst of a second or two barely moves it, a load held
+    for a minute brings it most of the way; the same task heard from another machine (it moved)
+    starts from its figure there."""
+    book = UsageBook(stale=100)
+    known = {"web/api"}
+
+    def feed(mid: str, cpu: float, seconds: int, t0: int) -> int:
+        for t in range(seconds):
+            book.note(mid, CELL, usage(cpu, 100, [["web/api", 0, cpu, 10.0]]), known, t0 + t)
+        (fig,) = book.tasks(["web/api"])
+        return fig.cpu_avg_m
+
+    assert feed("m1", 0.9, 1, 0) == 900
+    assert feed("m1", 0.9, 60, 1) == 900
+    dipped = feed("m1", 0.3, 2, 61)  # two seconds at a third of it
+    assert 860 < dipped < 870, dipped
+    assert 360 < feed("m1", 0.3, 60, 63) < 390  # a minute of it: seven eighths of the way down (e^-2)
+    book.drop("m1")
+    assert feed("m2", 0.7, 1, 200) == 700

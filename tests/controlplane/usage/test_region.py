@@ -56,8 +56,8 @@ def test_each_tasks_figures_are_the_books_and_the_other_replicas_newest_first():
 
     async def peers(jobs, entitlements):
         asked.append((jobs, entitlements))
-        return [TaskUsage("web/api", 1, "m2", 50, 20, 199.0), TaskUsage("web/api", 2, "m3", 900, 90, 201.0),
-                TaskUsage("web/api", 0, "m1", 100, 10, 150.0)]
+        return [TaskUsage("web/api", 1, "m2", 50, 20, 199.0, 50), TaskUsage("web/api", 2, "m3", 900, 90, 201.0, 900),
+                TaskUsage("web/api", 0, "m1", 100, 10, 150.0, 100)]
 
     r.peer_tasks = peers
     got = asyncio.run(r.tasks(jobs=["web/api"], now=1))

@@ -7,7 +7,8 @@ stops them, and until then the machine stays unhealthy ("stale tasks: ..."), in 
 granted to nobody else.
 
 Heartbeat times are kept in memory only. A restarted daemon has none, so it gives every machine a
-full timeout from its own start before judging it.
+full timeout from its own start before judging it; a machine registered later, the same from when
+this process first sees it.
 
 With several replicas, each judges only the machines it owns (coordination.py: rendezvous hashing
 over the members with the health role); heartbeats that reach another replica are relayed to the
@@ -121,8 +122,13 @@ class HealthService:
         if coord is None:
             key: tuple = ((), self.state.machines_version)
             if key != self._owned_key:
-                self._owned_key = key
-                self._own(set(self.state.machines), now)
+                known = set(self.state.machines)
+                if self._owned_key:
+                    self._welcome(known - self._known, now)
+                for mid in self._known - known:
+                    self._adopted.pop(mid, None)
+                self._owned_key, self._known = key, known
+                self._own(known, now)
             return True
         if not coord.valid():
             return False
@@ -145,20 +151,30 @@ class HealthService:
                 return False  # they changed meanwhile (or the lease is in doubt): judged at the next pass
             # machines that came meanwhile are not in `known`: the next pass takes them (the
             # version below is the one `known` was read at)
+        first = not self._owned_key
         self._owned_key = key
         if members != self._members:
             # the owners changed: what comes to us now heartbeated to another member until now
-            # (a machine new to the region is not adopted: it heartbeats to whoever it registered with)
             for mid in owned - self._owned:
                 if mid in self._known:
                     self._adopted[mid] = now
             self._members = members
+        if not first:
+            self._welcome((owned - self._owned) - self._known, now)
         self._known = known
         for mid in self._owned - owned:
             self._adopted.pop(mid, None)
             self._unheard.discard(mid)
         self._own(owned, now)
         return True
+
+    def _welcome(self, new: set[str], now: float) -> None:
+        """Machines new to the region (registered since this process started): silent since now,
+        not since the daemon started, so each has the grace for its first heartbeat. Without it a
+        machine registered after the daemon had run longer than the grace failed in the first
+        pass that looked at it unless its first heartbeat (or its relay) had come before."""
+        for mid in new:
+            self._adopted[mid] = now
 
     def _own(self, owned: set[str], now: float) -> None:
         """Judge `owned` from now on: the machines new to it are looked at in the next pass, which
@@ -227,6 +243,8 @@ class HealthService:
             else:
                 silent, limit = now - seen, self.timeout
                 self._unheard.discard(mid)
+                if mid in self._adopted:  # heard from since: judged by its heartbeats alone
+                    del self._adopted[mid]
             if m.healthy and silent > limit:
                 failing.append((m.id, f"{NO_HEARTBEAT} for {silent:.1f}s", silent, seen))
             elif _recoverable(m) and seen is not None and now - seen <= self.timeout \

@@ -55,6 +55,8 @@ class SimAgents:
         # set: heartbeats carry usage, these tasks using these (cores, MiB), whatever the above say
         self.task_figures: dict[tuple[str, int], tuple[float, float]] = {}
         self.stale: dict[str, dict[tuple[str, int], tuple[int, float]]] = {m: {} for m in creds}  # -> (version, since)
+        self.answered: dict[str, float] = {}  # machine -> when its last heartbeat was answered (monotonic)
+        self.gaps: dict[str, float] = {m: 0.0 for m in creds}  # machine -> the longest time between two answered
 
     def __enter__(self) -> "SimAgents":
         self._thread.start()
@@ -142,6 +144,10 @@ class SimAgents:
         hinted = self.hints.get(mid) if self.follow_hint else None
         url, answer = self._any("POST", "/v1/agent/heartbeat", cred, body, first=hinted)
         self.sent[url] += 1
+        t = time.monotonic()
+        if mid in self.answered:
+            self.gaps[mid] = max(self.gaps[mid], t - self.answered[mid])
+        self.answered[mid] = t
         # as the agent does: the hint holds until a hinted heartbeat fails or an answer names another
         if hinted is not None and url != hinted:
             self.hints.pop(mid, None)

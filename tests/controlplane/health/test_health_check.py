@@ -366,3 +366,39 @@ def test_a_pass_over_many_due_machines_lets_heartbeats_in_and_fails_none_heard_m
     assert turns >= 3, f"the loop ran {turns} times while {n + 1} due machines were looked at"
     assert health.counters["examined"] == n + 1 and health.counters["failures"] == 0
     assert state.machines["a-late"].healthy
+
+
+def test_a_machine_registered_long_after_the_daemon_started_gets_a_grace_before_its_first_heartbeat(etcd_server):
+    """A machine that registers while the daemon has run for longer than the grace has not been
+    silent since the daemon started: it is given the grace from when this process first saw it
+    (Kubernetes' node lifecycle controller likewise dates a new node's first probe when it first
+    sees it). Without it, it failed in the first pass that looked at it unless its first heartbeat
+    had come before: in a fresh-clone run a chaos test's task was moved off a machine whose agent
+    had never started it, which is what that does to a machine registered with replicas that took
+    over 8 s to start on a busy host. Silent through the grace, it fails."""
+    async def body() -> None:
+        store, state, health, last_seen = await region(etcd_server.port, ["m1"], timeout=0.5, grace=1.5)
+        try:
+            health.started -= 60  # the daemon has run for a minute
+            last_seen["m1"] = time.monotonic()
+            await health.check()
+            new = MachineRec("m2", "m2", {"region": state.keys.region}, {"cpus": 4, "memory_mb": 4096})
+            await state.wait_for(await store.commit([], {state.keys.machine("m2"): new.to_json()}))
+            seen_at = time.monotonic()
+            while time.monotonic() - seen_at < 1.0:
+                last_seen["m1"] = time.monotonic()
+                await health.check()
+                await asyncio.sleep(0.05)
+            assert state.machines["m2"].healthy, state.machines["m2"]
+            while state.machines["m2"].healthy and time.monotonic() - seen_at < 5:
+                last_seen["m1"] = time.monotonic()
+                await health.check()
+                await asyncio.sleep(0.05)
+            took = time.monotonic() - seen_at
+            assert not state.machines["m2"].healthy and 1.5 <= took < 3.0, took
+            assert state.machines["m1"].healthy
+        finally:
+            await state.stop()
+            await store.close()
+
+    asyncio.run(body())

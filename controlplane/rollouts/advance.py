@@ -43,6 +43,9 @@ class MachineView:
     tasks: tuple[TaskView, ...] = ()  # the tasks of live jobs on it
 
 
+# times a machine may go down while it drains before its batch fails (one that keeps going down
+# would otherwise take its turn again for ever)
+REQUEUES = 3
 Note = tuple[str, list[str]]  # what happened, in words, and the machines it names (an event)
 
 
@@ -78,8 +81,14 @@ def _step_machine(r: dict, mid: str, m: dict, v: MachineView, now: float) -> Non
     deadline = float(r["policy"]["deadline"])
     tgt = target(r)
     if m["phase"] == "draining":
-        if not v.healthy:  # down before its switch: nothing of it runs; it applies the target when back
-            m.update(phase="done", why=f"down ({v.health_reason}): it applies {label(tgt)} when back", since=now)
+        if not v.healthy:
+            # down before its switch: it leaves the batch unswitched and waits for its turn again,
+            # to be drained, switched and seen running like any other (were it done now, it would
+            # take the new profile when back with its tasks never stopped, never seen running under
+            # it, and the batch would pass a profile nobody saw work); still down when no healthy
+            # machine is left, it is done then and applies the target when back (_next_batch)
+            m.update(pending(), why=f"went down before its switch ({v.health_reason}): its turn comes again",
+                     requeued=m.get("requeued", 0) + 1)
         elif not any(t.state in ON_MACHINE for t in v.tasks):
             # an error its agent reported before (the profile it failed on, before a rollback) is not this switch's
             m.update(phase="switching", since=now, tasks=sorted(t.key for t in v.tasks), stale_error=v.error)
@@ -126,13 +135,23 @@ def _end_batch(r: dict, machines: dict[str, MachineView], now: float, notes: lis
     if any(m["phase"] in IN_BATCH for m in mine.values()):
         return
     failed = {mid: m["why"] for mid, m in mine.items() if m["phase"] == "failed"}
-    b.update(ended=now, outcome="failed" if failed else "done",
-             why="; ".join(f"{mid}: {why}" for mid, why in sorted(failed.items())))
+    switched = [mid for mid, m in mine.items() if m["phase"] == "done"]
+    waiting = sorted(mid for mid, m in mine.items() if m["phase"] == "pending")
+    b.update(ended=now, outcome="failed" if failed else "done" if switched or not waiting else "requeued",
+             why="; ".join(f"{mid}: {m['why']}" for mid, m in sorted(mine.items()) if mid in (failed or waiting)))
     what = "rollback batch" if b["back"] else "batch"
+    if waiting:
+        notes.append((f"{what} {b['n']}: {', '.join(waiting)} went down before the switch and wait for a batch "
+                      "again", waiting))
     if not failed:
-        notes.append((f"{what} {b['n']} done: {', '.join(b['machines'])} hold {label(target(r))}", b["machines"]))
+        if switched:
+            notes.append((f"{what} {b['n']} done: {', '.join(switched)} hold {label(target(r))}", switched))
+        flapping = [mid for mid in waiting if mine[mid].get("requeued", 0) >= REQUEUES]
+        if flapping and r["state"] in ("rolling", "rolling_back"):  # still on the old profile: a person looks
+            r.update(paused_from=r["state"], state="paused",
+                     why=f"{', '.join(flapping)} went down before the switch {REQUEUES} times")
         return
-    notes.append((f"{what} {b['n']} failed: {b['why']}", b["machines"]))
+    notes.append((f"{what} {b['n']} failed: {b['why']}", sorted(failed)))
     if r["state"] == "rolling" and r["policy"]["auto_rollback"]:
         reverse(r, machines, f"batch {b['n']} failed: {b['why']}", now)
         notes.append((f"rolling back to {label(r['from'])} (auto_rollback): {', '.join(sorted(r['machines'])) or 'no machine'}"

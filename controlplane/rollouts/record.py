@@ -18,8 +18,9 @@ A machine's phases in a rollout: pending -> draining (its tasks are offered to t
 TaskControllers as `reprofile` operations and stopped) -> switching (its desired profile is the
 new one; the agent applies and verifies it) -> starting (its tasks start again) -> done (they ran
 for MIN_READY seconds, and their agent reports each steady: seen running 5 s after its container
-started); or failed (the agent could not apply it, the machine went down, or its
-tasks did not run within the deadline). A rollback runs the same phases towards the old profile
+started); or failed (the agent could not apply it, the machine went down during or after its
+switch, or its tasks did not run within the deadline). A machine that goes down while it drains
+goes back to pending, on the old profile, and takes its turn again (advance.py REQUEUES). A rollback runs the same phases towards the old profile
 for the machines that changed (`back` batches); the others never change.
 """
 

@@ -138,9 +138,14 @@ def diagnosis(region, ent: str, r: dict, watch: Watch) -> str:
     events = [f"{e['start']:.0f} {e['kind']} {e['machines']} {e['reason']}" for e in region.ctl("events")["events"]
               if (e["kind"] == "rollout" and e.get("scope") == ent) or e["kind"] == "failure"]
     tasks = region.ctl("job", "status", f"{ent}/svc")["tasks"]
-    hosts = {m["id"]: host for host, m in region.machines().items()}
-    out = [f"\nrollout: {json.dumps(r, indent=1)}", "events:", *events, f"tasks: {json.dumps(tasks, indent=1)}",
-           f"kernels sampled: {watch.seen}", f"machines: {hosts}"]
+    machines = region.machines()
+    hosts = {m["id"]: host for host, m in machines.items()}
+    health = {host: m.get("health_reason") or "healthy" for host, m in machines.items()}
+    # first the few lines that say what happened (CI prints the start and the end of a long message)
+    batches = [f"batch {b['n']} {b['machines']} {b['outcome']}: {b['why']}" for b in r.get("batches", [])]
+    out = [f"\nrollout {r.get('state')}: {r.get('why')}", *batches, f"now: {health}", "events:", *events,
+           f"kernels sampled: {watch.seen}", f"machines: {hosts}", f"rollout: {json.dumps(r, indent=1)}",
+           f"tasks: {json.dumps(tasks, indent=1)}"]
     for vm in VMS:
         out.append(f"--- {vm}: docker ps -a")
         out.append(region.ssh(vm, "docker ps -a --filter label=twine.machine --format "
@@ -198,10 +203,14 @@ def test_a_profile_rolls_out_one_vm_at_a_time_past_a_replica_aware_controller_an
         bad, watch = watching(region, ent, "--profile", "vm-roll-bad", "--wait", "1500", kernels=True)
         r = region.ctl("entitlement", "rollout", "status", ent)
         assert bad.returncode == 1, bad.stdout[-2000:] + bad.stderr[-2000:] + diagnosis(region, ent, r, watch)
-        first = r["batches"][0]
+        # (a machine that went down while it drained left its batch unswitched, `requeued`: it never changed)
+        switched = [b for b in r["batches"] if b["outcome"] != "requeued"]
+        first = switched[0]
         assert r["state"] == "rolled_back" and first["outcome"] == "failed", diagnosis(region, ent, r, watch)
         assert "tasks not running 60 s after the switch" in first["why"], first
-        assert [b["machines"] for b in r["batches"]] == [first["machines"], first["machines"]]
+        assert [b["machines"] for b in switched] == [first["machines"], first["machines"]]
+        if len(switched) < len(r["batches"]):
+            print("batches requeued:", [b for b in r["batches"] if b["outcome"] == "requeued"])
         assert swappiness(region) == {vm: "22" for vm in VMS}
         hosts = {m["id"]: host for host, m in region.machines().items()}
         changed = hosts[first["machines"][0]]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from controlplane.rollouts.advance import MachineView, TaskView, advance, pause, resume, reverse
+from controlplane.rollouts.advance import REQUEUES, MachineView, TaskView, advance, pause, resume, reverse
 from controlplane.rollouts.record import MIN_READY, begin, machine_doc, reprofile_of
 
 OLD = {"name": "base", "hash": "a" * 64, "sections": {"sysctl": {"vm.swappiness": 60}}}
@@ -210,6 +210,39 @@ def test_a_machine_down_before_its_turn_gets_the_target_when_back_without_blocki
     r, _, _, _ = run(r, fleet, 0.0, lambda r: r["state"] == "done")
     assert r["machines"]["m2"]["why"].startswith("down (): it applies web@bbbbbbbb when back")
     assert machine_doc(r, "m2") == NEW
+
+
+def test_a_machine_that_goes_down_while_it_drains_waits_for_a_batch_of_its_own_and_is_seen_to_work():
+    """Down before its switch, a machine leaves its batch on the old profile and takes its turn
+    again when back, drained, switched and its tasks seen running like any other: a profile that
+    breaks its tasks fails that batch. (It used to be done at once, taking the new profile when
+    back with its tasks never stopped nor seen running: a bad profile passed its batch.)"""
+    fleet = Fleet({"m1": "msb1", "m2": "msb2"}, {"m1": 1, "m2": 1}, broken={"m1"})
+    r = begin("e", OLD, NEW, list(fleet.msbs), {"auto_rollback": False, "deadline": 30}, 0.0)
+    r, now, _, _ = run(r, fleet, 0.0, lambda r: r["machines"]["m1"]["phase"] == "draining")
+    fleet.healthy["m1"] = False
+    r, now, notes, _ = run(r, fleet, now + 1, lambda r: r["batches"][-1]["machines"] == ["m2"])
+    first = r["batches"][0]
+    assert (first["machines"], first["outcome"]) == (["m1"], "requeued"), first
+    assert "m1: went down before its switch" in first["why"], first
+    assert "batch 1: m1 went down before the switch and wait for a batch again" in notes
+    assert machine_doc(r, "m1") == OLD and r["machines"]["m1"]["phase"] == "pending"
+    fleet.healthy["m1"] = True  # back while m2's batch runs
+    r, _, notes, _ = run(r, fleet, now, lambda r: r["state"] == "paused")
+    assert "batch 2 done: m2 hold web@bbbbbbbb" in notes
+    assert [b["machines"] for b in r["batches"]] == [["m1"], ["m2"], ["m1"]]
+    assert r["batches"][2]["outcome"] == "failed" and "tasks not running 30 s after the switch" in r["why"], r["why"]
+
+
+def test_a_machine_that_keeps_going_down_while_it_drains_pauses_the_rollout_on_its_old_profile():
+    fleet = Fleet({"m1": "msb1", "m2": "msb2"}, {})
+    r = begin("e", OLD, NEW, list(fleet.msbs), {"auto_rollback": False}, 0.0)
+    r, now, _, _ = run(r, fleet, 0.0, lambda r: r["machines"]["m1"]["phase"] == "draining")
+    r["machines"]["m1"]["requeued"] = REQUEUES - 1  # down while draining twice already
+    fleet.healthy["m1"] = False
+    r, _ = advance(r, fleet.views(r), now + 1)
+    assert r["state"] == "paused" and r["why"] == f"m1 went down before the switch {REQUEUES} times", r["why"]
+    assert machine_doc(r, "m1") == OLD
 
 
 def test_a_machine_that_goes_down_during_its_switch_fails_the_batch():

@@ -43,7 +43,7 @@ class MachineView:
     tasks: tuple[TaskView, ...] = ()  # the tasks of live jobs on it
 
 
-# times a machine may go down while it drains before its batch fails (one that keeps going down
+# times a machine may go down while it drains before the rollout pauses (one that keeps going down
 # would otherwise take its turn again for ever)
 REQUEUES = 3
 Note = tuple[str, list[str]]  # what happened, in words, and the machines it names (an event)

@@ -20,8 +20,9 @@ new one; the agent applies and verifies it) -> starting (its tasks start again) 
 for MIN_READY seconds, and their agent reports each steady: seen running 5 s after its container
 started); or failed (the agent could not apply it, the machine went down during or after its
 switch, or its tasks did not run within the deadline). A machine that goes down while it drains
-goes back to pending, on the old profile, and takes its turn again (advance.py REQUEUES). A rollback runs the same phases towards the old profile
-for the machines that changed (`back` batches); the others never change.
+goes back to pending, on the old profile, and takes its turn again (advance.py REQUEUES). A
+rollback runs the same phases towards the old profile for the machines that changed (`back`
+batches); the others never change.
 """
 
 from __future__ import annotations

@@ -81,12 +81,21 @@ class UsageBook:
         per_job: dict[str, list] = {}  # a machine's tasks of one job, summed first: one entry in the sums
         each = []
         old = self.machines.get(mid)
-        last = {(t.job, t.index): t.cpu_avg_m for t in old.each} if old is not None and old.each else {}
+        prev = old.each if old is not None else ()
+        last: dict | None = None  # (job, index) -> its smoothed figure, made only when the order changed
         window = usage["window"]
         for job, index, cpu, mem in usage.get("tasks") or ():
             if job in known:
                 cpu_m = round(cpu * 1000)
-                before = last.get((job, index))
+                # an agent lists its tasks in the same order report after report: the one at this place
+                # in the last report first
+                p = prev[len(each)] if len(each) < len(prev) else None
+                if p is not None and p.index == index and p.job == job:
+                    before = p.cpu_avg_m
+                else:
+                    if last is None:
+                        last = {(t.job, t.index): t.cpu_avg_m for t in prev}
+                    before = last.get((job, index))
                 each.append(TaskUsage(job, index, mid, cpu_m, round(mem), wall,
                                       cpu_m if before is None else smoothed(before, cpu_m, window)))
                 s = per_job.get(job)

@@ -93,3 +93,16 @@ def test_a_tasks_smoothed_figure_follows_its_load_over_half_a_minute_and_starts_
     assert 360 < feed("m1", 0.3, 60, 63) < 390  # a minute of it: seven eighths of the way down (e^-2)
     book.drop("m1")
     assert feed("m2", 0.7, 1, 200) == 700
+
+
+def test_a_tasks_smoothed_figure_is_its_own_whatever_the_order_its_agent_lists_them_in():
+    book = UsageBook(stale=100)
+    known = {"web/api"}
+    a, b = ["web/api", 0, 1.0, 10.0], ["web/api", 1, 0.0, 10.0]
+    book.note("m1", CELL, usage(1.0, 100, [a, b]), known, 0)
+    book.note("m1", CELL, usage(1.0, 100, [["web/api", 2, 0.5, 10.0], b, a]), known, 1)  # a new one first
+    figs = {t.index: t.cpu_avg_m for t in book.tasks(["web/api"])}
+    assert figs == {0: 1000, 1: 0, 2: 500}, figs
+    book.note("m1", CELL, usage(1.0, 100, [["web/api", 0, 0.0, 10.0], ["web/api", 1, 1.0, 10.0]]), known, 2)
+    figs = {t.index: t.cpu_avg_m for t in book.tasks(["web/api"])}
+    assert figs == {0: 967, 1: 33}, figs  # each moved 1/30 of the way from its own figure

@@ -28,7 +28,8 @@ pytestmark = pytest.mark.docker
 # machines of 0.6 core: the hot line (80 %) is 0.48 of a real core for the two burning tasks, 0.24
 # each. With machines of 1 core it was 0.8 core, 0.4 each, and a fresh-clone run on a host whose two
 # cores also ran the VM region measured the machine hot in the plan and under the line a second
-# later in the apply (a plan is made from each task's last heartbeat window, 1 s here)
+# later in the apply (plans were then made from each task's last 1-s heartbeat window; they now
+# weigh its figure smoothed over about 30 s, usage/book.py SMOOTHING)
 AGENTS = [AgentSpec(f"b{i}", "dc1", "msb1", f"rack{i}", cpus=0.6, memory_mb=512) for i in range(4)]
 BURN = ["sh", "-c", "trap 'exit 0' TERM; while :; do :; done"]
 

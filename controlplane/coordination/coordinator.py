@@ -14,8 +14,8 @@ A leader also stops acting on its own before its lease can have ended: the lease
 TTL seconds from the sending of the last keep-alive etcd answered; `margin` before that, with no
 newer answer, the process gives up every shard it leads (a process cut off from etcd stops
 calling TaskControllers and scheduling before anyone else can be elected). When its event loop was
-held past that moment, a keep-alive's answer that came meanwhile is read first (up to a tenth of
-the margin later): the loop held, the process did not act.
+held past that moment, a keep-alive's answer that came meanwhile is read first (up to half the
+margin later, counted in `lease_answers_awaited_late`): the loop held, the process did not act.
 
 Shards are spread: a process campaigns for a shard that has no leader when it leads fewer than its
 fair share (shards / scheduler members), or when the shard has been leaderless for `fair_wait`
@@ -146,7 +146,7 @@ class Coordinator:
         self.leading: dict[int, Fence] = {}
         self._leaderless_since: dict[int, float] = {}
         self.counters = {"elections_won": 0, "depositions": 0, "lease_renewals": 0, "lease_failures": 0,
-                         "handovers": 0}
+                         "lease_answers_awaited_late": 0, "handovers": 0}
         self._health_members: tuple[int, tuple[str, ...]] = (-1, ())
         self.closing = False
 
@@ -287,6 +287,7 @@ class Coordinator:
         try:
             done, _ = await asyncio.wait({refresh}, timeout=max(wait, 0.0))
             if not done and time.monotonic() - sent - wait > HELD:
+                self.counters["lease_answers_awaited_late"] += 1
                 await asyncio.wait({refresh}, timeout=self.margin / 2)
             if not refresh.done():
                 raise TimeoutError(f"no answer in {time.monotonic() - sent:.2f}s")

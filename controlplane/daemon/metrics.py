@@ -48,6 +48,8 @@ COUNTED = {
     "coordination": {
         "elections_won": "shard leaderships begun", "depositions": "shard leaderships ended",
         "lease_renewals": "lease keep-alives answered", "lease_failures": "lease keep-alives that failed",
+        "lease_answers_awaited_late": "lease keep-alives whose timeout ran late (the loop held): "
+                                      "their answer was awaited half the lease margin more",
         "handovers": "shards handed to another member for balance",
     },
     "relay": {

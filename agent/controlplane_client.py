@@ -35,6 +35,7 @@ REQUEST_TIMEOUT = 10.0  # seconds for a call, on top of the long poll's wait
 CONNECT_TIMEOUT = 3.0  # a replica that does not accept the connection by then is failed over
 FAILOVER_STATUS = (502, 503, 504)  # a proxy's or a replica's "not now": another replica may answer
 DEBOUNCE = 0.05  # a burst of changes becomes one heartbeat
+HINT_PAUSE = 30.0  # seconds a heartbeat_to that failed is not followed again (the list's replica relays)
 BACKOFF_MIN, BACKOFF_MAX = 0.2, 5.0
 
 
@@ -116,7 +117,14 @@ class ControlPlaneClient:
     current one) until it fails to answer (connection error, timeout, 502/503/504); then the next
     call goes to the next URL of the list, round robin, at the pace of the loops' backoff. A
     heartbeat answer may name the replica that checks this machine's health (`heartbeat_to`):
-    heartbeats, and only they, go there until it fails, and then to the list again at once.
+    heartbeats, and only they, go there until it fails, and then to the list again at once (that
+    replica, or any that just failed to answer, is not followed as a hint for HINT_PAUSE seconds:
+    the list's replica relays).
+    A heartbeat answer also says the region's heartbeat timeout: when a heartbeat has another
+    replica to go to (a hint, or a list of several), a replica is given half of it to answer, not
+    REQUEST_TIMEOUT, so that a replica which takes the connection but does not answer (cut off
+    from this machine, or stuck) is left while there is time for another to hear the machine
+    before the region fails it.
     """
 
     def __init__(self, urls: str | Sequence[str], bootstrap_token: str, state_dir: Path, machine_info: dict,
@@ -132,6 +140,7 @@ class ControlPlaneClient:
         self.machine_id: str = machine_info["machine_id"]
         self.region: str = machine_info["labels"]["region"]
         self.interval = heartbeat_interval
+        self.heartbeat_timeout: float | None = None  # the region's, once an answer has said it
         self.path = Path(state_dir) / CREDENTIAL
         self.credential = self._load_credential()
         self.registered = False  # the daemon accepted our credential in this run
@@ -140,6 +149,7 @@ class ControlPlaneClient:
         self.desired_from = ""  # the URL that sent the last desired state
         self._logged: set[str] = set()  # failures logged since the last answer: an outage logs each once
         self._bad_hint = ""  # the last heartbeat_to ignored (logged once)
+        self._failed_hint: tuple[str, float] = ("", 0.0)  # the last replica that failed to answer, and when
         self._session: aiohttp.ClientSession | None = None
         self._register_lock = asyncio.Lock()
         self._poke = asyncio.Event()
@@ -229,9 +239,11 @@ class ControlPlaneClient:
 
     def _fail_over(self, url: str, e: BaseException) -> None:
         """`url` did not answer: leave it, unless a concurrent call has left it already."""
+        self._failed_hint = (url, time.monotonic())  # not followed as a hint for a while either
         if url == self.heartbeat_to:
             self.heartbeat_to = None
-            log.warning("heartbeat replica %s failed (%s); heartbeats go to %s again", url, _short(e), self.url)
+            log.warning("heartbeat replica %s failed (%s); heartbeats go to %s again (for %.0f s at least)",
+                        url, _short(e), self.url, HINT_PAUSE)
         if url != self.url or len(self.urls) == 1:
             return
         self._current = (self._current + 1) % len(self.urls)
@@ -315,12 +327,13 @@ class ControlPlaneClient:
         hinted = self.heartbeat_to
         try:
             try:
-                _, answer = await self._call("POST", "/v1/agent/heartbeat", REQUEST_TIMEOUT, url=hinted, json=body)
+                _, answer = await self._call("POST", "/v1/agent/heartbeat", self._beat_timeout(hinted is not None),
+                                             url=hinted, json=body)
             except CALL_ERRORS as e:
                 if hinted is None or not fails_over(e):
                     raise
                 # The health-checking replica is gone (the hint is dropped): the list, at once.
-                _, answer = await self._call("POST", "/v1/agent/heartbeat", REQUEST_TIMEOUT, json=body)
+                _, answer = await self._call("POST", "/v1/agent/heartbeat", self._beat_timeout(False), json=body)
         except CALL_ERRORS:
             self.last_heartbeat_ok = False
             raise
@@ -333,7 +346,19 @@ class ControlPlaneClient:
         interval = answer.get("interval")
         if isinstance(interval, (int, float)) and not isinstance(interval, bool) and interval > 0:
             self.interval = float(interval)
+        timeout = answer.get("timeout")
+        if isinstance(timeout, (int, float)) and not isinstance(timeout, bool) and timeout > 0:
+            self.heartbeat_timeout = float(timeout)
         self._follow(answer.get("heartbeat_to"))
+
+    def _beat_timeout(self, hinted: bool) -> float:
+        """How long a heartbeat call waits for its answer: half the region's heartbeat timeout when
+        another replica could answer instead (the list's, after a hint; the next of a list of
+        several), never under the heartbeat interval; else REQUEST_TIMEOUT (with nowhere else to
+        go, a late answer is still the best there is)."""
+        if self.heartbeat_timeout is None or not (hinted or len(self.urls) > 1):
+            return REQUEST_TIMEOUT
+        return min(REQUEST_TIMEOUT, max(self.interval, self.heartbeat_timeout / 2))
 
     def _follow(self, hint: object) -> None:
         """The heartbeat answer's `heartbeat_to`, when present: where the following heartbeats go."""
@@ -347,6 +372,9 @@ class ControlPlaneClient:
                 log.warning("ignoring heartbeat_to %r: not an http(s) URL, or a downgrade from https", hint)
             return
         target = None if hint.rstrip("/") == self.url else hint.rstrip("/")
+        failed, when = self._failed_hint
+        if target is not None and target == failed and time.monotonic() - when < HINT_PAUSE:
+            return  # it failed a moment ago: the list's replica relays meanwhile
         if target != self.heartbeat_to:
             log.info("heartbeats go to %s (the replica that checks this machine's health)", target or self.url)
             self.heartbeat_to = target

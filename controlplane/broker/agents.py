@@ -144,7 +144,8 @@ class BootstrapFile:
 class AgentService:
     def __init__(self, state: RegionState, store: Store, keys: Keys, bootstrap_tokens: "set[str] | BootstrapFile",
                  heartbeat_interval: float = 1.0, on_seen: Callable[[str], None] | None = None,
-                 reboot_grace: float = 300.0, max_long_polls: int = MAX_LONG_POLLS, max_wait: float = MAX_WAIT):
+                 reboot_grace: float = 300.0, max_long_polls: int = MAX_LONG_POLLS, max_wait: float = MAX_WAIT,
+                 heartbeat_timeout: float | None = None):
         self.state = state
         self.max_long_polls = max_long_polls  # desired-state long polls parked at once in this process
         self.max_wait = max_wait  # seconds one waits at most
@@ -154,6 +155,9 @@ class AgentService:
         self.bootstrap = bootstrap_tokens if isinstance(bootstrap_tokens, BootstrapFile) \
             else BootstrapFile.of(set(bootstrap_tokens))
         self.heartbeat_interval = heartbeat_interval
+        # told to agents with the interval: how long a heartbeat call may wait for a replica
+        self._pace = {"interval": heartbeat_interval,
+                      **({} if heartbeat_timeout is None else {"timeout": heartbeat_timeout})}
         self.on_seen = on_seen
         self.on_report: Callable[[str], None] | None = None  # the machine's task report changed
         self.last_seen: dict[str, float] = {}  # machine id -> monotonic time of its last heartbeat
@@ -337,9 +341,9 @@ class AgentService:
         hint = self._hint(mid)
         if tasks is None:
             if digest != self.digests.get(mid):
-                return {"ok": True, "resend": True, "interval": self.heartbeat_interval, **hint}
+                return {"ok": True, "resend": True, **self._pace, **hint}
             self.report_at[mid] = time.time()  # the agent's report is the one kept here, as of now
-            return {"ok": True, "interval": self.heartbeat_interval, **hint}
+            return {"ok": True, **self._pace, **hint}
         report = {(t["job"], t["index"]): t for t in tasks}
         profile = body.get("profile") or {}
         self.counters["heartbeat_reports"] += 1
@@ -353,7 +357,7 @@ class AgentService:
             if self.on_report is not None:
                 self.on_report(mid)
         await self._profile(mid, profile)
-        return {"ok": True, "interval": self.heartbeat_interval, **hint}
+        return {"ok": True, **self._pace, **hint}
 
     async def _profile(self, mid: str, profile: dict) -> None:
         """Record the profile the agent reports applied, when it differs from what etcd has: the

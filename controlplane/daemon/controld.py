@@ -100,7 +100,7 @@ class ControlDaemon:
             self.state.sealer = sealer
         self.agents = AgentService(self.state, store, self.keys, bootstrap_tokens, s.heartbeat_interval,
                                    reboot_grace=s.reboot_grace, max_long_polls=s.max_long_polls,
-                                   max_wait=s.max_long_poll)
+                                   max_wait=s.max_long_poll, heartbeat_timeout=s.heartbeat_timeout)
         self.health = HealthService(self.state, store, self.keys, self.agents.last_seen, s.heartbeat_timeout,
                                     max_txn_ops=s.max_txn_ops)
         self.agents.on_seen = self.health.seen

@@ -292,6 +292,9 @@ class DesiredState(Answer):
 class HeartbeatReply(Answer):
     ok: bool
     interval: float
+    # seconds without a heartbeat before the region fails the machine: the agent gives a replica
+    # that does not answer half of it before trying another
+    timeout: Union[float, msgspec.UnsetType] = msgspec.UNSET
     resend: Union[bool, msgspec.UnsetType] = msgspec.UNSET
     heartbeat_to: Union[str, msgspec.UnsetType] = msgspec.UNSET
 

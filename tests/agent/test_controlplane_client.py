@@ -80,6 +80,9 @@ class FaultServer:
         self.accepted: dict[str, str] = {}  # machine id -> digest of the last full report
         self.refuse_credentials = False
         self.heartbeat_to: object = None  # sent in heartbeat answers when set (the health-checking replica)
+        self.pace: dict = {}  # sent in heartbeat answers: {"interval": s, "timeout": s}
+        self.hang = False  # heartbeats are taken and never answered (a replica stuck, or cut off)
+        self.hung = 0  # heartbeats left unanswered
         self._changed = asyncio.Event()
 
     def app(self) -> web.Application:
@@ -136,6 +139,9 @@ class FaultServer:
         return web.json_response(self.desired)
 
     async def _heartbeat(self, request: web.Request) -> web.Response:
+        if self.hang:
+            self.hung += 1
+            await asyncio.Event().wait()
         machine = self._machine(request)
         if machine is None:
             return self._error(401, "unauthorized", None, "unknown credential")
@@ -151,7 +157,7 @@ class FaultServer:
             return web.json_response({"ok": True, "resend": True})
         self.accepted[machine] = body["digest"]
         hint = {"heartbeat_to": self.heartbeat_to} if self.heartbeat_to is not None else {}
-        return web.json_response({"ok": True, **hint})
+        return web.json_response({"ok": True, **self.pace, **hint})
 
 
 @asynccontextmanager

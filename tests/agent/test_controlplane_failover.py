@@ -15,7 +15,9 @@ import json
 import logging
 import signal
 import sys
+import threading
 import time
+import uuid
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import AsyncIterator
@@ -25,8 +27,9 @@ from aiohttp import web
 
 from agent.cli import _parser
 from agent.config import Labels, load_config
-from agent.controlplane_client import ControlPlaneError, Unavailable
+from agent.controlplane_client import REQUEST_TIMEOUT, ControlPlaneError, Unavailable
 from agent.errors import InputError
+from controlplane.coordination.coordinator import rendezvous
 from tests.agent.agentproc import AgentProc, free_port
 from tests.agent.test_controlplane_client import REPORT, FaultServer, _agent, client_for, serving
 from tests.conftest import TEST_IMAGE
@@ -213,7 +216,7 @@ def test_heartbeats_follow_heartbeat_to_and_go_back_to_the_list_at_once_when_it_
         await client.heartbeat(REPORT)  # refused by h: the same heartbeat goes to a, without an error
         s = client.status()
         assert a.metric("twine_agents_heartbeats_total") == 2 and s["last_heartbeat_ok"] and s["error"] == ""
-        # (until h's lease ends, a's answer still names it: each heartbeat then costs a refused connect)
+        # (until h's lease ends, a's answer still names it: not followed, h failed a moment ago)
         await asyncio.to_thread(wait, lambda: len(a.cluster()["members"]) == 1, 10, "h's membership over")
         await client.heartbeat(REPORT)
         s = client.status()
@@ -250,6 +253,65 @@ def test_a_hint_that_is_no_url_or_the_url_in_use_or_a_downgrade_is_not_followed(
     assert https.heartbeat_to is None
     https._follow("https://b:2")
     assert https.heartbeat_to == "https://b:2"
+
+
+def test_a_replica_that_takes_heartbeats_and_never_answers_is_left_within_half_the_regions_timeout(tmp_path):
+    """A replica that accepts the connection and never answers (stuck, or cut off from this machine
+    alone: it keeps its lease and the machine's health): a heartbeat waits half the region's
+    heartbeat timeout, as its answers say it, not REQUEST_TIMEOUT (10 s), so another replica hears
+    the machine before the region fails it. A hint that failed is not followed again for a while."""
+    timeout = 4.0  # the region's, as the stand-ins say it
+
+    async def scenario():
+        a, b = replicas(2)
+        for r in (a, b):
+            r.pace = {"interval": 0.2, "timeout": timeout}
+        async with serving(a), serving(b):
+            # b names a as the machine's health checker, and a stops answering: a heartbeat sent
+            # there is left after half the timeout and reaches b in the same call, and a is not
+            # asked again meanwhile
+            b.heartbeat_to = a.url
+            client = client_for([b.url, a.url], tmp_path / "hint")
+            assert client._beat_timeout(True) == REQUEST_TIMEOUT, "nothing said yet: the whole timeout"
+            await client.heartbeat(REPORT)
+            assert client.heartbeat_timeout == timeout and client.heartbeat_to == a.url
+            a.hang = True
+            t0, seen = time.monotonic(), len(b.heartbeats)
+            await client.heartbeat(REPORT)  # no error: the list's replica answered it
+            waited = time.monotonic() - t0
+            assert a.hung == 1 and len(b.heartbeats) == seen + 1, (a.hung, len(b.heartbeats))
+            assert timeout / 2 <= waited < timeout, f"waited {waited:.2f}s for the stuck replica"
+            for _ in range(3):  # b still names a: not followed again (HINT_PAUSE)
+                await client.heartbeat(REPORT)
+            assert a.hung == 1 and len(b.heartbeats) == seen + 4 and client.heartbeat_to is None
+            await client.close()
+
+            # a list of two whose first stops answering: the heartbeat ends after half the
+            # timeout, and the next goes to the second
+            b.heartbeat_to, a.hang = None, False
+            client = client_for([a.url, b.url], tmp_path / "list", machine="m2")
+            await client.heartbeat(REPORT)
+            assert client.heartbeat_timeout == timeout and len(a.heartbeats) == 1
+            a.hang = True
+            t0 = time.monotonic()
+            with pytest.raises(TimeoutError):
+                await client.heartbeat(REPORT)
+            waited = time.monotonic() - t0
+            assert a.hung == 2 and client.url == b.url
+            await client.heartbeat(REPORT)
+            assert b.heartbeats[-1]["machine_id"] == "m2" and client.status()["last_heartbeat_ok"]
+            assert timeout / 2 <= waited < timeout, f"waited {waited:.2f}s for the stuck replica"
+            await client.close()
+
+            one = client_for([b.url], tmp_path / "one", machine="m3")  # one URL and no hint: nowhere else to go
+            await one.heartbeat(REPORT)
+            assert one.heartbeat_timeout == timeout and one._beat_timeout(False) == REQUEST_TIMEOUT
+            assert one._beat_timeout(True) == timeout / 2
+            await one.close()
+
+    for d in ("hint", "list", "one"):
+        (tmp_path / d).mkdir()
+    asyncio.run(scenario())
 
 
 # -- the real thing: two twine-controld replicas, one agent process, a real task ---------------
@@ -333,3 +395,107 @@ def test_the_agent_fails_over_to_the_second_replica_without_registering_again_or
         agent.close()
         a.close()
         b.close()
+
+
+class HoldingProxy:
+    """A replica's address in front of it (it advertises this one): every request passes, except,
+    once `hold` is set, the agents' (/v1/agent/...), which are taken and never answered: the
+    replica is cut off from its machines and still a member (its lease, its relays)."""
+
+    def __init__(self, upstream: str):
+        self.upstream, self.port = upstream, free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.hold = False
+        self.held = 0
+        self._ready = threading.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._thread = threading.Thread(target=lambda: asyncio.run(self._serve()), daemon=True)
+
+    def __enter__(self) -> "HoldingProxy":
+        self._thread.start()
+        assert self._ready.wait(10), "the proxy did not start"
+        return self
+
+    def __exit__(self, *exc) -> None:
+        assert self._loop is not None and self._stop is not None
+        self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(10)
+
+    async def _serve(self) -> None:
+        import aiohttp
+
+        self._loop, self._stop = asyncio.get_running_loop(), asyncio.Event()
+        session = aiohttp.ClientSession()
+
+        async def forward(request: web.Request) -> web.StreamResponse:
+            if self.hold and request.path.startswith("/v1/agent/"):
+                self.held += 1
+                await asyncio.Event().wait()
+            headers = {k: v for k, v in request.headers.items() if k.lower() not in ("host", "content-length")}
+            async with session.request(request.method, self.upstream + request.path_qs, headers=headers,
+                                       data=await request.read()) as r:
+                return web.Response(status=r.status, body=await r.read(),
+                                    headers={"Content-Type": r.headers.get("Content-Type", "application/json")})
+
+        app = web.Application(client_max_size=4 << 20)
+        app.router.add_route("*", "/{tail:.*}", forward)
+        runner = web.AppRunner(app, shutdown_timeout=0.1)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", self.port).start()
+        self._ready.set()
+        await self._stop.wait()
+        await runner.cleanup()
+        await session.close()
+
+
+@pytest.mark.docker
+def test_a_machine_cut_off_from_the_replica_that_checks_it_stays_healthy_through_another(
+        tmp_path, etcd_server, docker_client):
+    """Two replicas; the machine's health is checked by `a`, which is then cut off from the agent
+    alone (its proxy takes the agent's calls and never answers; a keeps its lease, and b's relays
+    reach it). The agent leaves a within half the region's heartbeat timeout (3 s) and its
+    heartbeats reach a through b: the machine is never failed. With the whole request timeout
+    (10 s) of before, the agent was still waiting on a when a failed the machine, about 8 s after
+    the cut here."""
+    for d in ("a", "b", "agent"):
+        (tmp_path / d).mkdir()
+    timeout = 3.0
+    a = Controld(tmp_path / "a", etcd_server.port, heartbeat_timeout=timeout)
+    with HoldingProxy(a.url) as proxy:
+        a.extra = ("--heartbeat-interval", "0.3", "--advertise", proxy.url)
+        a.start()
+        b = Controld(tmp_path / "b", etcd_server.port, heartbeat_timeout=timeout, region=a.region,
+                     extra=("--heartbeat-interval", "0.3")).start()
+        agent = None
+        try:
+            wait(lambda: len(a.cluster()["members"]) == 2, 10, "both members")
+            members = a.cluster()["members"]
+            a_id = next(m["id"] for m in members if m["url"] == proxy.url)
+            health = sorted(m["id"] for m in members if "health" in m["roles"])
+            machine = next(mid for mid in (f"test{uuid.uuid4().hex[:20]}" for _ in range(1000))
+                           if rendezvous(health, mid) == a_id)  # a judges this machine
+            agent = ControlPlaneAgent(tmp_path / "agent", machine, [proxy.url, b.url], a.region)
+            agent.start()
+            a.wait_for(f"/v1/machines/{machine}", lambda m: m["healthy"], what="the machine healthy on a")
+            agent.wait_for(lambda s: s["control_plane"]["url"] == proxy.url and s["control_plane"]["last_heartbeat_ok"],
+                           what="heartbeats to a")
+            proxy.hold = True
+            cut = time.monotonic()
+            verdicts = []
+            while time.monotonic() - cut < 3 * timeout:
+                verdicts.append(a.call("GET", f"/v1/machines/{machine}")[1]["healthy"])
+                time.sleep(0.3)
+            s = agent.status()["control_plane"]
+            print(f"{proxy.held} agent calls held at a; the agent now calls {s['url']}; "
+                  f"{b.metric('twine_relay_seen_relayed_total'):.0f} heartbeats relayed by b")
+            assert all(verdicts), f"the machine was failed: {verdicts}"
+            assert proxy.held >= 1 and s["url"] == b.url and s["last_heartbeat_ok"], s
+            assert not [e for e in a.call("GET", "/v1/events")[1]["events"] if e["kind"] == "failure"]
+            assert a.metric("twine_health_failures_total") == 0 and b.metric("twine_health_failures_total") == 0
+            assert b.metric("twine_relay_seen_relayed_total") > 0, "b relayed the heartbeats to a"
+        finally:
+            if agent is not None:
+                agent.close()
+            b.close()
+            a.close()

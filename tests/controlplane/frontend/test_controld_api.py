@@ -125,6 +125,8 @@ def test_registration_long_poll_and_heartbeat_reports(controld):
     status, hb = controld.call("POST", "/v1/agent/heartbeat", {"machine_id": "m1", "digest": "b", "tasks": [
         {"job": "web/api", "index": 0, "spec_version": 1, "state": "running"}]}, token=cred)
     assert status == 200 and hb["ok"]
+    # the pace agents keep: every interval, and the silence after which the machine fails
+    assert (hb["interval"], hb["timeout"]) == (1.0, controld.heartbeat_timeout), hb
     job = controld.wait_for("/v1/jobs/web/api", lambda j: j["tasks"][0]["state"] == "running", what="running")
     assert job["tasks"][0]["discovery"] is True
     status, disc = controld.call("GET", "/v1/discovery/web/api")

@@ -13,7 +13,7 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass
 
-from controlplane.rollouts.record import ACTIVE, HOLDS_OLD, IN_BATCH, MIN_READY, doc_hash, doc_name, label, \
+from controlplane.rollouts.record import ACTIVE, IN_BATCH, MIN_READY, doc_hash, doc_name, holds_source, label, \
     pending, target
 from controlplane.store.records import ON_MACHINE
 
@@ -205,7 +205,7 @@ def reverse(r: dict, machines: dict[str, MachineView] | list[str], why: str, now
         raise ValueError(f"rollout {r['id']} is already {r['state'].replace('_', ' ')}"
                          + (" (a rollback paused: resume it)" if r["state"] == "paused" else ""))
     listed = r["machines"]
-    back = {mid: pending() for mid in machines if mid not in listed or listed[mid]["phase"] not in HOLDS_OLD}
+    back = {mid: pending() for mid in machines if mid not in listed or not holds_source(listed[mid])}
     r.update(state="rolling_back", why=why, machines=back, paused_from=None, updated=now)
 
 
@@ -217,12 +217,13 @@ def pause(r: dict, why: str, now: float) -> None:
 
 def resume(r: dict, now: float) -> None:
     """Go on where it paused; the machines that failed switch again first (their batch goes on:
-    their tasks stopped, the profile applied, the tasks started)."""
+    their tasks stopped, the profile applied, the tasks started). They hold the target already
+    (`on_target`): drained again, they keep it, not switched back under their running tasks."""
     if r["state"] != "paused":
         raise ValueError(f"rollout {r['id']} is {r['state'].replace('_', ' ')}, not paused")
     retried = [mid for mid, m in r["machines"].items() if m["phase"] == "failed"]
     for mid in retried:
-        r["machines"][mid].update(phase="draining", since=now, ready_since=None, why="")
+        r["machines"][mid].update(phase="draining", since=now, ready_since=None, why="", on_target=True)
     if retried and r["batches"]:
         r["batches"][-1].update(ended=None, outcome=None, why="")
     r.update(state=r.get("paused_from") or "rolling", paused_from=None, why="", updated=now)

@@ -55,13 +55,27 @@ def label(doc: dict | None) -> str:
     return doc["name"] + (f"@{doc['hash'][:8]}" if doc.get("hash") else "")
 
 
+def backwards(r: dict) -> bool:
+    """Whether the rollout goes back to the old document: while it rolls back, once it rolled
+    back, and while a rollback is paused (a pause changes no machine's document)."""
+    return r["state"] in ("rolling_back", "rolled_back") or \
+        (r["state"] == "paused" and r.get("paused_from") == "rolling_back")
+
+
 def target(r: dict) -> dict | None:
     """Where the rollout goes: the new document, or the old one while (and once) it rolls back."""
-    return r["from"] if r["state"] in ("rolling_back", "rolled_back") else r["to"]
+    return r["from"] if backwards(r) else r["to"]
 
 
 def source(r: dict) -> dict | None:
-    return r["to"] if r["state"] in ("rolling_back", "rolled_back") else r["from"]
+    return r["to"] if backwards(r) else r["from"]
+
+
+def holds_source(m: dict) -> bool:
+    """Whether a machine of the rollout still holds the source: pending or draining, unless it was
+    switched before (a failed machine an operator's resume drains again: `on_target`; it is not
+    switched back under its running tasks)."""
+    return m["phase"] in HOLDS_OLD and not m.get("on_target")
 
 
 def machine_doc(r: dict, mid: str) -> dict | None:
@@ -70,7 +84,7 @@ def machine_doc(r: dict, mid: str) -> dict | None:
     (from the free pool), gets the target."""
     if r["state"] in ACTIVE:
         m = r["machines"].get(mid)
-        if m is not None and m["phase"] in HOLDS_OLD:
+        if m is not None and holds_source(m):
             return source(r)
     return target(r)
 

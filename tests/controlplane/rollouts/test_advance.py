@@ -161,6 +161,66 @@ def test_without_auto_rollback_a_failed_batch_pauses_and_resume_switches_it_agai
     assert fleet.applied == {"m1": NEW, "m2": NEW}
 
 
+def test_resume_drains_a_failed_machine_again_on_the_profile_it_holds_not_the_old_one():
+    # m1's tasks broke under the new profile (no auto_rollback: paused). Fixed, the rollout resumes:
+    # m1 is drained and its tasks start again under the new profile; it never goes back to the old
+    # one while its tasks run (it did: a retried machine was 'draining', a phase that holds the old)
+    fleet = Fleet({"m1": "msb1", "m2": "msb2"}, {"m1": 1, "m2": 1}, broken={"m1"})
+    r = begin("e", OLD, NEW, list(fleet.msbs), {"auto_rollback": False, "deadline": 20}, 0.0)
+    r, now, _, _ = run(r, fleet, 0.0, lambda r: r["state"] == "paused")
+    assert r["machines"]["m1"]["phase"] == "failed" and fleet.applied["m1"] == NEW
+    fleet.broken.clear()
+    resume(r, now)
+    assert r["machines"]["m1"]["phase"] == "draining" and machine_doc(r, "m1") == NEW
+    held = []
+    r, _, _, _ = run(r, fleet, now, lambda r: held.append(fleet.applied["m1"]) or r["state"] == "done")
+    assert all(doc == NEW for doc in held) and fleet.applied == {"m1": NEW, "m2": NEW}
+    # rolled back from there, m1 goes back like any machine that changed
+    r = begin("e", OLD, NEW, list(fleet.msbs), {"auto_rollback": False, "deadline": 20}, 0.0)
+    fleet.applied, fleet.broken = {"m1": OLD, "m2": OLD}, {"m1"}
+    r, now, _, _ = run(r, fleet, 0.0, lambda r: r["state"] == "paused")
+    resume(r, now)
+    reverse(r, list(fleet.msbs), "rolled back by admin", now)
+    assert sorted(r["machines"]) == ["m1"]
+    r, _, _, _ = run(r, fleet, now, lambda r: r["state"] == "rolled_back")
+    assert fleet.applied == {"m1": OLD, "m2": OLD}
+
+
+@pytest.mark.parametrize("how", ["by an admin", "by a failed rollback batch"])
+def test_a_paused_rollback_changes_no_machines_profile(how):
+    # batch 1 switches m1, batch 2 breaks m2: the rollback takes m1 and m2 back, m3 never changed.
+    # Paused half-way (one machine back on the old profile, one still on the new), every machine
+    # keeps what it holds; resumed, the rollback ends with all three on the old profile. (A paused
+    # rollback's documents were the forward rollout's: the new profile for m3 and the machine
+    # already back, the old for the one still to go back, without its drain.)
+    fleet = Fleet({"m1": "msb1", "m2": "msb2", "m3": "msb3"}, {"m1": 1, "m2": 1, "m3": 1}, broken={"m2"})
+    r = begin("e", OLD, NEW, list(fleet.msbs), {"deadline": 20}, 0.0)
+    r, now, _, _ = run(r, fleet, 0.0, lambda r: r["state"] == "rolling_back")
+    assert sorted(r["machines"]) == ["m1", "m2"]
+    r, now, _, _ = run(r, fleet, now, lambda r: any(b["back"] and b["outcome"] == "done" for b in r["batches"]))
+    back = next(b["machines"] for b in r["batches"] if b["back"] and b["outcome"] == "done")
+    (left,) = [mid for mid in ("m1", "m2") if mid not in back]  # in the next rollback batch, draining
+    assert fleet.applied[left] == NEW and fleet.applied[back[0]] == OLD
+    if how == "by an admin":
+        pause(r, "paused by admin", now)
+    else:  # the agent of the machine left cannot apply the old profile: its rollback batch fails
+        fleet.error[left] = "sysctl vm.swappiness: Read-only file system"
+        r, now, _, _ = run(r, fleet, now, lambda r: r["state"] == "paused")
+        assert r["paused_from"] == "rolling_back" and r["machines"][left]["phase"] == "failed", r["why"]
+        assert fleet.applied[left] == OLD  # asked for the old profile, which its agent failed to apply
+    held = dict(fleet.applied)
+    assert {mid: machine_doc(r, mid) for mid in fleet.msbs} == held, "a pause changes no machine's profile"
+    if how == "by an admin":  # the batch in progress goes on, to the old profile; none begins after it
+        r, now, _, _ = run(r, fleet, now, lambda r: r["batches"][-1]["ended"], limit=60)
+        assert fleet.applied == {"m1": OLD, "m2": OLD, "m3": OLD} and r["state"] == "paused"
+    r2, _ = advance(r, fleet.views(r), now + 100)
+    assert r2 is r
+    fleet.error[left] = ""
+    resume(r, now)
+    r, _, _, _ = run(r, fleet, now, lambda r: r["state"] == "rolled_back")
+    assert fleet.applied == {"m1": OLD, "m2": OLD, "m3": OLD}
+
+
 def test_the_same_error_as_before_the_switch_is_not_this_switchs():
     # a rollback's machine still shows the error of the profile it failed on until its agent
     # reads its new desired state: not a failure of the rollback

@@ -13,7 +13,9 @@ this process first sees it.
 With several replicas, each judges only the machines it owns (coordination.py: rendezvous hashing
 over the members with the health role); heartbeats that reach another replica are relayed to the
 owner (broker/relay.py). A machine a replica comes to own (a member joined or left) gets the same
-grace from that moment: its heartbeats went to the old owner until then.
+grace from that moment: its heartbeats went to the old owner until then. So does every machine when
+the replica joins the members, or joins them again after its lease lapsed (a new lease): while it
+was out of them, nobody relayed it a heartbeat.
 """
 
 from __future__ import annotations
@@ -86,6 +88,10 @@ class HealthService:
         self._members: tuple[str, ...] = ()
         self._owned_key: tuple = ()
         self._adopted: dict[str, float] = {}  # machine -> when this process came to own it
+        # the lease this process last judged under, and when it first did: silence counts from then
+        # at the earliest (a first join that took long, or a lapse, sent no relay here meanwhile)
+        self._lease: object = None
+        self._joined = 0.0
         self._heap: list[tuple[float, str]] = []  # (when to look at it, machine): one live entry a machine
         self._due: dict[str, float] = {}  # machine -> the due time of its live entry
         self._fresh: set[str] = set()  # machines this process came to own, due at once (_own), not in the heap
@@ -132,6 +138,8 @@ class HealthService:
             return True
         if not coord.valid():
             return False
+        if coord.lease != self._lease:  # a member from now on, for the first time or again
+            self._lease, self._joined = coord.lease, now
         members = coord.health_members()
         key = (members, self.state.machines_version)
         if key == self._owned_key:  # nothing changed who owns what: no pass over the region
@@ -236,7 +244,7 @@ class HealthService:
                 continue  # gone, or another member judges it now (it is pushed again if it comes back)
             self.counters["examined"] += 1
             seen = self.last_seen.get(mid)
-            since = max(self.started, self._adopted.get(mid, self.started))
+            since = max(self.started, self._joined, self._adopted.get(mid, self.started))
             if seen is None or seen < since:  # not heard from since this daemon started, or came to own it
                 silent, limit = now - since, self.grace
                 self._unheard.add(mid)

@@ -197,9 +197,10 @@ class Owners:
 
     def __init__(self, me: str, members: tuple[str, ...]):
         self.me, self.members, self.asked = me, members, 0
+        self.lease, self.in_doubt = 1, False
 
     def valid(self) -> bool:
-        return True
+        return not self.in_doubt
 
     def health_members(self) -> tuple[str, ...]:
         return self.members
@@ -397,6 +398,60 @@ def test_a_machine_registered_long_after_the_daemon_started_gets_a_grace_before_
             took = time.monotonic() - seen_at  # not before the grace; the loop's 5 s bound it above
             assert not state.machines["m2"].healthy and took >= 1.5, took
             assert state.machines["m1"].healthy
+        finally:
+            await state.stop()
+            await store.close()
+
+    asyncio.run(body())
+
+
+def test_a_replica_that_joins_late_or_again_after_its_lease_lapsed_gives_its_machines_the_grace(etcd_server):
+    """While a replica is out of the members (its first join took long; its lease lapsed and it
+    joined again with a new one), nobody relays it a heartbeat: the other members judge its
+    machines. Its silence counts from when it joins, with the grace: before, its first pass after
+    a join 12 s late failed every machine it owns not heard directly, and its first pass after a
+    lapse past their deadlines failed every machine it heard only through relays (each part of
+    this test fails on that code). Silent through the grace, a machine still fails."""
+    async def body() -> None:
+        mids = [f"m{i:03d}" for i in range(40)]
+        store, state, health, last_seen = await region(etcd_server.port, mids, timeout=0.5, grace=1.5)
+        health.coordinator = owners = Owners("a", ("a", "b"))
+        mine = [mid for mid in mids if rendezvous(("a", "b"), mid) == "a"]
+
+        def hear(heard) -> None:  # heartbeats, here or relayed, as the agents' endpoint takes them
+            for mid in heard:
+                last_seen[mid] = time.monotonic()
+                health.seen(mid)
+
+        try:
+            assert 5 < len(mine) < len(mids)
+            health.started -= 12  # the API listened 12 s ago; the lease came only now
+            await health.check()
+            assert all(state.machines[mid].healthy for mid in mine), "failed at its first pass after a late join"
+            hear(mids)
+            await health.check()
+
+            owners.in_doubt = True  # its lease lapses: b judges every machine meanwhile
+            await health.check()
+            health.started -= 60  # (the daemon has run long: its start gives no grace)
+            await asyncio.sleep(0.6)  # past every machine's deadline (a timeout), its passes judging none
+            await health.check()
+            lapse = 8.0
+            for mid in mids:  # the last relays it had came before the lapse
+                last_seen[mid] -= lapse
+            owners.in_doubt, owners.lease = False, 2  # a member again, with a new lease
+            back = time.monotonic()
+            await health.check()
+            assert all(state.machines[mid].healthy for mid in mine), "failed at its first pass after the lapse"
+
+            heard = set(mine[: len(mine) // 2])  # relays come again for half of them
+            while time.monotonic() - back < 3.0:
+                hear(heard)
+                await health.check()
+                await asyncio.sleep(0.05)
+            assert all(state.machines[mid].healthy for mid in heard)
+            assert not any(state.machines[mid].healthy for mid in set(mine) - heard), "the grace never ends"
+            assert all(state.machines[mid].healthy for mid in mids if mid not in mine), "b's to judge"
         finally:
             await state.stop()
             await store.close()

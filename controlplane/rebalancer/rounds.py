@@ -65,9 +65,10 @@ async def plan_round(state: RegionState, usage: "RegionUsage | None", entitlemen
 
 
 async def request_moves(state: RegionState, p: "Plan", round_id: str, now: float | None = None) -> int:
-    """Write the plan's moves as requests, each job's in its rebalance record (what it asked before
-    and has not begun is replaced: this round's plan is made from the region as it is now).
-    Returns how many moves were requested."""
+    """Write the plan's moves as requests, each job's in its rebalance record, beside what it asked
+    before and has not begun (the plan left those tasks alone: cooling; the shard leader drops a
+    request whose target no longer has room, and says so in `recent`). Returns how many moves
+    were requested."""
     now = time.time() if now is None else now
     by_job: dict[str, dict[str, dict]] = {}
     for mv in p.moves:
@@ -90,7 +91,7 @@ async def request_moves(state: RegionState, p: "Plan", round_id: str, now: float
                     continue
                 old = state.rebalance.get(h) or {}
                 guards.append(state.guard(key))
-                puts[key] = {"requests": by_job[h], "recent": old.get("recent") or {}}
+                puts[key] = {"requests": {**(old.get("requests") or {}), **by_job[h]}, "recent": old.get("recent") or {}}
             try:
                 await state.write(guards, puts, deletes)
                 break

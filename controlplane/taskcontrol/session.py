@@ -101,6 +101,7 @@ class TaskControlSession:
         self._last_sent: tuple = ()  # (ops asked, tasks said down, notices) in the last call
         # completions sent in a call (still out, or whose answer failed): not a reason to call again
         self._told_completed: set[str] = set()
+        self._out: list[dict] = []  # the completions of the call out now
         self._last_call_at = 0.0
         self._task: asyncio.Task | None = None
         self._again = False
@@ -108,6 +109,12 @@ class TaskControlSession:
         self.withdrawn = 0  # approvals withdrawn because a task went down after them
 
     # -- driven by the scheduler, once per pass ------------------------------------------------
+
+    def unreported(self) -> list[dict]:
+        """The completions the controller has not heard of in an answered call yet (in the call
+        out now, or waiting for the next): kept in etcd with the operations in flight, so that a
+        new leader tells it (Sessions.in_flight_record)."""
+        return [*self._out, *self.completed]
 
     def observe(self, tasks: Mapping[int, TaskRec]) -> None:
         """At the start of a pass: in-flight operations that finished become completions."""
@@ -232,6 +239,7 @@ class TaskControlSession:
     async def _call_once(self) -> None:
         self.seq = max(self.seq + 1, (self.epoch() << 20) if self.epoch is not None else 0)
         completed, self.completed = self.completed, []
+        self._out = completed
         # pending as of the last pass, less what an answer approved since (a call queued while the
         # previous one was out must not ask again: the controller would take an approved op for one
         # the scheduler dropped, and could approve a conflicting one next to it)
@@ -258,6 +266,7 @@ class TaskControlSession:
                 self.on_refused(refused.strerror)
         if self.round_trip is not None:
             self.round_trip(time.monotonic() - sent, not error)
+        self._out = []
         if error:
             self.completed = completed + self.completed  # not heard: say it again next call
         else:

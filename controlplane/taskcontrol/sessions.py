@@ -4,7 +4,10 @@ when the job names one, replaced when its URL changes, dropped when it names non
 What a new leader must know to go on where the last one stopped: the operations the controller
 approved and that were started but not yet reported completed. They are written to etcd with the
 commit that starts them (`in_flight_record`), and a session made by the next leader (or by this
-daemon after a restart) takes them back, so the controller hears of their completion.
+daemon after a restart) takes them back, so the controller hears of their completion. So are the
+completions the controller has not yet heard of in an answered call when a commit writes that
+record (the operations it no longer lists): a new leader reports them again (a controller takes a
+completion it already had as nothing: the SDK's does).
 """
 
 from __future__ import annotations
@@ -104,10 +107,13 @@ class Sessions:
                 on_refused=lambda why, h=job.handle, u=job.controller: self.refused(h, u, why))
             # operations a previous leader (or this daemon before a restart) started: the controller
             # approved them and waits to hear they completed
-            for d in (self.state.taskcontrol.get(job.handle) or {}).get("in_flight", []):
+            record = self.state.taskcontrol.get(job.handle) or {}
+            for d in record.get("in_flight", []):
                 op = Op(d["kind"], d["index"], d.get("reason", ""), d["id"], d.get("machine"), d.get("cause", ""),
                         d.get("version"))
                 s.in_flight[op.id] = op
+            # and those whose completion it may not have heard of: it is told (again) at the first call
+            s.completed.extend(d for d in record.get("completed", []) if isinstance(d, dict) and "id" in d)
             s.sealed_token = job.controller_token
         return s
 
@@ -155,9 +161,11 @@ class Sessions:
             return {}
         by_id = {op.id: op for op in plan.ops}
         ops = {**session.in_flight, **{i: by_id[i] for i in started if i in by_id}}
-        record = {"in_flight": [{"id": op.id, "kind": op.kind, "index": op.index, "reason": op.reason,
-                                 "machine": op.machine, "cause": op.cause, "version": op.version}
-                                for _, op in sorted(ops.items())]}
+        record: dict = {"in_flight": [{"id": op.id, "kind": op.kind, "index": op.index, "reason": op.reason,
+                                       "machine": op.machine, "cause": op.cause, "version": op.version}
+                                      for _, op in sorted(ops.items())]}
+        if unreported := session.unreported():
+            record["completed"] = unreported
         if record == (self.state.taskcontrol.get(handle) or {"in_flight": []}):
             return {}
         return {self.keys.taskcontrol(handle): record}

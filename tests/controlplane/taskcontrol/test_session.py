@@ -6,17 +6,21 @@ from __future__ import annotations
 import asyncio
 import inspect
 import socket
+from types import SimpleNamespace
 from typing import Any, Callable
 
 import aiohttp
 import pytest
 from aiohttp import web
 
-from controlplane.store.records import TaskRec
+from controlplane.store.keys import Keys
+from controlplane.store.records import JobRec, TaskRec
+from controlplane.store.state import RegionState
 from controlplane.scheduler.reconcile import Op
 from controlplane.taskcontrol.controllers.leader_last import LeaderLast
 from controlplane.taskcontrol.sdk import TaskController, serve
 from controlplane.taskcontrol.session import TaskControlSession, done, op_json, unhealthy
+from controlplane.taskcontrol.sessions import Sessions
 
 H = "ent/zk"
 SPEC = {"image": "twine/busybox:1", "command": [], "env": {}, "cpus": 0.5, "memory_mb": 64, "pids": 256,
@@ -510,5 +514,55 @@ def test_an_approval_is_withdrawn_when_a_task_went_down_after_it_and_asked_again
             tasks[1] = task(1)
             assert sched.s.withdraw_stale(tasks, 2)
             assert "restart/1/v2" not in sched.s.approved and sched.s.withdrawn == 2
+
+    run(body())
+
+
+def test_a_completion_the_controller_has_not_heard_of_is_kept_for_the_next_leader():
+    """An operation completes; the call that reports it is out when a commit of the same job
+    writes its TaskControl record, without the operation (no longer in flight); the leader dies
+    before the answer. The record keeps the completion, and the next leader's session reports it:
+    else nobody would, and a controller like the SDK's keeps the operation in flight for ever
+    (one that waits for its ops to complete, as leader_last, never acks again)."""
+    op = restart(0)
+    keys = Keys("tc")
+
+    async def body():
+        completions = []
+
+        def reply(b: dict):
+            if b["completed"]:
+                completions.append(b["completed"])
+                if len(completions) == 1:  # the first leader's report: never answered
+                    return asyncio.sleep(30, web.json_response({"ack": []}))
+            return web.json_response({"ack": [o["id"] for o in b["request"]]})
+
+        async with Stub(reply) as stub, aiohttp.ClientSession() as http:
+            job = JobRec("ent", "zk", 2, SPEC, controller=stub.url)
+            first = Sessions(RegionState(None, keys), keys)
+            first.http = lambda handle: http
+            s = first.of(job)
+            s.offer([op], [], [])
+            await until(lambda: s.approved == {op.id})
+            s.started([op.id], [op])
+            first.state.taskcontrol.update(
+                {H: first.in_flight_record(H, s, SimpleNamespace(ops=[op]), [op.id])[keys.taskcontrol(H)]})
+            s.observe({0: task(0, v=2), 1: task(1)})  # done
+            s.offer([], [], [])
+            await until(lambda: completions)  # the report is out
+            record = first.in_flight_record(H, s, SimpleNamespace(ops=[]), [])[keys.taskcontrol(H)]
+            assert record["in_flight"] == [] and [c["id"] for c in record.get("completed", [])] == [op.id], record
+            await first.close()  # the leader is gone before the answer
+
+            second = Sessions(RegionState(None, keys), keys)
+            second.http = lambda handle: http
+            second.state.taskcontrol[H] = record
+            s2 = second.of(job)
+            s2.offer([], [], [])
+            await until(lambda: len(completions) == 2)
+            await until(lambda: s2.status["ok"])
+            assert [c["id"] for c in completions[1]] == [op.id] and completions[1][0]["outcome"] == "done"
+            assert "completed" not in second.in_flight_record(H, s2, SimpleNamespace(ops=[]), [])[keys.taskcontrol(H)]
+            await second.close()
 
     run(body())

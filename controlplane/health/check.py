@@ -13,9 +13,9 @@ this process first sees it.
 With several replicas, each judges only the machines it owns (coordination.py: rendezvous hashing
 over the members with the health role); heartbeats that reach another replica are relayed to the
 owner (broker/relay.py). A machine a replica comes to own (a member joined or left) gets the same
-grace from that moment: its heartbeats went to the old owner until then. So does every machine when
-the replica joins the members, or joins them again after its lease lapsed (a new lease): while it
-was out of them, nobody relayed it a heartbeat.
+grace from that moment: its heartbeats went to the old owner until then. So does every machine not
+heard from when the replica joins the members, and every machine when it joins them again after
+its lease lapsed (a new lease): while it was out of them, nobody relayed it a heartbeat.
 """
 
 from __future__ import annotations
@@ -88,10 +88,12 @@ class HealthService:
         self._members: tuple[str, ...] = ()
         self._owned_key: tuple = ()
         self._adopted: dict[str, float] = {}  # machine -> when this process came to own it
-        # the lease this process last judged under, and when it first did: silence counts from then
-        # at the earliest (a first join that took long, or a lapse, sent no relay here meanwhile)
+        # the lease this process last judged under; when it first joined the members (a machine
+        # never heard from is silent since then at the earliest: no relay came here before), and
+        # when it last joined them again after its lease lapsed (every machine's silence counts
+        # from then at the earliest: no relay came here meanwhile)
         self._lease: object = None
-        self._joined = 0.0
+        self._joined = self._rejoined = 0.0
         self._heap: list[tuple[float, str]] = []  # (when to look at it, machine): one live entry a machine
         self._due: dict[str, float] = {}  # machine -> the due time of its live entry
         self._fresh: set[str] = set()  # machines this process came to own, due at once (_own), not in the heap
@@ -139,7 +141,11 @@ class HealthService:
         if not coord.valid():
             return False
         if coord.lease != self._lease:  # a member from now on, for the first time or again
-            self._lease, self._joined = coord.lease, now
+            if self._lease is None:
+                self._joined = now
+            else:
+                self._rejoined = now
+            self._lease = coord.lease
         members = coord.health_members()
         key = (members, self.state.machines_version)
         if key == self._owned_key:  # nothing changed who owns what: no pass over the region
@@ -244,7 +250,8 @@ class HealthService:
                 continue  # gone, or another member judges it now (it is pushed again if it comes back)
             self.counters["examined"] += 1
             seen = self.last_seen.get(mid)
-            since = max(self.started, self._joined, self._adopted.get(mid, self.started))
+            since = max(self.started, self._rejoined, self._adopted.get(mid, self.started),
+                        self._joined if seen is None else 0.0)
             if seen is None or seen < since:  # not heard from since this daemon started, or came to own it
                 silent, limit = now - since, self.grace
                 self._unheard.add(mid)

@@ -3,7 +3,9 @@
 An agent heartbeats to one twine-controld process; the heartbeat's two uses live elsewhere:
 - *liveness* matters to the machine's health owner (coordination.py, rendezvous hashing): a
   heartbeat that reaches another process is relayed to the owner, and the answer tells the agent
-  the owner's URL (`heartbeat_to`), so that it heartbeats there next and relays stay rare;
+  the owner's URL (`heartbeat_to`), so that it heartbeats there next and relays stay rare; while
+  this process's lease is in doubt, its own machines' heartbeats go to the member that takes them
+  over too (Coordinator.stand_in);
 - the *task report* (and a desired-state error) matters to every shard leader with a task on the
   machine: a report that changed is sent to every other member, and a member that joins gets every
   report this process holds. A member whose key lapsed and came back as the same process (its
@@ -67,6 +69,10 @@ class Relay:
     def heard(self, mid: str) -> None:
         coord = self.coordinator
         owner = coord.owner_of(mid) if coord else None
+        if coord is not None and owner == coord.id and not coord.valid():
+            # this process may be out of the members already: the one that took the machine over
+            # hears of the heartbeat too (else the agent, still answered here, is failed there)
+            owner = coord.stand_in(mid)
         if owner is not None and owner != coord.id:
             self.seen.setdefault(owner, set()).add(mid)
 

@@ -148,6 +148,7 @@ class Coordinator:
         self.counters = {"elections_won": 0, "depositions": 0, "lease_renewals": 0, "lease_failures": 0,
                          "lease_answers_awaited_late": 0, "handovers": 0}
         self._health_members: tuple[int, tuple[str, ...]] = (-1, ())
+        self._others: tuple[tuple[str, ...], tuple[str, ...]] = ((), ())  # health members, and they less this one
         self.closing = False
 
     # -- queries -----------------------------------------------------------------------------
@@ -172,6 +173,15 @@ class Coordinator:
     def owner_of(self, machine_id: str) -> str | None:
         """The member that judges this machine's health (None: no member has the health role)."""
         return rendezvous(self.health_members(), machine_id)
+
+    def stand_in(self, machine_id: str) -> str | None:
+        """The member that judges the machine once this process is out of the members: while its
+        lease is in doubt the others may have taken its machines over already, and its own view of
+        the members may be stale (cut off from etcd, its watch stalls and still shows it)."""
+        members = self.health_members()
+        if self._others[0] != members:
+            self._others = (members, tuple(m for m in members if m != self.id))
+        return rendezvous(self._others[1], machine_id)
 
     def owns(self, machine_id: str) -> bool:
         return "health" in self.roles and self.owner_of(machine_id) == self.id

@@ -44,6 +44,12 @@ USAGE_EVERY = 1.0  # seconds between two usage partials to each member
 GONE_FOR = 5  # lease TTLs a member's key may be gone with reports still queued for it
 
 
+def _said(task: asyncio.Task) -> None:
+    """A relay's end: what _send does not expect is logged, not left unread."""
+    if not task.cancelled() and task.exception() is not None:
+        log.error("relay failed", exc_info=task.exception())
+
+
 class Relay:
     def __init__(self, state: "RegionState", agents: "AgentService", health: "HealthService",
                  coordinator: "Coordinator", http: Callable[[], aiohttp.ClientSession], token: str,
@@ -126,17 +132,30 @@ class Relay:
     # -- sending -----------------------------------------------------------------------------
 
     async def run(self) -> None:
-        while True:
-            await asyncio.sleep(self.interval)
-            self._greet_new_members()
-            peers = (set(self.seen) | set(self.reports)) - set(self._gone)  # queued until back
-            usage = None
-            if self.usage is not None and time.monotonic() - self._usage_sent >= self.usage_every:
-                self._usage_sent = time.monotonic()
-                usage = self.usage.partial()
-                peers |= self._members - {self.coordinator.id if self.coordinator else None}
-            if peers:
-                await asyncio.gather(*(self._send(p, usage) for p in sorted(peers)))
+        """Every interval, a relay to each peer with something for it. A peer whose last relay is
+        still out is passed over (what it is owed waits for the next): one that takes the
+        connection and does not answer held every peer's relays for its 2 s timeout, its machines'
+        owners hearing of their heartbeats 2 s late."""
+        out: dict[str, asyncio.Task] = {}
+        try:
+            while True:
+                await asyncio.sleep(self.interval)
+                self._greet_new_members()
+                peers = (set(self.seen) | set(self.reports)) - set(self._gone)  # queued until back
+                usage = None
+                if self.usage is not None and time.monotonic() - self._usage_sent >= self.usage_every:
+                    self._usage_sent = time.monotonic()
+                    usage = self.usage.partial()
+                    peers |= self._members - {self.coordinator.id if self.coordinator else None}
+                for p in sorted(peers):
+                    if p not in out or out[p].done():
+                        out[p] = asyncio.create_task(self._send(p, usage))
+                        out[p].add_done_callback(_said)
+                for p in [p for p, t in out.items() if t.done() and p not in peers]:
+                    del out[p]
+        finally:
+            for t in out.values():
+                t.cancel()
 
     def _greet_new_members(self) -> None:
         """A member never seen, or a new process under a known id, gets every report this process

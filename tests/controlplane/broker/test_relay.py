@@ -49,3 +49,66 @@ def test_while_its_lease_is_in_doubt_a_replica_relays_its_own_machines_heartbeat
         owner = rendezvous(("a", "c"), mid)
         assert mid in relay.seen[owner], (mid, owner)
     assert "b" not in relay.seen
+
+
+def test_a_peer_that_takes_relays_and_never_answers_does_not_hold_the_others():
+    """b takes the connection and never answers; c answers. c hears of its machines' heartbeats
+    every relay interval all the same: each round waited for every send, b's for its 2 s timeout,
+    so c heard every 2 s or so (beside an agent's own wait on a stuck replica, past the heartbeat
+    timeout)."""
+    import asyncio
+    from types import SimpleNamespace
+
+    import aiohttp
+    from aiohttp import web
+
+    async def body() -> None:
+        arrivals: list[float] = []
+
+        async def hang(request: web.Request) -> web.Response:
+            await asyncio.Event().wait()
+            return web.json_response({"ok": True})
+
+        async def take(request: web.Request) -> web.Response:
+            if (await request.json())["seen"]:
+                arrivals.append(time.monotonic())
+            return web.json_response({"ok": True})
+
+        runners, urls = [], {}
+        for name, handler in (("b", hang), ("c", take)):
+            app = web.Application()
+            app.router.add_post("/v1/internal/relay", handler)
+            runner = web.AppRunner(app, shutdown_timeout=0.1)
+            await runner.setup()
+            site = web.TCPSite(runner, "127.0.0.1", 0)
+            await site.start()
+            runners.append(runner)
+            urls[name] = f"http://127.0.0.1:{runner.addresses[0][1]}"
+        keys = Keys("relay2")
+        state = RegionState(None, keys)
+        for rev, (mid, url) in enumerate((("a", "http://a"), ("b", urls["b"]), ("c", urls["c"])), 1):
+            state._take(keys.member(mid), encode({"id": mid, "url": url, "roles": ["health"]}), rev)  # noqa: SLF001
+        coord = Coordinator(None, keys, state, "http://a", ("health",), (), _nothing, _nothing, ttl=2, member_id="a")
+        coord.lease, coord.valid_until = 7, time.monotonic() + 60
+        agents = SimpleNamespace(reports={}, errors={}, report_at={})
+        async with aiohttp.ClientSession() as http:
+            relay = Relay(state, agents, None, coord, lambda: http, "token", interval=0.2)
+            machines = [f"m{i:03d}" for i in range(60)]
+            to_b = [m for m in machines if rendezvous(("a", "b", "c"), m) == "b"]
+            to_c = [m for m in machines if rendezvous(("a", "b", "c"), m) == "c"]
+            assert to_b and to_c
+            running = asyncio.create_task(relay.run())
+            began = time.monotonic()
+            while time.monotonic() - began < 4.0:
+                for m in to_b + to_c:
+                    relay.heard(m)
+                await asyncio.sleep(0.1)
+            running.cancel()
+            await asyncio.gather(running, return_exceptions=True)
+        for runner in runners:
+            await runner.cleanup()
+        gaps = [b - a for a, b in zip(arrivals, arrivals[1:])]
+        print(f"{len(arrivals)} relays reached c in 4 s; longest gap {max(gaps):.2f} s; to b: {relay.counters['failures']} failed")
+        assert len(arrivals) >= 10 and max(gaps) < 1.0, (len(arrivals), gaps)
+
+    asyncio.run(body())

@@ -16,7 +16,7 @@ import time
 from typing import TYPE_CHECKING
 
 from controlplane.rebalancer.view import Region, region
-from controlplane.scheduler.moverecords import cooling
+from controlplane.scheduler.moverecords import cooling, moves_of
 from controlplane.store import Conflict
 from controlplane.store.state import RegionState
 
@@ -65,10 +65,11 @@ async def plan_round(state: RegionState, usage: "RegionUsage | None", entitlemen
 
 
 async def request_moves(state: RegionState, p: "Plan", round_id: str, now: float | None = None) -> int:
-    """Write the plan's moves as requests, each job's in its rebalance record, beside what it asked
-    before and has not begun (the plan left those tasks alone: cooling; the shard leader drops a
-    request whose target no longer has room, and says so in `recent`). Returns how many moves
-    were requested."""
+    """Write the plan's moves as requests, each job's in its rebalance record. What the job was
+    asked before and has not begun is replaced (this round's plan was made without it: those tasks
+    were left where they are, their targets' room counted as free), and each replaced request
+    goes to `recent` as superseded, so it is seen and the task cools down like one dropped.
+    Returns how many moves were requested."""
     now = time.time() if now is None else now
     by_job: dict[str, dict[str, dict]] = {}
     for mv in p.moves:
@@ -91,7 +92,12 @@ async def request_moves(state: RegionState, p: "Plan", round_id: str, now: float
                     continue
                 old = state.rebalance.get(h) or {}
                 guards.append(state.guard(key))
-                puts[key] = {"requests": {**(old.get("requests") or {}), **by_job[h]}, "recent": old.get("recent") or {}}
+                recent = dict(old.get("recent") or {})
+                for i, req in moves_of(old).items():
+                    if str(i) not in by_job[h]:
+                        recent[str(i)] = {"at": now, "target": req["target"],
+                                          "outcome": f"superseded: round {round_id} planned without it"}
+                puts[key] = {"requests": by_job[h], "recent": recent}
             try:
                 await state.write(guards, puts, deletes)
                 break

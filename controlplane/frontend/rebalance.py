@@ -6,7 +6,6 @@ leaders carry out (controlplane/rebalancer/rounds.py, scheduler/moves.py)."""
 from __future__ import annotations
 
 import asyncio
-import importlib
 import time
 
 import aiohttp
@@ -15,7 +14,7 @@ from aiohttp import web
 from controlplane.frontend import schema as S
 from controlplane.frontend.body import body, query_entitlement, reply
 from controlplane.frontend.services import Shards
-from controlplane.rebalancer.rounds import enabled, plan_round, request_moves
+from controlplane.rebalancer.rounds import enabled, load_planner, plan_round, request_moves
 from controlplane.scheduler.moves import move_id
 from controlplane.scheduler.ops import Op
 from controlplane.store import Conflict
@@ -68,7 +67,7 @@ class Rebalance:
 
     async def _plan(self, ent: str | None):
         try:
-            importlib.import_module("controlplane.rebalancer.plan")  # OR-Tools: loaded at the first plan
+            await load_planner()  # OR-Tools: loaded at the first plan, off the event loop
         except ImportError as e:
             raise ApiError("unavailable", None, f"the ReBalancer needs OR-Tools ({e}): install twine with its "
                            "rebalancer extra (pip install 'twine[rebalancer]')") from None

@@ -11,8 +11,10 @@ tried, within the cool-down, and tasks with a request not yet begun, are left al
 from __future__ import annotations
 
 import asyncio
+import importlib
 import logging
 import time
+from types import ModuleType
 from typing import TYPE_CHECKING
 
 from controlplane.rebalancer.view import Region, region
@@ -53,11 +55,18 @@ async def measured_for(usage: "RegionUsage | None", entitlements: set[str] | Non
     return {key: t.cpu_avg_m for key, t in (await usage.tasks(entitlements=entitlements)).items()}
 
 
+async def load_planner() -> ModuleType:
+    """controlplane.rebalancer.plan, imported in a thread: OR-Tools and what it imports (pandas
+    among them) take about a second to load, which on the event loop held the lease's keep-alives
+    (a fresh controld's first plan lost it its shard's leadership: the loop held 1.22 s)."""
+    return await asyncio.to_thread(importlib.import_module, "controlplane.rebalancer.plan")
+
+
 async def plan_round(state: RegionState, usage: "RegionUsage | None", entitlements: set[str] | None = None,
                      now: float | None = None) -> "Plan":
     """A round's plan: the tasks' figures gathered first, then the view taken on the event loop at
     once (the region's records change under it otherwise), solved in a thread meanwhile."""
-    from controlplane.rebalancer.plan import plan  # OR-Tools: loaded at the first plan, not at start
+    plan = (await load_planner()).plan  # OR-Tools: loaded at the first plan, not at start
     now = time.time() if now is None else now
     measured = await measured_for(usage, entitlements)
     view = view_for(state, usage, entitlements, now, measured)

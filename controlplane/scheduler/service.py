@@ -334,6 +334,10 @@ class Scheduler:
             self.messages.pop(handle, None)
             self.demand.pop(handle, None)
             rev = await self.writer.commit_placement(job, placement, plan.place, destructive=plan.destructive, extra=tc)
+        elif tc and session is not None and not session.unreported():
+            # the controller heard of every completion: the record forgets the operations a next
+            # leader would tell it of again (it lists them until then, in flight or kept)
+            rev = await self.writer.commit(job, [], extra=tc)
         else:
             if self._idle(seen, plan):
                 self.busy.discard(handle)

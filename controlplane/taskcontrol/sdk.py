@@ -141,7 +141,8 @@ class TaskController:
         request = parse_request(body)
         with self._lock:
             # completions are facts, whatever the call's age: a stale call's are taken too (the
-            # scheduler sends each once; dropped here, its op would stay in flight for ever)
+            # scheduler sends each once, or again after a change of leader that came before the
+            # answer: one not in flight here is nothing; dropped here, its op would stay in flight)
             for op in request.completed:  # done, or cancelled before it ran
                 if self.in_flight.pop(op.id, None) is not None:
                     self.completed += 1

@@ -7,7 +7,9 @@ commit that starts them (`in_flight_record`), and a session made by the next lea
 daemon after a restart) takes them back, so the controller hears of their completion. So are the
 completions the controller has not yet heard of in an answered call when a commit writes that
 record (the operations it no longer lists): a new leader reports them again (a controller takes a
-completion it already had as nothing: the SDK's does).
+completion it already had as nothing: the SDK's does). Once an answered call told the controller
+of every completion, the job's next pass writes the record without them, commit or not (before, an
+update's last operation stayed listed in flight, to be reported again by every later leader).
 """
 
 from __future__ import annotations

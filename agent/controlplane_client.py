@@ -36,6 +36,7 @@ CONNECT_TIMEOUT = 3.0  # a replica that does not accept the connection by then i
 FAILOVER_STATUS = (502, 503, 504)  # a proxy's or a replica's "not now": another replica may answer
 DEBOUNCE = 0.05  # a burst of changes becomes one heartbeat
 HINT_PAUSE = 30.0  # seconds a heartbeat_to that failed is not followed again (the list's replica relays)
+MIN_BEAT_WAIT = 2.0  # seconds a heartbeat waits for an answer at least (a busy replica is not a stuck one)
 BACKOFF_MIN, BACKOFF_MAX = 0.2, 5.0
 
 
@@ -149,7 +150,7 @@ class ControlPlaneClient:
         self.desired_from = ""  # the URL that sent the last desired state
         self._logged: set[str] = set()  # failures logged since the last answer: an outage logs each once
         self._bad_hint = ""  # the last heartbeat_to ignored (logged once)
-        self._failed_hint: tuple[str, float] = ("", 0.0)  # the last replica that failed to answer, and when
+        self._unanswered: dict[str, float] = {}  # replicas that failed to answer -> when (monotonic)
         self._session: aiohttp.ClientSession | None = None
         self._register_lock = asyncio.Lock()
         self._poke = asyncio.Event()
@@ -239,7 +240,7 @@ class ControlPlaneClient:
 
     def _fail_over(self, url: str, e: BaseException) -> None:
         """`url` did not answer: leave it, unless a concurrent call has left it already."""
-        self._failed_hint = (url, time.monotonic())  # not followed as a hint for a while either
+        self._unanswered[url] = time.monotonic()  # not followed as a hint for a while either
         if url == self.heartbeat_to:
             self.heartbeat_to = None
             log.warning("heartbeat replica %s failed (%s); heartbeats go to %s again (for %.0f s at least)",
@@ -354,11 +355,11 @@ class ControlPlaneClient:
     def _beat_timeout(self, hinted: bool) -> float:
         """How long a heartbeat call waits for its answer: half the region's heartbeat timeout when
         another replica could answer instead (the list's, after a hint; the next of a list of
-        several), never under the heartbeat interval; else REQUEST_TIMEOUT (with nowhere else to
-        go, a late answer is still the best there is)."""
+        several), never under the heartbeat interval nor MIN_BEAT_WAIT; else REQUEST_TIMEOUT (with
+        nowhere else to go, a late answer is still the best there is)."""
         if self.heartbeat_timeout is None or not (hinted or len(self.urls) > 1):
             return REQUEST_TIMEOUT
-        return min(REQUEST_TIMEOUT, max(self.interval, self.heartbeat_timeout / 2))
+        return min(REQUEST_TIMEOUT, max(self.interval, MIN_BEAT_WAIT, self.heartbeat_timeout / 2))
 
     def _follow(self, hint: object) -> None:
         """The heartbeat answer's `heartbeat_to`, when present: where the following heartbeats go."""
@@ -372,8 +373,7 @@ class ControlPlaneClient:
                 log.warning("ignoring heartbeat_to %r: not an http(s) URL, or a downgrade from https", hint)
             return
         target = None if hint.rstrip("/") == self.url else hint.rstrip("/")
-        failed, when = self._failed_hint
-        if target is not None and target == failed and time.monotonic() - when < HINT_PAUSE:
+        if target is not None and time.monotonic() - self._unanswered.get(target, -HINT_PAUSE) < HINT_PAUSE:
             return  # it failed a moment ago: the list's replica relays meanwhile
         if target != self.heartbeat_to:
             log.info("heartbeats go to %s (the replica that checks this machine's health)", target or self.url)

@@ -454,13 +454,13 @@ def test_a_machine_cut_off_from_the_replica_that_checks_it_stays_healthy_through
         tmp_path, etcd_server, docker_client):
     """Two replicas; the machine's health is checked by `a`, which is then cut off from the agent
     alone (its proxy takes the agent's calls and never answers; a keeps its lease, and b's relays
-    reach it). The agent leaves a within half the region's heartbeat timeout (3 s) and its
+    reach it). The agent leaves a within half the region's heartbeat timeout (4 s) and its
     heartbeats reach a through b: the machine is never failed. With the whole request timeout
     (10 s) of before, the agent was still waiting on a when a failed the machine, about 8 s after
     the cut here."""
     for d in ("a", "b", "agent"):
         (tmp_path / d).mkdir()
-    timeout = 3.0
+    timeout = 4.0
     a = Controld(tmp_path / "a", etcd_server.port, heartbeat_timeout=timeout)
     with HoldingProxy(a.url) as proxy:
         a.extra = ("--heartbeat-interval", "0.3", "--advertise", proxy.url)

@@ -6,7 +6,7 @@ batches instead of all at once.
     {"id", "entitlement", "from": DOC | null, "to": DOC | null,
      "state": rolling | paused | rolling_back | done | rolled_back, "why",
      "policy": {"max_unavailable", "auto_rollback", "deadline"},
-     "machines": {"<id>": {"phase", "batch", "since", "ready_since", "why", "tasks"}},
+     "machines": {"<id>": {"phase", "batch", "since", "ready_since", "why", "tasks"[, "requeued", "on_target"]}},
      "batches": [{"n", "machines", "began", "ended", "outcome", "why", "back"}],
      "rejected": "<hash>" | null, "created", "updated"}
 
@@ -21,8 +21,10 @@ for MIN_READY seconds, and their agent reports each steady: seen running 5 s aft
 started); or failed (the agent could not apply it, the machine went down during or after its
 switch, or its tasks did not run within the deadline). A machine that goes down while it drains
 goes back to pending, on the old profile, and takes its turn again (advance.py REQUEUES). A
-rollback runs the same phases towards the old profile for the machines that changed (`back`
-batches); the others never change.
+failed machine an operator's resume drains again keeps the target it holds (`on_target`), not
+switched back under its running tasks. A rollback runs the same phases towards the old profile for
+the machines that changed (`back` batches); the others never change, and a paused rollback changes
+no machine's profile (its direction is `paused_from`'s: backwards()).
 """
 
 from __future__ import annotations

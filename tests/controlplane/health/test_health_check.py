@@ -293,6 +293,37 @@ def test_owners_are_computed_in_slices_that_let_the_loop_run_and_a_new_machine_c
     assert health._owned == want  # noqa: SLF001
 
 
+def test_a_lease_in_doubt_during_a_full_pass_keeps_the_owners_it_computed():
+    """At a million machines, four processes on two cores, a full pass took longer than the time
+    between two moments the 2 s lease was in doubt (a held loop, a collection). Thrown away at
+    each, it never ended: every process computed owners without end, and that work held its loop
+    into the next lapse (bench_region_scale: ~300 leaderships ended a process in 13 minutes, no
+    phase reached). The pass judges nobody while the lease is in doubt, but who owns what among
+    unchanged members stands, and the next pass does not compute it again."""
+    keys = Keys("own")
+    state = RegionState(None, keys)
+    n = 3 * OWNERS_SLICE + 5
+    for i in range(n):
+        rec = MachineRec(f"m{i:06d}", f"m{i:06d}", {"region": "own"}, {"cpus": 4, "memory_mb": 4096})
+        state._take(keys.machine(rec.id), encode(rec.to_json()), i + 1)  # noqa: SLF001 - the watch's path
+    health = HealthService(state, None, keys, {}, timeout=5.0)
+    health.coordinator = owners = Owners("a", ("a", "b", "c"))
+    want = {mid for mid in state.machines if rendezvous(("a", "b", "c"), mid) == "a"}
+
+    async def doubted_meanwhile() -> bool:
+        task = asyncio.create_task(health._refresh_owned(time.monotonic()))  # noqa: SLF001
+        await asyncio.sleep(0)
+        owners.in_doubt = True  # a keep-alive late while the pass runs
+        return await task
+
+    assert asyncio.run(doubted_meanwhile()) is False, "nobody is judged while the lease is in doubt"
+    assert health._owned == want and owners.asked == n  # noqa: SLF001
+    owners.in_doubt = False
+    assert asyncio.run(health._refresh_owned(time.monotonic()))  # noqa: SLF001
+    assert owners.asked == n, "the owners are not computed again"
+    assert health._owned == want  # noqa: SLF001
+
+
 def test_machines_a_process_comes_to_own_at_once_cost_no_object_each_and_are_all_looked_at_next():
     """At a million machines a process came to own a third of them at once, and putting each in
     its heap of deadlines (a tuple each, and a push) held the loop for 1.2-1.8 s in one turn: the

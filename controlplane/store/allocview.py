@@ -7,13 +7,18 @@ from controlplane.allocator import Entitlement, Machine, PlacedTask, SpreadPolic
 from controlplane.store.records import EntitlementRec, MachineRec, TaskRec
 
 
+_CORES: dict[float, float] = {}  # each machine size's cores as one float (a float a machine: 24 bytes at 1M)
+
+
 def to_machine(m: MachineRec, version: int, cordoned: bool = False) -> Machine:
     """The allocator's machine. One under (or scheduled for) maintenance is cordoned: it takes no
     new tasks, and the tasks on it stay unless the scheduler asks to place them afresh (a move)."""
     lb = m.labels
+    cpus = float(m.capacity["cpus"])
+    if len(_CORES) < 1000:
+        cpus = _CORES.setdefault(cpus, cpus)
     return Machine(m.id, lb["region"], lb["dc"], lb["msb"], lb["rack"], lb["machine_type"],
-                   float(m.capacity["cpus"]), int(m.capacity["memory_mb"]), m.healthy, m.entitlement, version,
-                   cordoned)
+                   cpus, int(m.capacity["memory_mb"]), m.healthy, m.entitlement, version, cordoned)
 
 
 def to_entitlement(e: EntitlementRec, reserve: int = 0) -> Entitlement:

@@ -30,6 +30,7 @@ from controlplane.store import Change, Index, Store, Versioned
 from controlplane.store.codec import Skipped, decode
 from controlplane.store.cells import Cells
 from controlplane.store.keys import Keys
+from controlplane.store.revisions import Revisions
 from controlplane.store.allocview import MOVING, to_entitlement, to_machine, to_placed, to_placed_copy
 from controlplane.store.wakeups import Wakeups
 
@@ -88,7 +89,7 @@ class RegionState:
         self.events: dict[str, EventRec] = {}
         self.endpoints: dict[tuple[str, int], dict] = {}  # discovery records by (job, index)
         self.by_machine: dict[str, set[tuple[str, int]]] = defaultdict(set)
-        self.revs: dict[str, int] = {}  # key -> mod revision, for transaction guards
+        self.revs = Revisions(keys.machines())  # key -> mod revision, for transaction guards (a machine's by its id)
         # the index reads etcd's bytes (decoded here, by kind) and keeps no copy of revs
         self.index = Index(store, keys.root, on_change=self._on_change, keep_values=False, raw=True, revisions=self.revs)
         self.credentials: dict[str, str] = {}  # sha256 of a machine credential -> machine id
@@ -195,7 +196,15 @@ class RegionState:
             value = decoded(kind, value)
         if self.skipped:
             self.skipped.pop(key, None)
-        if value is None:
+        if kind == "machines" and isinstance(value, MachineRec) and value.id == rest:
+            # one string for the machine's id, kept as long as the machine: its records', the
+            # machines dict's key and its revision's (a dict keeps the key it was first given)
+            old = self.machines.get(rest)
+            rest = old.id if old is not None and old.id == rest else value.id
+            if value.id is not rest:
+                object.__setattr__(value, "id", rest)
+            self.revs.set_machine(rest, revision)
+        elif value is None:
             self.revs.pop(key, None)
         else:
             self.revs[key] = revision
@@ -461,7 +470,7 @@ class RegionState:
         reserve = self.reserve
         if self._snapshot is None:
             self._snapshot = Snapshot.build(
-                (to_machine(m, self.revs[self.keys.machine(m.id)], m.id in self._cordoned) for m in self.machines.values()),
+                (to_machine(m, self.revs.machine(m.id), m.id in self._cordoned) for m in self.machines.values()),
                 (to_entitlement(e, reserve) for e in self.entitlements.values()),
                 itertools.chain((p for ts in self.tasks.values() for t in ts.values() if (p := to_placed(t)) is not None),
                                 (to_placed_copy(t) for ts in self.tasks.values() for t in ts.values()
@@ -474,7 +483,7 @@ class RegionState:
         elif self._dirty_machines or self._dirty_tasks or self._dirty_ents:
             placed = {k: self._placed_one(k) for k in self._dirty_tasks}
             self._snapshot.apply(
-                machines=[to_machine(self.machines[mid], self.revs[self.keys.machine(mid)], mid in self._cordoned)
+                machines=[to_machine(self.machines[mid], self.revs.machine(mid), mid in self._cordoned)
                           for mid in self._dirty_machines if mid in self.machines],
                 removed_machines=[mid for mid in self._dirty_machines if mid not in self.machines],
                 tasks=[p for p in placed.values() if p is not None],

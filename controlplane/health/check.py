@@ -186,7 +186,9 @@ class HealthService:
             self._adopted.pop(mid, None)
             self._unheard.discard(mid)
         self._own(owned, now)
-        return coord.valid()  # judged while the lease is not in doubt only
+        # judged while the lease is not in doubt only, and not before the next pass when it was
+        # renewed meanwhile (that pass sets the floor of a new lease, above)
+        return coord.valid() and coord.lease == self._lease
 
     def _welcome(self, new: set[str], now: float) -> None:
         """Machines new to the region (registered since this process started): silent since now,

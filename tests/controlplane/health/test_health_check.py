@@ -323,6 +323,20 @@ def test_a_lease_in_doubt_during_a_full_pass_keeps_the_owners_it_computed():
     assert owners.asked == n, "the owners are not computed again"
     assert health._owned == want  # noqa: SLF001
 
+    # the lease lapsed and a new one came while a full pass ran: nobody is judged before the next
+    # pass has counted every machine's silence from the new lease
+    owners.members = ("a", "b")
+
+    async def renewed_meanwhile() -> bool:
+        task = asyncio.create_task(health._refresh_owned(time.monotonic()))  # noqa: SLF001
+        await asyncio.sleep(0)
+        owners.lease = 2
+        return await task
+
+    assert asyncio.run(renewed_meanwhile()) is False
+    before = health._rejoined  # noqa: SLF001
+    assert asyncio.run(health._refresh_owned(time.monotonic())) and health._rejoined > before  # noqa: SLF001
+
 
 def test_machines_a_process_comes_to_own_at_once_cost_no_object_each_and_are_all_looked_at_next():
     """At a million machines a process came to own a third of them at once, and putting each in

@@ -293,6 +293,16 @@ def test_owners_are_computed_in_slices_that_let_the_loop_run_and_a_new_machine_c
     assert health._owned == want  # noqa: SLF001
 
 
+def region_of(n: int, region: str) -> tuple[Keys, RegionState]:
+    """A view of n machines m000000.., as the watch hands them on."""
+    keys = Keys(region)
+    state = RegionState(None, keys)
+    for i in range(n):
+        rec = MachineRec(f"m{i:06d}", f"m{i:06d}", {"region": region}, {"cpus": 4, "memory_mb": 4096})
+        state._take(keys.machine(rec.id), encode(rec.to_json()), i + 1)  # noqa: SLF001 - the watch's path
+    return keys, state
+
+
 def test_a_lease_in_doubt_during_a_full_pass_keeps_the_owners_it_computed():
     """At a million machines, four processes on two cores, a full pass took longer than the time
     between two moments the 2 s lease was in doubt (a held loop, a collection). Thrown away at
@@ -300,12 +310,8 @@ def test_a_lease_in_doubt_during_a_full_pass_keeps_the_owners_it_computed():
     into the next lapse (bench_region_scale: ~300 leaderships ended a process in 13 minutes, no
     phase reached). The pass judges nobody while the lease is in doubt, but who owns what among
     unchanged members stands, and the next pass does not compute it again."""
-    keys = Keys("own")
-    state = RegionState(None, keys)
     n = 3 * OWNERS_SLICE + 5
-    for i in range(n):
-        rec = MachineRec(f"m{i:06d}", f"m{i:06d}", {"region": "own"}, {"cpus": 4, "memory_mb": 4096})
-        state._take(keys.machine(rec.id), encode(rec.to_json()), i + 1)  # noqa: SLF001 - the watch's path
+    keys, state = region_of(n, "own")
     health = HealthService(state, None, keys, {}, timeout=5.0)
     health.coordinator = owners = Owners("a", ("a", "b", "c"))
     want = {mid for mid in state.machines if rendezvous(("a", "b", "c"), mid) == "a"}
@@ -345,12 +351,8 @@ def test_machines_a_process_comes_to_own_at_once_cost_no_object_each_and_are_all
     480 young collections of the garbage collector ran in that turn, set off by the tuples, each
     through the large young lists of the moment. Now coming to own them makes no object a
     machine (no collection is set off by it), and the next pass looks at every one of them, once."""
-    keys = Keys("own-all")
-    state = RegionState(None, keys)
     n = 3 * OWNERS_SLICE + 17
-    for i in range(n):
-        rec = MachineRec(f"m{i:06d}", f"m{i:06d}", {"region": "own-all"}, {"cpus": 4, "memory_mb": 4096})
-        state._take(keys.machine(rec.id), encode(rec.to_json()), i + 1)  # noqa: SLF001 - the watch's path
+    keys, state = region_of(n, "own-all")
     last_seen: dict[str, float] = {}
     health = HealthService(state, None, keys, last_seen, timeout=5.0)  # no store: a failure would raise
     health.coordinator = Owners("a", ("a",))  # the only member: it comes to own every machine at once

@@ -197,12 +197,10 @@ class RegionState:
         if self.skipped:
             self.skipped.pop(key, None)
         if kind == "machines" and isinstance(value, MachineRec) and value.id == rest:
-            # one string for the machine's id, kept as long as the machine: its records', the
-            # machines dict's key and its revision's (a dict keeps the key it was first given)
+            # one id string a machine: its records', its revision's, the machines dict's key (the first kept)
             old = self.machines.get(rest)
             rest = old.id if old is not None and old.id == rest else value.id
-            if value.id is not rest:
-                object.__setattr__(value, "id", rest)
+            object.__setattr__(value, "id", rest)
             self.revs.set_machine(rest, revision)
         elif value is None:
             self.revs.pop(key, None)

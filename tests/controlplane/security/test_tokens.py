@@ -11,6 +11,7 @@ import sys
 import time
 
 from controlplane.store import Store
+from tests.controlplane.controld_proc import Controld
 from tests.controlplane.frontend.test_controld_api import controld, etcd_revision, register  # noqa: F401 - a fixture
 
 TASK = {"image": "twine/busybox:1", "command": ["sleep", "3600"], "cpus": 0.1, "memory_mb": 16}
@@ -27,8 +28,18 @@ def etcd_values(port: int, prefix: str) -> list:
     return asyncio.run(go())
 
 
-def test_roles_scope_what_a_token_may_do(controld, etcd_server):
-    c = controld
+def test_roles_scope_what_a_token_may_do(tmp_path, etcd_server):
+    # machines without agents, kept healthy through the test: a fresh-clone run failed it when the
+    # health check failed them (a 2 s timeout's 7 s grace) while the refusals were sent, a write of
+    # its own that the test took for one of a refused request's
+    c = Controld(tmp_path, etcd_server.port, heartbeat_timeout=120).start()
+    try:
+        roles_scope(c, etcd_server)
+    finally:
+        c.close()
+
+
+def roles_scope(c: Controld, etcd_server) -> None:
     register(c, "m1", "dc1", "msb1", cpus=8)
     register(c, "m2", "dc1", "msb2", cpus=8)
     for name in ("web", "db"):

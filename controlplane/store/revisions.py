@@ -21,22 +21,15 @@ class Revisions(MutableMapping):
 
     def __init__(self, machines_prefix: str):
         self.prefix = machines_prefix  # Keys.machines(): a key under it is a machine's
-        self.machines: dict[str, int] = {}  # machine id -> its record's mod revision
+        # machine id -> its record's mod revision, read and written directly by the view with the
+        # id string the machine's record holds (so that no second copy of it is kept)
+        self.machines: dict[str, int] = {}
         self._other: dict[str, int] = {}  # whole key -> mod revision, every other key
 
     def _place(self, key: str) -> tuple[dict[str, int], str]:
         if key.startswith(self.prefix):
             return self.machines, key[len(self.prefix):]
         return self._other, key
-
-    def machine(self, machine_id: str) -> int:
-        """The machine's record's mod revision (KeyError: none)."""
-        return self.machines[machine_id]
-
-    def set_machine(self, machine_id: str, revision: int) -> None:
-        """Keep the revision under `machine_id` itself: pass the string the record holds, so that
-        no second copy of it is kept."""
-        self.machines[machine_id] = revision
 
     def get(self, key: str, default: int | None = None) -> int | None:
         d, k = self._place(key)
@@ -65,8 +58,9 @@ class Revisions(MutableMapping):
         return k in d
 
     def __iter__(self) -> Iterator[str]:
-        yield from list(self._other)
-        yield from [self.prefix + mid for mid in self.machines]
+        yield from self._other
+        for mid in self.machines:  # whole keys one at a time, not all of them at once
+            yield self.prefix + mid
 
     def __len__(self) -> int:
         return len(self._other) + len(self.machines)

@@ -196,16 +196,10 @@ class RegionState:
             value = decoded(kind, value)
         if self.skipped:
             self.skipped.pop(key, None)
-        if kind == "machines" and isinstance(value, MachineRec) and value.id == rest:
-            # one id string a machine: its records', its revision's, the machines dict's key (the first kept)
-            old = self.machines.get(rest)
-            rest = old.id if old is not None and old.id == rest else value.id
-            object.__setattr__(value, "id", rest)
-            self.revs.set_machine(rest, revision)
-        elif value is None:
+        if value is None:
             self.revs.pop(key, None)
-        else:
-            self.revs[key] = revision
+        elif not (kind == "machines" and isinstance(value, MachineRec) and value.id == rest):
+            self.revs[key] = revision  # (a machine's is kept under the id its record holds: _set_machine)
         # the kinds every placement writes by the dozen first
         if kind == "tasks":
             handle, _, idx = rest.rpartition("/")
@@ -234,7 +228,7 @@ class RegionState:
                 return set(self.jobs_by_ent.get(rest, ()))
             return {rest} if kind == "rebalance" else set()
         if kind == "machines":
-            viewed = self._set_machine(rest, value)  # decoded into its record (as etcd's bytes are)
+            viewed = self._set_machine(rest, value, revision)  # decoded into its record (as etcd's bytes are)
             return self.jobs_on(rest) if viewed else set()
         if kind == "entitlements":
             old = self.entitlements.get(rest)
@@ -286,11 +280,16 @@ class RegionState:
             self.settings = value or {}
         return set()
 
-    def _set_machine(self, mid: str, m: MachineRec | None) -> bool:
+    def _set_machine(self, mid: str, m: MachineRec | None, revision: int) -> bool:
         """Returns whether what the scheduler sees of the machine changed (MachineStatus: not its
         allocation counters, which every placement writes)."""
         old = self.machines.get(mid)
         if m is not None:
+            if m.id == mid:  # one id string a machine: its records', its revision's, the dict's key (the first kept)
+                if old is not None and old.id == mid:
+                    object.__setattr__(m, "id", old.id)
+                mid = m.id
+                self.revs.machines[mid] = revision
             self._share_parts(m)
         self.cells.change(old, m)
         if old is not None and old.credential_sha256:
@@ -468,7 +467,7 @@ class RegionState:
         reserve = self.reserve
         if self._snapshot is None:
             self._snapshot = Snapshot.build(
-                (to_machine(m, self.revs.machine(m.id), m.id in self._cordoned) for m in self.machines.values()),
+                (to_machine(m, self.revs.machines[m.id], m.id in self._cordoned) for m in self.machines.values()),
                 (to_entitlement(e, reserve) for e in self.entitlements.values()),
                 itertools.chain((p for ts in self.tasks.values() for t in ts.values() if (p := to_placed(t)) is not None),
                                 (to_placed_copy(t) for ts in self.tasks.values() for t in ts.values()
@@ -481,7 +480,7 @@ class RegionState:
         elif self._dirty_machines or self._dirty_tasks or self._dirty_ents:
             placed = {k: self._placed_one(k) for k in self._dirty_tasks}
             self._snapshot.apply(
-                machines=[to_machine(self.machines[mid], self.revs.machine(mid), mid in self._cordoned)
+                machines=[to_machine(self.machines[mid], self.revs.machines[mid], mid in self._cordoned)
                           for mid in self._dirty_machines if mid in self.machines],
                 removed_machines=[mid for mid in self._dirty_machines if mid not in self.machines],
                 tasks=[p for p in placed.values() if p is not None],

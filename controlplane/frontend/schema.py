@@ -290,6 +290,7 @@ class Relay(Struct, forbid_unknown_fields=True, rename={"from_": "from"}):
     seen: list[Label] = []
     reports: dict[Label, RelayReport] = {}
     usage: Union[UsagePartial, None] = None  # the sender's usage sums, every second or so
+    behind: Union[Annotated[float, Meta(ge=0, le=86_400)], None] = None  # seconds its intake was behind (relay.py)
 
 
 # query parameters, bounded here once (app.py checks them, openapi.py declares them)
@@ -323,7 +324,13 @@ def checked(data: Any, schema: type) -> Any:
 def decoded(raw: bytes, schema: type) -> Any:
     """`raw` (a JSON body) decoded into `schema`'s type in one pass; else a 400 naming the field."""
     try:
-        return msgspec.json.decode(raw, type=schema, strict=True)
+        try:
+            return msgspec.json.decode(raw, type=schema, strict=True)
+        except msgspec.ValidationError as e:
+            if "Expected `int`, got `float`" not in str(e):
+                raise
+            # JSON has one number type: 3.0 is the integer 3 (as JSON Schema says), as checked() takes it
+            return msgspec.convert(_integral(msgspec.json.decode(raw)), schema, strict=True)
     except RecursionError:
         raise ApiError("invalid", "body", "nested too deep") from None
     except msgspec.ValidationError as e:

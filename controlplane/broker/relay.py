@@ -15,10 +15,16 @@ An agent heartbeats to one twine-controld process; the heartbeat's two uses live
 - *usage* (controlplane/usage/) matters to every member: each sends the others its sums per job
   and per fleet cell every `usage_every` seconds, whatever changed.
 
+- *how far behind* this process is on its intake (daemon/intake.py) matters to every health owner:
+  a heartbeat this process has not read yet is not relayed yet, so an owner measures silence only
+  up to the horizon of every member's (health/check.py). A member that says so in its record
+  (`intake`) gets a relay at least every BEAT seconds, empty if nothing else is owed to it.
+
 One `POST /v1/internal/relay` per peer and interval carries them:
     {"from": member, "seen": [machine id], "reports": {machine id: {"tasks": [...], "error": "", "at": when}},
-     "usage": {"jobs": {...}, "cells": [...]}}
-(`at`: when the member that had the report from the agent last knew it current, wall clock.)
+     "usage": {"jobs": {...}, "cells": [...]}, "behind": seconds}
+(`at`: when the member that had the report from the agent last knew it current, wall clock;
+`behind`: how far the sender's intake horizon was behind when it sent the relay.)
 """
 
 from __future__ import annotations
@@ -42,6 +48,9 @@ log = logging.getLogger("twine.controld.relay")
 INTERVAL = 0.2
 USAGE_EVERY = 1.0  # seconds between two usage partials to each member
 GONE_FOR = 5  # lease TTLs a member's key may be gone with reports still queued for it
+# seconds between two relays to a member that takes `behind` (the health pass's period): an owner
+# measures silence up to the last one, so every verdict it makes waits up to this much longer
+BEAT = 0.5
 
 
 def _said(task: asyncio.Task) -> None:
@@ -67,6 +76,8 @@ class Relay:
         self._incarnations: dict[str, str | None] = {}  # member -> the process it was when last a member
         self._gone: dict[str, float] = {}  # member whose key went -> when (monotonic): its reports queue meanwhile
         self._failing: dict[str, str] = {}
+        self.behind: Callable[[], float] = lambda: 0.0  # this process's intake, behind by (Intake.behind)
+        self._beat_sent = 0.0  # monotonic time the last relays went to every member taking `behind`
         self.counters = {"sent": 0, "received": 0, "failures": 0, "seen_relayed": 0, "reports_relayed": 0,
                          "members_gone": 0, "members_back": 0}
 
@@ -103,6 +114,8 @@ class Relay:
         """A peer's relay, decoded into frontend/schema.py's Relay (its fields: seen, reports)."""
         self.counters["received"] += 1
         agents, now, wall = self.agents, time.monotonic(), time.time()
+        if body.behind is not None:  # what it heard before then has reached this process by now
+            self.health.peer_horizon(body.from_, body.behind)
         for mid in body.seen:
             if mid in self.state.machines:
                 agents.last_seen[mid] = now
@@ -147,9 +160,13 @@ class Relay:
                     self._usage_sent = time.monotonic()
                     usage = self.usage.partial()
                     peers |= self._members - {self.coordinator.id if self.coordinator else None}
+                beat = time.monotonic() - self._beat_sent >= BEAT
+                if beat:
+                    self._beat_sent = time.monotonic()
+                    peers |= {m for m in self._members - set(self._gone) if self._takes_behind(m)}
                 for p in sorted(peers):
                     if p not in out or out[p].done():
-                        out[p] = asyncio.create_task(self._send(p, usage))
+                        out[p] = asyncio.create_task(self._send(p, usage, beat))
                         out[p].add_done_callback(_said)
                 for p in [p for p, t in out.items() if t.done() and p not in peers]:
                     del out[p]
@@ -188,14 +205,22 @@ class Relay:
                 self.reports.pop(gone, None)
         self._members = members
 
-    async def _send(self, member: str, usage: dict | None = None) -> None:
+    def _takes_behind(self, member: str) -> bool:
+        """Its record says it takes `behind` (a member of a version before it refuses the field)."""
+        coord = self.coordinator
+        return coord is not None and member != coord.id and bool(self.state.members.get(member, {}).get("intake"))
+
+    async def _send(self, member: str, usage: dict | None = None, beat: bool = False) -> None:
         url = self.coordinator.member_url(member) if self.coordinator else None
         seen, reports = self.seen.pop(member, set()), self.reports.pop(member, {})
-        if url is None or not (seen or reports or usage):
+        behind = self._takes_behind(member)
+        if url is None or not (seen or reports or usage or (beat and behind)):
             return
         body = {"from": self.coordinator.id, "seen": sorted(seen), "reports": reports}
         if usage is not None:
             body["usage"] = usage
+        if behind:  # read last: what this process had heard before the horizon is in `seen` or sent already
+            body["behind"] = round(self.behind(), 3)
         token = self.token
         try:  # the daemon's session to the other replicas (it verifies them with --tls-ca)
             # msgspec, not aiohttp's json.dumps: a greeting carries every report this process holds

@@ -218,7 +218,8 @@ class Coordinator:
                 sent = time.monotonic()
                 lease = await asyncio.wait_for(self.store.grant(self.ttl), self.ttl)
                 rec = {"id": self.id, "url": self.url, "roles": list(self.roles), "shards": list(self.shards),
-                       "started": time.time(), "lease": lease, "incarnation": self.incarnation}
+                       "started": time.time(), "lease": lease, "incarnation": self.incarnation,
+                       "intake": True}  # takes `behind` in relays (broker/relay.py)
                 await asyncio.wait_for(self.store.put_leased(self.keys.member(self.id), rec, lease), self.ttl)
                 self.lease, self.valid_until = lease, sent + self.ttl
                 await self._bury_predecessors()

@@ -22,6 +22,7 @@ from aiohttp import web
 from agent.listener import ConnLimits, Listener
 from agent.sdnotify import Notifier
 from controlplane.broker.agents import MAX_LONG_POLLS, MAX_WAIT, AgentService, BootstrapFile
+from controlplane.daemon.intake import Intake
 from controlplane.broker.relay import Relay
 from controlplane.capacity.metrics import CapacityCollector
 from controlplane.capacity.recorder import CapacityRecorder
@@ -87,7 +88,8 @@ class DaemonSettings:
 class ControlDaemon:
     def __init__(self, store: Store, settings: DaemonSettings, api_tokens: set[str],
                  bootstrap_tokens: "set[str] | BootstrapFile", tls: ssl.SSLContext | None = None,
-                 client_tls: ssl.SSLContext | None = None, sealer: Sealer | None = None):
+                 client_tls: ssl.SSLContext | None = None, sealer: Sealer | None = None,
+                 intake: Intake | None = None):
         s = self.settings = settings
         self.store = store
         self.keys = Keys(s.region)
@@ -106,6 +108,8 @@ class ControlDaemon:
         self.agents.on_seen = self.health.seen
         self.agents.on_report = self.health.reported
         self.health.report_of = self.agents.report_with_time
+        self.intake = intake or Intake()  # (made with its loop, or none: the horizon is always now)
+        self.health.intake = self.intake.horizon
         self.registry = metrics.registry()
         # the control plane's own hosts, where no TaskController may be: its members' and etcd's
         self.reach = Reach(lambda: [*(urlsplit(m.get("url", "")).hostname or "" for m in self.state.members.values()),
@@ -171,6 +175,7 @@ class ControlDaemon:
         self.usage.peer_tasks = PeerTasks(self.coordinator, self.http, min(self.api_tokens))  # each task's figures
         self.health.coordinator = self.agents.coordinator = self.coordinator
         self.agents.relay = self.relay
+        self.relay.behind = self.intake.behind
 
     def _app(self) -> web.Application:
         s = self.settings

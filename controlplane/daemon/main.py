@@ -24,6 +24,7 @@ from controlplane.broker.agents import MAX_LONG_POLLS, MAX_WAIT, BootstrapFile
 from controlplane.coordination.coordinator import ROLES, parse_roles, parse_shards
 from controlplane.daemon import config as daemon_config
 from controlplane.daemon.controld import ControlDaemon, DaemonSettings
+from controlplane.daemon.intake import Intake
 from controlplane.daemon.stalls import tune_collector
 from controlplane.scheduler.ratelimit import Limits
 from controlplane.security.sealing import Sealer
@@ -306,12 +307,12 @@ def credentials_of(args: argparse.Namespace) -> Credentials:
     return Credentials(api_tokens, boot, sealer, tls, client_tls, etcd_tls)
 
 
-async def _main(args: argparse.Namespace) -> int:
+async def _main(args: argparse.Namespace, intake: Intake | None = None) -> int:
     lhost, lport = _hostport(args.listen, "--listen", 8080)
     settings = settings_of(args)
     c = credentials_of(args)
     store = Store(args.etcd, tls=c.etcd_tls, write_timeout=args.etcd_write_timeout)
-    daemon = ControlDaemon(store, settings, c.api_tokens, c.bootstrap, c.tls, c.client_tls, c.sealer)
+    daemon = ControlDaemon(store, settings, c.api_tokens, c.bootstrap, c.tls, c.client_tls, c.sealer, intake)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -339,7 +340,9 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     tune_collector()
     try:
-        return asyncio.run(_main(args))
+        intake = Intake()  # the loop's polls say how far its intake has been heard (health/check.py)
+        with asyncio.Runner(loop_factory=intake.loop) as runner:
+            return runner.run(_main(args, intake))
     except KeyboardInterrupt:
         return 130
 

@@ -112,3 +112,79 @@ def test_a_peer_that_takes_relays_and_never_answers_does_not_hold_the_others():
         assert len(arrivals) >= 10 and max(gaps) < 1.0, (len(arrivals), gaps)
 
     asyncio.run(body())
+
+
+def test_each_member_that_takes_it_hears_how_far_behind_the_sender_is_every_beat():
+    """An owner measures silence only up to the horizon of every member that may relay it a
+    heartbeat (health/check.py), so those members send it, in a relay at least every BEAT seconds
+    even when nothing else is owed; a member whose record does not say it takes `behind` (a
+    version before it, whose schema refuses the field) is sent none, and no empty relay. The
+    receiving side hands it to its health check."""
+    import asyncio
+    from types import SimpleNamespace
+
+    import aiohttp
+    import msgspec
+    from aiohttp import web
+
+    from controlplane.broker.relay import BEAT
+    from controlplane.frontend.schema import Relay as RelayBody
+    from controlplane.health.check import HealthService
+
+    async def body() -> None:
+        got: dict[str, list] = {"b": [], "c": []}
+
+        def taker(name: str):
+            async def take(request: web.Request) -> web.Response:
+                got[name].append(msgspec.json.decode(await request.read(), type=RelayBody))
+                return web.json_response({"ok": True})
+            return take
+
+        runners, urls = [], {}
+        for name in ("b", "c"):
+            app = web.Application()
+            app.router.add_post("/v1/internal/relay", taker(name))
+            runner = web.AppRunner(app, shutdown_timeout=0.1)
+            await runner.setup()
+            await web.TCPSite(runner, "127.0.0.1", 0).start()
+            runners.append(runner)
+            urls[name] = f"http://127.0.0.1:{runner.addresses[0][1]}"
+        keys = Keys("relay3")
+        state = RegionState(None, keys)
+        for rev, (mid, url, intake) in enumerate((("a", "http://a", True), ("b", urls["b"], True),
+                                                  ("c", urls["c"], False)), 1):
+            rec = {"id": mid, "url": url, "roles": ["health"], **({"intake": True} if intake else {})}
+            state._take(keys.member(mid), encode(rec), rev)  # noqa: SLF001
+        coord = Coordinator(None, keys, state, "http://a", ("health",), (), _nothing, _nothing, ttl=2, member_id="a")
+        coord.lease, coord.valid_until = 7, time.monotonic() + 60
+        agents = SimpleNamespace(reports={}, errors={}, report_at={})
+        async with aiohttp.ClientSession() as http:
+            relay = Relay(state, agents, None, coord, lambda: http, "token", interval=0.1)
+            relay.behind = lambda: 1.25
+            running = asyncio.create_task(relay.run())
+            await asyncio.sleep(6 * BEAT)
+            to_c = next(m for m in (f"m{i:03d}" for i in range(100)) if rendezvous(("a", "b", "c"), m) == "c")
+            relay.heard(to_c)
+            await asyncio.sleep(3 * relay.interval)
+            running.cancel()
+            await asyncio.gather(running, return_exceptions=True)
+        for runner in runners:
+            await runner.cleanup()
+        assert len(got["b"]) >= 4, f"{len(got['b'])} relays in {6 * BEAT:g} s"
+        assert all(r.behind == 1.25 and r.from_ == "a" and not r.seen for r in got["b"])
+        assert [(r.seen, r.behind) for r in got["c"]] == [([to_c], None)], "c: its heartbeat only, no `behind`"
+
+        # b's side: the relay's `behind` sets a's horizon at b's health check
+        keys_b, state_b = Keys("relay3"), RegionState(None, Keys("relay3"))
+        for rev, mid in enumerate(("a", "b"), 1):
+            state_b._take(keys_b.member(mid), encode({"id": mid, "url": f"http://{mid}", "roles": ["health"],  # noqa: SLF001
+                                                      "intake": True}), rev)
+        health = HealthService(state_b, None, keys_b, {}, timeout=5.0)
+        health.coordinator = SimpleNamespace(id="b")
+        at_b = Relay(state_b, SimpleNamespace(reports={}, errors={}, report_at={}, last_seen={}, last_seen_wall={}),
+                     health, None, lambda: None, "token")
+        at_b.receive(got["b"][-1])
+        now = time.monotonic()
+        assert now - 1.35 < health.horizon(now) <= now - 1.25
+
+    asyncio.run(body())

@@ -19,8 +19,9 @@ Measured, each beside a baseline taken in the same run:
      named) over a few pipelined keep-alive connections to each replica (raw asyncio streams: the
      load generator shares the machine's cores with the daemons and must cost little); heartbeats
      answered per second (over the seconds they were sent: S alone, then through 4. and 5.; and in
-     each of these phases) against the target A/I (below it: the replicas
-     did not keep up; the generator waits when 64 requests are unanswered on a connection), and
+     each of these phases) against the target A/I (below it: the replicas did not keep up: an
+     agent whose last heartbeat is unanswered when the next is due sends none; a heartbeat waits
+     for its answer at the replica it went to, and holds no other), how long answers took, and
      failure verdicts on those machines (false ones: goal 0). Machines beyond A never heartbeat:
      they are loaded as failed already (as the health check would leave them);
   4. allocation: jobs of 36 tasks created through the API for S seconds (the heartbeats' second
@@ -61,6 +62,8 @@ import statistics
 import sys
 import tempfile
 import time
+from array import array
+from collections import deque
 from pathlib import Path
 
 import aiohttp
@@ -199,16 +202,23 @@ class _Pipe:
     """One keep-alive connection to a replica carrying pipelined heartbeats (HTTP/1.1: answers come
     in order): little work a request on the simulated agents' side, so that on a machine of two
     cores the daemons get the CPU, not the load generator. (With aiohttp's client, a task a
-    heartbeat, the generator fell behind 10,000/s on two cores with 4 daemons and etcd.)"""
+    heartbeat, the generator fell behind 10,000/s on two cores with 4 daemons and etcd.)
 
-    def __init__(self, url: str, depth: int = 64):
+    A heartbeat is written as soon as it is due, whatever is in flight: it waits for its answer in
+    the replica's socket (or behind it in this connection's buffer), as an agent's request waits
+    in the backlog of a replica slow to answer; each agent has one out at a time (heartbeats()).
+    Until issue #38's fourth turn a pipe took 64 at most and the generator waited for room, so one
+    slow replica held every agent's heartbeats, to every replica: their machines, silent for it,
+    were failed, and counted as false verdicts of the replicas'."""
+
+    def __init__(self, url: str):
         self.url = url
         self.host, _, port = url.removeprefix("http://").partition(":")
         self.port = int(port)
-        self.room = asyncio.Semaphore(depth)
-        self.waiting: list[str] = []  # the machine of each request in flight, oldest first
+        self.waiting: deque[tuple[str, float]] = deque()  # (machine, when sent) of each request in flight, oldest first
         self.ok = self.failed = 0
         self.closed = 0  # connections the replica closed (each opened again)
+        self.waits = array("d")  # seconds each answered heartbeat waited for its answer
         self.ready = asyncio.Event()  # clear while the pipe opens a new connection
         self.reader: asyncio.StreamReader | None = None
         self.writer: asyncio.StreamWriter | None = None
@@ -217,15 +227,18 @@ class _Pipe:
         self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
         self.ready.set()
 
-    async def send(self, mid: str, body: bytes) -> None:
-        await self.room.acquire()
-        await self.ready.wait()
-        self.waiting.append(mid)
+    def send(self, mid: str, body: bytes) -> bool:
+        """Written now; False while the connection opens again (the agent tries another)."""
+        if not self.ready.is_set():
+            return False
+        self.waiting.append((mid, time.perf_counter()))
         self.writer.write(b"POST /v1/agent/heartbeat HTTP/1.1\r\nHost: %s\r\nAuthorization: Bearer %s\r\n"
                           b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
                           % (self.host.encode(), cred(mid).encode(), len(body), body))
+        return True
 
-    async def answers(self, hint: dict[str, str], first: dict[str, float]) -> None:
+    async def answers(self, hint: dict[str, str], first: dict[str, float], out: set[str]) -> None:
+        """Answers in order; `out` (the machines with a heartbeat unanswered) loses each answered."""
         while True:
             try:
                 head = await self.reader.readuntil(b"\r\n\r\n")
@@ -234,12 +247,11 @@ class _Pipe:
                 answer = await self.reader.readexactly(length)
             except (asyncio.IncompleteReadError, ConnectionError):
                 # the replica closed the connection (a connection limit, a timeout under load): what
-                # was in flight on it failed, and the pipe goes on over a new connection (without
-                # this, send() waited for room forever and the bench never ended)
+                # was in flight on it failed (its agents send again when next due), and the pipe
+                # goes on over a new connection
                 self.ready.clear()
                 self.failed += len(self.waiting)
-                for _ in self.waiting:
-                    self.room.release()
+                out.difference_update(mid for mid, _ in self.waiting)
                 self.waiting.clear()
                 self.writer.close()
                 self.closed += 1
@@ -250,8 +262,9 @@ class _Pipe:
                     except OSError:
                         await asyncio.sleep(0.5)
                 continue
-            mid = self.waiting.pop(0)
-            self.room.release()
+            mid, sent = self.waiting.popleft()
+            out.discard(mid)
+            self.waits.append(time.perf_counter() - sent)
             if status == 200:
                 self.ok += 1
                 first.setdefault(mid, time.time())
@@ -262,32 +275,37 @@ class _Pipe:
 
 
 async def heartbeats(urls: list[str], agents: int, interval: float, stop: asyncio.Event,
-                     every: list[_Pipe]) -> tuple[int, int, float, int]:
+                     every: list[_Pipe]) -> tuple[int, int, float, int, int]:
     """Each simulated agent heartbeats every `interval` s (phases spread), to the replica its last
     answer named (heartbeat_to), else a random one, over a few pipelined keep-alive connections to
-    each replica (put in `every`), until `stop` is set. Returns (answered, failed, seconds sent for,
-    connections a replica closed)."""
+    each replica (put in `every`), until `stop` is set; an agent whose last heartbeat is still
+    unanswered when the next is due waits for it (that one is not sent). Returns (answered, failed,
+    seconds sent for, connections a replica closed, heartbeats not sent: the last one unanswered)."""
     hint: dict[str, str] = {}
     first = FIRST_OK
     rate = agents / interval
     pipes = {url: [_Pipe(url) for _ in range(4)] for url in urls}
     every += [p for ps in pipes.values() for p in ps]
     await asyncio.gather(*(p.open() for p in every))
-    readers = [asyncio.create_task(p.answers(hint, first)) for p in every]
+    out: set[str] = set()  # machines whose last heartbeat is unanswered
+    readers = [asyncio.create_task(p.answers(hint, first, out)) for p in every]
     t0 = time.perf_counter()
-    n = 0
+    n = waited = 0
     try:
         while not stop.is_set():
             due = int((time.perf_counter() - t0) * rate)
             while n < due:
                 i = n % agents
-                mid = f"m{i:07d}"
-                await random.choice(pipes.get(hint.get(mid)) or pipes[random.choice(urls)]).send(
-                    mid, b'{"machine_id":"%s","digest":"d0","tasks":[],"profile":{"name":null,"ok":true}%s}'
-                    % (mid.encode(), USAGE))
                 n += 1
-            # (a connection a replica just closed says so here too: its pipe's reader opens another)
-            await asyncio.gather(*(p.writer.drain() for p in every), return_exceptions=True)
+                mid = f"m{i:07d}"
+                if mid in out:
+                    waited += 1
+                    continue
+                body = (b'{"machine_id":"%s","digest":"d0","tasks":[],"profile":{"name":null,"ok":true}%s}'
+                        % (mid.encode(), USAGE))
+                to = pipes.get(hint.get(mid)) or pipes[random.choice(urls)]
+                if random.choice(to).send(mid, body) or any(p.send(mid, body) for p in to):
+                    out.add(mid)
             await asyncio.sleep(0.01)
         sent_for = time.perf_counter() - t0
         deadline = time.perf_counter() + 30
@@ -299,7 +317,7 @@ async def heartbeats(urls: list[str], agents: int, interval: float, stop: asynci
         for p in every:
             p.writer.close()
     return (sum(p.ok for p in every), sum(p.failed for p in every) + sum(len(p.waiting) for p in every), sent_for,
-            sum(p.closed for p in every))
+            sum(p.closed for p in every), waited)
 
 
 FIRST_OK: dict[str, float] = {}  # machine -> wall time of its first heartbeat answered
@@ -360,7 +378,7 @@ def main() -> int:
         async def both():
             # heartbeats alone for S, then on while jobs are created over every shard for S, then in
             # one shard for S, then that shard's jobs are read for S/2 (4. and 5.)
-            stop, pipes = asyncio.Event(), []
+            stop = asyncio.Event()
             beating = asyncio.create_task(heartbeats(urls, args.agents, args.interval, stop, pipes))
 
             def mark(phase: str) -> None:  # answers so far, to give each phase's rate
@@ -405,12 +423,13 @@ def main() -> int:
             return await beating, created, (made, reads)
 
         marks: list[tuple[str, float, int]] = []
+        pipes: list[_Pipe] = []  # the heartbeats' connections
         quiet: list[float] = []  # each process's longest loop stall of the 10 s before the scrapes
         scraped: list[float] = []  # and of the 10 s of scrapes
         scrapes: list[str] = []
         fleet_ms: list[float] = []
         cluster_ms: list[float] = []
-        (ok, failed, beat_for, closed), (total, per_ent), (made, reads) = asyncio.run(both())
+        (ok, failed, beat_for, closed, waited), (total, per_ent), (made, reads) = asyncio.run(both())
         rss_end = [psutil.Process(c.proc.pid).memory_info().rss / 2**30 for c in cs]
         phases = ", ".join(f"{b[0]} {(b[2] - a[2]) / (b[1] - a[1]):.0f}/s" for a, b in zip(marks, marks[1:]))
         time.sleep(1)
@@ -427,6 +446,12 @@ def main() -> int:
               f"unanswered ({closed} connections closed by a replica, each opened again); "
               f"{relays:.0f} relayed to their owner; failure verdicts on machines that heartbeat: {len(false)}; "
               f"lease keep-alives failed {lost}, leaderships ended {deposed} (per process)")
+        waits = sorted(w for p in pipes for w in p.waits)
+        behind = [c.metric("twine_health_intake_behind_seconds") for c in cs]
+        print(f"   an answer came {statistics.median(waits) * 1000:.0f} ms after its heartbeat was written (p50), "
+              f"p99 {waits[int(len(waits) * 0.99)]:.2f} s, most {waits[-1]:.2f} s; {waited:,} heartbeats not sent, "
+              f"their agent's last one unanswered when due; health checks' intake horizon at the end "
+              f"{', '.join(f'{b:.1f}' for b in behind)} s behind (twine_health_intake_behind_seconds)")
         mems = [c.metrics() for c in cs]
         print(f"   usage in the heartbeats: {'none (--no-usage)' if not USAGE else '20 tasks each'}; "
               f"usage history held: {[int(m.get('twine_usage_series', 0)) for m in mems]} series per process "

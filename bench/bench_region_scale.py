@@ -381,8 +381,9 @@ def main() -> int:
             stop = asyncio.Event()
             beating = asyncio.create_task(heartbeats(urls, args.agents, args.interval, stop, pipes))
 
-            def mark(phase: str) -> None:  # answers so far, to give each phase's rate
+            def mark(phase: str) -> None:  # answers so far, to give each phase's rate; memory then
                 marks.append((phase, time.perf_counter(), sum(p.ok for p in pipes)))
+                rss_at[phase] = sum(psutil.Process(c.proc.pid).memory_info().rss for c in cs) / 2**30
 
             mark("start")
             # the first half alone; then the longest loop stall of each process in the last 10 s
@@ -424,6 +425,7 @@ def main() -> int:
 
         marks: list[tuple[str, float, int]] = []
         pipes: list[_Pipe] = []  # the heartbeats' connections
+        rss_at: dict[str, float] = {}  # the processes' memory together (GiB) at the end of each phase
         quiet: list[float] = []  # each process's longest loop stall of the 10 s before the scrapes
         scraped: list[float] = []  # and of the 10 s of scrapes
         scrapes: list[str] = []
@@ -501,7 +503,8 @@ def main() -> int:
               f"them with the heartbeats alone: {', '.join(f'{s * 1000:.0f}' for s in quiet)} ms")
         rss_most = max(sum(rss), sum(rss_end))
         print(f"   memory at the end: {', '.join(f'{r:.2f}' for r in rss_end)} GiB per process, {sum(rss_end):.2f} "
-              f"together (at the start {sum(rss):.2f})")
+              f"together (at the start {sum(rss):.2f}; after each phase: "
+              f"{', '.join(f'{phase} {gib:.2f}' for phase, gib in rss_at.items())})")
         size = "1M" if args.machines == 1_000_000 else f"{args.machines / 1000:g}k"
         alone = (marks[1][2] - marks[0][2]) / (marks[1][1] - marks[0][1])  # 3.: no job created meanwhile
         print(f"region {size}: rss {rss_most:.2f} GiB; heartbeats {alone:.0f}/s; one shard "

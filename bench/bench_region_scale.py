@@ -279,8 +279,9 @@ async def heartbeats(urls: list[str], agents: int, interval: float, stop: asynci
     """Each simulated agent heartbeats every `interval` s (phases spread), to the replica its last
     answer named (heartbeat_to), else a random one, over a few pipelined keep-alive connections to
     each replica (put in `every`), until `stop` is set; an agent whose last heartbeat is still
-    unanswered when the next is due waits for it (that one is not sent). Returns (answered, failed,
-    seconds sent for, connections a replica closed, heartbeats not sent: the last one unanswered)."""
+    unanswered when the next is due waits for it (that one is not sent). Returns (answered, failed or
+    not sent for want of a connection, seconds sent for, connections a replica closed, heartbeats
+    not sent: the last one unanswered)."""
     hint: dict[str, str] = {}
     first = FIRST_OK
     rate = agents / interval
@@ -290,7 +291,7 @@ async def heartbeats(urls: list[str], agents: int, interval: float, stop: asynci
     out: set[str] = set()  # machines whose last heartbeat is unanswered
     readers = [asyncio.create_task(p.answers(hint, first, out)) for p in every]
     t0 = time.perf_counter()
-    n = waited = 0
+    n = waited = unsent = 0
     try:
         while not stop.is_set():
             due = int((time.perf_counter() - t0) * rate)
@@ -306,6 +307,8 @@ async def heartbeats(urls: list[str], agents: int, interval: float, stop: asynci
                 to = pipes.get(hint.get(mid)) or pipes[random.choice(urls)]
                 if random.choice(to).send(mid, body) or any(p.send(mid, body) for p in to):
                     out.add(mid)
+                else:  # every connection to that replica opening again: not sent, counted as refused
+                    unsent += 1
             await asyncio.sleep(0.01)
         sent_for = time.perf_counter() - t0
         deadline = time.perf_counter() + 30
@@ -316,8 +319,8 @@ async def heartbeats(urls: list[str], agents: int, interval: float, stop: asynci
             r.cancel()
         for p in every:
             p.writer.close()
-    return (sum(p.ok for p in every), sum(p.failed for p in every) + sum(len(p.waiting) for p in every), sent_for,
-            sum(p.closed for p in every), waited)
+    return (sum(p.ok for p in every), sum(p.failed for p in every) + sum(len(p.waiting) for p in every) + unsent,
+            sent_for, sum(p.closed for p in every), waited)
 
 
 FIRST_OK: dict[str, float] = {}  # machine -> wall time of its first heartbeat answered
@@ -444,8 +447,8 @@ def main() -> int:
         lost = [int(c.metric("twine_coordination_lease_failures_total")) for c in cs]
         deposed = [int(c.metric("twine_coordination_depositions_total")) for c in cs]
         print(f"3. heartbeats: {args.agents:,} simulated agents every {args.interval:g}s for {beat_for:.0f}s (target "
-              f"{args.agents / args.interval:.0f}/s): {ok / beat_for:.0f}/s answered ({phases}), {failed} refused or "
-              f"unanswered ({closed} connections closed by a replica, each opened again); "
+              f"{args.agents / args.interval:.0f}/s): {ok / beat_for:.0f}/s answered ({phases}), {failed} refused, unanswered or "
+              f"not sent for want of a connection ({closed} connections closed by a replica, each opened again); "
               f"{relays:.0f} relayed to their owner; failure verdicts on machines that heartbeat: {len(false)}; "
               f"lease keep-alives failed {lost}, leaderships ended {deposed} (per process)")
         waits = sorted(w for p in pipes for w in p.waits)

@@ -18,7 +18,8 @@ An agent heartbeats to one twine-controld process; the heartbeat's two uses live
 - *how far behind* this process is on its intake (daemon/intake.py) matters to every health owner:
   a heartbeat this process has not read yet is not relayed yet, so an owner measures silence only
   up to the horizon of every member's (health/check.py). A member that says so in its record
-  (`intake`) gets a relay at least every BEAT seconds, empty if nothing else is owed to it.
+  (`intake`: one that hears heartbeats) gets a relay about every BEAT seconds, empty if nothing else
+  is owed to it.
 
 One `POST /v1/internal/relay` per peer and interval carries them:
     {"from": member, "seen": [machine id], "reports": {machine id: {"tasks": [...], "error": "", "at": when}},
@@ -48,8 +49,9 @@ log = logging.getLogger("twine.controld.relay")
 INTERVAL = 0.2
 USAGE_EVERY = 1.0  # seconds between two usage partials to each member
 GONE_FOR = 5  # lease TTLs a member's key may be gone with reports still queued for it
-# seconds between two relays to a member that takes `behind` (the health pass's period): an owner
-# measures silence up to the last one, so every verdict it makes waits up to this much longer
+# seconds between two relays to a member that takes `behind`, at most (the health pass's period),
+# a relay still out to it aside: an owner measures silence up to the last one, so a verdict waits up
+# to this much longer, and the sender's last wait for work (a tick, 0.2 s, at most)
 BEAT = 0.5
 
 
@@ -115,7 +117,7 @@ class Relay:
         self.counters["received"] += 1
         agents, now, wall = self.agents, time.monotonic(), time.time()
         if body.behind is not None:  # what it heard before then has reached this process by now
-            self.health.peer_horizon(body.from_, body.behind)
+            self.health.heard.peer(body.from_, body.behind, bool(body.seen))
         for mid in body.seen:
             if mid in self.state.machines:
                 agents.last_seen[mid] = now
@@ -160,7 +162,7 @@ class Relay:
                     self._usage_sent = time.monotonic()
                     usage = self.usage.partial()
                     peers |= self._members - {self.coordinator.id if self.coordinator else None}
-                beat = time.monotonic() - self._beat_sent >= BEAT
+                beat = time.monotonic() - self._beat_sent >= BEAT - self.interval / 2  # (ticks overshoot)
                 if beat:
                     self._beat_sent = time.monotonic()
                     peers |= {m for m in self._members - set(self._gone) if self._takes_behind(m)}
@@ -220,7 +222,7 @@ class Relay:
         if usage is not None:
             body["usage"] = usage
         if behind:  # read last: what this process had heard before the horizon is in `seen` or sent already
-            body["behind"] = round(self.behind(), 3)
+            body["behind"] = round(min(self.behind(), 86_400.0), 3)  # (the schema's bound)
         token = self.token
         try:  # the daemon's session to the other replicas (it verifies them with --tls-ca)
             # msgspec, not aiohttp's json.dumps: a greeting carries every report this process holds

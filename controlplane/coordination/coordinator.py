@@ -219,7 +219,8 @@ class Coordinator:
                 lease = await asyncio.wait_for(self.store.grant(self.ttl), self.ttl)
                 rec = {"id": self.id, "url": self.url, "roles": list(self.roles), "shards": list(self.shards),
                        "started": time.time(), "lease": lease, "incarnation": self.incarnation,
-                       "intake": True}  # takes `behind` in relays (broker/relay.py)
+                       # takes and sends `behind` in relays (broker/relay.py): a member that hears heartbeats
+                       "intake": "frontend" in self.roles or "health" in self.roles}
                 await asyncio.wait_for(self.store.put_leased(self.keys.member(self.id), rec, lease), self.ttl)
                 self.lease, self.valid_until = lease, sent + self.ttl
                 await self._bury_predecessors()

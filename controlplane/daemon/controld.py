@@ -109,7 +109,7 @@ class ControlDaemon:
         self.agents.on_report = self.health.reported
         self.health.report_of = self.agents.report_with_time
         self.intake = intake or Intake()  # (made with its loop, or none: the horizon is always now)
-        self.health.intake = self.intake.horizon
+        self.health.heard.intake = self.intake.horizon
         self.registry = metrics.registry()
         # the control plane's own hosts, where no TaskController may be: its members' and etcd's
         self.reach = Reach(lambda: [*(urlsplit(m.get("url", "")).hostname or "" for m in self.state.members.values()),

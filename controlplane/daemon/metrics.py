@@ -94,7 +94,7 @@ class DaemonCollector(Collector):
         yield _gauge("twine_shards_led", "scheduler shards this process leads", len(scheds))
         yield _gauge("twine_health_intake_behind_seconds", "how far before now the health check's last pass "
                      "measured silence up to: heartbeats unread here or at a member then (daemon/intake.py)",
-                     self.health.behind)
+                     self.health.heard.behind)
         yield _gauge("twine_connections_open", "API connections open", listener.total if listener else 0)
         yield _counter("twine_connections_refused", "API connections refused (connection limits)",
                        listener.refused if listener else 0)

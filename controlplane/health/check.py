@@ -17,10 +17,9 @@ grace from that moment: its heartbeats went to the old owner until then. So does
 heard from when the replica joins the members, and every machine when it joins them again after
 its lease lapsed (a new lease): while it was out of them, nobody relayed it a heartbeat.
 
-Silence is measured up to the intake horizon, not to now (daemon/intake.py): the moment before
-which every heartbeat that reached this process, and every one relayed to it by a member that says
-its own horizon (the members' `intake`), was heard. A process behind on its intake judges by what
-it has heard, for up to a timeout's doubt; past that it judges up to a timeout before now.
+Silence is measured up to when this process has heard its machines' heartbeats (horizon.py): a
+heartbeat waiting unread here, or at a member that relays it heartbeats, is not silence, for up to
+a timeout's doubt.
 """
 
 from __future__ import annotations
@@ -33,6 +32,7 @@ from dataclasses import replace
 from typing import Any, Callable, Mapping
 
 from controlplane.health import tombstones
+from controlplane.health.horizon import STUCK, HeardUpTo
 from controlplane.store.records import EventRec, MachineRec
 from controlplane.store.state import RegionState
 from controlplane.store import Store, Unavailable
@@ -112,10 +112,8 @@ class HealthService:
         # machine -> its agent's latest task report and when it was last known current
         # (AgentService.report_with_time), for its tombstones
         self.report_of: Callable[[str], tuple[Report | None, float | None]] = lambda mid: (None, None)
-        self.intake: Callable[[], float] = time.monotonic  # this process's intake horizon (Intake.horizon)
-        self._peers: dict[str, float] = {}  # member -> its intake horizon, in this process's clock
-        self.behind = 0.0  # how far the horizon of the last pass was behind it (seconds)
-        self._behind_said = ""  # whose intake held the last pass back, as last logged
+        # up to when silence is measured: this process's intake horizon (Intake.horizon) and its peers'
+        self.heard = HeardUpTo()
 
     async def run(self) -> None:
         self.started = time.monotonic()  # the clock starts when the API listens, not at construction
@@ -199,39 +197,6 @@ class HealthService:
         # renewed meanwhile (that pass sets the floor of a new lease, above)
         return coord.valid() and coord.lease == self._lease
 
-    def peer_horizon(self, member: str, behind: float) -> None:
-        """A relay from `member`, which was `behind` seconds behind on its intake when it sent it:
-        every heartbeat it heard before then has been relayed here by now."""
-        self._peers[member] = time.monotonic() - behind
-
-    def horizon(self, now: float) -> float:
-        """The moment up to which silence is measured: the earliest of this process's intake
-        horizon and those of the other members that say theirs (a member not heard from since this
-        process saw it join: since then), never more than a timeout before now."""
-        at, whose = self.intake(), "this process"
-        coord = self.coordinator
-        if coord is not None:
-            members = self.state.members
-            for gone in self._peers.keys() - members.keys():
-                del self._peers[gone]
-            for member, rec in members.items():
-                if member != coord.id and rec.get("intake"):
-                    h = self._peers.setdefault(member, now)
-                    if h < at:
-                        at, whose = h, f"member {member}"
-        at = min(at, now)
-        self.behind = now - at
-        said = whose if self.behind > self.timeout / 2 else ""
-        if said != self._behind_said:
-            if said:
-                log.warning("intake %.1fs behind (%s): silence is measured up to then, %s", self.behind, said,
-                            "for a timeout's doubt at most" if self.behind < self.timeout else
-                            f"and no more than {self.timeout:g}s before now")
-            else:
-                log.info("intake caught up (%s)", self._behind_said)
-            self._behind_said = said
-        return max(at, now - self.timeout)
-
     def _welcome(self, new: set[str], now: float) -> None:
         """Machines new to the region (registered since this process started): silent since now,
         not since the daemon started, so each has the grace for its first heartbeat. Without it a
@@ -271,7 +236,7 @@ class HealthService:
         now = time.monotonic()
         if not await self._refresh_owned(now):
             return
-        heard = self.horizon(now)
+        heard = self.heard.at(now, self.coordinator, self.state.members, self.timeout)
         heap, due_of = self._heap, self._due
         # (machine, reason, seconds silent, its last heartbeat then): written together after the
         # pass (an MSB's machines fail at once)
@@ -285,7 +250,7 @@ class HealthService:
                 # heartbeats that came meanwhile are heard before the machines after them are judged
                 await asyncio.sleep(0)
                 now = time.monotonic()
-                heard = self.horizon(now)
+                heard = self.heard.at(now, self.coordinator, self.state.members, self.timeout)
                 coord = self.coordinator
                 if coord is not None and (not coord.valid() or coord.health_members() != self._members):
                     break  # who owns what may have changed: the next pass judges (the rest stay due)
@@ -325,9 +290,10 @@ class HealthService:
                 failing.append((m.id, f"{NO_HEARTBEAT} for {silent:.1f}s", silent, seen))  # back with tombstones, silent again
             # a healthy machine: due when its silence passes the limit; an unhealthy one comes back by
             # its next heartbeat (seen(), which also puts it back here): a look a timeout is a fallback
-            # (with the horizon behind, not before it has moved on: a machine due at once would be
-            # looked at in every pass while it stays behind)
-            self._push(mid, now + max(limit - silent + 0.001, min(now - heard, self.timeout / 4))
+            # (with the horizon stuck, not before it may have moved on: a machine due at once would
+            # be looked at in every pass while it stays stuck)
+            lag = now - heard
+            self._push(mid, now + max(limit - silent + 0.001, min(lag, self.timeout / 4) if lag > STUCK else 0.0)
                        if m.healthy and silent <= limit else now + self.timeout)
         if self.coordinator is not None and not self.coordinator.valid():  # the lease in doubt: judged later
             for mid, *_ in failing:

@@ -165,7 +165,9 @@ def test_each_member_that_takes_it_hears_how_far_behind_the_sender_is_every_beat
             await asyncio.sleep(6 * BEAT)
             to_c = next(m for m in (f"m{i:03d}" for i in range(100)) if rendezvous(("a", "b", "c"), m) == "c")
             relay.heard(to_c)
-            await asyncio.sleep(3 * relay.interval)
+            deadline = time.monotonic() + 10
+            while not got["c"] and time.monotonic() < deadline:
+                await asyncio.sleep(relay.interval)
             running.cancel()
             await asyncio.gather(running, return_exceptions=True)
         for runner in runners:
@@ -185,6 +187,10 @@ def test_each_member_that_takes_it_hears_how_far_behind_the_sender_is_every_beat
                      health, None, lambda: None, "token")
         at_b.receive(got["b"][-1])
         now = time.monotonic()
-        assert now - 1.35 < health.horizon(now) <= now - 1.25
+        assert health.heard.at(now, health.coordinator, state_b.members, 5.0) == now, \
+            "a relays b no heartbeat: none of b's waits at a"
+        at_b.receive(msgspec.json.decode(b'{"from": "a", "seen": ["m1"], "behind": 1.25}', type=RelayBody))
+        now = time.monotonic()
+        assert now - 1.35 < health.heard.at(now, health.coordinator, state_b.members, 5.0) <= now - 1.25
 
     asyncio.run(body())

@@ -70,9 +70,9 @@ def test_integral_floats_are_integers_but_environment_values_stay_as_given():
 
 
 def test_bodies_decoded_in_one_pass_take_integral_floats_too():
-    """The relay's and the heartbeat's bodies are decoded straight into their types (decoded()): a
-    usage figure 5.0, which the document allows as an integer, was refused there (schemathesis
-    found it); 5.5 still is, naming the field."""
+    """The relay's body is decoded straight into its type (decoded()): a usage figure 5.0, which the
+    document allows as an integer, was refused there (schemathesis found it); 5.5 still is, naming
+    the field."""
     raw = (b'{"from": "a", "usage": {"cells": [["dc", "msb", "ent", "p", "t", 5.0, 1, 2, 3, 4, 5, 6]]}, "behind": 2}')
     relay = schema.decoded(raw, schema.Relay)
     assert relay.usage.cells[0][5] == 5 and isinstance(relay.usage.cells[0][5], int) and relay.behind == 2.0

@@ -47,10 +47,10 @@ def test_a_request_that_came_while_the_loop_was_held_is_behind_the_horizon_until
 
             threading.Thread(target=send_later).start()
             held = time.monotonic()
-            time.sleep(0.6)  # the loop held: the request waits unread in the socket
+            time.sleep(1.0)  # the loop held: the request waits unread in the socket
             assert sent.is_set()
             assert intake.horizon() <= held < at["sent"], "what came while held is not heard yet"
-            assert intake.behind() >= 0.6
+            assert intake.behind() >= 1.0
             await asyncio.wait_for(handled.wait(), 5)
             # the poll that found it moved nothing: it was unread then
             assert at["horizon when handled"] <= held, (at, held)

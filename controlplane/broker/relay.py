@@ -165,7 +165,7 @@ class Relay:
                 beat = time.monotonic() - self._beat_sent >= BEAT - self.interval / 2  # (ticks overshoot)
                 if beat:
                     self._beat_sent = time.monotonic()
-                    peers |= {m for m in self._members - set(self._gone) if self._takes_behind(m)}
+                    peers |= {m for m in self._members if self._takes_behind(m)}  # (a member gone is not in them)
                 for p in sorted(peers):
                     if p not in out or out[p].done():
                         out[p] = asyncio.create_task(self._send(p, usage, beat))

@@ -304,13 +304,16 @@ BODIES: dict[str, type] = {t.__name__: t for t in (EntitlementSpec, EntitlementP
                                                    AgentRegister,
                                                    Heartbeat, Shutdown)}
 
+INT_GOT_FLOAT = re.compile(r"Expected `int( \| null)?`, got `float`")  # msgspec's words for 3.0 where an int goes
+
+
 def checked(data: Any, schema: type) -> Any:
     """`data` (a decoded JSON body) as it is, if it fits `schema`; else a 400 naming the field."""
     try:
         try:
             msgspec.convert(data, schema, strict=True)
         except msgspec.ValidationError as e:
-            if "Expected `int`, got `float`" not in str(e):
+            if not INT_GOT_FLOAT.search(str(e)):
                 raise
             # JSON has one number type: 3.0 is the integer 3 (as JSON Schema says); taken as it
             data = _integral(data)
@@ -320,9 +323,6 @@ def checked(data: Any, schema: type) -> Any:
     except msgspec.ValidationError as e:
         raise ApiError("invalid", *field_and_why(data, e)) from None
     return data
-
-
-INT_GOT_FLOAT = re.compile(r"Expected `int( \| null)?`, got `float`")  # msgspec's words for 3.0 where an int goes
 
 
 def decoded(raw: bytes, schema: type) -> Any:

@@ -233,6 +233,9 @@ class Jobs:
         return reply(self.answer(job))
 
     async def discovery(self, request: web.Request) -> web.Response:
+        """The job's discovery records as etcd has them (the region's view keeps none: one a task),
+        read from etcd: 503 naming why when it does not answer."""
         job = self._job(request)
-        eps = sorted((v for (h, _), v in self.state.endpoints.items() if h == job.handle), key=lambda v: v["index"])
+        found, _ = await self.state.store.range(self.state.keys.discovery(job.handle))
+        eps = sorted((v.value for v in found if isinstance(v.value, dict)), key=lambda v: v.get("index", 0))
         return reply({"job": job.handle, "endpoints": eps})

@@ -28,8 +28,12 @@ class Index:
     of what the garbage collector's full passes scanned."""
 
     def __init__(self, store: Store, prefix: str, on_change: Callable[[Change], None] | None = None,
-                 keep_values: bool = True, raw: bool = False, revisions: dict[str, int] | None = None):
+                 keep_values: bool = True, raw: bool = False, revisions: dict[str, int] | None = None,
+                 unkept: tuple[str, ...] = ()):
         self.store = store
+        # keys under these prefixes the owner keeps nothing of, not even their revisions: a fresh
+        # read does not hand them on as changed (the watch hands on every change, for wait_for)
+        self.unkept = unkept
         # `revisions` given: the owner's own dict of each key's mod revision, which its on_change
         # keeps (RegionState.revs); the index reads it to find what a fresh read changed and keeps
         # no second copy (one entry per key of the region in each)
@@ -169,7 +173,8 @@ class Index:
     async def _resync(self, items: list[Versioned], revision: int) -> None:
         """Take a fresh range read: hand on_change every key that differs from the cache (a
         deleted one as None, at the read's revision), in key order as at start."""
-        fresh = {v.key: v for v in items}
+        unkept = self.unkept
+        fresh = {v.key: v for v in items if not (unkept and v.key.startswith(unkept))}
         # a key's mod revision names its value: the same revision, the same value
         changes = [Change(k, None, revision) for k in self.revisions if k not in fresh]
         changes += [Change(k, v.value, v.mod_revision) for k, v in fresh.items()

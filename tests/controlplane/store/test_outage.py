@@ -116,6 +116,25 @@ def test_an_outage_with_no_change_hands_on_nothing(own_etcd, keys):
     asyncio.run(body())
 
 
+def test_a_fresh_read_does_not_hand_on_the_keys_the_owner_keeps_nothing_of(keys):
+    """RegionState keeps no discovery record nor its revision (one a task): after an outage, the
+    fresh read must not hand each of them on as changed (a million no-op changes, and a log line
+    counting them), while what the owner keeps is compared as before."""
+    from controlplane.store import Versioned
+
+    async def body():
+        seen: list[Change] = []
+        revisions = {keys.machine("a"): 3, keys.machine("gone"): 2}
+        index = Index(None, keys.root, on_change=seen.append, keep_values=False, revisions=revisions,
+                      unkept=(keys.discovery(),))
+        await index._resync([Versioned(keys.machine("a"), {"n": 1}, 3),  # noqa: SLF001 - the fresh read's path
+                             Versioned(keys.endpoint("web/api", 0), {"index": 0}, 4),
+                             Versioned(keys.machine("b"), {"n": 2}, 5)], 6)
+        assert [(c.key, c.value) for c in seen] == [(keys.machine("b"), {"n": 2}), (keys.machine("gone"), None)]
+
+    asyncio.run(body())
+
+
 def test_a_dead_first_endpoint_is_passed_over(etcd_server, keys):
     dead = free_port()  # nobody listens there
 

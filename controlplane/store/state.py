@@ -90,7 +90,7 @@ class RegionState:
         self.tasks: dict[str, dict[int, TaskRec]] = defaultdict(dict)
         self.events: dict[str, EventRec] = {}
         self.by_machine: dict[str, set[tuple[str, int]]] = defaultdict(set)
-        self.revs = Revisions(keys.machines())  # key -> mod revision, for transaction guards (a machine's by its id)
+        self.revs = Revisions(keys.machines(), keys.tasks())  # key -> mod revision, for transaction guards (a machine's by its id, a task's by its job and index)
         # the index reads etcd's bytes (decoded here, by kind) and keeps no copy of revs
         self.index = Index(store, keys.root, on_change=self._on_change, keep_values=False, raw=True, revisions=self.revs,
                            unkept=(keys.discovery(),))
@@ -123,6 +123,7 @@ class RegionState:
         self.reclaims = Reclaims()  # machine -> the open reclaim that covers it (controlplane/capacity)
         self._cordoned: set[str] = set()  # machines the snapshot has as taking no new task (_refresh_cordons)
         self._parts: dict[tuple, dict] = {}  # machine labels and capacities, one of each (_share_parts)
+        self._revision = 0  # the last change's mod revision (_take)
         self._alike: dict = {}  # strings and numbers machines share, one of each (_share_parts; at most ALIKE)
 
     async def start(self) -> None:
@@ -167,6 +168,10 @@ class RegionState:
         """_apply, except that a record this daemon cannot read (too large, not JSON, not the
         record its key says) is reported and skipped: the view keeps what it had. Such a record
         must neither stop the watch nor the daemon's next start (issue #11)."""
+        if revision == self._revision:
+            revision = self._revision  # one int for a commit's keys (72 of a 36-task job), not one a key
+        else:
+            self._revision = revision
         if isinstance(value, Skipped):
             return self._skip(key, value.why, revision)
         try:

@@ -271,3 +271,37 @@ def test_a_machine_draining_or_switching_in_a_profile_rollout_takes_no_new_task_
     state._apply(KEYS.rollout("ent"), encode(both), 10)  # noqa: SLF001
     with pytest.raises(AllocationError, match="healthy left 2; not cordoned left 0"):
         placed(1)
+
+
+def test_a_tasks_revision_is_kept_under_its_job_and_index_and_reads_back_as_its_whole_key():
+    """A task's whole key was about 85 bytes a task in every process (issue #38): its revision is
+    kept under its job's handle and its index. Guards, the index's iteration and deletions read
+    whole keys as before; a key under tasks/ that Keys.task would not write stays whole."""
+    from controlplane.store.revisions import Revisions
+
+    revs = Revisions(KEYS.machines(), KEYS.tasks())
+    revs[KEYS.task("web/api", 3)] = 7
+    revs[KEYS.task("web/api", 12)] = 8
+    revs[KEYS.tasks() + "web/api/odd"] = 9  # not a task key this version writes
+    revs[KEYS.job("web/api")] = 10
+    assert list(revs.tasks) == ["web/api"] and revs.tasks["web/api"] == {3: 7, 12: 8}
+    assert revs[KEYS.task("web/api", 12)] == 8 and revs.get(KEYS.task("web/api", 4)) is None
+    assert KEYS.task("web/api", 3) in revs and KEYS.task("web/other", 3) not in revs
+    assert dict(revs.items()) == {KEYS.task("web/api", 3): 7, KEYS.task("web/api", 12): 8,
+                                  KEYS.tasks() + "web/api/odd": 9, KEYS.job("web/api"): 10}
+    assert len(revs) == 4
+    assert revs.pop(KEYS.task("web/api", 3)) == 7
+    del revs[KEYS.task("web/api", 12)]
+    assert revs.tasks == {} and len(revs) == 2, "a job's dict goes with its last task"
+    with pytest.raises(KeyError):
+        del revs[KEYS.task("web/api", 12)]
+    assert revs.pop(KEYS.task("web/api", 12), None) is None
+
+    state = RegionState(None, KEYS)
+    t = TaskRec("web/api", 0, 1, {"cpus": 1, "memory_mb": 256}, None, "pending")
+    state._take(KEYS.task("web/api", 0), encode(t.to_json()), 5)  # noqa: SLF001 - the watch's own path
+    (handle,) = state.tasks
+    (kept,) = state.revs.tasks
+    assert kept is handle and state.guard(KEYS.task("web/api", 0)).mod_revision == 5
+    state._take(KEYS.task("web/api", 0), None, 6)  # noqa: SLF001 - deleted
+    assert state.guard(KEYS.task("web/api", 0)).mod_revision == 0 and not state.revs.tasks

@@ -61,6 +61,7 @@ import platform
 import random
 import sys
 import time
+import tracemalloc
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -280,14 +281,64 @@ async def through_the_daemon(state: RegionState, jobs: list[JobRec]) -> Run:
     return Run(len(jobs) / elapsed, len(jobs) / cpu, failed, commit_ms, apply_ms, written, pauses)
 
 
+def _kept(run) -> int:
+    """Bytes of Python objects that `run()` leaves alive (tracemalloc: allocations less frees, a
+    full collection after it), whatever the run's peak was."""
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        run()
+        gc.collect()
+        return tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+
+
+def memory(sizes: list[int], jobs: int, seed: int) -> int:
+    """--memory: per size, the bytes a committed task leaves in memory: (2), the daemon's commit
+    path (its region view, with the allocator's snapshot brought up to date, and the scheduler's
+    state; what each replica's view holds of a task is all of it but the scheduler's part); against
+    (1), the same jobs applied to a copy of the snapshot alone. Python objects only (tracemalloc):
+    resident memory also holds what the allocator has not given back."""
+    print(f"Python {platform.python_version()}; jobs of {TASKS_PER_JOB} tasks, {jobs} a run; bytes left in memory "
+          f"a task committed (tracemalloc)")
+    for n in sizes:
+        rnd = random.Random(seed)
+        state, _ = build_state(n, rnd)
+        snap = state.snapshot()
+        copy = snap.copy()
+        placed = [0, 0]
+
+        def one() -> None:
+            r = into_snapshot(copy, make_jobs(random.Random(seed + 2), jobs, "job"))
+            placed[0] = (jobs - r.failed) * TASKS_PER_JOB
+
+        def two() -> None:
+            r = asyncio.run(through_the_daemon(state, make_jobs(random.Random(seed + 2), jobs, "job")))
+            placed[1] = (jobs - r.failed) * TASKS_PER_JOB
+
+        b1 = _kept(one) / max(1, placed[0])
+        b2 = _kept(two) / max(1, placed[1])
+        print(f"  {n:>9,} machines: (2) the daemon's commit path {b2:,.0f} bytes a task; (1) the snapshot alone "
+              f"{b1:,.0f} (ratio {b2 / b1:.1f})")
+        del state, snap, copy
+        gc.collect()
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sizes", default="10000,100000,1000000", help="machine counts, comma separated")
     ap.add_argument("--jobs", type=int, default=1000, help="jobs per measured run")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--default-gc", action="store_true", help="leave the garbage collector as CPython sets it")
+    ap.add_argument("--memory", action="store_true",
+                    help="instead: what each committed task leaves in memory, (2) against (1), by tracemalloc")
     args = ap.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
+    if args.memory:
+        return memory(sizes, args.jobs, args.seed)
     if not args.default_gc:
         tune_collector()
     print(f"Python {platform.python_version()}, one process, one core; jobs of {TASKS_PER_JOB} tasks, "

@@ -233,9 +233,17 @@ class Jobs:
         return reply(self.answer(job))
 
     async def discovery(self, request: web.Request) -> web.Response:
-        """The job's discovery records as etcd has them (the region's view keeps none: one a task),
-        read from etcd: 503 naming why when it does not answer."""
+        """The job's discovery records, as the view's tasks say them (the view keeps no copy of the
+        records: one a task, in every process): a task's record is written with each change of its
+        machine, its discovery or its version, and holds them (scheduler/txn.py); the address is
+        its machine's as the view has it now. From the view, as every read: marked stale, not
+        refused, while etcd does not answer."""
         job = self._job(request)
-        found, _ = await self.state.store.range(self.state.keys.discovery(job.handle))
-        eps = sorted((v.value for v in found if isinstance(v.value, dict)), key=lambda v: v.get("index", 0))
+        st = self.state
+        eps = []
+        for index, t in sorted(st.tasks.get(job.handle, {}).items()):
+            m = st.machines.get(t.machine) if t.machine else None
+            eps.append({"job": job.handle, "index": index, "machine": t.machine or "",
+                        "address": m.address if m is not None else "", "enabled": t.discovery,
+                        "spec_version": t.spec_version})
         return reply({"job": job.handle, "endpoints": eps})

@@ -31,31 +31,24 @@ class Revisions(MutableMapping):
         self.tasks: dict[str, dict[int, int]] = {}  # job handle -> task index -> mod revision
         self._other: dict[str, int] = {}  # whole key -> mod revision, every other key
 
-    def _place(self, key: str) -> tuple[dict, str | int]:
-        if key.startswith(self.prefix):
-            return self.machines, key[len(self.prefix):]
+    def _task(self, key: str) -> tuple[str, int] | None:
+        """(handle, index) of a task's key as Keys.task writes it (6 ASCII digits: one this mapping
+        writes back the same); None for any other key, kept whole."""
         tp = self.tasks_prefix
-        if tp is not None and key.startswith(tp):
-            handle, _, idx = key[len(tp):].rpartition("/")
-            # only a key this mapping writes back the same (Keys.task: 6 digits); any other stays whole
-            if len(idx) == 6 and idx.isdigit() and handle:
-                return self.tasks.setdefault(sys.intern(handle), {}), int(idx)
-        return self._other, key
-
-    def _gone(self, d: dict, key: str) -> None:
-        """A job's dict emptied by a task's removal goes too."""
-        if d is not self._other and d is not self.machines and not d:
-            handle = key[len(self.tasks_prefix):].rpartition("/")[0]
-            if self.tasks.get(handle) is d:
-                del self.tasks[handle]
+        if tp is None or not key.startswith(tp):
+            return None
+        handle, _, idx = key[len(tp):].rpartition("/")
+        if len(idx) == 6 and handle and idx.isascii() and idx.isdigit():
+            return handle, int(idx)
+        return None
 
     def get(self, key: str, default: int | None = None) -> int | None:
-        if self.tasks_prefix is not None and key.startswith(self.tasks_prefix):
-            handle, _, idx = key[len(self.tasks_prefix):].rpartition("/")
-            if len(idx) == 6 and idx.isdigit() and handle:
-                return self.tasks.get(handle, {}).get(int(idx), default)
-        d, k = self._place(key)
-        return d.get(k, default)
+        if key.startswith(self.prefix):
+            return self.machines.get(key[len(self.prefix):], default)
+        if (t := self._task(key)) is not None:
+            d = self.tasks.get(t[0])
+            return default if d is None else d.get(t[1], default)
+        return self._other.get(key, default)
 
     def __getitem__(self, key: str) -> int:
         v = self.get(key, _MISSING)
@@ -64,27 +57,39 @@ class Revisions(MutableMapping):
         return v
 
     def __setitem__(self, key: str, revision: int) -> None:
-        d, k = self._place(key)
-        d[k] = revision
+        if key.startswith(self.prefix):
+            self.machines[key[len(self.prefix):]] = revision
+        elif (t := self._task(key)) is not None:
+            d = self.tasks.get(t[0])
+            if d is None:
+                d = self.tasks[sys.intern(t[0])] = {}  # the handle the view's tasks dict has (interned)
+            d[t[1]] = revision
+        else:
+            self._other[key] = revision
 
     def __delitem__(self, key: str) -> None:
         if self.pop(key, _MISSING) is _MISSING:
             raise KeyError(key)
 
     def pop(self, key: str, default=_MISSING):
-        if key not in self:
-            if default is _MISSING:
-                raise KeyError(key)
-            return default
-        d, k = self._place(key)
-        v = d.pop(k)
-        self._gone(d, key)
-        return v
+        if key.startswith(self.prefix):
+            d, k = self.machines, key[len(self.prefix):]
+        elif (t := self._task(key)) is not None:
+            by_index = self.tasks.get(t[0])
+            v = _MISSING if by_index is None else by_index.pop(t[1], _MISSING)
+            if by_index is not None and not by_index:
+                del self.tasks[t[0]]  # a job's dict goes with its last task
+            if v is _MISSING:
+                if default is _MISSING:
+                    raise KeyError(key)
+                return default
+            return v
+        else:
+            d, k = self._other, key
+        return d.pop(k) if default is _MISSING else d.pop(k, default)
 
     def __contains__(self, key: object) -> bool:
-        if not isinstance(key, str):
-            return False
-        return self.get(key, _MISSING) is not _MISSING
+        return isinstance(key, str) and self.get(key, _MISSING) is not _MISSING
 
     def __iter__(self) -> Iterator[str]:
         yield from self._other

@@ -90,10 +90,11 @@ class RegionState:
         self.tasks: dict[str, dict[int, TaskRec]] = defaultdict(dict)
         self.events: dict[str, EventRec] = {}
         self.by_machine: dict[str, set[tuple[str, int]]] = defaultdict(set)
+        self._unkept = (keys.discovery(),)  # keys this view keeps nothing of (_take)
         self.revs = Revisions(keys.machines(), keys.tasks())  # key -> mod revision, for transaction guards (a machine's by its id, a task's by its job and index)
         # the index reads etcd's bytes (decoded here, by kind) and keeps no copy of revs
         self.index = Index(store, keys.root, on_change=self._on_change, keep_values=False, raw=True, revisions=self.revs,
-                           unkept=(keys.discovery(),))
+                           unkept=self._unkept)
         self.credentials: dict[str, str] = {}  # sha256 of a machine credential -> machine id
         self.changed = Wakeups()  # set on every change; each scheduler has its own event
         # coordination (controlplane/coordination/coordinator.py): members and shard leaders, by their leases
@@ -168,6 +169,11 @@ class RegionState:
         """_apply, except that a record this daemon cannot read (too large, not JSON, not the
         record its key says) is reported and skipped: the view keeps what it had. Such a record
         must neither stop the watch nor the daemon's next start (issue #11)."""
+        if key.startswith(self._unkept):
+            # written for discovery's clients, which read etcd; this view keeps none of them, nor
+            # their revisions (nothing guards them), readable or not: one a task, in every process
+            # (issue #38). GET /v1/discovery says them from the tasks.
+            return set()
         if revision == self._revision:
             revision = self._revision  # one int for a commit's keys (72 of a 36-task job), not one a key
         else:
@@ -199,11 +205,6 @@ class RegionState:
         """Decode one change into the view. Returns the jobs it may concern, for the schedulers'
         work queues (None: any job)."""
         kind, _, rest = key[len(self.keys.root):].partition("/")
-        if kind == "discovery":
-            # written for discovery's clients, which read etcd; this view keeps none of them, nor
-            # their revisions (nothing guards them): one a task, in every process (issue #38).
-            # GET /v1/discovery reads them from etcd.
-            return set()
         if isinstance(value, bytes) and kind in _KEPT:  # as etcd has it (the index reads raw)
             value = decoded(kind, value)
         if self.skipped:

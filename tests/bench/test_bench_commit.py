@@ -19,5 +19,5 @@ def test_memory_says_what_a_committed_task_leaves_beside_the_snapshot_alone():
     (m,) = [LINE.fullmatch(line) for line in out.splitlines() if LINE.fullmatch(line)]
     two, one = int(m["two"].replace(",", "")), int(m["one"].replace(",", ""))
     # a task's record and its place in the view and the snapshot: more than the snapshot's part alone,
-    # and far from the 1.7 KB it took before the view shared its strings and dropped discovery records
+    # and far from the 1.6 KB it took before the view shared its strings and dropped discovery records
     assert 0 < one < two < 1200, out

@@ -13,6 +13,7 @@ import time
 import pytest
 
 from controlplane.store import Store
+from controlplane.store.keys import Keys
 from tests.controlplane.controld_proc import BOOTSTRAP_TOKEN, Controld
 
 TASK = {"image": "twine/busybox:1", "command": ["sleep", "3600"], "cpus": 1, "memory_mb": 64}
@@ -131,6 +132,18 @@ def test_registration_long_poll_and_heartbeat_reports(controld):
     assert job["tasks"][0]["discovery"] is True
     status, disc = controld.call("GET", "/v1/discovery/web/api")
     assert disc["endpoints"][0]["enabled"] is True and disc["endpoints"][0]["machine"] == "m1"
+    # the address m1 registered with (register()); the same as the record etcd holds for discovery's clients
+    assert disc["endpoints"] == [{"job": "web/api", "index": 0, "machine": "m1", "address": "10.0.0.2",
+                                  "enabled": True, "spec_version": 1}], disc
+
+    async def records() -> list:
+        store = Store([("127.0.0.1", controld.etcd_port)])
+        try:
+            return [v.value for v in (await store.range(Keys(controld.region).discovery("web/api")))[0]]
+        finally:
+            await store.close()
+
+    assert asyncio.run(records()) == disc["endpoints"]
     # a digest the daemon has not seen, without tasks: it asks for the full report
     assert controld.call("POST", "/v1/agent/heartbeat", {"machine_id": "m1", "digest": "zzz"}, token=cred)[1]["resend"]
 

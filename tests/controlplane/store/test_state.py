@@ -13,7 +13,7 @@ from controlplane.allocator import allocate
 from controlplane.allocator.errors import AllocationError
 from controlplane.store.records import EntitlementRec, EventRec, MachineRec, Spread, TaskRec
 from controlplane.store.state import RegionState, decoded
-from controlplane.store.codec import encode
+from controlplane.store.codec import Skipped, encode
 from controlplane.store.keys import Keys
 
 from tests.controlplane.allocator.builders import job
@@ -233,6 +233,7 @@ def test_a_task_shares_its_jobs_handle_its_machines_id_and_its_state_and_discove
     assert sorted(state.revs) == [KEYS.machine("m1"), KEYS.task("web/api", 0), KEYS.task("web/api", 1)]
     assert state.guard(KEYS.task("web/api", 1)).mod_revision == 3 and not state.skipped
     state._take(KEYS.endpoint("web/api", 0), None, 4)  # noqa: SLF001 - a deletion: nothing to forget
+    state._take(KEYS.endpoint("web/api", 1), Skipped("larger than 2 MiB"), 5)  # noqa: SLF001 - nor one unreadable
     assert len(state.revs) == 3 and not state.skipped
 
 
@@ -305,3 +306,28 @@ def test_a_tasks_revision_is_kept_under_its_job_and_index_and_reads_back_as_its_
     assert kept is handle and state.guard(KEYS.task("web/api", 0)).mod_revision == 5
     state._take(KEYS.task("web/api", 0), None, 6)  # noqa: SLF001 - deleted
     assert state.guard(KEYS.task("web/api", 0)).mod_revision == 0 and not state.revs.tasks
+
+
+def test_revisions_read_as_a_dict_of_whole_keys_whatever_the_keys():
+    """Revisions against a plain dict, through random puts, pops, deletes and reads, with keys of
+    every kind: a task's as Keys.task writes it, and keys under tasks/ it does not write (other
+    digits, other lengths, no handle), which stay whole and read back the same."""
+    from controlplane.store.revisions import Revisions
+
+    rnd = random.Random(38)
+    keys = [KEYS.task("web/api", i) for i in (0, 7, 999999)] + [KEYS.task("b/x", 1), KEYS.machine("m1"),
+                                                                KEYS.job("web/api"), KEYS.endpoint("web/api", 0)]
+    keys += [KEYS.tasks() + s for s in ("web/api/00000²", "web/api/١٠٠٠٠٠", "web/api/12345", "web/api/1234567",
+                                        "/000001", "web/api/", "x", "")]
+    revs, plain = Revisions(KEYS.machines(), KEYS.tasks()), {}
+    for step in range(3000):
+        key = rnd.choice(keys)
+        op = rnd.random()
+        if op < 0.4:
+            revs[key] = plain[key] = step
+        elif op < 0.6:
+            assert revs.pop(key, None) == plain.pop(key, None)
+        elif op < 0.7 and key in plain:
+            del revs[key], plain[key]
+        assert (key in revs) == (key in plain) and revs.get(key) == plain.get(key)
+        assert dict(revs.items()) == plain and len(revs) == len(plain)

@@ -12,6 +12,7 @@ relays (usage/peers.py asks the other replicas for them when they are wanted).""
 from __future__ import annotations
 
 import math
+import sys
 import time
 from typing import Collection, Container, NamedTuple
 
@@ -86,6 +87,9 @@ class UsageBook:
         window = usage["window"]
         for job, index, cpu, mem in usage.get("tasks") or ():
             if job in known:
+                # one string a job, the region view's (interned there), not one a task a report: a
+                # replica holds every task's last figures (issue #38)
+                job = sys.intern(job)
                 cpu_m = round(cpu * 1000)
                 # an agent lists its tasks in the same order report after report: the one at this place
                 # in the last report first

@@ -106,3 +106,15 @@ def test_a_tasks_smoothed_figure_is_its_own_whatever_the_order_its_agent_lists_t
     book.note("m1", CELL, usage(1.0, 100, [["web/api", 0, 0.0, 10.0], ["web/api", 1, 1.0, 10.0]]), known, 2)
     figs = {t.index: t.cpu_avg_m for t in book.tasks(["web/api"])}
     assert figs == {0: 967, 1: 33}, figs  # each moved 1/30 of the way from its own figure
+
+
+def test_a_tasks_figures_hold_its_jobs_one_string_not_the_reports_copy():
+    """Each report's job names are fresh strings (a decoded body); a replica keeps every task's last
+    figures, so each held its own copy of its job's handle (issue #38). They hold one string a job."""
+    book = UsageBook()
+    known = {"web/api"}
+    for mid in ("m1", "m2"):
+        book.note(mid, CELL, usage(1.0, 100, [["".join(["web/", "api"]), 0, 0.5, 10.0]]), known, 0)
+    (a,), (b,) = book.machines["m1"].each, book.machines["m2"].each
+    (job,) = book.by_job
+    assert a.job is b.job is job and book.machines["m1"].tasks[0][0] is job

@@ -302,28 +302,32 @@ def memory(sizes: list[int], jobs: int, seed: int) -> int:
           f"a task committed (tracemalloc)")
     for n in sizes:
         tracemalloc.start()  # before the region is built: what a commit frees of it counts too
-        rnd = random.Random(seed)
-        state, _ = build_state(n, rnd)
-        snap = state.snapshot()
-        copy = snap.copy()
-        placed = [0, 0]
-
-        def one() -> None:
-            r = into_snapshot(copy, make_jobs(random.Random(seed + 2), jobs, "job"))
-            placed[0] = (jobs - r.failed) * TASKS_PER_JOB
-
-        def two() -> None:
-            r = asyncio.run(through_the_daemon(state, make_jobs(random.Random(seed + 2), jobs, "job")))
-            placed[1] = (jobs - r.failed) * TASKS_PER_JOB
-
-        b1 = _kept(one) / max(1, placed[0])
-        b2 = _kept(two) / max(1, placed[1])
+        try:
+            b2, b1 = _memory_at(n, jobs, seed)
+        finally:
+            tracemalloc.stop()
         print(f"  {n:>9,} machines: (2) the daemon's commit path {b2:,.0f} bytes a task; (1) the snapshot alone "
               f"{b1:,.0f} (ratio {b2 / b1:.1f})")
-        del state, snap, copy
-        tracemalloc.stop()
         gc.collect()
     return 0
+
+
+def _memory_at(n: int, jobs: int, seed: int) -> tuple[float, float]:
+    """memory() at one size: bytes a task, (2) and (1). The region goes with the call."""
+    state, _ = build_state(n, random.Random(seed))
+    copy = state.snapshot().copy()
+    placed = [0, 0]
+
+    def one() -> None:
+        r = into_snapshot(copy, make_jobs(random.Random(seed + 2), jobs, "job"))
+        placed[0] = (jobs - r.failed) * TASKS_PER_JOB
+
+    def two() -> None:
+        r = asyncio.run(through_the_daemon(state, make_jobs(random.Random(seed + 2), jobs, "job")))
+        placed[1] = (jobs - r.failed) * TASKS_PER_JOB
+
+    b1 = _kept(one) / max(1, placed[0])
+    return _kept(two) / max(1, placed[1]), b1
 
 
 def main() -> int:

@@ -25,13 +25,14 @@ from controlplane.allocator import Snapshot
 from controlplane.capacity.index import Reclaims
 from controlplane.opsplanner.maintenance import Calendar
 from controlplane.rollouts.record import doc_name, machine_doc, stopping
-from controlplane.store.records import ON_MACHINE, TASK_STATES, EntitlementRec, EventRec, JobRec, MachineRec, TaskRec
+from controlplane.store.records import ON_MACHINE, EntitlementRec, EventRec, JobRec, MachineRec, TaskRec
 from controlplane.security.sealing import Sealer
 from controlplane.store import Change, Index, Store, Versioned
 from controlplane.store.codec import Skipped, decode
 from controlplane.store.cells import Cells
 from controlplane.store.keys import Keys
 from controlplane.store.revisions import Revisions
+from controlplane.store.sharing import Shared, share_task
 from controlplane.store.allocview import MOVING, to_entitlement, to_machine, to_placed, to_placed_copy
 from controlplane.store.wakeups import Wakeups
 
@@ -55,8 +56,6 @@ _TYPED = {"machines": (MachineRec, msgspec.json.Decoder(MachineRec)),
 # the kinds of key this daemon reads (any other under the region's prefix is left undecoded)
 _KEPT = frozenset(("machines", "tasks", "jobs", "entitlements", "events", "leaders", "settings", "members",
                    "ratelimits", "taskcontrol", "tokens", "rebalance", "rebalance-settings", "rollouts", "capacity-settings"))
-_STATES = {s: s for s in TASK_STATES}  # a task's state as one string each, not one a record
-ALIKE = 10_000  # distinct strings and numbers shared among machine records at most (a health reason with a time in it is not)
 
 
 def decoded(kind: str, raw: bytes) -> Any:
@@ -123,9 +122,8 @@ class RegionState:
         self._open_failures: dict[str, dict[str, EventRec]] = {}  # machine -> its failure events not ended, by id
         self.reclaims = Reclaims()  # machine -> the open reclaim that covers it (controlplane/capacity)
         self._cordoned: set[str] = set()  # machines the snapshot has as taking no new task (_refresh_cordons)
-        self._parts: dict[tuple, dict] = {}  # machine labels and capacities, one of each (_share_parts)
         self._revision = 0  # the last change's mod revision (_take)
-        self._alike: dict = {}  # strings and numbers machines share, one of each (_share_parts; at most ALIKE)
+        self._shared = Shared()  # what many machine records have alike, one object each (sharing.py)
 
     async def start(self) -> None:
         await self.index.start(each=lambda v: self._take(v.key, v.value, v.mod_revision))
@@ -297,7 +295,7 @@ class RegionState:
                     object.__setattr__(m, "id", old.id)
                 mid = m.id
                 self.revs.machines[mid] = revision
-            self._share_parts(m)
+            self._shared.machine(m)
         self.cells.change(old, m)
         if old is not None and old.credential_sha256:
             self.credentials.pop(old.credential_sha256, None)
@@ -317,29 +315,6 @@ class RegionState:
         self.wake_machine(mid)
         return old is None or m is None or _viewed(old) != _viewed(m)
 
-    def _share_parts(self, m: MachineRec) -> None:
-        """The machine's labels and capacity as one dict per distinct value (a rack's machines
-        share their labels; a machine type's its capacity): at a million machines, one dict each
-        was about half of what a machine's record held in memory. They are never changed in
-        place (records are replaced, not edited). And the strings and numbers many machines have
-        alike as one object each (a health reason, a profile's hash, an agent's version, 0.0),
-        a hostname that is the machine's id as the id itself: 170 bytes a machine of 550 where
-        most are down alike (issue #38)."""
-        for name in ("labels", "capacity"):
-            d = getattr(m, name)
-            try:
-                shared = self._parts.setdefault((name, *d.items()), d)
-            except (TypeError, AttributeError):  # not a dict of plain values: kept as it is
-                continue
-            if shared is not d:
-                object.__setattr__(m, name, shared)
-        if m.hostname == m.id and m.hostname is not m.id:
-            object.__setattr__(m, "hostname", m.id)
-        for name in ("health_reason", "profile_applied", "profile_hash", "agent_version", "alloc_cpus"):
-            v = getattr(m, name)
-            if isinstance(v, (str, float)):  # (a record of another shape keeps what it has)
-                object.__setattr__(m, name, self._alike.setdefault(v, v) if len(self._alike) < ALIKE else v)
-
     def _set_task(self, handle: str, index: int, t: TaskRec | None) -> None:
         old = self.tasks.get(handle, {}).get(index)
         if t is None:
@@ -354,7 +329,7 @@ class RegionState:
                 shared = job.task
             if shared is not None and shared is not t.spec and shared == t.spec:
                 object.__setattr__(t, "spec", shared)
-            self._share_strings(handle, t)
+            share_task(t, handle, self.machines)
             self.tasks[handle][index] = t
         key = (handle, index)
         before = old.holds() if old is not None else ()
@@ -368,17 +343,6 @@ class RegionState:
             self._dirty_tasks.add((handle + MOVING, index))
         for m in set(before) | set(after):
             self.wake_machine(m)
-
-    def _share_strings(self, handle: str, t: TaskRec) -> None:
-        """A fresh task record's strings as the ones the view has already: its job's handle, its
-        machine's id (the machine record's), its state: 170 of the 320 bytes a decoded task
-        held, in every process (issue #38)."""
-        if t.job == handle and t.job is not handle:
-            object.__setattr__(t, "job", handle)
-        if t.machine is not None and (m := self.machines.get(t.machine)) is not None and t.machine is not m.id:
-            object.__setattr__(t, "machine", m.id)
-        if (state := _STATES.get(t.state)) is not None and state is not t.state:
-            object.__setattr__(t, "state", state)
 
     def _wake_entitlement(self, name: str, old: EntitlementRec | None) -> None:
         new = self.entitlements.get(name)

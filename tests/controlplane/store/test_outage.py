@@ -108,7 +108,14 @@ def test_an_outage_with_no_change_hands_on_nothing(own_etcd, keys):
         print(f"index current again {time.monotonic() - started:.2f} s after etcd answered")
         assert seen == [] and values(index) == {"a": {"n": 1}} and index.revision == before
         rev = await store.commit([], {keys.machine("a"): {"n": 2}})
-        await index.wait_for(rev, timeout=5)
+        try:
+            await index.wait_for(rev, timeout=5)
+        except TimeoutError:
+            # seen once in a fresh-clone run (b764dd7), not again in 8 runs here: what the index
+            # was doing, for whoever meets it next
+            raise AssertionError(f"the commit at {rev} did not reach the index in 5 s: revision "
+                                 f"{index.revision}, stale {index.stale!r}, resyncs {index.resyncs}, "
+                                 f"store at {store.endpoint}, unavailable {store.unavailable!r}") from None
         assert values(index) == {"a": {"n": 2}}
         await index.stop()
         await store.close()

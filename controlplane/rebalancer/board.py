@@ -69,6 +69,7 @@ class Board:
                 per_job[t.job] += 1
         self.budget = {job: churn_budget(n, churn) for job, n in per_job.items()}
         self.moves: dict[Key, Planned] = {}
+        self.max_moves: int | None = None  # the round's move budget (plan.py); None: the jobs' budgets only
         self.pool: dict[str, Machine] = {m.id: m for m in region.pool}  # free machines a swap may take
         self.taken: dict[str, str] = {}  # free machine -> the entitlement a swap gives it to
         # the region's mean load, and the line above it that makes an MSB hot: moves do not change
@@ -107,7 +108,8 @@ class Board:
         return max(self.hot * self.machines[mid].cpus, self.used[mid])
 
     def movable(self, key: Key) -> bool:
-        return key not in self.moves and key not in self.cooling and self.budget.get(key[0], 0) > 0
+        return (key not in self.moves and key not in self.cooling and self.budget.get(key[0], 0) > 0
+                and (self.max_moves is None or len(self.moves) < self.max_moves))
 
     def fits(self, key: Key, mid: str) -> bool:
         t = self.tasks[key]

@@ -1,6 +1,10 @@
 """A rebalance round's plan: the goals in their order (goals.py: repair, then hotspots; then
 compaction.py per group; then swaps.py) on one board, each goal's score before and after, each move with its goal
-and why, in words a person reads, and the rules checked on the result (score.py)."""
+and why, in words a person reads, and the rules checked on the result (score.py).
+
+A round with a move budget (`max_moves`, as the descheduler's maxNoOfPodsToEvictTotal) spends it in
+another order: hotspots first (a hot MSB is a risk now), then the machines cheapest to free across
+every group (cheapest.py), then repair with what is left; no swap (each moves a machine's tasks)."""
 
 from __future__ import annotations
 
@@ -8,6 +12,7 @@ import time
 from dataclasses import dataclass, field
 
 from controlplane.rebalancer.board import HOT_MACHINE, MSB_MARGIN, Board, Key, Planned
+from controlplane.rebalancer.cheapest import cheapest
 from controlplane.rebalancer.compaction import TIME_LIMIT, Result, solve_group
 from controlplane.rebalancer.goals import machine_hotspots, msb_hotspots, repair
 from controlplane.rebalancer.score import Before, Scores, scores, violations
@@ -29,6 +34,7 @@ class Plan:
     hot: float = HOT_MACHINE
     racks_free: tuple[int, int] = (0, 0)  # racks wholly in the free pool, before and after
     taken: dict[str, str] = field(default_factory=dict)  # free machines swaps take -> the entitlement
+    max_moves: int | None = None  # the round's move budget (None: each job's churn budget only)
 
     def freed(self) -> list[str]:
         return sorted(self.before.held - self.after.held)
@@ -62,6 +68,7 @@ class Plan:
                         "seconds": round(r.seconds, 3)} for r in self.results],
             "violations": list(self.violations),
             "seconds": round(self.seconds, 3),
+            "max_moves": self.max_moves,
             "summary": self.summary(),
         }
 
@@ -72,6 +79,9 @@ class Plan:
         for p in self.moves:
             by_goal[p.goal] = by_goal.get(p.goal, 0) + 1
         b, a = self.before, self.after
+        if self.max_moves is not None:
+            out.append(f"budget: at most {self.max_moves} move(s) this round, {len(self.moves)} planned: hotspots "
+                       "first, then the machines cheapest to free, then repair")
         if b.spread_excess:
             out.append(f"repair: {b.spread_excess} task(s) of jobs spread over MSBs are beyond an even spread; "
                        f"{by_goal.get('repair', 0)} move(s) leave {a.spread_excess}")
@@ -87,9 +97,13 @@ class Plan:
                        f"no machine above {self.hot:.0%} of its cores)")
         else:
             out.append("hotspots: none measured: the tasks use next to no cpu, or their agents report none yet")
+        compacting: dict[str, int] = {}
+        for p in self.moves:
+            if p.goal == "compaction":
+                compacting[p.job.partition("/")[0]] = compacting.get(p.job.partition("/")[0], 0) + 1
         for name, (held, cpus, reserved) in sorted(b.by_entitlement.items()):
             n = held - a.by_entitlement.get(name, (0, 0, 0))[0]
-            moves = sum(len(r.moves) for r in self.results if r.group.entitlement == name)
+            moves = compacting.get(name, 0)
             if n:
                 out.append(f"entitlement {name} holds {held} machines whose {cpus / SCALE:g} cores are "
                            f"{reserved / SCALE:g} reserved: moving {moves} task(s) within their MSBs frees "
@@ -109,16 +123,25 @@ class Plan:
 
 def plan(region: Region | list[Group], churn: float = 0.25, time_limit: float = TIME_LIMIT,
          total_limit: float = TOTAL_LIMIT, cooling: frozenset[Key] | set[Key] = frozenset(),
-         hot: float = HOT_MACHINE, margin: float = MSB_MARGIN) -> Plan:
+         hot: float = HOT_MACHINE, margin: float = MSB_MARGIN, max_moves: int | None = None) -> Plan:
     """One round: repair, hotspots, then each group compacted, largest first: drained at once
     (compaction._drain), then improved by the solver for its share of what is left of total_limit
-    (at most time_limit); once that is spent, the groups left keep their drain's answer."""
+    (at most time_limit); once that is spent, the groups left keep their drain's answer. With
+    `max_moves`: hotspots, the cheapest machines to free, repair, within that many moves."""
     started = time.monotonic()
     if not isinstance(region, Region):
         region = Region(list(region))
     board = Board(region, churn, cooling, hot, margin)
     before = scores(board)
     checked = Before(board, before)
+    if max_moves is not None:
+        board.max_moves = max_moves  # no task is movable once the round has made that many moves
+        moves = msb_hotspots(board) + machine_hotspots(board)
+        moves += cheapest(board, max_moves - len(moves))[0]
+        moves += repair(board)
+        after = scores(board)
+        return Plan((), tuple(moves), before, after, tuple(violations(checked, board, after)),
+                    time.monotonic() - started, margin, hot, free_racks(region, board, before, after), {}, max_moves)
     moves = repair(board) + msb_hotspots(board) + machine_hotspots(board)
     deadline = time.monotonic() + total_limit
     results = []

@@ -1,0 +1,168 @@
+"""Compaction within a round's move budget: the machines cheapest to free first, across every
+group, until the budget is spent (issue #36; the descheduler's maxNoOfPodsToEvictTotal, for a
+planner that frees machines).
+
+Where the per-group solve (compaction.py) frees as many machines as each group can, whatever the
+moves, a round with a budget asks which machines give the most freed per move. A machine's cost is
+the moves that empty it: one a task on it, each onto the best fit among the other machines of its
+group (entitlement, MSB) that stay held, and one more for a task that fits nowhere as things stand
+but does once a small task of a target machine moves to a third machine of the group (an
+ejection: the make-room move the solver finds, one deep). The machines are taken cheapest first
+(fewest moves, then least reserved), their cost computed afresh when their turn comes (earlier
+drains fill the targets), until the next one would pass the budget. A move keeps what every
+compaction move keeps (compaction.py): the task's MSB (so its dc and its job's spread), its rack
+when its job spreads over racks, room for what it reserves, no machine made hot, the job's churn
+budget; a task moves at most once a round."""
+
+from __future__ import annotations
+
+import heapq
+
+from controlplane.rebalancer.board import Board, Key, Planned
+
+EJECT_TARGETS = 4  # machines of the group, closest to holding a task that fits nowhere, tried for an ejection
+EJECT_UPTO = 4  # tasks a machine may hold for a drain of it to try ejections (a dearer one is not worth them)
+
+
+class _Trial:
+    """A drain being tried: the room the moves so far take and give, before any is made."""
+
+    def __init__(self, board: Board, source: str, freed: set[str]):
+        self.b, self.source, self.freed = board, source, freed
+        # the machines its tasks may go to: the group's others that stay held
+        self.group = [mid for mid in board.in_group[board.group_of[source]]
+                      if mid != source and mid not in freed and board.holds(mid)]
+        self.dc: dict[str, int] = {}  # machine -> millicores the trial's moves add
+        self.dm: dict[str, int] = {}
+        self.du: dict[str, int] = {}
+        self.moves: list[tuple[Key, str]] = []
+        self.spent: dict[str, int] = {}  # job -> moves of the trial
+
+    def room(self, mid: str) -> tuple[int, int, float]:
+        b = self.b
+        return (b.free_cpus[mid] - self.dc.get(mid, 0), b.free_mem[mid] - self.dm.get(mid, 0),
+                b.hot_limit(mid) - b.used[mid] - self.du.get(mid, 0))
+
+    def fits(self, key: Key, mid: str) -> bool:
+        t = self.b.tasks[key]
+        c, m, u = self.room(mid)
+        return c >= t.cpus and m >= t.memory_mb and u >= t.used
+
+    def may_move(self, key: Key) -> bool:
+        b = self.b
+        return b.movable(key) and b.budget[key[0]] - self.spent.get(key[0], 0) > 0
+
+    def targets(self, key: Key, exclude: str = "") -> list[str]:
+        b = self.b
+        here = b.where[key]
+        if not b.tasks[key].keep_rack:
+            return [mid for mid in self.group if mid != here and mid != exclude]
+        rack = b.machines[here].rack
+        return [mid for mid in self.group if mid != here and mid != exclude and b.machines[mid].rack == rack]
+
+    def best_fit(self, key: Key, among: list[str]) -> str | None:
+        fits = [mid for mid in among if self.fits(key, mid)]
+        return min(fits, key=lambda mid: (*self.room(mid)[:2], mid), default=None)
+
+    def add(self, key: Key, mid: str) -> None:
+        t = self.b.tasks[key]
+        here = self.b.where[key]
+        for d, v in ((self.dc, t.cpus), (self.dm, t.memory_mb), (self.du, t.used)):
+            d[mid] = d.get(mid, 0) + v
+            if here != self.source:  # an ejected task gives its machine its room back
+                d[here] = d.get(here, 0) - v
+        self.moves.append((key, mid))
+        self.spent[key[0]] = self.spent.get(key[0], 0) + 1
+
+    def eject_for(self, key: Key, among: list[str]) -> bool:
+        """Make room for `key` on one of `among` by moving one task off it to a third machine."""
+        b = self.b
+        t = b.tasks[key]
+        moved = {k for k, _ in self.moves}
+
+        def short(mid: str) -> tuple[int, int, float]:
+            c, m, u = self.room(mid)
+            return max(0, t.cpus - c), max(0, t.memory_mb - m), max(0.0, t.used - u)
+
+        closest = sorted(among, key=lambda mid: (short(mid)[0] + short(mid)[1] // 4, mid))[:EJECT_TARGETS]
+        for mid in closest:
+            need_c, need_m, need_u = short(mid)
+            others = sorted((k for k in b.on[mid] if k not in moved and k != key), key=lambda k: (b.tasks[k].cpus, k))
+            for e in others:
+                et = b.tasks[e]
+                if et.cpus < need_c or et.memory_mb < need_m or et.used < need_u or not self.may_move(e):
+                    continue
+                if e[0] == key[0] and b.budget[key[0]] - self.spent.get(key[0], 0) < 2:
+                    continue
+                to = self.best_fit(e, self.targets(e, exclude=mid))
+                if to is None:
+                    continue
+                self.add(e, to)
+                if self.fits(key, mid):
+                    self.add(key, mid)
+                    return True
+                self.moves.pop()  # (cannot happen: e covered the shortfall) undo
+                raise AssertionError("an ejection that made no room")
+        return False
+
+
+def drain(board: Board, source: str, freed: set[str], elsewhere=None) -> list[tuple[Key, str]] | None:
+    """The moves that empty `source` (each task, largest first, onto its best fit; an ejection when
+    none has room), or None when it cannot be emptied this round. `elsewhere(trial, key)`: the
+    machines a task may go to, when not its group's."""
+    b = board
+    trial = _Trial(b, source, freed)
+    for key in sorted(b.on[source], key=lambda k: (-b.tasks[k].cpus, -b.tasks[k].memory_mb, k)):
+        if not trial.may_move(key):
+            return None
+        if elsewhere is not None:
+            mid = trial.best_fit(key, elsewhere(trial, key))
+            if mid is None:
+                return None
+            trial.add(key, mid)
+            continue
+        among = trial.targets(key)
+        mid = trial.best_fit(key, among)
+        if mid is not None:
+            trial.add(key, mid)
+        elif len(b.on[source]) > EJECT_UPTO or not trial.eject_for(key, among):
+            return None
+    return trial.moves
+
+
+def cheapest(board: Board, budget: int) -> tuple[list[Planned], set[str]]:
+    """Machines freed cheapest first across every group, within `budget` moves: the moves made on
+    the board, and the machines they free."""
+    heap = []
+    for gk, mids in board.in_group.items():
+        for mid in mids:
+            if board.holds(mid) and board.clear(mid) and board.on[mid]:
+                m = board.machines[mid]
+                heap.append((len(board.on[mid]), m.cpus - board.free_cpus[mid], mid))
+    heapq.heapify(heap)
+    out: list[Planned] = []
+    freed: set[str] = set()
+    spent = 0
+    while heap and spent < budget:
+        cost, reserved, mid = heapq.heappop(heap)
+        if spent + cost > budget:
+            continue  # a cheaper one may still fit what is left
+        if not board.on[mid] or not board.holds(mid) or mid in freed:
+            continue
+        moves = drain(board, mid, freed)
+        if moves is None:
+            continue
+        if len(moves) > cost:
+            heapq.heappush(heap, (len(moves), reserved, mid))  # dearer than it looked: its turn again at its cost
+            continue
+        if spent + len(moves) > budget:
+            continue
+        for key, target in moves:
+            source = board.where[key]
+            why = (f"compaction: frees {source} ({len(moves)} move(s))" if source == mid else
+                   f"compaction: makes room on {source} for a task of {mid}, being freed")
+            out.append(board.move(key, target, "compaction", why))
+        freed.add(mid)
+        spent += len(moves)
+    return out, freed
+

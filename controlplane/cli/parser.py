@@ -8,7 +8,7 @@
   twinectl fleet [--by dc,msb,entitlement,profile,type]
   twinectl job usage HANDLE [--tasks] | entitlement usage NAME  [--since DUR] [--step DUR]
   twinectl job autoscale HANDLE
-  twinectl rebalance plan|apply [--entitlement E] [--wait [S]]   rebalance status
+  twinectl rebalance plan|apply [--entitlement E] [--max-moves N] [--wait [S]]   rebalance status
   twinectl rebalance enable|disable [--entitlement E]
   twinectl capacity [status] | pause | resume | reserve N | forecast|slo [--entitlement E]
   twinectl maintenance schedule (--machine ID ... | --dc DC | --msb MSB | --rack RACK) --start WHEN
@@ -238,11 +238,14 @@ def parser() -> argparse.ArgumentParser:
                                           "can use")
     rb = sub.add_parser("rebalance", help="what the ReBalancer would do, one round of it, its continuous mode")
     rb_sub = rb.add_subparsers(dest="action", required=True, metavar="ACTION")
-    leaf(rb_sub, "plan", "a dry run: each goal's score before and after, and the moves that would reach it, "
-         "with why").add_argument("--entitlement", metavar="E", help="only this entitlement's machines")
+    rp = leaf(rb_sub, "plan", "a dry run: each goal's score before and after, and the moves that would reach it, "
+              "with why")
     ap = leaf(rb_sub, "apply", "one round: the plan, its moves requested of the jobs' shard leaders, which move "
               "each task make-before-break once its job's TaskController acks")
-    ap.add_argument("--entitlement", metavar="E", help="only this entitlement's machines")
+    for verb in (rp, ap):
+        verb.add_argument("--entitlement", metavar="E", help="only this entitlement's machines")
+        verb.add_argument("--max-moves", type=int, metavar="N", help="the round's move budget: hotspots first, then "
+                          "the machines cheapest to free, then repair, at most N moves in all (no swap)")
     ap.add_argument("--wait", nargs="?", type=float, const=300.0, default=None, metavar="S",
                     help="wait until the round's moves have ended (at most S seconds, 300 by default)")
     leaf(rb_sub, "status", "the continuous mode, the tasks moving now, the last moves' outcomes")

@@ -59,14 +59,21 @@ def status_text(body: dict) -> str:
     return "\n".join(out)
 
 
+def _query(args) -> dict[str, str] | None:
+    """--entitlement and --max-moves as the plan's query (the API says what is wrong with a value)."""
+    params = dict(entitlement_query(args) or {})
+    if getattr(args, "max_moves", None) is not None:
+        params["max_moves"] = str(args.max_moves)
+    return params or None
+
+
 async def rebalance_plan(api: Api, args, out: Out) -> int:
-    params = entitlement_query(args)
-    out(await api.call("GET", "/v1/rebalance/plan", params=params), plan_text)
+    out(await api.call("GET", "/v1/rebalance/plan", params=_query(args)), plan_text)
     return EXIT_OK
 
 
 async def rebalance_apply(api: Api, args, out: Out) -> int:
-    params = entitlement_query(args)
+    params = _query(args)
     began = time.time()
     body = await api.call("POST", "/v1/rebalance/apply", params=params)
     out(body, plan_text)

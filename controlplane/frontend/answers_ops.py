@@ -81,6 +81,7 @@ class RebalancePlan(Answer):
     violations: Annotated[Strings, Meta(description="rules the moves would break (none: every plan is checked)")] = []
     taken: Annotated[dict[str, str], Meta(description="free machines swaps would take, and for which entitlement")] = {}
     seconds: float = 0.0  # the plan's wall time
+    max_moves: Union[int, None] = None  # the round's move budget (?max_moves=N); None: none
 
 
 class RebalanceRound(RebalancePlan):

@@ -176,6 +176,8 @@ PATHS = {
 
 NAME_PARAM = {"type": "string", "pattern": NAME.pattern}
 ID_PARAM = {"type": "string", "minLength": 1, "maxLength": 253}
+MAX_MOVES_PARAM = ("max_moves", {"type": "integer", "minimum": 0, "maximum": schemas_of.MAX_ROUND_MOVES},
+                   "the round's move budget: hotspots first, then the machines cheapest to free, then repair; no swap")
 PATH_PARAMS = {"name": NAME_PARAM, "ent": NAME_PARAM, "id": ID_PARAM}
 HISTORY_PARAMS = [("since", {"type": "integer", "minimum": 60, "maximum": usage.MAX_SINCE},
                    "how far back, in seconds (8 weeks at most; an hour by default)"),
@@ -201,8 +203,8 @@ QUERY_PARAMS = {
         ("entitlement", NAME_PARAM, "only the machines this entitlement can use"),
         ("since", {"type": "integer", "minimum": 3600, "maximum": slo.HOURS_KEPT * 3600},
          "how far back, in seconds (a week by default; 8 weeks are kept)")],
-    ("/v1/rebalance/plan", "get"): [("entitlement", NAME_PARAM, "only this entitlement's machines")],
-    ("/v1/rebalance/apply", "post"): [("entitlement", NAME_PARAM, "only this entitlement's machines")],
+    ("/v1/rebalance/plan", "get"): [("entitlement", NAME_PARAM, "only this entitlement's machines"), MAX_MOVES_PARAM],
+    ("/v1/rebalance/apply", "post"): [("entitlement", NAME_PARAM, "only this entitlement's machines"), MAX_MOVES_PARAM],
     ("/v1/fleet", "get"): [("by", {"type": "string", "pattern": usage.BY.pattern}, "the dimensions to sum by, "
                             "comma-separated: dc, msb, entitlement, profile, type (all by default)")],
     ("/v1/maintenance", "get"): [("all", {"type": "string", "enum": list(schemas_of.ALL)},

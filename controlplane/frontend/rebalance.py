@@ -60,12 +60,23 @@ async def ask_controllers(st: RegionState, shards: Shards | None, moves: list[di
             mv["taskcontrol"] = why
 
 
+def max_moves_of(request: web.Request) -> int | None:
+    """`?max_moves=N`: a round's move budget, a whole number from 0 to MAX_ROUND_MOVES (422 else)."""
+    raw = request.query.get("max_moves")
+    if raw is None:
+        return None
+    if not (raw.isascii() and raw.isdigit()) or int(raw) > S.MAX_ROUND_MOVES:
+        raise ApiError("invalid", "max_moves", f"{raw[:20]!r}: a round's move budget is a whole number of moves "
+                       f"from 0 to {S.MAX_ROUND_MOVES}")
+    return int(raw)
+
+
 class Rebalance:
     def __init__(self, state: RegionState, usage: RegionUsage | None = None, shards: Shards | None = None):
         self.state, self.usage, self.shards = state, usage, shards
         self._solving = asyncio.Semaphore(1)  # one plan at a time: each uses a core while it solves
 
-    async def _plan(self, ent: str | None):
+    async def _plan(self, ent: str | None, max_moves: int | None = None):
         try:
             await load_planner()  # OR-Tools: loaded at the first plan, off the event loop
         except ImportError as e:
@@ -77,11 +88,11 @@ class Rebalance:
             raise ApiError("unprocessable", "entitlement", f"{len(groups)} (entitlement, MSB) groups to solve; "
                            f"at most {MAX_GROUPS} in one plan: ask for one entitlement at a time")
         async with self._solving:
-            return await plan_round(self.state, self.usage, {ent} if ent else None)
+            return await plan_round(self.state, self.usage, {ent} if ent else None, max_moves=max_moves)
 
     async def plan(self, request: web.Request) -> web.Response:
         ent = query_entitlement(request, self.state.entitlements)
-        result = await self._plan(ent)
+        result = await self._plan(ent, max_moves_of(request))
         answer = {"entitlement": ent, **result.to_json()}
         await ask_controllers(self.state, self.shards, answer["moves"])
         return reply(answer)
@@ -89,7 +100,7 @@ class Rebalance:
     async def apply(self, request: web.Request) -> web.Response:
         """One round: the plan, and its moves requested of the jobs' shard leaders."""
         ent = query_entitlement(request, self.state.entitlements)
-        result = await self._plan(ent)
+        result = await self._plan(ent, max_moves_of(request))
         now = time.time()
         round_id = f"round-{int(now * 1000)}"
         try:

@@ -297,6 +297,7 @@ class Relay(Struct, forbid_unknown_fields=True, rename={"from_": "from"}):
 # query parameters, bounded here once (app.py checks them, openapi.py declares them)
 MAX_VERSION = 64  # characters of a desired state's ?version
 MAX_WAIT_ASKED = 3600  # seconds a long poll's ?wait may ask for (at most --max-long-poll are waited)
+MAX_ROUND_MOVES = 100_000  # a rebalance round's ?max_moves
 ALL = ("0", "1", "true", "false")  # a yes/no query parameter (body.query_flag)
 
 BODIES: dict[str, type] = {t.__name__: t for t in (EntitlementSpec, EntitlementPatch, EntitlementMove, JobSpec,

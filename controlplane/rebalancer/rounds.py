@@ -63,14 +63,15 @@ async def load_planner() -> ModuleType:
 
 
 async def plan_round(state: RegionState, usage: "RegionUsage | None", entitlements: set[str] | None = None,
-                     now: float | None = None) -> "Plan":
+                     now: float | None = None, max_moves: int | None = None) -> "Plan":
     """A round's plan: the tasks' figures gathered first, then the view taken on the event loop at
-    once (the region's records change under it otherwise), solved in a thread meanwhile."""
+    once (the region's records change under it otherwise), solved in a thread meanwhile.
+    `max_moves`: the round's move budget (plan.py)."""
     plan = (await load_planner()).plan  # OR-Tools: loaded at the first plan, not at start
     now = time.time() if now is None else now
     measured = await measured_for(usage, entitlements)
     view = view_for(state, usage, entitlements, now, measured)
-    return await asyncio.to_thread(plan, view, cooling=cooling(state.rebalance, now))
+    return await asyncio.to_thread(plan, view, cooling=cooling(state.rebalance, now), max_moves=max_moves)
 
 
 async def request_moves(state: RegionState, p: "Plan", round_id: str, now: float | None = None) -> int:

@@ -49,6 +49,23 @@ def test_the_plan_frees_a_half_empty_machine_and_moves_nothing(tmp_path, etcd_se
             assert c.call("GET", "/v1/rebalance/plan?entitlement=nope")[0] == 404
             status, body = c.call("GET", "/v1/rebalance/plan?entitlement=NOT%20A%20NAME")
             assert status == 400 and body["field"] == "entitlement"
+
+            # a round's move budget: none, then the one move that frees the machine
+            status, p = c.call("GET", "/v1/rebalance/plan?entitlement=web&max_moves=0")
+            assert status == 200 and p["moves"] == [] and p["freed"] == [] and p["max_moves"] == 0, p
+            assert p["summary"][0] == "budget: at most 0 move(s) this round, 0 planned: hotspots first, then the " \
+                "machines cheapest to free, then repair", p["summary"]
+            status, p = c.call("GET", "/v1/rebalance/plan?max_moves=1")
+            assert status == 200 and p["max_moves"] == 1 and [m["source"] for m in p["moves"]] == [mv["source"]], p
+            assert p["freed"] == [mv["source"]] and p["moves"][0]["why"] == f"compaction: frees {mv['source']} (1 move(s))"
+            assert twinectl.main(["--url", c.url, "--token", API_TOKEN, "rebalance", "plan", "--max-moves", "1"]) == 0
+            assert capsys.readouterr().out.startswith("budget: at most 1 move(s) this round, 1 planned")
+            for bad in ("-1", "1.5", "abc", "100001", "%D9%A3"):  # (an Arabic-Indic digit three)
+                status, body = c.call("GET", f"/v1/rebalance/plan?max_moves={bad}")
+                assert status == 400 and body["field"] == "max_moves" and "0 to 100000" in body["why"], (bad, body)
+            status, body = c.call("POST", "/v1/rebalance/apply?max_moves=x")
+            assert status == 400 and body["field"] == "max_moves", body
+            assert c.call("GET", "/v1/rebalance")[1]["requested"] == 0, "a refused round requests nothing"
     finally:
         c.close()
 

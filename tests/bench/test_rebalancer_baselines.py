@@ -1,13 +1,17 @@
 """bench_rebalancer.py's baselines on a board of a few machines: the autoscaler's rule per MSB and
 entitlement-wide, and HighNodeUtilization's placement as MostAllocated's, each judged by the plan
-checker like ours (issue #36)."""
+checker like ours (issue #36); and the bench's last line, of our round within the autoscaler's
+moves."""
 
 from __future__ import annotations
 
+import re
+import subprocess
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "bench"))
 
 from bench_rebalancer import ca_scale_down, high_node, least_moves  # noqa: E402
 from controlplane.rebalancer.view import Group, Machine, Region, Task  # noqa: E402
@@ -57,3 +61,21 @@ def test_the_least_moves_bound_takes_the_machines_holding_fewest_tasks_that_the_
     reg = Region([Group("web", "dc1", "msb1", ms, tasks), Group("web", "dc1", "msb2", [full], [Task("web/d", 0, "f", 16_000, 1024)])],
                  {("dc1", "msb1"): 48_000, ("dc1", "msb2"): 16_000})
     assert [least_moves(reg, n) for n in (1, 2, 3)] == [1, 3, None]
+
+
+LAST = re.compile(r"rebalancer: freed (\d+) machines \(ca scale-down (\d+), entitlement-wide \d+, highnodeutilization \d+\) "
+                  r"with (\d+) moves \(ca scale-down (\d+)\); spread excess (\d+) \(ca scale-down (\d+)\); hottest MSB "
+                  r"x\d\.\d\d of mean; violations (\d+) \(baselines \d+\); solve \d+\.\d s")
+
+
+def test_the_bench_ends_with_the_issues_line_for_the_round_within_the_autoscalers_moves():
+    """A small run (1,000 machines): its last line is the issue's, word for word, of the round whose
+    budget is the autoscaler's moves (never more moves, no violation, no spread made worse), and
+    the line before it of the round without a budget."""
+    out = subprocess.run([sys.executable, str(REPO / "bench" / "bench_rebalancer.py"), "--machines", "1000"],
+                         capture_output=True, text=True, timeout=600, check=True).stdout.splitlines()
+    budgeted, free = LAST.fullmatch(out[-1]), LAST.fullmatch(out[-2])
+    assert budgeted and free, out[-3:]
+    freed, ca_freed, moves, ca_moves, excess, ca_excess, violations = map(int, budgeted.groups())
+    assert moves <= ca_moves and violations == 0 and excess <= ca_excess and freed > 0
+    assert f"?max_moves={ca_moves}" in "\n".join(out)

@@ -33,7 +33,7 @@ class Index:
         self.store = store
         # keys under these prefixes the owner keeps nothing of, not even their revisions: a fresh
         # read does not hand them on as changed (the watch hands on every change, for wait_for).
-        # For an owner that keeps the revisions (`revisions`) and none of these keys' in them
+        # Meant for an owner that keeps the revisions itself (`revisions`) and none of these keys in them
         self.unkept = unkept
         # `revisions` given: the owner's own dict of each key's mod revision, which its on_change
         # keeps (RegionState.revs); the index reads it to find what a fresh read changed and keeps

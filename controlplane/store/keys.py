@@ -4,6 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+INDEX_DIGITS = 6  # a task's index in its keys (tasks/, discovery/): zero-padded, so keys sort by index
+
+
+def index_part(index: int) -> str:
+    """A task's index as its keys end with it (store/revisions.py writes a task's key back with it)."""
+    return f"{index:0{INDEX_DIGITS}d}"
+
 
 @dataclass(frozen=True)
 class Keys:
@@ -36,7 +43,7 @@ class Keys:
         return self.root + "tasks/" + (handle + "/" if handle else "")
 
     def task(self, handle: str, index: int) -> str:
-        return self.tasks(handle) + f"{index:06d}"
+        return self.tasks(handle) + index_part(index)
 
     def events(self) -> str:
         return self.root + "events/"
@@ -48,7 +55,7 @@ class Keys:
         return self.root + "discovery/" + (handle + "/" if handle else "")
 
     def endpoint(self, handle: str, index: int) -> str:
-        return self.discovery(handle) + f"{index:06d}"
+        return self.discovery(handle) + index_part(index)
 
     # -- coordination (controlplane/coordination/coordinator.py): keys attached to leases ------------------
 

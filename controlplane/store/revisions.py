@@ -16,6 +16,8 @@ import sys
 from collections.abc import MutableMapping
 from typing import Iterator
 
+from controlplane.store.keys import INDEX_DIGITS, index_part
+
 _MISSING = object()
 
 
@@ -38,7 +40,7 @@ class Revisions(MutableMapping):
         if tp is None or not key.startswith(tp):
             return None
         handle, _, idx = key[len(tp):].rpartition("/")
-        if len(idx) == 6 and handle and idx.isascii() and idx.isdigit():
+        if len(idx) == INDEX_DIGITS and handle and idx.isascii() and idx.isdigit():
             return handle, int(idx)
         return None
 
@@ -96,7 +98,7 @@ class Revisions(MutableMapping):
         for handle, by_index in self.tasks.items():  # whole keys one at a time, not all of them at once
             base = f"{self.tasks_prefix}{handle}/"
             for index in by_index:
-                yield f"{base}{index:06d}"
+                yield base + index_part(index)
         for mid in self.machines:
             yield self.prefix + mid
 

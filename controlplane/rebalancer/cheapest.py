@@ -98,29 +98,21 @@ class _Trial:
                 if to is None:
                     continue
                 self.add(e, to)
-                if self.fits(key, mid):
-                    self.add(key, mid)
-                    return True
-                self.moves.pop()  # (cannot happen: e covered the shortfall) undo
-                raise AssertionError("an ejection that made no room")
+                if not self.fits(key, mid):  # a bug: e covered the shortfall in cpus, memory and use
+                    raise AssertionError(f"ejecting {e} from {mid} made no room for {key}")
+                self.add(key, mid)
+                return True
         return False
 
 
-def drain(board: Board, source: str, freed: set[str], elsewhere=None) -> list[tuple[Key, str]] | None:
+def drain(board: Board, source: str, freed: set[str]) -> list[tuple[Key, str]] | None:
     """The moves that empty `source` (each task, largest first, onto its best fit; an ejection when
-    none has room), or None when it cannot be emptied this round. `elsewhere(trial, key)`: the
-    machines a task may go to, when not its group's."""
+    none has room), or None when it cannot be emptied this round."""
     b = board
     trial = _Trial(b, source, freed)
     for key in sorted(b.on[source], key=lambda k: (-b.tasks[k].cpus, -b.tasks[k].memory_mb, k)):
         if not trial.may_move(key):
             return None
-        if elsewhere is not None:
-            mid = trial.best_fit(key, elsewhere(trial, key))
-            if mid is None:
-                return None
-            trial.add(key, mid)
-            continue
         among = trial.targets(key)
         mid = trial.best_fit(key, among)
         if mid is not None:

@@ -270,6 +270,18 @@ def test_a_health_replica_of_its_own_judges_machines_while_the_scheduler_replica
             agents.poll = False  # their desired-state polls would hang on the frozen replica
             n = agents.sent[h.url]  # a poll in flight ends first: a whole round of heartbeats without one
             wait(lambda: agents.sent[h.url] >= n + 12, 10, "two rounds of heartbeats without polls")
+            # and none to the scheduler's replica for a timeout: h's intake horizon waits for a member
+            # that relayed it a heartbeat in the last timeout (health/horizon.py), and a frozen, still in
+            # it, held the lost machine's failure back by up to a timeout (seen once in a fresh-clone
+            # run: m0 failed "no heartbeat for 3.5s", h's intake 1.2 s behind a until a left it)
+            quiet = [time.monotonic(), agents.sent[a.url]]
+
+            def a_quiet() -> bool:
+                if agents.sent[a.url] != quiet[1]:
+                    quiet[:] = [time.monotonic(), agents.sent[a.url]]
+                return time.monotonic() - quiet[0] > timeout + 0.5
+
+            wait(a_quiet, 20, "no heartbeat answered by the scheduler's replica for a timeout")
             freeze(a.proc.pid)
             frozen = True
             sent_to_h = agents.sent[h.url]

@@ -61,7 +61,7 @@ async def ask_controllers(st: RegionState, shards: Shards | None, moves: list[di
 
 
 def max_moves_of(request: web.Request) -> int | None:
-    """`?max_moves=N`: a round's move budget, a whole number from 0 to MAX_ROUND_MOVES (422 else)."""
+    """`?max_moves=N`: a round's move budget, a whole number from 0 to MAX_ROUND_MOVES (400 else)."""
     raw = request.query.get("max_moves")
     if raw is None:
         return None

@@ -126,7 +126,7 @@ def cheapest(board: Board, budget: int) -> tuple[list[Planned], set[str]]:
     """Machines freed cheapest first across every group, within `budget` moves: the moves made on
     the board, and the machines they free."""
     heap = []
-    for gk, mids in board.in_group.items():
+    for mids in board.in_group.values():
         for mid in mids:
             if board.holds(mid) and board.clear(mid) and board.on[mid]:
                 m = board.machines[mid]

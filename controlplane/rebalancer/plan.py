@@ -100,7 +100,8 @@ class Plan:
         compacting: dict[str, int] = {}
         for p in self.moves:
             if p.goal == "compaction":
-                compacting[p.job.partition("/")[0]] = compacting.get(p.job.partition("/")[0], 0) + 1
+                ent = p.job.partition("/")[0]
+                compacting[ent] = compacting.get(ent, 0) + 1
         for name, (held, cpus, reserved) in sorted(b.by_entitlement.items()):
             n = held - a.by_entitlement.get(name, (0, 0, 0))[0]
             moves = compacting.get(name, 0)

@@ -17,8 +17,9 @@ with no task goes back to the pool at once (for every policy). The policies, on 
   move a stop and a start, serving again STARTUP later);
 - srm: controlplane/srm/ as the daemon runs it: recommend() with the job's Memory, the forecast from
   a usage Series (usage/history.py) fed as the Recorder feeds it (hourly rollups closed each hour),
-  the reading as the daemon makes it from the tasks that report (usage_reading), victims.choose()
-  for scale-ins; srm-nopred: the same with predictive off.
+  the reading as the daemon makes it from the tasks that report (usage_reading), victims.frees()
+  for the sizes at which a scale-in empties a machine and victims.choose() for its stops;
+  srm-nopred: the same with predictive off.
 
 Both autoscalers decide every 15 s, see load MEASURE_DELAY seconds old (what the tasks used: at
 most one core each), and new tasks serve STARTUP seconds after they are asked for.
@@ -63,7 +64,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ca import SCAN_INTERVAL, ClusterAutoscaler  # noqa: E402
 from controlplane.srm.forecast import EVERY as FORECAST_EVERY, refresh  # noqa: E402
 from controlplane.srm.recommend import Memory, Reading, recommend, usage_reading  # noqa: E402
-from controlplane.srm.victims import choose  # noqa: E402
+from controlplane.srm.victims import choose, frees  # noqa: E402
 from controlplane.store.autoscale import Autoscale  # noqa: E402
 from controlplane.store.records import TaskRec  # noqa: E402
 from controlplane.usage.history import Series  # noqa: E402
@@ -271,10 +272,14 @@ class JobSim:
             self.starts += 1
         self.pool.give()
 
-    def srm_victims(self, k: int, now: float) -> list[int]:
+    def records(self, now: float) -> tuple[dict, dict]:
+        """The job's tasks as the daemon's records, and its entitlement's tasks on each machine."""
         recs = {i: TaskRec(self.name, i, 1, {}, m, "running" if at <= now else "starting")
                 for i, (m, at) in self.tasks.items()}
-        on = {m: len(ts) for m, ts in self.machines.items()}
+        return recs, {m: len(ts) for m, ts in self.machines.items()}
+
+    def srm_victims(self, k: int, now: float) -> list[int]:
+        recs, on = self.records(now)
         return choose(recs, sorted(self.tasks), on, k)
 
     def replicaset_victims(self, k: int, now: float) -> list[int]:
@@ -344,11 +349,23 @@ def static_result(name: str, loads: list[list[float]], minutes: int, size_of) ->
     return r
 
 
-def oracle(loads: list[list[float]], minutes: int, per_task: float) -> float:
+def oracle(loads: list[list[float]], minutes: int, per_task: float, window: int = 0) -> float:
     """Machine-hours of a policy that knew each minute's load: every job at ceil(load / per_task)
-    tasks each minute (no start-up time, no measurement delay), on as few machines as hold them."""
-    return sum(math.ceil(max(POLICY.min, math.ceil(x / per_task - 1e-9)) / SLOTS) for load in loads
-               for x in load[:minutes]) / 60
+    tasks each minute (no start-up time, no measurement delay), on as few machines as hold them.
+    `window`: minutes a scale-in waits (the policy's scale_down_after): each minute's size is then
+    the largest of that minute's and the `window` minutes' before it."""
+    total = 0
+    for load in loads:
+        sizes = [max(POLICY.min, math.ceil(x / per_task - 1e-9)) for x in load[:minutes]]
+        kept: list[int] = []  # indices of the window's sizes, its largest first (a monotonic deque)
+        for m, n in enumerate(sizes):
+            while kept and sizes[kept[-1]] <= n:
+                kept.pop()
+            kept.append(m)
+            if kept[0] < m - window:
+                kept.pop(0)
+            total += math.ceil(sizes[kept[0]] / SLOTS)
+    return total / 60
 
 
 def p99(values: list[float]) -> float:
@@ -405,8 +422,16 @@ def decide(side: Side, job: dict, now: float, seen_minute: int, share: float) ->
     summed = used * reporting / ready * 1000 if reporting else None
     r = usage_reading(summed, reporting, ready)
     reading = Reading(r.load, MEASURE_DELAY, ready) if r.load is not None else r
-    d = recommend(side.policy, mem, clock, size, reading, TARGET, TARGET, None, STALE_AFTER)
-    side.cpu += time.process_time() - began
+    asked = [0.0]
+
+    def frees_now() -> list[int]:  # victims.frees, as the daemon asks it, on the task records the daemon
+        t = time.process_time()  # keeps: building those is the simulator's CPU, not the recommender's
+        recs, on = sim.records(now)
+        asked[0] += time.process_time() - t
+        return frees(recs, sorted(sim.tasks), on)
+
+    d = recommend(side.policy, mem, clock, size, reading, TARGET, TARGET, None, STALE_AFTER, frees_now)
+    side.cpu += time.process_time() - began - asked[0]
     side.calls += 1
     mem.ran(clock, ready)
     if summed is not None:  # the Recorder keeps the tasks' usage sums
@@ -578,15 +603,19 @@ def main() -> None:
               f"{r.over:16d} {r.changes:13d} {r.above_need if dynamic else '':>11} {r.moves if dynamic else '':>6} "
               f"{r.resizes if dynamic else '':>8} {r.outage_scale_ins if dynamic else '':>17}")
     at, edge = oracle(loads, minutes, TARGET), oracle(loads, minutes, TARGET * (1 + POLICY.tolerance))
+    wait = round(POLICY.scale_down_after / 60)
+    held = oracle(loads, minutes, TARGET, wait)
     print(f"a policy that knew the load (each minute's size from it, no start-up, machines packed full): "
           f"{at:.0f} machine-hours at the target ({at * 3600 / ca.machine_seconds:.2f}x hpa+ca), {edge:.0f} at "
-          f"target x {1 + POLICY.tolerance:g}, the edge of over-target ({edge * 3600 / ca.machine_seconds:.2f}x)")
+          f"target x {1 + POLICY.tolerance:g}, the edge of over-target ({edge * 3600 / ca.machine_seconds:.2f}x); "
+          f"at the target with the policy's scale_down_after (each minute at the largest size of its last "
+          f"{wait + 1} minutes): {held:.0f} ({held * 3600 / ca.machine_seconds:.2f}x)")
     print(f"churn the load asks for (need: the least that keeps load per task within target x (1 +- "
           f"{POLICY.tolerance:g}) every minute): {ca.need}")
     if any(cost["unplaced"].values()):
         print(f"the free pool ran out: tasks not placed {cost['unplaced']} (give more --machines)")
     per = cost["srm_cpu"] / max(cost["srm_calls"], 1)
-    print(f"srm recommender: {per * 1e6:.1f} us of CPU per job per interval (forecast and recommend(), "
+    print(f"srm recommender: {per * 1e6:.1f} us of CPU per job per interval (forecast, recommend() and victims.frees() when a scale-in is weighed, "
           f"{cost['srm_calls']} calls); 100,000 autoscaled jobs every {STEP:g} s would take "
           f"{100 * per * 100_000 / STEP:.1f}% of one core")
     if args.daemon_jobs:

@@ -10,15 +10,20 @@
 Growth happens at once when measured load asks for it; growth on the forecast alone spends the flap
 budget. Shrinking happens on measured load only: to the largest reactive size of the last
 `scale_down_after` seconds (all of them measured, none stale), never below the forecast peak of the
-coming hour (what it would grow back to within the hour), by a step of at least the tolerance, and
-only while the flap budget (size changes in the last hour) has room. Missing or stale measurements
-freeze scale-in."""
+coming hour (what it would grow back to within the hour), and only while the flap budget (size
+changes in the last hour) has room. A scale-in stops whole machines' worth of tasks: given the sizes
+at which the job's stops empty a machine (`frees`, victims.frees), it goes to the smallest of them at
+or above that size, and not at all while none is (a stop that hands back no machine saves nothing,
+and takes serving room away); the machine boundary is the scale-in's hysteresis. Without them, or
+where the job shares every machine with other jobs, a step of at least the tolerance. Missing or
+stale measurements freeze scale-in."""
 
 from __future__ import annotations
 
 import math
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Callable, Sequence
 
 from controlplane.store.autoscale import Autoscale
 
@@ -121,11 +126,13 @@ def budget_left(p: Autoscale, mem: Memory, now: float) -> int:
 
 
 def recommend(p: Autoscale, mem: Memory, now: float, size: int, reading: Reading, per_task: float,
-              forecast_per_task: float, room: int | None = None, stale_after: float = 60.0) -> Decision:
+              forecast_per_task: float, room: int | None = None, stale_after: float = 60.0,
+              frees: Callable[[], Sequence[int]] | None = None) -> Decision:
     """The job's size now. `per_task`: the load one task should carry (the reading's units);
     `forecast_per_task`: the same in CPU cores, for mem.forecast (the job's CPU history); `room`:
     tasks of this job the entitlement's quota holds beside its other jobs (None: no bound): it bounds
-    growth only; tasks that run already are not stopped for it."""
+    growth only; tasks that run already are not stopped for it. `frees`: the sizes, largest first,
+    at which a scale-in empties a machine (victims.frees), asked for only when one is considered."""
     hi = p.max if room is None else max(0, min(p.max, room))
     lo = min(p.min, max(hi, size))
     clamped = "" if hi == p.max else f"quota holds {room} of its tasks (max {p.max})"
@@ -137,14 +144,15 @@ def recommend(p: Autoscale, mem: Memory, now: float, size: int, reading: Reading
             mem.fresh_since = now
         measured = reading.running or size
         ratio = load / (measured * per_task) if measured else math.inf
-        reactive = size if abs(ratio - 1.0) <= p.tolerance else math.ceil(load / per_task - 1e-9)
         need = load / per_task
+        reactive = size if abs(ratio - 1.0) <= p.tolerance else math.ceil(need - 1e-9)
         for e in mem.pending:
             e[3] = max(e[3], need)
-        w = mem.window
-        while w and w[-1][1] <= reactive:
+        w = mem.window  # what load asked for, within the tolerance or not: the scale-in's own rules judge
+        exact = math.ceil(need - 1e-9)
+        while w and w[-1][1] <= exact:
             w.pop()
-        w.append((now, reactive))
+        w.append((now, exact))
     else:
         mem.fresh_since = None
         mem.window.clear()
@@ -194,12 +202,22 @@ def recommend(p: Autoscale, mem: Memory, now: float, size: int, reading: Reading
     if p.predictive and mem.forecast_hour is not None:
         hold = floor(mem.forecast_hour)
     target = max(w[0][1] if w else size, predictive or 0, hold, lo)
-    if target >= size or (size - target < p.tolerance * size and target > lo):
+    if target >= size:
+        return decide(size, f"load {load:.2f} fits {size} at {per_task:g} a task")
+    sizes = list(frees()) if frees is not None else []
+    fit, emptied = target, ""
+    if sizes:
+        whole = [n for n in sizes if target <= n < size]
+        if not whole:
+            return decide(size, f"load fits {target}; no machine empties at {target} or above")
+        target = min(whole)
+        emptied = f" (to {target}: {len(whole)} machine(s) emptied)"
+    elif size - target < p.tolerance * size and target > lo:
         # no step smaller than the tolerance: a step that small is noise's, and comes back
         return decide(size, f"load {load:.2f} fits {size} at {per_task:g} a task")
     if mem.fresh_since > now - p.scale_down_after:
-        return decide(size, f"load fits {target}; measured for {now - mem.fresh_since:.0f} of the "
+        return decide(size, f"load fits {fit}; measured for {now - mem.fresh_since:.0f} of the "
                             f"{p.scale_down_after:.0f} s scale_down_after")
     if budget_left(p, mem, now) <= 0:
-        return decide(size, f"load fits {target}; flap budget spent ({p.max_changes_per_hour}/h)")
-    return decide(target, f"load {load:.2f} fit {target} for {p.scale_down_after:.0f} s")
+        return decide(size, f"load fits {fit}; flap budget spent ({p.max_changes_per_hour}/h)")
+    return decide(target, f"load {load:.2f} fit {fit} for {p.scale_down_after:.0f} s{emptied}")

@@ -28,7 +28,7 @@ from controlplane.capacity import slo
 from controlplane.srm.forecast import EVERY as FORECAST_EVERY, refresh
 from controlplane.srm.load import Loads
 from controlplane.srm.recommend import Decision, Memory, Reading, budget_left, recommend, usage_reading
-from controlplane.srm.victims import choose
+from controlplane.srm.victims import choose, frees
 from controlplane.store import Conflict
 from controlplane.store.records import EventRec, JobRec
 from controlplane.store.state import RegionState
@@ -213,7 +213,7 @@ class Autoscaler:
             refresh(mem, series, now, mem.startup + self.interval + self.sample + self.reclaim_lead(job))
         reading = self.reading(job, usage, running, now)
         d = recommend(p, mem, now, job.count, reading, per_task, p.target_cpu * cpus, self.room(job, reserved),
-                      self.stale_after)
+                      self.stale_after, lambda: self._frees(job, view, now))
         view.decision, view.reading, view.per_task, view.at = d, reading, per_task, now
         steps = view.steps
         if not steps or (steps[-1][1], steps[-1][2]) != (job.count, d.recommended):
@@ -251,12 +251,20 @@ class Autoscaler:
             view.steps.append((int(now), new.count, d.recommended))
             await self._keep(h)
 
+    def _on(self, tasks: dict) -> dict[str, int]:
+        machines = self.state.machines
+        return {t.machine: machines[t.machine].alloc_tasks for t in tasks.values()
+                if t.machine and t.machine in machines}  # a machine's tasks are all its entitlement's
+
     def _victims(self, job: JobRec, k: int, avoid: set[int]) -> list[int]:
         tasks = self.state.tasks.get(job.handle, {})
-        machines = self.state.machines
-        on = {t.machine: machines[t.machine].alloc_tasks for t in tasks.values()
-              if t.machine and t.machine in machines}  # a machine's tasks are all its entitlement's
-        return choose(tasks, job.indices(), on, k, avoid)
+        return choose(tasks, job.indices(), self._on(tasks), k, avoid)
+
+    def _frees(self, job: JobRec, view: JobView, now: float) -> list[int]:
+        """The sizes at which the job's scale-in, as _victims would stop, empties a machine."""
+        tasks = self.state.tasks.get(job.handle, {})
+        avoid = {i for i, t in view.avoid.items() if t > now}
+        return frees(tasks, job.indices(), self._on(tasks), avoid)
 
     async def swap_declined(self, job: JobRec, now: float) -> None:
         """A task chosen to stop whose TaskController answered DECLINED times without letting it

@@ -3,10 +3,12 @@
 Tasks that are not running go first (they serve nothing); then the tasks on the machines that hold
 the fewest of the entitlement's tasks, a machine's tasks together, so that a machine the job leaves
 holds nothing of its entitlement and returns to the free pool. `avoid`: tasks not to choose (their
-TaskController would not let them stop)."""
+TaskController would not let them stop). frees(): the sizes at which stopping in that order
+empties a machine, for a scale-in that stops whole machines' worth (recommend.py)."""
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Iterable, Mapping
 
 from controlplane.store.records import TaskRec
@@ -26,3 +28,29 @@ def choose(tasks: Mapping[int, TaskRec], live: Iterable[int], on_machine: Mappin
         return (1, on_machine.get(t.machine, 0), t.machine, -i)
 
     return sorted((i for i in live if i not in avoid), key=key)[:k]
+
+
+def frees(tasks: Mapping[int, TaskRec], live: Iterable[int], on_machine: Mapping[str, int],
+          avoid: frozenset[int] | set[int] = frozenset()) -> list[int]:
+    """The job's sizes, largest first, at which stopping its tasks in choose()'s order has emptied
+    one machine more: a machine counts once the last of the job's tasks on it stops and it then holds
+    none of the entitlement's (`on_machine`: the entitlement's tasks on each machine). Empty when
+    no scale-in of this job alone can hand a machine back (it shares each with other jobs)."""
+    live = list(live)
+    order = choose(tasks, live, on_machine, len(live), avoid)
+    mine: Counter[str] = Counter()
+    for i in live:
+        t = tasks.get(i)
+        if t is not None and t.machine is not None and t.state in ("running", "starting"):
+            mine[t.machine] += 1
+    whole = {m for m, n in mine.items() if on_machine.get(m, 0) == n}
+    out = []
+    for stopped, i in enumerate(order, 1):
+        t = tasks.get(i)
+        m = t.machine if t is not None and t.state in ("running", "starting") else None
+        if m is None:
+            continue
+        mine[m] -= 1
+        if mine[m] == 0 and m in whole:
+            out.append(len(live) - stopped)
+    return out

@@ -51,3 +51,10 @@ def test_the_last_line_is_the_issues(tmp_path):
     assert LAST.fullmatch(lines[-1]), lines[-1]
     assert "its first week the srm's history" in lines[0]
     assert any(line.startswith("hpa+ca ") for line in lines) and any(line.startswith("srm-nopred ") for line in lines)
+
+
+def test_the_oracle_with_a_scale_in_window_keeps_each_minute_at_the_window_s_largest_size():
+    load = [2.4, 4.8, 2.4, 2.4, 2.4]  # 4, 8, 4, 4, 4 tasks at 0.6 a task: 1, 2, 1, 1, 1 machines of 4
+    assert bench_srm.oracle([load], 5, bench_srm.TARGET) * 60 == 6
+    assert bench_srm.oracle([load], 5, bench_srm.TARGET, window=2) * 60 == 1 + 2 + 2 + 2 + 1
+    assert bench_srm.oracle([load], 5, bench_srm.TARGET, window=9) * 60 == 1 + 2 * 4

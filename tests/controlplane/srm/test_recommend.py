@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from controlplane.srm.forecast import peak
 from controlplane.srm.recommend import Memory, Reading, recommend, usage_reading
-from controlplane.srm.victims import choose
+from controlplane.srm.victims import choose, frees
 from controlplane.store.autoscale import Autoscale
 from controlplane.store.records import TaskRec
 from controlplane.usage.history import Series
@@ -13,8 +13,9 @@ P = Autoscale(min=2, max=40, target_cpu=0.5, tolerance=0.1, predictive=True, sca
 PER = 0.5  # a task of 1 cpu at target 0.5
 
 
-def run(p, mem, t, size, load, age=0.0, running=None, room=None):
-    return recommend(p, mem, t, size, Reading(load, age, size if running is None else running), PER, PER, room)
+def run(p, mem, t, size, load, age=0.0, running=None, room=None, sizes=None):
+    return recommend(p, mem, t, size, Reading(load, age, size if running is None else running), PER, PER, room,
+                     frees=sizes)
 
 
 def test_reactive_grows_at_once_to_ceil_load_over_per_task():
@@ -107,6 +108,42 @@ def test_victims_empty_the_machines_with_fewest_of_the_entitlements_tasks_first(
     assert choose(tasks, range(6), on, 3) == [5, 1, 0], "the pending one first, then machine a whole"
     assert choose(tasks, range(6), on, 3, avoid={0}) == [5, 1, 4]
     assert choose(tasks, range(6), on, 0) == []
+
+
+def test_frees_says_the_sizes_at_which_a_scale_in_has_emptied_one_machine_more():
+    tasks = {0: task(0, "a"), 1: task(1, "a"), 2: task(2, "b"), 3: task(3, "c"), 4: task(4, "c"), 5: task(5, None, "pending")}
+    on = {"a": 2, "b": 3, "c": 2}  # b holds another job's tasks too: this job's scale-in alone never empties it
+    assert frees(tasks, range(6), on) == [3, 1], "a empties at 3 tasks left (the pending one went first), c at 1"
+    assert frees(tasks, range(6), on, avoid={0}) == [2], "a cannot empty while task 0 is kept"
+    assert frees(tasks, [2], on) == [], "every machine shared"
+
+
+def test_a_scale_in_stops_whole_machines_worth_and_none_that_would_empty_no_machine():
+    asked = []
+
+    def on_three_machines_of_four():  # 12 tasks, 4 a machine: 8, 4 and 0 left empty one machine more each
+        asked.append(1)
+        return [8, 4, 0]
+
+    mem = Memory()
+    for i in range(22):  # 4.6 cores: 10 tasks' worth, two fewer than 12 (more than the tolerance's step)
+        d = run(P, mem, i * 15, 12, 4.6, sizes=on_three_machines_of_four)
+    assert d.size == 12 and "no machine empties at 10 or above" in d.reason, d
+    mem = Memory()
+    for i in range(22):  # the same load with every machine shared with other jobs: the tolerance's step
+        d = run(P, mem, i * 15, 12, 4.6, sizes=lambda: [])
+    assert d.size == 10, d
+    mem = Memory()
+    for i in range(22):  # 3.9 cores: 8 tasks' worth, one machine's fewer
+        d = run(P, mem, i * 15, 12, 3.9, sizes=on_three_machines_of_four)
+    assert d.size == 8 and "(to 8: 1 machine(s) emptied)" in d.reason, d
+    mem = Memory()
+    for i in range(22):  # 1 core: 2 tasks' worth, so two machines go and 4 tasks stay
+        d = run(P, mem, i * 15, 12, 1.0, sizes=on_three_machines_of_four)
+    assert d.size == 4 and "fit 2 for 300 s (to 4: 2 machine(s) emptied)" in d.reason, d
+    asked.clear()
+    d = run(P, Memory(), 0, 12, 9.0, sizes=on_three_machines_of_four)
+    assert d.size == 18 and asked == [], "growth never asks which machines a scale-in would empty"
 
 
 def test_forecast_reads_last_week_then_yesterday():

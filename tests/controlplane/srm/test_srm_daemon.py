@@ -1,7 +1,7 @@
 """The SRM in a real twine-controld on real etcd, with simulated agents (named so: no containers)
 whose heartbeats report each job's load shared by its running tasks: a job grows with its load,
 shrinks after scale_down_after by stopping the tasks that empty whole machines (which go back to the
-free pool), is clamped by its entitlement's quota and says so; a job without a policy is never
+free pool), and not while no machine would empty, is clamped by its entitlement's quota and says so; a job without a policy is never
 resized; without measurements scale-in freezes and an event says so."""
 
 from __future__ import annotations
@@ -94,6 +94,25 @@ def test_a_job_follows_its_load_and_a_scale_in_frees_whole_machines(region):
     assert [h[1:] for h in a["history"]][-1] == [2, 2]
     assert job(c, "web/static")["count"] == 1, "a job without a policy is never resized"
     assert autoscale(c, "web/static")["policy"] is None
+
+
+def test_a_scale_in_that_would_empty_no_machine_waits_for_one_that_does(region):
+    c, agents = region
+    assert c.call("POST", "/v1/entitlements", {"name": "whole", "machine_type": "generic", "quota": 3})[0] == 201
+    assert c.call("POST", "/v1/jobs", {"entitlement": "whole", "name": "api", "count": 2, "task": TASK,
+                                       "autoscale": POLICY})[0] == 201
+    agents.job_load["whole/api"] = 3.0  # 6 tasks: the quota's 3 machines of 2 cores, full
+    wait(lambda: job(c, "whole/api")["summary"].get("running") == 6, 30, "whole/api grown to 6 running")
+    assert len(held_by(c, "whole")) == 3
+    agents.job_load["whole/api"] = 2.4  # 5 tasks' worth: stopping one would empty no machine
+    wait(lambda: "no machine empties at 5 or above" in autoscale(c, "whole/api")["reason"], 30,
+         "the SRM holding 6 for want of a machine to empty")
+    assert job(c, "whole/api")["count"] == 6 and len(held_by(c, "whole")) == 3
+    agents.job_load["whole/api"] = 1.9  # 4 tasks' worth: one machine's fewer
+    wait(lambda: job(c, "whole/api")["count"] == 4, 30, "whole/api shrunk to 4")
+    wait(lambda: len(held_by(c, "whole")) == 2, 30, "one machine back in the free pool")
+    last = autoscale(c, "whole/api")["events"][-1]
+    assert (last["was"], last["to"]) == (6, 4) and "1 machine(s) emptied" in last["reason"], last
 
 
 def test_without_measurements_scale_in_freezes_and_an_event_says_so(region):

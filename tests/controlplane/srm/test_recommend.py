@@ -118,6 +118,32 @@ def test_frees_says_the_sizes_at_which_a_scale_in_has_emptied_one_machine_more()
     assert frees(tasks, [2], on) == [], "every machine shared"
 
 
+def test_frees_says_what_stopping_in_choose_s_order_would_empty_on_random_jobs():
+    import random
+
+    rnd = random.Random(7)
+    for _ in range(300):
+        n = rnd.randint(0, 12)
+        machines = [f"m{k}" for k in range(rnd.randint(1, 5))]
+        tasks = {i: task(i, rnd.choice(machines + [None]), rnd.choice(("running", "running", "starting", "pending")))
+                 for i in range(n) if rnd.random() < 0.9}
+        mine = {m: sum(1 for t in tasks.values() if t.machine == m) for m in machines}
+        on = {m: c + rnd.choice((0, 0, 1, 2)) for m, c in mine.items()}  # some shared with other jobs
+        avoid = {i for i in range(n) if rnd.random() < 0.15}
+        order = choose(tasks, range(n), on, n, avoid)  # the walk frees() stands for: stop one at a time
+        left = {m: sum(1 for t in tasks.values() if t.machine == m and t.state in ("running", "starting"))
+                for m in machines}
+        whole = {m for m in machines if left[m] and on[m] == left[m]}
+        expect = []
+        for stopped, i in enumerate(order, 1):
+            t = tasks.get(i)
+            if t is not None and t.machine is not None and t.state in ("running", "starting"):
+                left[t.machine] -= 1
+                if left[t.machine] == 0 and t.machine in whole:
+                    expect.append(n - stopped)
+        assert frees(tasks, range(n), on, avoid) == expect, (tasks, on, avoid)
+
+
 def test_a_scale_in_stops_whole_machines_worth_and_none_that_would_empty_no_machine():
     asked = []
 

@@ -615,7 +615,8 @@ def main() -> None:
     if any(cost["unplaced"].values()):
         print(f"the free pool ran out: tasks not placed {cost['unplaced']} (give more --machines)")
     per = cost["srm_cpu"] / max(cost["srm_calls"], 1)
-    print(f"srm recommender: {per * 1e6:.1f} us of CPU per job per interval (forecast, recommend() and victims.frees() when a scale-in is weighed, "
+    print(f"srm recommender: {per * 1e6:.1f} us of CPU per job per interval (forecast, recommend() and "
+          f"victims.frees() when a scale-in is weighed, "
           f"{cost['srm_calls']} calls); 100,000 autoscaled jobs every {STEP:g} s would take "
           f"{100 * per * 100_000 / STEP:.1f}% of one core")
     if args.daemon_jobs:

@@ -111,7 +111,8 @@ def test_victims_empty_the_machines_with_fewest_of_the_entitlements_tasks_first(
 
 
 def test_frees_says_the_sizes_at_which_a_scale_in_has_emptied_one_machine_more():
-    tasks = {0: task(0, "a"), 1: task(1, "a"), 2: task(2, "b"), 3: task(3, "c"), 4: task(4, "c"), 5: task(5, None, "pending")}
+    tasks = {0: task(0, "a"), 1: task(1, "a"), 2: task(2, "b"), 3: task(3, "c"), 4: task(4, "c"),
+             5: task(5, None, "pending")}
     on = {"a": 2, "b": 3, "c": 2}  # b holds another job's tasks too: this job's scale-in alone never empties it
     assert frees(tasks, range(6), on) == [3, 1], "a empties at 3 tasks left (the pending one went first), c at 1"
     assert frees(tasks, range(6), on, avoid={0}) == [2], "a cannot empty while task 0 is kept"

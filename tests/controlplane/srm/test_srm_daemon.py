@@ -1,8 +1,9 @@
 """The SRM in a real twine-controld on real etcd, with simulated agents (named so: no containers)
 whose heartbeats report each job's load shared by its running tasks: a job grows with its load,
 shrinks after scale_down_after by stopping the tasks that empty whole machines (which go back to the
-free pool), and not while no machine would empty, is clamped by its entitlement's quota and says so; a job without a policy is never
-resized; without measurements scale-in freezes and an event says so."""
+free pool), and not while no machine would empty, is clamped by its entitlement's quota and says
+so; a job without a policy is never resized; without measurements scale-in freezes and an event
+says so."""
 
 from __future__ import annotations
 

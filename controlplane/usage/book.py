@@ -14,7 +14,8 @@ from __future__ import annotations
 import math
 import sys
 import time
-from typing import Collection, Container, NamedTuple
+from array import array
+from typing import Collection, Container, Iterator, NamedTuple
 
 Cell = tuple[str, str, str, str, str]  # dc, msb, entitlement ("": the free pool), profile ("": none), machine type
 # seconds over which a task's cpu is smoothed for the ReBalancer (cpu_avg_m): a heartbeat's own figure
@@ -37,9 +38,10 @@ class TaskUsage(NamedTuple):
     cpu_avg_m: int
 
 
-def smoothed(before: int, now: int, window: float) -> int:
-    """The exponential mean moved by a figure measured over `window` seconds."""
-    return round(before + (now - before) * -math.expm1(-window / SMOOTHING))
+def share(window: float) -> float:
+    """How far a figure measured over `window` seconds moves the exponential mean: this share of
+    the way from the mean to the figure."""
+    return -math.expm1(-window / SMOOTHING)
 
 
 def chosen(job: str, jobs: Collection[str] | None, entitlements: Collection[str] | None) -> bool:
@@ -59,7 +61,22 @@ class Held(NamedTuple):
     memory_mb: int  # the host's MiB in use
     power_mw: int | None  # None: not measured
     tasks: tuple[tuple[str, int, int, int], ...]  # (job, millicores, MiB, tasks) of each known job on it
-    each: tuple[TaskUsage, ...] = ()  # each task of a known job on it
+    # each task of a known job on it, packed: its job (one string a job, the region view's) and its
+    # figures, FIELDS of them a task in one array of integers. A replica holds every task's last
+    # figures and takes 20 or so of them in each heartbeat (issue #38): a tuple and four int objects
+    # a task were about 200 bytes of it; TaskUsage is made of them only when asked for (tasks())
+    task_jobs: tuple[str, ...] = ()
+    figures: array = array("q")
+    wall: float = 0.0  # the wall clock when it came (TaskUsage.at)
+
+    def each(self) -> Iterator[tuple[str, int, int, int, int]]:
+        """(job, index, millicores, MiB, smoothed millicores) of each task held."""
+        f = self.figures
+        return zip(self.task_jobs, f[INDEX::FIELDS], f[CPU::FIELDS], f[MEM::FIELDS], f[AVG::FIELDS])
+
+
+INDEX, CPU, MEM, AVG = range(4)  # a task's figures, in Held.figures
+FIELDS = 4
 
 
 class UsageBook:
@@ -67,7 +84,9 @@ class UsageBook:
         self.stale = stale
         self.machines: dict[str, Held] = {}
         self.jobs: dict[str, list[int]] = {}  # handle -> [millicores, MiB, tasks reporting]
-        self.by_job: dict[str, dict[tuple[int, str], TaskUsage]] = {}  # handle -> (index, machine) -> its figures
+        # handle -> the machines whose last report has tasks of it (a dict for its order); changed
+        # only when a machine's jobs do, not with each task's figures
+        self.by_job: dict[str, dict[str, None]] = {}
         # cell -> [tasks' millicores, tasks' MiB, hosts' millicores, hosts' MiB, milliwatts, machines
         # reporting, machines reporting power]
         self.cells: dict[Cell, list[int]] = {}
@@ -80,28 +99,31 @@ class UsageBook:
         power = usage.get("power_w")
         wall = time.time() if wall is None else wall
         per_job: dict[str, list] = {}  # a machine's tasks of one job, summed first: one entry in the sums
-        each = []
+        jobs: list[str] = []
+        figures: list[int] = []
         old = self.machines.get(mid)
-        prev = old.each if old is not None else ()
+        prev_jobs, prev = (old.task_jobs, old.figures) if old is not None else ((), ())
+        held_before = len(prev_jobs)
         last: dict | None = None  # (job, index) -> its smoothed figure, made only when the order changed
-        window = usage["window"]
+        moved = share(usage["window"])
+        at = 0  # this task's place among those kept, and of its figures (at * FIELDS)
         for job, index, cpu, mem in usage.get("tasks") or ():
             if job in known:
-                # one string a job, the region view's (interned there), not one a task a report: a
-                # replica holds every task's last figures (issue #38)
-                job = sys.intern(job)
                 cpu_m = round(cpu * 1000)
                 # an agent lists its tasks in the same order report after report: the one at this place
                 # in the last report first
-                p = prev[len(each)] if len(each) < len(prev) else None
-                if p is not None and p.index == index and p.job == job:
-                    before = p.cpu_avg_m
+                if at < held_before and prev_jobs[at] == job and prev[at * FIELDS + INDEX] == index:
+                    job, before = prev_jobs[at], prev[at * FIELDS + AVG]  # its job's string as held already
                 else:
+                    # one string a job, the region view's (interned there), not one a task a report: a
+                    # replica holds every task's last figures (issue #38)
+                    job = sys.intern(job)
                     if last is None:
-                        last = {(t.job, t.index): t.cpu_avg_m for t in prev}
+                        last = {(j, prev[i * FIELDS + INDEX]): prev[i * FIELDS + AVG] for i, j in enumerate(prev_jobs)}
                     before = last.get((job, index))
-                each.append(TaskUsage(job, index, mid, cpu_m, round(mem), wall,
-                                      cpu_m if before is None else smoothed(before, cpu_m, window)))
+                at += 1
+                jobs.append(job)
+                figures += (index, cpu_m, round(mem), cpu_m if before is None else round(before + (cpu_m - before) * moved))
                 s = per_job.get(job)
                 if s is None:
                     per_job[job] = [cpu, mem, 1]
@@ -111,15 +133,16 @@ class UsageBook:
                     s[2] += 1
         tasks = tuple((job, round(c * 1000), round(m), n) for job, (c, m, n) in per_job.items())
         held = Held(now, cell, round(usage["cpu"] * 1000), round(usage["memory_mb"]),
-                    None if power is None else round(power * 1000), tasks, tuple(each))
-        self.drop(mid)
+                    None if power is None else round(power * 1000), tasks, tuple(jobs), array("q", figures), wall)
+        if old is not None:
+            self._add(mid, old, -1)
         self.machines[mid] = held
-        self._add(held, 1)
+        self._add(mid, held, 1)
 
     def drop(self, mid: str) -> None:
         held = self.machines.pop(mid, None)
         if held is not None:
-            self._add(held, -1)
+            self._add(mid, held, -1)
 
     def sweep(self, now: float) -> int:
         """Take out the machines not heard from for `stale` seconds; how many."""
@@ -133,20 +156,24 @@ class UsageBook:
         """The figures of each task of `jobs` and of the jobs of `entitlements`; of every job when
         neither is given."""
         if entitlements is None and jobs is not None:  # a few jobs: no pass over every job's
-            return [t for h in sorted(set(jobs)) for t in self.by_job.get(h, {}).values()]
-        return [t for h in sorted(self.by_job) if chosen(h, jobs, entitlements) for t in self.by_job[h].values()]
+            wanted = set(jobs)
+        else:
+            wanted = {h for h in self.by_job if chosen(h, jobs, entitlements)}
+        out: dict[str, list[TaskUsage]] = {h: [] for h in sorted(wanted)}  # by job, in order
+        on = {mid: None for h in out for mid in self.by_job.get(h, ())}  # each machine once
+        made = tuple.__new__  # TaskUsage._make's own way, without its call in Python (millions at 1M machines)
+        for mid in on:
+            held = self.machines[mid]
+            f, wall = held.figures, held.wall
+            for job, index, cpu, mem, avg in zip(held.task_jobs, f[INDEX::FIELDS], f[CPU::FIELDS], f[MEM::FIELDS],
+                                                 f[AVG::FIELDS]):
+                if (mine := out.get(job)) is not None:
+                    mine.append(made(TaskUsage, (job, index, mid, cpu, mem, wall, avg)))
+        return [t for mine in out.values() for t in mine]
 
-    def _add(self, h: Held, sign: int) -> None:
-        by_job = self.by_job
-        for t in h.each:
-            if sign > 0:
-                by_job.setdefault(t.job, {})[(t.index, t.machine)] = t
-            elif (mine := by_job.get(t.job)) is not None:
-                mine.pop((t.index, t.machine), None)
-                if not mine:
-                    del by_job[t.job]
+    def _add(self, mid: str, h: Held, sign: int) -> None:
         cpu = mem = 0
-        jobs = self.jobs
+        jobs, by_job = self.jobs, self.by_job
         for job, c, m, n in h.tasks:
             s = jobs.get(job)
             if s is None:
@@ -158,6 +185,12 @@ class UsageBook:
                 del jobs[job]
             cpu += c
             mem += m
+            if sign > 0:
+                by_job.setdefault(job, {})[mid] = None
+            elif (mine := by_job.get(job)) is not None:
+                mine.pop(mid, None)
+                if not mine:
+                    del by_job[job]
         cs = self.cells.get(h.cell)
         if cs is None:
             cs = self.cells[h.cell] = [0, 0, 0, 0, 0, 0, 0]

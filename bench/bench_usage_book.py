@@ -1,0 +1,88 @@
+"""What a replica's usage book holds and spends for the reports of the machines whose heartbeats
+reach it (issue #38): controlplane/usage/book.py, in one process, no HTTP.
+
+N machines each report 20 tasks of 4 jobs the region has (as bench_region_scale's agents do), every
+report a freshly decoded JSON body (msgspec, as the API hands it on) with other figures than the
+last. Measured, after two reports of each machine:
+
+    held      bytes the book holds a machine (tracemalloc: what its reports left allocated),
+              against a baseline in the same run: the decoded bodies themselves, what keeping each
+              machine's last report as it came would hold;
+    note      microseconds of one UsageBook.note (a heartbeat's share of it), against a baseline in
+              the same run: msgspec decoding the same body;
+    tasks     milliseconds of one book.tasks() of every job (what a ReBalancer round asks of each
+              replica) and of one job (a job's usage answer), the tasks held N x 20.
+
+    .venv/bin/python bench/bench_usage_book.py [--machines 25000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+import timeit
+import tracemalloc
+from pathlib import Path
+
+import msgspec
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from controlplane.usage.book import UsageBook  # noqa: E402
+
+CELL = ("dc0", "msb0000", "s0-e0", "", "t1")
+JOBS = [f"s0-e0/j{i}" for i in range(4)]
+
+
+def body(k: int) -> bytes:
+    return msgspec.json.encode({"window": 10.0, "cpus": 32, "cpu": 7.25, "memory_mb": 40960.0,
+                                "memory_total_mb": 131072.0, "power_w": None,
+                                "tasks": [[JOBS[i % 4], i, 0.31 + i / 100 + k / 1000, 512.0 + i] for i in range(20)]})
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--machines", type=int, default=25_000)
+    args = ap.parse_args()
+    n = args.machines
+    raws = [body(k) for k in range(50)]
+    mids = [f"m{i:07d}" for i in range(n)]
+    known = set(JOBS)
+    book = UsageBook(stale=1e9)
+
+    tracemalloc.start()
+    before = tracemalloc.take_snapshot()
+    kept = [msgspec.json.decode(raws[i % 50]) for i in range(n)]  # the baseline: each last body as it came
+    bodies = tracemalloc.take_snapshot()
+    del kept
+    start = tracemalloc.take_snapshot()
+    for r in range(2):
+        for i, mid in enumerate(mids):
+            book.note(mid, CELL, msgspec.json.decode(raws[(i + r) % 50]), known, time.monotonic())
+    held = tracemalloc.take_snapshot()
+    tracemalloc.stop()
+    size = sum(s.size_diff for s in held.compare_to(start, "filename")) / n
+    base = sum(s.size_diff for s in bodies.compare_to(before, "filename")) / n
+
+    decoded = [msgspec.json.decode(raws[i % 50]) for i in range(1000)]
+    rounds = 20_000
+    at = [0]
+
+    def note() -> None:
+        at[0] += 1
+        book.note(mids[at[0] % n], CELL, decoded[at[0] % 1000], known, time.monotonic())
+
+    note_us = timeit.timeit(note, number=rounds) / rounds * 1e6
+    decode_us = timeit.timeit(lambda: msgspec.json.decode(raws[0]), number=rounds) / rounds * 1e6
+    every = timeit.timeit(lambda: book.tasks(), number=3) / 3 * 1000
+    one = timeit.timeit(lambda: book.tasks([JOBS[1]]), number=3) / 3 * 1000
+    print(f"{n:,} machines of 20 tasks each (4 jobs), two reports each")
+    print(f"held: {size:.0f} bytes a machine; baseline, its last body as decoded: {base:.0f} (ratio {size / base:.2f})")
+    print(f"note: {note_us:.1f} us a report; baseline, decoding it: {decode_us:.1f} us (ratio {note_us / decode_us:.1f})")
+    print(f"tasks(): every job's {every:.0f} ms ({n * 20:,} tasks), one job's {one:.0f} ms ({n * 5:,} tasks)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -5,9 +5,11 @@ sums, its new ones put in). Figures are integers (millicores, MiB, milliwatts), 
 taken out and put in a million times stay exact. A machine not heard from for `stale` seconds
 is taken out (`sweep`): its health owner moved, or it went silent.
 
-Each task's own last figures are kept too, by job (issue #35: a job's answer lists them, and the
-ReBalancer weighs a machine by its own tasks); they stay with this replica, never in the sums it
-relays (usage/peers.py asks the other replicas for them when they are wanted)."""
+Each task's own last figures are kept too, in its machine's report, with the machines each job's
+tasks are on (issue #35: a job's answer lists them, and the ReBalancer weighs a machine by its
+own tasks); they stay with this replica, never in the sums it relays (usage/peers.py asks the
+other replicas for them when they are wanted). A task an agent lists twice is answered twice:
+the askers key them by job, index and machine."""
 
 from __future__ import annotations
 

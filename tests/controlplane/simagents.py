@@ -13,6 +13,8 @@ an agent whose long poll hangs on a replica that does not answer, while its hear
 another). A machine in `cut` neither polls nor heartbeats (a partition: its tasks go on "running"). With
 `stop_delay`, a task that leaves a machine's desired state is still reported there (its container
 stopping) for that many seconds after its agent learned it left: `stale` holds those.
+`overlapped` holds every task that ran (or was still stopping) on two machines at once, noted
+as the agents' state changes: a make-before-break move's proof, with no sampling to miss it.
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ class SimAgents:
         # set: heartbeats carry usage, these tasks using these (cores, MiB), whatever the above say
         self.task_figures: dict[tuple[str, int], tuple[float, float]] = {}
         self.stale: dict[str, dict[tuple[str, int], tuple[int, float]]] = {m: {} for m in creds}  # -> (version, since)
+        self.overlapped: set[tuple[str, int]] = set()  # (job, index) seen on two machines at once
         self.answered: dict[str, float] = {}  # machine -> when its last heartbeat was answered (monotonic)
         self.gaps: dict[str, float] = {m: 0.0 for m in creds}  # machine -> the longest time between two answered
 
@@ -122,6 +125,8 @@ class SimAgents:
                 del stale[key]
             self.running[mid] = dict(wanted)
             shown = {**{k: v for k, (v, _) in stale.items()}, **wanted}
+            on = Counter(k for m in self.running for k in {*self.running[m], *self.stale[m]})
+            self.overlapped = self.overlapped | {k for k, n in on.items() if n > 1}  # a new set: read from other threads
         self._heartbeat(mid, cred, shown, applied)
 
     def _heartbeat(self, mid: str, cred: str, shown: dict, profile: tuple[str | None, str | None]) -> None:

@@ -37,29 +37,28 @@ def half_empty(c, ent: str, job: str, **spec) -> dict[int, str]:
 
 
 class Watch:
-    """Samples, every 20 ms, whether every task of the job runs (the API's view) and where the
-    simulated agents run each task (the machines' view), until stopped."""
+    """Samples, every 20 ms, whether every task of the job runs (the API's view), until stopped;
+    and which of its tasks ran on two machines at once meanwhile (the agents note it as their
+    state changes: a sample every GET, on a loaded host a second or more apart, could miss it)."""
 
     def __init__(self, c, agents: SimAgents, handle: str):
         self.c, self.agents, self.handle = c, agents, handle
         self.down: list[dict] = []
-        self.both: set[int] = set()  # tasks seen running on two machines at once
+        self._before = set(agents.overlapped)
         self._stop = threading.Event()
         self._t = threading.Thread(target=self._run, daemon=True)
         self._t.start()
+
+    @property
+    def both(self) -> set[int]:
+        """The job's tasks seen running on two machines at once since the watch began."""
+        return {i for (job, i) in self.agents.overlapped - self._before if job == self.handle}
 
     def _run(self) -> None:
         while not self._stop.is_set():
             status, j = self.c.call("GET", f"/v1/jobs/{self.handle}")
             if status == 200 and any(t["state"] != "running" for t in j["tasks"]):
                 self.down.append({t["index"]: t["state"] for t in j["tasks"]})
-            on: dict[int, int] = {}
-            for mid in list(self.agents.running):
-                # running there, or stopping there (stop_delay: its container not yet gone)
-                for (job, i) in set(self.agents.running[mid]) | set(self.agents.stale.get(mid, {})):
-                    if job == self.handle:
-                        on[i] = on.get(i, 0) + 1
-            self.both |= {i for i, n in on.items() if n > 1}
             time.sleep(0.02)
 
     def stop(self) -> None:

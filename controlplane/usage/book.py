@@ -65,8 +65,9 @@ class Held(NamedTuple):
     tasks: tuple[tuple[str, int, int, int], ...]  # (job, millicores, MiB, tasks) of each known job on it
     # each task of a known job on it, packed: its job (one string a job, the region view's) and its
     # figures, FIELDS of them a task in one array of integers. A replica holds every task's last
-    # figures and takes 20 or so of them in each heartbeat (issue #38): a tuple and four int objects
-    # a task were about 200 bytes of it; TaskUsage is made of them only when asked for (tasks())
+    # figures and takes 20 or so of them in each heartbeat (issue #38): a NamedTuple a task and a key
+    # of its job's map held 7,928 bytes a machine of 20 tasks, 2,136 so (bench_usage_book.py);
+    # TaskUsage is made of them only when asked for (tasks())
     task_jobs: tuple[str, ...] = ()
     figures: array = array("q")
     wall: float = 0.0  # the wall clock when it came (TaskUsage.at)
@@ -166,9 +167,8 @@ class UsageBook:
         made = tuple.__new__  # TaskUsage._make's own way, without its call in Python (millions at 1M machines)
         for mid in on:
             held = self.machines[mid]
-            f, wall = held.figures, held.wall
-            for job, index, cpu, mem, avg in zip(held.task_jobs, f[INDEX::FIELDS], f[CPU::FIELDS], f[MEM::FIELDS],
-                                                 f[AVG::FIELDS]):
+            wall = held.wall
+            for job, index, cpu, mem, avg in held.each():
                 if (mine := out.get(job)) is not None:
                     mine.append(made(TaskUsage, (job, index, mid, cpu, mem, wall, avg)))
         return [t for mine in out.values() for t in mine]

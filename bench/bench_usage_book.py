@@ -11,7 +11,9 @@ last. Measured, after two reports of each machine:
     note      microseconds of one UsageBook.note (a heartbeat's share of it), against a baseline in
               the same run: msgspec decoding the same body;
     tasks     milliseconds of one book.tasks() of every job (what a ReBalancer round asks of each
-              replica) and of one job (a job's usage answer), the tasks held N x 20.
+              replica) and of one job (a job's usage answer), the tasks held N x 20; and the longest
+              stretch between two pauses of tasks_stepwise() (the replica asks that way on its event
+              loop), of three asks of every job.
 
     .venv/bin/python bench/bench_usage_book.py [--machines 25000]
 """
@@ -19,6 +21,7 @@ last. Measured, after two reports of each machine:
 from __future__ import annotations
 
 import argparse
+import gc
 import sys
 import time
 import timeit
@@ -29,7 +32,8 @@ import msgspec
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from controlplane.usage.book import UsageBook  # noqa: E402
+from controlplane.daemon.stalls import tune_collector  # noqa: E402
+from controlplane.usage.book import STEP_TASKS, UsageBook  # noqa: E402
 
 CELL = ("dc0", "msb0000", "s0-e0", "", "t1")
 JOBS = [f"s0-e0/j{i}" for i in range(4)]
@@ -77,10 +81,28 @@ def main() -> int:
     decode_us = timeit.timeit(lambda: msgspec.json.decode(raws[0]), number=rounds) / rounds * 1e6
     every = timeit.timeit(lambda: book.tasks(), number=3) / 3 * 1000
     one = timeit.timeit(lambda: book.tasks([JOBS[1]]), number=3) / 3 * 1000
+    # as the daemon runs: what it read at start frozen out of the full collections, those made a
+    # tenth as often (daemon/stalls.py tune_collector)
+    gc.freeze()
+    tune_collector()
+    longest = 0.0  # the longest stretch between two of tasks_stepwise's pauses (what the event loop waits)
+    for _ in range(3):
+        steps, t0 = book.tasks_stepwise(), time.perf_counter()
+        while True:
+            try:
+                next(steps)
+            except StopIteration as done:
+                answer = done.value  # (freed after the clock: the asker frees it once used, not in this step)
+                break
+            finally:
+                t1 = time.perf_counter()
+                longest, t0 = max(longest, t1 - t0), t1
+        del answer
     print(f"{n:,} machines of 20 tasks each (4 jobs), two reports each")
     print(f"held: {size:.0f} bytes a machine; baseline, its last body as decoded: {base:.0f} (ratio {size / base:.2f})")
     print(f"note: {note_us:.1f} us a report; baseline, decoding it: {decode_us:.1f} us (ratio {note_us / decode_us:.1f})")
-    print(f"tasks(): every job's {every:.0f} ms ({n * 20:,} tasks), one job's {one:.0f} ms ({n * 5:,} tasks)")
+    print(f"tasks(): every job's {every:.0f} ms ({n * 20:,} tasks; asked on the event loop, in slices of "
+          f"{STEP_TASKS:,} tasks: the longest {longest * 1000:.0f} ms), one job's {one:.0f} ms ({n * 5:,} tasks)")
     return 0
 
 

@@ -156,7 +156,9 @@ class Usage:
         the jobs named and the entitlements' jobs, or of every job."""
         jobs = names(request, "job", HANDLE, "a job handle (<entitlement>/<name>)")
         ents = names(request, "entitlement", NAME, "an entitlement name")
-        return reply({"tasks": [list(t) for t in self.usage.own_tasks(jobs, ents)]})
+        # each TaskUsage encodes as the array of its fields (a NamedTuple): a list made of each
+        # first cost 626 ms of the loop for half a million tasks, their encoding 56
+        return reply({"tasks": await self.usage.own_tasks(jobs, ents)})
 
     async def entitlement(self, request: web.Request) -> web.StreamResponse:
         name = request.match_info["name"]

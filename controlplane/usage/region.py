@@ -12,10 +12,11 @@ replicas for those it wants when it wants them (`peer_tasks`, usage/peers.py), a
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Awaitable, Callable, Collection, Iterable
 
-from controlplane.usage.book import Cell, TaskUsage, UsageBook
+from controlplane.usage.book import STEP_TASKS, Cell, TaskUsage, UsageBook
 
 # the other replicas' task figures: (jobs, entitlements) -> theirs (None for both: every job's)
 AskPeers = Callable[[Collection[str] | None, Collection[str] | None], Awaitable[list[TaskUsage]]]
@@ -96,21 +97,32 @@ class RegionUsage:
         """Cell -> its CELL_FIGURES, summed over the replicas."""
         return self._summed(1, now)
 
-    def own_tasks(self, jobs: Collection[str] | None = None, entitlements: Collection[str] | None = None,
-                  now: float | None = None) -> list[TaskUsage]:
-        """The task figures this replica's book holds (UsageBook.tasks)."""
+    async def own_tasks(self, jobs: Collection[str] | None = None, entitlements: Collection[str] | None = None,
+                        now: float | None = None) -> list[TaskUsage]:
+        """The task figures this replica's book holds (UsageBook.tasks), the event loop let run
+        after each slice of them (UsageBook.tasks_stepwise)."""
         self._sweep(time.monotonic() if now is None else now)
-        return self.book.tasks(jobs, entitlements)
+        steps = self.book.tasks_stepwise(jobs, entitlements)
+        while True:
+            try:
+                next(steps)
+            except StopIteration as done:
+                return done.value
+            await asyncio.sleep(0)
 
     async def tasks(self, jobs: Collection[str] | None = None, entitlements: Collection[str] | None = None,
                     now: float | None = None) -> dict[tuple[str, int, str], TaskUsage]:
         """(job, index, machine) -> that task's last figures there, from this replica's book and the
         others' (`jobs`, or the jobs of `entitlements`, or every job). A machine whose heartbeats
-        moved may be in two books for a while: its newer report wins."""
+        moved may be in two books for a while: its newer report wins. Merged in slices too."""
         theirs = await self.peer_tasks(jobs, entitlements) if self.peer_tasks is not None else []
+        mine = await self.own_tasks(jobs, entitlements, now)
         out: dict[tuple[str, int, str], TaskUsage] = {}
-        for t in [*theirs, *self.own_tasks(jobs, entitlements, now)]:
-            key = (t.job, t.index, t.machine)
-            if (had := out.get(key)) is None or t.at > had.at:
-                out[key] = t
+        for some in (theirs, mine):
+            for at in range(0, len(some), STEP_TASKS):
+                for t in some[at:at + STEP_TASKS]:
+                    key = (t.job, t.index, t.machine)
+                    if (had := out.get(key)) is None or t.at > had.at:
+                        out[key] = t
+                await asyncio.sleep(0)
         return out

@@ -67,3 +67,37 @@ def test_each_tasks_figures_are_the_books_and_the_other_replicas_newest_first():
                                                             ("web/api", 2, "m3"): (900, 201.0)}
     r.peer_tasks = None  # a lone replica: its book's
     assert set(asyncio.run(r.tasks(entitlements={"web"}, now=2))) == {("web/api", 0, "m1"), ("web/api", 2, "m3")}
+
+
+def test_a_replicas_ask_of_its_books_tasks_lets_the_event_loop_run_between_slices():
+    """own_tasks and tasks answer a large ask in slices of STEP_TASKS, the loop running between
+    them (a heartbeat waits a slice, not the whole ask): a coroutine beside it runs meanwhile."""
+    from controlplane.usage.book import STEP_TASKS
+    r = RegionUsage(UsageBook(stale=100))
+    n = 3 * STEP_TASKS // 20 + 1  # machines of 20 tasks: four slices' worth
+    for k in range(n):
+        r.book.note(f"m{k}", CELL, report(1.0, [["web/api", 20 * k + i, 0.01, 1.0] for i in range(20)]), {"web/api"}, 0)
+
+    async def both():
+        ticks, asked = [], asyncio.get_running_loop().create_future()
+
+        async def ticker():
+            while not asked.done():
+                ticks.append(len(ticks))
+                await asyncio.sleep(0)
+
+        beside = asyncio.create_task(ticker())
+        await asyncio.sleep(0)
+        t0 = len(ticks)
+        mine = await r.own_tasks(now=1)
+        during_own = len(ticks) - t0
+        t0 = len(ticks)
+        merged = await r.tasks(now=1)
+        asked.set_result(None)
+        await beside
+        return mine, merged, during_own, len(ticks) - t0
+
+    mine, merged, during_own, during_tasks = asyncio.run(both())
+    assert len(mine) == 20 * n and mine == r.book.tasks()
+    assert set(merged) == {(t.job, t.index, t.machine) for t in mine}
+    assert during_own >= 3 and during_tasks >= 3 + 3  # its own slices, then the merge's

@@ -92,7 +92,6 @@ class HealthService:
         self.counters = {"failures": 0, "recoveries": 0, "examined": 0}
         self.coordinator = None  # replicas: judge only the machines this process owns
         self._owned: set[str] = set()
-        self._known: set[str] = set()
         self._members: tuple[str, ...] = ()
         self._owned_key: tuple = ()
         self._adopted: dict[str, float] = {}  # machine -> when this process came to own it
@@ -140,13 +139,18 @@ class HealthService:
         if coord is None:
             key: tuple = ((), self.state.machines_version)
             if key != self._owned_key:
-                known = set(self.state.machines)
+                changed = self.state.machines_changed(self._owned_key[1]) if self._owned_key else None
+                if changed is None:  # at first (or after more changes than the region's log holds)
+                    owned = set(self.state.machines)
+                else:  # the machines that came or went since, not a set of every machine compared
+                    machines = self.state.machines
+                    owned = (self._owned - changed) | {mid for mid in changed if mid in machines}
                 if self._owned_key:
-                    self._welcome(known - self._known, now)
-                for mid in self._known - known:
+                    self._welcome(owned - self._owned, now)
+                for mid in self._owned - owned:
                     self._adopted.pop(mid, None)
-                self._owned_key, self._known = key, known
-                self._own(known, now)
+                self._owned_key = key
+                self._own(owned, now)
             return True
         if not coord.valid():
             return False
@@ -160,14 +164,17 @@ class HealthService:
         key = (members, self.state.machines_version)
         if key == self._owned_key:  # nothing changed who owns what: no pass over the region
             return True
-        known = set(self.state.machines)  # the machines whose owner this pass computes
-        if self._owned_key and self._owned_key[0] == members:
-            # machines came or went, the owners did not change: only those are looked at
-            owned = (self._owned & known) | set(coord.owned_among(list(known - self._known), members))
+        # machines came or went, the owners did not change: only those are looked at (the region's
+        # log of them, RegionState.machines_changed), else every machine's owner
+        changed = self.state.machines_changed(self._owned_key[1]) \
+            if self._owned_key and self._owned_key[0] == members else None
+        if changed is not None:
+            machines = self.state.machines
+            owned = (self._owned - changed) | set(coord.owned_among([mid for mid in changed if mid in machines], members))
         else:
             # every machine's owner, in slices that let the loop run in between (a million
             # machines take seconds: the lease's keep-alive must not wait for them)
-            ids, owned = list(known), set()
+            ids, owned = list(self.state.machines), set()
             for i in range(0, len(ids), OWNERS_SLICE):
                 owned.update(coord.owned_among(ids[i:i + OWNERS_SLICE], members))
                 await asyncio.sleep(0)
@@ -176,19 +183,15 @@ class HealthService:
             # (a lease in doubt meanwhile changes nothing of who owns what among these members: kept.
             # Thrown away, a pass that outlasts the time between two lapses never ended, and at a
             # million machines its own seconds of work held the loop into the next lapse)
-            # machines that came meanwhile are not in `known`: the next pass takes them (the
-            # version below is the one `known` was read at)
+            # machines that came meanwhile are not in `ids`: the next pass takes them (the
+            # version below is the one `ids` was read at); those gone meanwhile go then
         first = not self._owned_key
         self._owned_key = key
-        if members != self._members:
-            # the owners changed: what comes to us now heartbeated to another member until now
-            for mid in owned - self._owned:
-                if mid in self._known:
-                    self._adopted[mid] = now
-            self._members = members
+        self._members = members
         if not first:
-            self._welcome((owned - self._owned) - self._known, now)
-        self._known = known
+            # machines come to this process: new to the region (silent since now: _welcome), or,
+            # the owners changed, heartbeating to another member until now: judged from now on
+            self._welcome(owned - self._owned, now)
         for mid in self._owned - owned:
             self._adopted.pop(mid, None)
             self._unheard.discard(mid)

@@ -16,7 +16,7 @@ import json
 import logging
 import sys
 import time
-from collections import defaultdict
+from collections import defaultdict, deque
 from typing import TYPE_CHECKING, Any, Iterable
 
 import msgspec
@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from controlplane.sidekick.documents import ProfileDocuments
 
 log = logging.getLogger("twine.controld.state")
+MACHINE_LOG = 10_000  # machines added or removed that RegionState.machines_changed can tell of
 
 
 def _viewed(m: MachineRec) -> tuple:
@@ -86,6 +87,11 @@ class RegionState:
         self._by_ent: defaultdict[str, set[str]] = defaultdict(set)  # entitlement -> its machines' ids
         self.cells = Cells()  # the machines summed per fleet cell, kept as they change (store/cells.py)
         self.machines_version = self.members_version = 0  # bumped: a machine added or removed; a member's change
+        # the machines added or removed by the last MACHINE_LOG versions of machines_version, one id
+        # each (machines_changed): what changed since a reader last looked, without a set of every
+        # machine kept by the reader and built afresh to compare (issue #38: the health check kept
+        # one of the million, 42 bytes a machine, and made another at each registration)
+        self._machine_log: deque[str] = deque(maxlen=MACHINE_LOG)
         self.tasks: dict[str, dict[int, TaskRec]] = defaultdict(dict)
         self.events: dict[str, EventRec] = {}
         self.by_machine: dict[str, set[tuple[str, int]]] = defaultdict(set)
@@ -195,6 +201,14 @@ class RegionState:
         # keeps no revisions of its own: Index(revisions=)).
         self.revs[key] = revision
         return set()
+
+    def machines_changed(self, since: int) -> set[str] | None:
+        """The machines added or removed since machines_version was `since` (each either; which:
+        whether it is in `machines` now), or None when the log no longer reaches back that far."""
+        behind = self.machines_version - since
+        if behind < 0 or behind > len(self._machine_log):
+            return None
+        return set(itertools.islice(reversed(self._machine_log), behind))
 
     def jobs_on(self, mid: str) -> set[str]:
         return {h for h, _ in self.by_machine.get(mid, ())}
@@ -311,6 +325,7 @@ class RegionState:
                 self._by_ent[m.entitlement].add(mid)
         if (old is None) != (m is None):
             self.machines_version += 1  # the set of machines changed
+            self._machine_log.append(mid)  # (the version it made: machines_version when appended)
         self._dirty_machines.add(mid)
         self.wake_machine(mid)
         return old is None or m is None or _viewed(old) != _viewed(m)

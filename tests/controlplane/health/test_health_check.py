@@ -293,6 +293,55 @@ def test_owners_are_computed_in_slices_that_let_the_loop_run_and_a_new_machine_c
     assert health._owned == want  # noqa: SLF001
 
 
+def test_the_health_check_keeps_no_set_of_every_machine_and_more_changes_than_the_log_holds_are_recounted():
+    """Issue #38: the check kept a set of every machine of the region beside the ones it owns (42
+    bytes a machine, in every process) to find which came or went; the region's view now says
+    (RegionState.machines_changed, MACHINE_LOG of them), and past that the owners are computed
+    afresh, right all the same."""
+    import tracemalloc
+
+    from controlplane.store import state as state_mod
+    n = 30_000
+    keys, state = region_of(n, "few")
+    health = HealthService(state, None, keys, {}, timeout=5.0)
+    health.coordinator = owners = Owners("a", ("a", "b", "c"))
+    tracemalloc.start()
+    try:
+        before = tracemalloc.take_snapshot()
+        assert asyncio.run(health._refresh_owned(time.monotonic()))  # noqa: SLF001
+        after = tracemalloc.take_snapshot()
+    finally:
+        tracemalloc.stop()
+    held = sum(d.size_diff for d in after.compare_to(before, "filename")) / n
+    assert held < 50, f"{held:.1f} bytes a machine of the region (one member of three owns a third)"  # 35; 70 with the set
+    want = {mid for mid in state.machines if rendezvous(("a", "b", "c"), mid) == "a"}
+    assert health._owned == want  # noqa: SLF001
+
+    def put(mid: str, rev: int, gone: bool = False) -> None:
+        rec = MachineRec(mid, mid, {"region": "few"}, {"cpus": 4, "memory_mb": 4096})
+        state._take(keys.machine(mid), None if gone else encode(rec.to_json()), rev)  # noqa: SLF001
+
+    assert state.machines_changed(state.machines_version) == set()
+    put("m000001", n + 1, gone=True)
+    put("late", n + 2)
+    assert state.machines_changed(state.machines_version - 2) == {"m000001", "late"}
+    owners.asked = 0
+    assert asyncio.run(health._refresh_owned(time.monotonic()))  # noqa: SLF001
+    assert owners.asked == 1  # "late" alone: the log told
+    want = (want - {"m000001"}) | ({"late"} if rendezvous(("a", "b", "c"), "late") == "a" else set())
+    assert health._owned == want  # noqa: SLF001
+
+    # more machines come and go than the log holds: every owner computed afresh
+    for i in range(state_mod.MACHINE_LOG // 2 + 1):
+        put(f"m{i + 2:06d}", n + 3 + 2 * i, gone=True)
+        put(f"new{i:06d}", n + 4 + 2 * i)
+    assert state.machines_changed(state.machines_version - state_mod.MACHINE_LOG - 1) is None
+    owners.asked = 0
+    assert asyncio.run(health._refresh_owned(time.monotonic()))  # noqa: SLF001
+    assert owners.asked == len(state.machines)
+    assert health._owned == {mid for mid in state.machines if rendezvous(("a", "b", "c"), mid) == "a"}  # noqa: SLF001
+
+
 def region_of(n: int, region: str) -> tuple[Keys, RegionState]:
     """A view of n machines m000000.., as the watch hands them on."""
     keys = Keys(region)

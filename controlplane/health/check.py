@@ -298,6 +298,10 @@ class HealthService:
             lag = now - heard
             self._push(mid, now + max(limit - silent + 0.001, min(lag, self.timeout / 4) if lag > STUCK else 0.0)
                        if m.healthy and silent <= limit else now + self.timeout)
+        if not fresh and fresh is self._fresh:
+            # drained: a set keeps the table it grew to (a process came to own a third of a million
+            # machines at once: 21 bytes a machine of the region, held for good); a new one is empty
+            self._fresh = set()
         if self.coordinator is not None and not self.coordinator.valid():  # the lease in doubt: judged later
             for mid, *_ in failing:
                 self._push(mid, now)

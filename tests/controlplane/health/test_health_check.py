@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import sys
 import time
 import uuid
 
@@ -428,9 +429,12 @@ def test_machines_a_process_comes_to_own_at_once_cost_no_object_each_and_are_all
     assert asyncio.run(health._refresh_owned(time.monotonic()))  # noqa: SLF001
 
     last_seen.update({mid: time.monotonic() for mid in state.machines})
+    grown = sys.getsizeof(health._fresh)  # noqa: SLF001 - every machine waiting in it
     asyncio.run(health.check())
     assert health.counters["examined"] == n and health.counters["failures"] == 0
     assert {mid for _, mid in health._heap} == set(state.machines)  # noqa: SLF001 - each with its deadline now
+    # drained, the set no longer holds the table it grew to (a set never shrinks as it empties)
+    assert not health._fresh and sys.getsizeof(health._fresh) < grown / 100  # noqa: SLF001
 
 
 def test_a_pass_over_many_due_machines_lets_heartbeats_in_and_fails_none_heard_meanwhile():

@@ -36,10 +36,14 @@ class Shared:
         if m.hostname == m.id and m.hostname is not m.id:
             object.__setattr__(m, "hostname", m.id)
         alike = self.alike
-        for name in ("health_reason", "profile_applied", "profile_hash", "agent_version", "alloc_cpus"):
+        # (the allocation's totals too: a machine holding 4 tasks of 4 GiB held an int of 16384 of
+        # its own, 28 bytes, as its cores' float did before; few sums recur across a region)
+        for name in ("health_reason", "profile_applied", "profile_hash", "agent_version", "alloc_cpus",
+                     "alloc_memory_mb", "alloc_tasks"):
             v = getattr(m, name)
-            if isinstance(v, (str, float)):  # (a record of another shape keeps what it has)
-                object.__setattr__(m, name, alike.setdefault(v, v) if len(alike) < ALIKE else v)
+            if type(v) in (str, float, int):  # (a record of another shape keeps what it has)
+                # keyed by type too: 8 and 8.0 are one key of a dict, and a record's float stays a float
+                object.__setattr__(m, name, alike.setdefault((type(v), v), v) if len(alike) < ALIKE else v)
 
 
 def share_task(t: TaskRec, handle: str, machines: dict[str, MachineRec]) -> None:

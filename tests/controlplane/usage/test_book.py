@@ -186,3 +186,32 @@ def test_an_ask_of_many_tasks_pauses_every_step_and_reads_the_book_as_it_is_then
         [("web/api", 2 * k, f"m{k}") for k in range(10) if k != 5] + \
         [("web/db", k, f"m{k}") for k in range(10) if k not in (1, 5)]
     assert next(t.cpu_m for t in got if t.machine == "m1") == 900
+
+
+def test_the_book_keeps_its_machines_in_report_order_and_a_sweep_looks_at_the_stale_ones_only():
+    """Issue #38: the sweep (every second, before a partial is sent) passed over every machine the
+    book held; the book now holds them in the order their last reports came, so a sweep reads the
+    stale ones and the next. Reports out of order (not the daemon's clock) fall back to the pass."""
+    looked = []
+
+    class Counted(dict):
+        def items(self):
+            for mid, h in super().items():
+                looked.append(mid)
+                yield mid, h
+
+    book = UsageBook(stale=5)
+    book.machines = Counted()
+    for k in range(1000):
+        book.note(f"m{k}", CELL, usage(1.0, 100, []), set(), k / 64)  # m0 at 0 s .. m999 at 15.6 s
+    book.note("m0", CELL, usage(1.0, 100, []), set(), 1000 / 64)  # again: the last
+    assert list(book.machines)[-2:] == ["m999", "m0"]
+    assert book.sweep(10.0) == 319  # m1..m319 came more than 5 s before
+    assert len(looked) == 320 and "m320" in book.machines and "m319" not in book.machines and "m0" in book.machines
+    looked.clear()
+    assert book.sweep(10.5) == 32 and len(looked) == 33
+    assert book.cells[CELL][5] == 1000 - 319 - 32
+
+    book.note("late", CELL, usage(1.0, 100, []), set(), 1.0)  # out of order
+    looked.clear()
+    assert book.sweep(10.5) == 1 and "late" not in book.machines and len(looked) == len(book.machines) + 1

@@ -108,6 +108,10 @@ class HealthService:
         # owned machines last looked at before their first heartbeat (due at the end of the grace):
         # their first heartbeat brings their deadline forward to a timeout after it
         self._unheard: set[str] = set()
+        # owned machines unhealthy and silent past their limit, out of the heap until heard (check())
+        # or their record turns healthy (another member cleared it while the owners changed)
+        self._dormant: set[str] = set()
+        state.on_healthy.append(self._woken)
         # machine -> its agent's latest task report and when it was last known current
         # (AgentService.report_with_time), for its tombstones
         self.report_of: Callable[[str], tuple[Report | None, float | None]] = lambda mid: (None, None)
@@ -149,6 +153,7 @@ class HealthService:
                     self._welcome(owned - self._owned, now)
                 for mid in self._owned - owned:
                     self._adopted.pop(mid, None)
+                    self._dormant.discard(mid)
                 self._owned_key = key
                 self._own(owned, now)
             return True
@@ -195,6 +200,7 @@ class HealthService:
         for mid in self._owned - owned:
             self._adopted.pop(mid, None)
             self._unheard.discard(mid)
+            self._dormant.discard(mid)
         self._own(owned, now)
         # judged while the lease is not in doubt only, and not before the next pass when it was
         # renewed meanwhile (that pass sets the floor of a new lease, above)
@@ -295,6 +301,14 @@ class HealthService:
             # its next heartbeat (seen(), which also puts it back here): a look a timeout is a fallback
             # (with the horizon stuck, not before it may have moved on: a machine due at once would
             # be looked at in every pass while it stays stuck)
+            # An unhealthy machine silent past its limit (not one back with tombstones, failed again
+            # above) waits for its next heartbeat outside the heap (dormant; seen() puts it back):
+            # nothing a look could do for it before. At a million machines, most of them down, a
+            # look a timeout at each was 7,500 looks a second in every replica, and a tuple and a
+            # float each in its heap (issue #38).
+            if not m.healthy and silent > limit and not m.health_reason.startswith(tombstones.STALE):
+                self._dormant.add(mid)
+                continue
             lag = now - heard
             self._push(mid, now + max(limit - silent + 0.001, min(lag, self.timeout / 4) if lag > STUCK else 0.0)
                        if m.healthy and silent <= limit else now + self.timeout)
@@ -317,12 +331,20 @@ class HealthService:
         if error is not None:
             raise error
 
+    def _woken(self, mid: str) -> None:
+        """A machine's record turned healthy: a dormant one is looked at in the next pass."""
+        if mid in self._dormant:
+            self._dormant.discard(mid)
+            if mid in self._owned:
+                self._push(mid, time.monotonic())
+
     def seen(self, mid: str) -> None:
         """Called on every heartbeat: a machine marked unhealthy for silence is healthy again (once
         its tombstones are gone); a machine heard from for the first time is judged a timeout from
         now, not at the grace's end."""
-        if mid in self._unheard:
+        if mid in self._unheard or mid in self._dormant:
             self._unheard.discard(mid)
+            self._dormant.discard(mid)
             if mid in self._owned:
                 self._push(mid, time.monotonic() + self.timeout + 0.001)
         self.reported(mid)

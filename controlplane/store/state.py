@@ -17,7 +17,7 @@ import logging
 import sys
 import time
 from collections import defaultdict, deque
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 import msgspec
 
@@ -92,6 +92,7 @@ class RegionState:
         # machine kept by the reader and built afresh to compare (issue #38: the health check kept
         # one of the million, 42 bytes a machine, and made another at each registration)
         self._machine_log: deque[str] = deque(maxlen=MACHINE_LOG)
+        self.on_healthy: list[Callable[[str], None]] = []  # called with a machine's id as its record turns healthy
         self.tasks: dict[str, dict[int, TaskRec]] = defaultdict(dict)
         self.events: dict[str, EventRec] = {}
         self.by_machine: dict[str, set[tuple[str, int]]] = defaultdict(set)
@@ -323,6 +324,9 @@ class RegionState:
                 self.credentials[m.credential_sha256] = mid
             if m.entitlement:
                 self._by_ent[m.entitlement].add(mid)
+        if m is not None and m.healthy and (old is None or not old.healthy):
+            for hook in self.on_healthy:
+                hook(mid)
         if (old is None) != (m is None):
             self.machines_version += 1  # the set of machines changed
             self._machine_log.append(mid)  # (the version it made: machines_version when appended)

@@ -297,10 +297,6 @@ class HealthService:
                     error = error or e
             elif not m.healthy and m.health_reason.startswith(tombstones.STALE) and silent > limit:
                 failing.append((m.id, f"{NO_HEARTBEAT} for {silent:.1f}s", silent, seen))  # back with tombstones, silent again
-            # a healthy machine: due when its silence passes the limit; an unhealthy one comes back by
-            # its next heartbeat (seen(), which also puts it back here): a look a timeout is a fallback
-            # (with the horizon stuck, not before it may have moved on: a machine due at once would
-            # be looked at in every pass while it stays stuck)
             # An unhealthy machine silent past its limit (not one back with tombstones, failed again
             # above) waits for its next heartbeat outside the heap (dormant; seen() puts it back):
             # nothing a look could do for it before. At a million machines, most of them down, a
@@ -309,6 +305,10 @@ class HealthService:
             if not m.healthy and silent > limit and not m.health_reason.startswith(tombstones.STALE):
                 self._dormant.add(mid)
                 continue
+            # a healthy machine: due when its silence passes the limit (with the horizon stuck, not
+            # before it may have moved on: a machine due at once would be looked at in every pass
+            # while it stays stuck); an unhealthy one still heard, a timeout on (it comes back by its
+            # heartbeats: seen(), reported())
             lag = now - heard
             self._push(mid, now + max(limit - silent + 0.001, min(lag, self.timeout / 4) if lag > STUCK else 0.0)
                        if m.healthy and silent <= limit else now + self.timeout)

@@ -21,7 +21,7 @@ from controlplane.rebalancer.view import Region, region
 from controlplane.scheduler.moverecords import cooling, moves_of
 from controlplane.store import Conflict
 from controlplane.store.state import RegionState
-from controlplane.usage.book import STEP_TASKS
+from controlplane.usage.book import in_slices
 
 if TYPE_CHECKING:
     from controlplane.rebalancer.plan import Plan
@@ -53,11 +53,9 @@ async def measured_for(usage: "RegionUsage | None", entitlements: set[str] | Non
     heartbeats came: usage/peers.py)."""
     if usage is None:
         return {}
-    figures, out = list((await usage.tasks(entitlements=entitlements)).items()), {}
-    for at in range(0, len(figures), STEP_TASKS):  # the loop let run between slices (UsageBook.tasks_stepwise)
-        if at:
-            await asyncio.sleep(0)
-        out.update((key, t.cpu_avg_m) for key, t in figures[at:at + STEP_TASKS])
+    out = {}
+    async for some in in_slices(list((await usage.tasks(entitlements=entitlements)).items())):
+        out.update((key, t.cpu_avg_m) for key, t in some)
     return out
 
 

@@ -13,13 +13,15 @@ the askers key them by job, index and machine."""
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import math
 import sys
 import time
 from array import array
-from typing import Collection, Container, Generator, Iterator, NamedTuple
+from typing import AsyncIterator, Collection, Container, Generator, Iterator, NamedTuple, Sequence, TypeVar
 
+T = TypeVar("T")
 Cell = tuple[str, str, str, str, str]  # dc, msb, entitlement ("": the free pool), profile ("": none), machine type
 # seconds over which a task's cpu is smoothed for the ReBalancer (cpu_avg_m): a heartbeat's own figure
 # is its window's (a second or so), and on a busy host a burning task's went from above a machine's
@@ -81,7 +83,16 @@ class Held(NamedTuple):
 
 INDEX, CPU, MEM, AVG = range(4)  # a task's figures, in Held.figures
 FIELDS = 4
-STEP_TASKS = 20_000  # tasks an ask makes between two pauses (tasks_stepwise): about 15-30 ms here
+STEP_TASKS = 20_000  # tasks an ask makes between two pauses (tasks_stepwise): 6-8 ms here (bench_usage_book)
+
+
+async def in_slices(items: Sequence[T], step: int = STEP_TASKS) -> AsyncIterator[Sequence[T]]:
+    """`items`, `step` at a time, the event loop let run between two slices: how the askers of many
+    tasks' figures go over them (a peer's answer, the merge, the ReBalancer's figures)."""
+    for at in range(0, len(items), step):
+        if at:
+            await asyncio.sleep(0)
+        yield items[at:at + step]
 
 
 class UsageBook:

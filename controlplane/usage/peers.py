@@ -19,7 +19,7 @@ import msgspec
 
 from controlplane.frontend.answers_usage import TaskFigures
 from controlplane.frontend.forward import FORWARDED
-from controlplane.usage.book import STEP_TASKS, TaskUsage, chosen
+from controlplane.usage.book import TaskUsage, chosen, in_slices
 
 if TYPE_CHECKING:
     from controlplane.coordination.coordinator import Coordinator
@@ -72,12 +72,10 @@ class PeerTasks:
                 body = msgspec.json.decode(await r.read(), type=TaskFigures)
             if self._failing.pop(member, None):
                 log.info("member %s answers for its tasks' usage again", member)
-            figures, out = body.tasks, []
-            for at in range(0, len(figures), STEP_TASKS):  # the loop let run between slices (UsageBook.tasks_stepwise)
-                if at:
-                    await asyncio.sleep(0)
+            out = []
+            async for some in in_slices(body.tasks):
                 out += [TaskUsage(f.job, f.index, f.machine, f.cpu_m, f.memory_mb, f.at,
-                                  f.cpu_m if f.cpu_avg_m is None else f.cpu_avg_m) for f in figures[at:at + STEP_TASKS]]
+                                  f.cpu_m if f.cpu_avg_m is None else f.cpu_avg_m) for f in some]
             return out
         except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, msgspec.DecodeError) as e:
             self.counters["failures"] += 1

@@ -16,7 +16,7 @@ import asyncio
 import time
 from typing import Awaitable, Callable, Collection, Iterable
 
-from controlplane.usage.book import STEP_TASKS, Cell, TaskUsage, UsageBook
+from controlplane.usage.book import Cell, TaskUsage, UsageBook, in_slices
 
 # the other replicas' task figures: (jobs, entitlements) -> theirs (None for both: every job's)
 AskPeers = Callable[[Collection[str] | None, Collection[str] | None], Awaitable[list[TaskUsage]]]
@@ -118,11 +118,9 @@ class RegionUsage:
         theirs = await self.peer_tasks(jobs, entitlements) if self.peer_tasks is not None else []
         mine = await self.own_tasks(jobs, entitlements, now)
         out: dict[tuple[str, int, str], TaskUsage] = {}
-        for some in (theirs, mine):
-            for at in range(0, len(some), STEP_TASKS):
-                for t in some[at:at + STEP_TASKS]:
-                    key = (t.job, t.index, t.machine)
-                    if (had := out.get(key)) is None or t.at > had.at:
-                        out[key] = t
-                await asyncio.sleep(0)
+        async for some in in_slices(theirs + mine):
+            for t in some:
+                key = (t.job, t.index, t.machine)
+                if (had := out.get(key)) is None or t.at > had.at:
+                    out[key] = t
         return out

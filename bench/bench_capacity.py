@@ -35,6 +35,10 @@ Three ways, on the same trace and region:
   the 30 s grace period (the pod checkpoints on it in ACK s and exits, so no work is lost; generous
   to the baseline); the service pod binds when the slot is free. No node is ever under half
   requested, so the Cluster Autoscaler's scale-down never acts.
+- oracle (a row, not a way anyone can run): the tier with each service sized from the true load
+  until its new tasks would serve (a step, a reclaim's ack and a start-up ahead), at the target, with no tolerance, no scale-in delay and
+  no flap budget (oracle_size()): the ceiling of whole-machine lending with the services at their
+  target, to read U >= K against.
 
 Figures: utilisation = cores used by useful work (what the services' serving tasks used of their
 load, and what the batch tasks used, less batch work lost to kills) over the cores of machines held
@@ -222,10 +226,11 @@ def fail(side: Side, pool: TierPool, now: float, t: Tally) -> dict[int, int]:
 
 def run_twine(loads, history, minutes: int, machines: int, tier: bool, predictive: bool = True,
               failure_at: int | None = FAILURE_AT, budget: Budget = Budget(), ack: float = ACK,
-              lead: bool = True, reserve: int = RESERVED) -> Tally:
+              lead: bool = True, reserve: int = RESERVED, oracle: bool = False) -> Tally:
     """tier / no tier: the SRM's services, with batch on the free machines or without.
-    failure_at: the minute the MSB is lost (None: never)."""
-    t = Tally("tier" if tier else "no tier")
+    failure_at: the minute the MSB is lost (None: never). oracle: each service sized by
+    oracle_size() instead of the SRM (the ceiling of whole-machine lending)."""
+    t = Tally(("oracle" if oracle else "tier") if tier else "no tier")
     pool = TierPool(machines, tier, budget, ack, reserve if tier else 0)
     side = Side(t.name, "srm")
     side.pool = pool
@@ -257,7 +262,7 @@ def run_twine(loads, history, minutes: int, machines: int, tier: bool, predictiv
         for n, job in enumerate(side.jobs):
             sim: JobSim = job["sim"]
             size = sim.size()
-            new = decide(side, job, now, seen_minute, 1.0)
+            new = oracle_size(job, now) if oracle else decide(side, job, now, seen_minute, 1.0)
             if new > size:
                 sim.grow(new - size, now)
             elif new < size:
@@ -289,6 +294,18 @@ def run_twine(loads, history, minutes: int, machines: int, tier: bool, predictiv
     t.over = side.result.over
     t.useful -= t.lost
     return t
+
+
+def oracle_size(job: dict, now: float) -> int:
+    """What a sizer that knew the load would ask for now: the most of the true load (not the
+    measured, MEASURE_DELAY late) from this minute to the one its new tasks serve in if asked for
+    at the next step (a reclaim's ack and STARTUP later), at the target, every STEP, with no
+    tolerance, no scale-in delay and no flap budget. Not a policy anyone can run: the most
+    whole-machine lending can give with the services at their target."""
+    minute = int(now // 60)
+    job["ready"].append(job["sim"].serving(now))  # the minute's over-target test, as decide() keeps it
+    ahead = job["load"][minute:int((now + STEP + ACK + STARTUP) // 60) + 1]
+    return max(POLICY.min, math.ceil(max(ahead) / TARGET - 1e-9))
 
 
 def buffer(side: Side) -> int:
@@ -484,6 +501,8 @@ def main() -> None:
                      reserve=args.reserve)
     none = run_twine(loads, history, minutes, machines, tier=False)
     k8s = run_k8s(loads, minutes, machines, ack=args.ack)
+    best = run_twine(loads, history, minutes, machines, tier=True, budget=budget, ack=args.ack, reserve=args.reserve,
+                     oracle=True)
     hours = sorted(tier.hours)
     o, judged, missed, offered = availability(week_before, tier, machines, hours)
     o_bare, _, missed_bare, offered_bare = availability(week_before, tier, machines, hours, buffers=False)
@@ -494,7 +513,7 @@ def main() -> None:
           f"{BATCH_USE:g} core, checkpoint every {CHECKPOINT_EVERY:g} s and in {args.ack:g} s on a notice or SIGTERM")
     print(f"{'way':8} {'utilisation':>11} {'useful core-h':>13} {'held core-h':>11} {'over-target min':>15} "
           f"{'reclaims':>8} {'noticed':>7} {'batch core-h lost':>17}")
-    for r in (tier, none, k8s):
+    for r in (tier, none, k8s, best):
         print(f"{r.name:8} {100 * r.utilisation:10.1f}% {r.useful / 3600:13.0f} {r.held / 3600:11.0f} {r.over:15d} "
               f"{r.reclaims:8d} {r.noticed:7d} {r.lost / 3600:17.1f}")
     print(f"opportunistic availability: {judged} hours judged against the {s} % line offered for them (from the "
@@ -515,6 +534,12 @@ def main() -> None:
              ("P >= 95", p_notice >= 95), ("A <= 1.05 B", tier.over <= 1.05 * none.over)]
     if k > u:
         print(f"where the tier's utilisation is below k8s's ({k - u:.1f} points): {gap(tier, k8s)}")
+    print(f"the ceiling of whole-machine lending (oracle: each service sized every {STEP:g} s from the true load "
+          f"until tasks it asks for would serve, at the target, no tolerance, no delay, no flap budget): utilisation "
+          f"{100 * best.utilisation:.1f}% "
+          f"with {best.over} over-target minutes, against k8s's {k:.1f}% with {k8s.over}"
+          + ("; U >= K asks more than any sizer at the target gives, short of running services over it"
+             if best.utilisation * 100 < k else ""))
     print("issue #37's goals: " + "; ".join(f"{g} {'met' if ok else 'NOT MET'}" for g, ok in goals))
     print(f"capacity: utilisation {u:.0f}% (no opportunistic tier {v:.0f}%, k8s priority {k:.0f}%); opportunistic "
           f"availability {o:.1f}% (offered SLO {s}%); reclaims with >= {NOTICE:.0f} s notice {p_notice:.0f}% (k8s 0%); "

@@ -144,3 +144,18 @@ def test_the_gap_to_kubernetes_is_the_service_machines_empty_slots_and_the_servi
     line = bc.gap(tier, k8s)
     assert f"about {100 * bc.BATCH_USE / 12:.1f} from the service machines' empty slots" in line, line
     assert "about 0.0 from the services' sizes" in line, line
+
+
+def test_the_oracle_sizes_each_service_from_the_true_load_ahead_at_the_target():
+    """A load of 1.2 cores, rising to 4.8 at minute 30 (2 tasks, then 8): the oracle asks for 8
+    when tasks asked for at the next step would serve in the minute of the rise (the reclaim's ack
+    and a start-up later), not after the measurement shows it, and never runs over target; the
+    SRM, reacting to the measured load, does."""
+    loads = [[1.2] * 30 + [4.8] * 30]
+    best = bc.run_twine(loads, None, 60, 4, tier=True, failure_at=None, reserve=0, oracle=True)
+    srm = bc.run_twine(loads, None, 60, 4, tier=True, failure_at=None, reserve=0)
+    assert best.name == "oracle" and best.over == 0
+    assert srm.over > 0
+    job = {"load": [1.2] * 30 + [4.8] * 30, "sim": bc.JobSim(bc.Pool(4), "j"), "ready": []}
+    assert bc.oracle_size(job, 28 * 60.0) == 2, "the rise is beyond a step, an ack and a start-up"
+    assert bc.oracle_size(job, 28 * 60.0 + 45) == 8, "tasks asked for at the next step serve in the rise's minute"

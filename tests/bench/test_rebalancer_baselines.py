@@ -13,7 +13,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "bench"))
 
-from bench_rebalancer import ca_scale_down, high_node, least_moves  # noqa: E402
+from bench_rebalancer import ca_scale_down, high_node, least_cooling, least_moves  # noqa: E402
+from controlplane.rebalancer.board import Board  # noqa: E402
+from controlplane.rebalancer.goals import msb_hotspots  # noqa: E402
 from controlplane.rebalancer.view import Group, Machine, Region, Task  # noqa: E402
 
 
@@ -61,6 +63,22 @@ def test_the_least_moves_bound_takes_the_machines_holding_fewest_tasks_that_the_
     reg = Region([Group("web", "dc1", "msb1", ms, tasks), Group("web", "dc1", "msb2", [full], [Task("web/d", 0, "f", 16_000, 1024)])],
                  {("dc1", "msb1"): 48_000, ("dc1", "msb2"): 16_000})
     assert [least_moves(reg, n) for n in (1, 2, 3)] == [1, 3, None]
+
+
+def test_the_least_cooling_bound_takes_each_hot_msbs_hottest_tasks_until_they_cover_its_excess():
+    """msb1 uses 6 cores (six tasks of 1) of 16, msb2 and msb3 none: the mean is 6/48 of a core a
+    core, so at a 10 % margin an MSB may use 2.2 cores: msb1 has 3.8 too many, which three tasks do
+    not cover and four do. The hotspots goal makes those four moves (two to each cool MSB); at a
+    500 % margin nothing is hot."""
+    ms = [Machine(n, "web", "dc1", msb, 16_000, 65_536, rack=f"r{n}") for n, msb in (("a", "msb1"), ("b", "msb2"),
+                                                                                     ("c", "msb3"))]
+    hot = [Task("web/x", i, "a", 1000, 1024, used=1000) for i in range(6)]
+    idle = [Task("web/y", i, mid, 1000, 1024, used=0) for i, mid in enumerate("bc")]
+    reg = Region([Group("web", "dc1", m.msb, [m], [t for t in hot + idle if t.machine == m.id]) for m in ms],
+                 {("dc1", m.msb): 16_000 for m in ms})
+    assert least_cooling(reg, 0.10) == 4
+    assert least_cooling(reg, 5.0) == 0
+    assert len(msb_hotspots(Board(reg, 1.0, margin=0.10))) == 4
 
 
 LAST = re.compile(r"rebalancer: freed (\d+) machines \(ca scale-down (\d+), entitlement-wide \d+, highnodeutilization \d+\) "

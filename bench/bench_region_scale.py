@@ -55,7 +55,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import hashlib
 import random
 import shutil
 import statistics
@@ -73,7 +72,7 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from controlplane.store.etcdproc import EtcdServer  # noqa: E402
-from controlplane.store.records import EntitlementRec, MachineRec  # noqa: E402
+from controlplane.store.records import Digest, EntitlementRec, MachineRec  # noqa: E402
 from controlplane.store import Store  # noqa: E402
 from controlplane.store.keys import Keys  # noqa: E402
 from controlplane.usage import history as H  # noqa: E402
@@ -98,7 +97,7 @@ def machine(i: int, agents: int) -> MachineRec:
     return MachineRec(id=mid, hostname=mid, labels={"region": REGION, "dc": f"dc{msb % 3}", "msb": f"msb{msb:04d}",
                                                      "rack": f"rack{rack:06d}", "machine_type": ("t1", "t2", "t3")[rack % 3]},
                       capacity={"cpus": 32, "memory_mb": 131072},
-                      credential_sha256=hashlib.sha256(cred(mid).encode()).hexdigest(), registered_at=time.time(),
+                      credential_sha256=Digest.of(cred(mid)), registered_at=time.time(),
                       healthy=i < agents, health_reason="" if i < agents else "no heartbeat (never: no simulated agent)")
 
 

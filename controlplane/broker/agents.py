@@ -24,7 +24,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Callable, Protocol
 
 from controlplane.broker.reboots import Reboots
-from controlplane.store.records import ApiError, MachineRec
+from controlplane.store.records import NO_DIGEST, ApiError, Digest, MachineRec
 from controlplane.security.sealing import SealingError
 from controlplane.security.secretfile import owner_only, tokens_in
 from controlplane.store.state import RegionState
@@ -198,7 +198,7 @@ class AgentService:
         return self.bootstrap.admits(token)
 
     def machine_of(self, credential: str) -> str | None:
-        return self.state.credentials.get(sha256(credential))
+        return self.state.credentials.get(Digest.of(credential))
 
     # -- registration ------------------------------------------------------------------------
 
@@ -215,7 +215,7 @@ class AgentService:
         credential = secrets.token_urlsafe(32)
         fields = dict(hostname=str(body.get("hostname") or mid), labels={k: labels[k] for k in LABELS},
                       capacity=dict(cap), address=str(body.get("address") or ""),
-                      agent_version=str(body.get("version") or ""), credential_sha256=sha256(credential))
+                      agent_version=str(body.get("version") or ""), credential_sha256=Digest.of(credential))
         key = self.keys.machine(mid)
 
         def compute(reads):
@@ -224,7 +224,7 @@ class AgentService:
                 return {key: MachineRec(id=mid, registered_at=time.time(), **fields).to_json()}, []
             rec = MachineRec.from_json(old)
             released = not rec.credential_sha256
-            if not released and (current is None or not hmac.compare_digest(sha256(current), rec.credential_sha256)):
+            if not released and (current is None or not hmac.compare_digest(Digest.of(current), rec.credential_sha256)):
                 raise ApiError("exists", "machine_id", f"machine {mid} is registered; registering it again takes its "
                                f"current credential (header {CREDENTIAL_HEADER}), or an admin's release "
                                f"(twinectl machine release {mid})")
@@ -256,7 +256,7 @@ class AgentService:
             old = reads[key].value
             if not old:
                 raise ApiError("not_found", "machine", f"no machine {mid!r}")
-            return {key: replace(MachineRec.from_json(old), credential_sha256="").to_json()}, []
+            return {key: replace(MachineRec.from_json(old), credential_sha256=NO_DIGEST).to_json()}, []
 
         await self.state.wait_for(await self.store.update([key], compute))
         log.warning("machine %s released: its credential no longer holds; a bootstrap token may register it", mid)

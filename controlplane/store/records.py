@@ -15,6 +15,7 @@ microseconds a record. The JSON is the same: the same keys, nested objects and v
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
 import re
 import time
@@ -38,9 +39,53 @@ JOB_STATES = ("active", "stopping", "stopped")
 ON_MACHINE = ("starting", "running", "failed", "lost")
 
 
+class Digest(bytes):
+    """A SHA-256 digest as its 32 bytes, written as its hex as before (a machine's credential):
+    81 bytes in memory where the hex string held 113, in every process, for every machine (issue
+    #38). Text that is not hex (a record no version of ours wrote) is kept as its own bytes: like
+    its text before, it matches no credential."""
+
+    __slots__ = ()
+
+    @classmethod
+    def of(cls, text: str) -> Digest:
+        # surrogateescape: a header's bytes that are not UTF-8 hash as they came
+        return cls(hashlib.sha256(text.encode(errors="surrogateescape")).digest())
+
+    @classmethod
+    def parse(cls, value: Any) -> Digest:
+        if isinstance(value, cls):
+            return value
+        if isinstance(value, (bytes, bytearray)):
+            return cls(value)
+        if not isinstance(value, str):
+            raise ValueError(f"a digest is written as hex text, not {type(value).__name__}")
+        try:
+            return cls(bytes.fromhex(value))
+        except ValueError:
+            return cls(value.encode(errors="surrogateescape"))
+
+
+NO_DIGEST = Digest()
+
+
+def enc_hook(value: Any) -> Any:
+    """msgspec's hook for what it does not know: a Digest as its hex."""
+    if isinstance(value, Digest):
+        return value.hex()
+    raise NotImplementedError(f"{type(value).__name__} is not a record's value")
+
+
+def dec_hook(kind: type, value: Any) -> Any:
+    """msgspec's hook for what it does not know: a Digest from its hex."""
+    if kind is Digest:
+        return Digest.parse(value)
+    raise NotImplementedError(f"{kind} is not a record's type")
+
+
 def _encode(record: Any) -> dict:
     """A record as JSON-ready builtins: a fresh dict, nested dicts copied (as dataclasses.asdict)."""
-    return msgspec.to_builtins(record)
+    return msgspec.to_builtins(record, enc_hook=enc_hook)
 
 
 def _decode(cls: type, d: dict, unchecked: Callable[[dict], Any] | None = None) -> Any:
@@ -48,7 +93,7 @@ def _decode(cls: type, d: dict, unchecked: Callable[[dict], Any] | None = None) 
     type than its field's (a record written by an older version) is taken as it is, as before
     msgspec: by `unchecked`, or by the record's constructor."""
     try:
-        return msgspec.convert(d, cls)
+        return msgspec.convert(d, cls, dec_hook=dec_hook)
     except msgspec.ValidationError:
         if unchecked is not None:
             return unchecked(d)
@@ -413,7 +458,7 @@ class MachineRec:
     alloc_memory_mb: int = 0
     address: str = ""
     agent_version: str = ""
-    credential_sha256: str = ""
+    credential_sha256: Digest = NO_DIGEST  # of its credential (NO_DIGEST: released, or none yet)
     registered_at: float = 0.0
     # Tasks moved off (or stopped on) this machine while it was unhealthy, whose containers may
     # still run there: (job, index, cpus, memory_mb, when it was made: wall-clock seconds) each.
@@ -431,7 +476,10 @@ class MachineRec:
             # written before tombstones carried when they were made: made at 0, so that any report
             # the daemon holds speaks for them (as it did then)
             d = {**d, "tombstones": [[*t, 0.0] if len(t) == 4 else t for t in stones]}
-        return _decode(cls, d)
+        rec = _decode(cls, d)
+        if not isinstance(rec.credential_sha256, Digest):  # (a record of an older shape: its constructor's)
+            object.__setattr__(rec, "credential_sha256", Digest.parse(rec.credential_sha256 or b""))
+        return rec
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,7 +25,7 @@ from controlplane.allocator import Snapshot
 from controlplane.capacity.index import Reclaims
 from controlplane.opsplanner.maintenance import Calendar
 from controlplane.rollouts.record import doc_name, machine_doc, stopping
-from controlplane.store.records import ON_MACHINE, EntitlementRec, EventRec, JobRec, MachineRec, TaskRec
+from controlplane.store.records import ON_MACHINE, Digest, EntitlementRec, EventRec, JobRec, MachineRec, TaskRec, dec_hook
 from controlplane.security.sealing import Sealer
 from controlplane.store import Change, Index, Store, Versioned
 from controlplane.store.codec import Skipped, decode
@@ -52,7 +52,7 @@ def _viewed(m: MachineRec) -> tuple:
 # The records every placement writes by the dozen, decoded from etcd's bytes straight into their
 # types: one pass, where JSON to a dict and the dict to the record took two (the watch's cost per
 # commit). A record of an older shape, which the typed decoder refuses, takes the dict path.
-_TYPED = {"machines": (MachineRec, msgspec.json.Decoder(MachineRec)),
+_TYPED = {"machines": (MachineRec, msgspec.json.Decoder(MachineRec, dec_hook=dec_hook)),
           "tasks": (TaskRec, msgspec.json.Decoder(TaskRec))}
 # the kinds of key this daemon reads (any other under the region's prefix is left undecoded)
 _KEPT = frozenset(("machines", "tasks", "jobs", "entitlements", "events", "leaders", "settings", "members",
@@ -101,7 +101,7 @@ class RegionState:
         # the index reads etcd's bytes (decoded here, by kind) and keeps no copy of revs
         self.index = Index(store, keys.root, on_change=self._on_change, keep_values=False, raw=True, revisions=self.revs,
                            unkept=self._unkept)
-        self.credentials: dict[str, str] = {}  # sha256 of a machine credential -> machine id
+        self.credentials: dict[Digest, str] = {}  # the digest of a machine credential (records.Digest) -> machine id
         self.changed = Wakeups()  # set on every change; each scheduler has its own event
         # coordination (controlplane/coordination/coordinator.py): members and shard leaders, by their leases
         self.members: dict[str, dict] = {}

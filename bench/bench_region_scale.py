@@ -72,7 +72,8 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from controlplane.store.etcdproc import EtcdServer  # noqa: E402
-from controlplane.store.records import Digest, EntitlementRec, MachineRec  # noqa: E402
+from controlplane.store.digest import Digest  # noqa: E402
+from controlplane.store.records import EntitlementRec, MachineRec  # noqa: E402
 from controlplane.store import Store  # noqa: E402
 from controlplane.store.keys import Keys  # noqa: E402
 from controlplane.usage import history as H  # noqa: E402

@@ -24,7 +24,8 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Callable, Protocol
 
 from controlplane.broker.reboots import Reboots
-from controlplane.store.records import NO_DIGEST, ApiError, Digest, MachineRec
+from controlplane.store.digest import NO_DIGEST, Digest
+from controlplane.store.records import ApiError, MachineRec
 from controlplane.security.sealing import SealingError
 from controlplane.security.secretfile import owner_only, tokens_in
 from controlplane.store.state import RegionState

@@ -15,7 +15,6 @@ microseconds a record. The JSON is the same: the same keys, nested objects and v
 
 from __future__ import annotations
 
-import hashlib
 import ipaddress
 import re
 import time
@@ -27,6 +26,7 @@ import msgspec
 from agent.errors import InputError
 from agent.models import TaskSpec
 from controlplane.store.autoscale import Autoscale
+from controlplane.store.digest import NO_DIGEST, Digest, dec_hook, enc_hook
 from controlplane.store.errors import ApiError
 
 NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$(?!\n)")  # the end of the text (agent/models.py)
@@ -37,50 +37,6 @@ JOB_STATES = ("active", "stopping", "stopped")
 # task keeps its machine (and the resources it holds there) while the machine is in maintenance,
 # but its container is stopped; it starts there again when the maintenance ends.
 ON_MACHINE = ("starting", "running", "failed", "lost")
-
-
-class Digest(bytes):
-    """A SHA-256 digest as its 32 bytes, written as its hex as before (a machine's credential):
-    81 bytes in memory where the hex string held 113, in every process, for every machine (issue
-    #38). Text that is not hex (a record no version of ours wrote) is kept as its own bytes: like
-    its text before, it matches no credential."""
-
-    __slots__ = ()
-
-    @classmethod
-    def of(cls, text: str) -> Digest:
-        # surrogateescape: a header's bytes that are not UTF-8 hash as they came
-        return cls(hashlib.sha256(text.encode(errors="surrogateescape")).digest())
-
-    @classmethod
-    def parse(cls, value: Any) -> Digest:
-        if isinstance(value, cls):
-            return value
-        if isinstance(value, (bytes, bytearray)):
-            return cls(value)
-        if not isinstance(value, str):
-            raise ValueError(f"a digest is written as hex text, not {type(value).__name__}")
-        try:
-            return cls(bytes.fromhex(value))
-        except ValueError:
-            return cls(value.encode(errors="surrogateescape"))
-
-
-NO_DIGEST = Digest()
-
-
-def enc_hook(value: Any) -> Any:
-    """msgspec's hook for what it does not know: a Digest as its hex."""
-    if isinstance(value, Digest):
-        return value.hex()
-    raise NotImplementedError(f"{type(value).__name__} is not a record's value")
-
-
-def dec_hook(kind: type, value: Any) -> Any:
-    """msgspec's hook for what it does not know: a Digest from its hex."""
-    if kind is Digest:
-        return Digest.parse(value)
-    raise NotImplementedError(f"{kind} is not a record's type")
 
 
 def _encode(record: Any) -> dict:

@@ -25,7 +25,7 @@ from controlplane.allocator import Snapshot
 from controlplane.capacity.index import Reclaims
 from controlplane.opsplanner.maintenance import Calendar
 from controlplane.rollouts.record import doc_name, machine_doc, stopping
-from controlplane.store.records import ON_MACHINE, Digest, EntitlementRec, EventRec, JobRec, MachineRec, TaskRec, dec_hook
+from controlplane.store.records import ON_MACHINE, EntitlementRec, EventRec, JobRec, MachineRec, TaskRec, dec_hook
 from controlplane.security.sealing import Sealer
 from controlplane.store import Change, Index, Store, Versioned
 from controlplane.store.codec import Skipped, decode
@@ -101,7 +101,7 @@ class RegionState:
         # the index reads etcd's bytes (decoded here, by kind) and keeps no copy of revs
         self.index = Index(store, keys.root, on_change=self._on_change, keep_values=False, raw=True, revisions=self.revs,
                            unkept=self._unkept)
-        self.credentials: dict[Digest, str] = {}  # the digest of a machine credential (records.Digest) -> machine id
+        self.credentials: dict[bytes, str] = {}  # the digest of a machine credential (store/digest.py) -> machine id
         self.changed = Wakeups()  # set on every change; each scheduler has its own event
         # coordination (controlplane/coordination/coordinator.py): members and shard leaders, by their leases
         self.members: dict[str, dict] = {}

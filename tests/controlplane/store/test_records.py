@@ -10,8 +10,8 @@ from dataclasses import asdict
 import msgspec
 import pytest
 
-from controlplane.store.records import (Digest, Endpoint, EntitlementRec, EventRec, JobRec, MachineRec, Preference, Spread,
-                                       TaskRec, dec_hook)
+from controlplane.store.digest import Digest, dec_hook
+from controlplane.store.records import Endpoint, EntitlementRec, EventRec, JobRec, MachineRec, Preference, Spread, TaskRec
 
 TASK = TaskRec("ent/web", 3, 2, {"image": "nginx", "cpus": 0.5, "memory_mb": 256, "env": {"A": "1"}},
                "m1", "running", "placed", True, 1.7e9)

@@ -538,7 +538,7 @@ def main() -> None:
           f"until tasks it asks for would serve, at the target, no tolerance, no delay, no flap budget): utilisation "
           f"{100 * best.utilisation:.1f}% "
           f"with {best.over} over-target minutes, against k8s's {k:.1f}% with {k8s.over}"
-          + ("; U >= K asks more than any sizer at the target gives, short of running services over it"
+          + ("; U >= K asks more than this oracle gives at the target"
              if best.utilisation * 100 < k else ""))
     print("issue #37's goals: " + "; ".join(f"{g} {'met' if ok else 'NOT MET'}" for g, ok in goals))
     print(f"capacity: utilisation {u:.0f}% (no opportunistic tier {v:.0f}%, k8s priority {k:.0f}%); opportunistic "

@@ -64,7 +64,7 @@ def no_fit(snapshot: Snapshot, req: Requirements, overlay: Overlay, task: int) -
     machine and reports how many each left."""
     r, ent = req.request, req.entitlement
     total = len(snapshot.machines)
-    machines = snapshot.machines.values()
+    machines = list(snapshot.machines.values())  # once: the region's are made from their records as read
     quota_open = overlay.held() < ent.quota
     if not quota_open:
         would_fit = count_survivors(req.filters(allow_free=True), machines, overlay, total)

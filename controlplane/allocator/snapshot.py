@@ -6,11 +6,17 @@ region (DESIGN.md, "cost follows the change").
 In place means one writer and no reader across a change. The owner (RegionState) applies changes
 only when asked for the snapshot, and allocate() reads it synchronously, so an allocation never
 sees a change half way; a caller must not keep the snapshot across an await. Tests and what-if
-simulations that want the old and the new side by side use `with_changes`, which copies first."""
+simulations that want the old and the new side by side use `with_changes`, which copies first.
+
+Its machines are a dict of its own (`build`), or a mapping its owner keeps (`over`): RegionState's
+reads each machine off its record when asked, so that no object a machine is kept for the
+allocator (store/allocview.py). Such an owner says, when it moves the snapshot forward, what the
+snapshot had of each changed machine before (`apply(before=)`), for the index to take it out of
+its bins: the mapping has the new already."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, MutableMapping
 from dataclasses import replace
 from types import MappingProxyType
 
@@ -28,7 +34,7 @@ def _round(cpus: float) -> float:
 class Snapshot:
     __slots__ = ("revision", "machines", "entitlements", "_machines", "_entitlements", "_tasks", "_used", "index")
 
-    def __init__(self, revision: int, machines: dict[str, Machine], entitlements: dict[str, Entitlement],
+    def __init__(self, revision: int, machines: MutableMapping[str, Machine], entitlements: dict[str, Entitlement],
                  tasks: dict[str, dict[int, PlacedTask]], used: dict[str, tuple[float, int]],
                  index: MachineIndex | None = None) -> None:
         self.revision = revision
@@ -43,14 +49,20 @@ class Snapshot:
     @classmethod
     def build(cls, machines: Iterable[Machine], entitlements: Iterable[Entitlement] = (),
               tasks: Iterable[PlacedTask] = (), revision: int = 0) -> Snapshot:
-        ms = {m.id: m for m in machines}
+        return cls.over({m.id: m for m in machines}, entitlements, tasks, revision)
+
+    @classmethod
+    def over(cls, machines: MutableMapping[str, Machine], entitlements: Iterable[Entitlement] = (),
+             tasks: Iterable[PlacedTask] = (), revision: int = 0) -> Snapshot:
+        """A snapshot of the machines in `machines`, which it keeps (no copy) and changes in place
+        as it is moved forward: a mapping its owner keeps in step (see apply's `before`)."""
         by_job: dict[str, dict[int, PlacedTask]] = {}
         used: dict[str, tuple[float, int]] = {}
         for t in tasks:
             by_job.setdefault(t.job, {})[t.index] = t
             c, mem = used.get(t.machine_id, (0.0, 0))
             used[t.machine_id] = (_round(c + t.cpus), mem + t.memory_mb)
-        return cls(revision, ms, {e.name: e for e in entitlements}, by_job, used)
+        return cls(revision, machines, {e.name: e for e in entitlements}, by_job, used)
 
     def used(self, machine_id: str) -> tuple[float, int]:
         return self._used.get(machine_id, (0.0, 0))
@@ -73,12 +85,14 @@ class Snapshot:
     def apply(self, *, machines: Iterable[Machine] = (), removed_machines: Iterable[str] = (),
               tasks: Iterable[PlacedTask] = (), removed_tasks: Iterable[tuple[str, int]] = (),
               entitlements: Iterable[Entitlement] = (), removed_entitlements: Iterable[str] = (),
-              revision: int | None = None) -> Snapshot:
+              revision: int | None = None, before: Mapping[str, Machine | None] | None = None) -> Snapshot:
         """Move this snapshot forward in place and return it. `tasks` add or replace tasks by
         (job, index); `machines` add or replace machines by id. Costs the touched machines' bins
-        and tasks: a bisect and an insort per bin, no copy of anything region-sized."""
+        and tasks: a bisect and an insort per bin, no copy of anything region-sized. `before`:
+        what this snapshot had of machines whose change its machines mapping has already (an
+        owner's mapping, `over`; None: a machine new to it); the others are read from it."""
         ms, used, by_job = self._machines, self._used, self._tasks
-        touched: dict[str, Machine | None] = {}  # machine id -> the machine before this change
+        touched: dict[str, Machine | None] = dict(before or {})  # machine id -> the machine before this change
 
         def add_use(machine_id: str, cpus: float, memory_mb: int) -> None:
             if machine_id not in touched:

@@ -9,13 +9,11 @@ next read see it (read-your-writes), whichever kinds of record the commit touche
 from __future__ import annotations
 
 import asyncio
-import gc
 import hashlib
 import itertools
 import json
 import logging
 import sys
-import time
 from collections import defaultdict, deque
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
@@ -24,7 +22,7 @@ import msgspec
 from controlplane.allocator import Snapshot
 from controlplane.capacity.index import Reclaims
 from controlplane.opsplanner.maintenance import Calendar
-from controlplane.rollouts.record import doc_name, machine_doc, stopping
+from controlplane.rollouts.record import doc_name, machine_doc
 from controlplane.store.records import ON_MACHINE, EntitlementRec, EventRec, JobRec, MachineRec, TaskRec, dec_hook
 from controlplane.security.sealing import Sealer
 from controlplane.store import Change, Index, Store, Versioned
@@ -33,11 +31,10 @@ from controlplane.store.cells import Cells
 from controlplane.store.keys import Keys
 from controlplane.store.revisions import Revisions
 from controlplane.store.sharing import Shared, share_task
-from controlplane.store.allocview import MOVING, to_entitlement, to_machine, to_placed, to_placed_copy
+from controlplane.store.allocview import MOVING, AllocatorView
 from controlplane.store.wakeups import Wakeups
 
 if TYPE_CHECKING:
-    from controlplane.allocator import PlacedTask
     from controlplane.sidekick.documents import ProfileDocuments
 
 log = logging.getLogger("twine.controld.state")
@@ -121,20 +118,16 @@ class RegionState:
                        "rollouts": self.rollouts, "capacity-settings": self.capacity_settings}
         self.coordination_changed = asyncio.Event()
         self._machine_waiters: dict[str, asyncio.Event] = {}
-        self._snapshot: Snapshot | None = None
-        self._dirty_machines: set[str] = set()
-        self._dirty_tasks: set[tuple[str, int]] = set()
-        self._dirty_ents: set[str] = set()
         self.maintenance = Calendar()  # the maintenance events by machine (the ops planner's)
         self._open_failures: dict[str, dict[str, EventRec]] = {}  # machine -> its failure events not ended, by id
         self.reclaims = Reclaims()  # machine -> the open reclaim that covers it (controlplane/capacity)
-        self._cordoned: set[str] = set()  # machines the snapshot has as taking no new task (_refresh_cordons)
         self._revision = 0  # the last change's mod revision (_take)
         self._shared = Shared()  # what many machine records have alike, one object each (sharing.py)
+        self.alloc = AllocatorView(self)  # the allocator's snapshot of this view (store/allocview.py)
 
     async def start(self) -> None:
         await self.index.start(each=lambda v: self._take(v.key, v.value, v.mod_revision))
-        self._snapshot = None
+        self.alloc.snap = None
         log.info("region %s: %d machines, %d entitlements, %d jobs, %d tasks at revision %d",
                  self.keys.region, len(self.machines), len(self.entitlements), len(self.jobs),
                  sum(len(t) for t in self.tasks.values()), self.index.revision)
@@ -218,6 +211,8 @@ class RegionState:
         """Decode one change into the view. Returns the jobs it may concern, for the schedulers'
         work queues (None: any job)."""
         kind, _, rest = key[len(self.keys.root):].partition("/")
+        if kind == "machines":
+            self.alloc.changing(rest)  # (before its revision changes, just below)
         if isinstance(value, bytes) and kind in _KEPT:  # as etcd has it (the index reads raw)
             value = decoded(kind, value)
         if self.skipped:
@@ -242,7 +237,7 @@ class RegionState:
                 self.members_version += 1
                 self.coordination_changed.set()
             if kind == "capacity-settings":  # the reserve opportunistic entitlements leave free: in their snapshot
-                self._dirty_ents.update(n for n, e in self.entitlements.items() if e.kind == "opportunistic")
+                self.alloc.ents.update(n for n, e in self.entitlements.items() if e.kind == "opportunistic")
             if kind == "rollouts":  # which profile each machine should hold, and which must stop its tasks
                 self._wake_entitlement(rest, None)
                 return set(self.jobs_by_ent.get(rest, ()))
@@ -256,7 +251,7 @@ class RegionState:
                 self.entitlements.pop(rest, None)
             else:
                 self.entitlements[rest] = EntitlementRec.from_json(value)
-            self._dirty_ents.add(rest)
+            self.alloc.ents.add(rest)
             self._wake_entitlement(rest, old)
             return set(self.jobs_by_ent.get(rest, ()))
         if kind == "jobs":
@@ -330,7 +325,6 @@ class RegionState:
         if (old is None) != (m is None):
             self.machines_version += 1  # the set of machines changed
             self._machine_log.append(mid)  # (the version it made: machines_version when appended)
-        self._dirty_machines.add(mid)
         self.wake_machine(mid)
         return old is None or m is None or _viewed(old) != _viewed(m)
 
@@ -357,9 +351,9 @@ class RegionState:
             self.by_machine[mid].discard(key)
         for mid in after:
             self.by_machine[mid].add(key)
-        self._dirty_tasks.add(key)
+        self.alloc.tasks.add(key)
         if (old is not None and old.moving is not None) or (t is not None and t.moving is not None):
-            self._dirty_tasks.add((handle + MOVING, index))
+            self.alloc.tasks.add((handle + MOVING, index))
         for m in set(before) | set(after):
             self.wake_machine(m)
 
@@ -372,14 +366,6 @@ class RegionState:
     def open_failures(self, mid: str) -> list[EventRec]:
         """The machine's failure events not ended (an index: no pass over every event)."""
         return list(self._open_failures.get(mid, {}).values())
-
-    def _refresh_cordons(self, now: float) -> None:
-        """Cordoned: in (or scheduled for) maintenance, reclaimed, or draining or switching in a profile rollout."""
-        cordoned = {mid for mid in self.maintenance.machines() if mid in self.machines and self.maintenance.of(mid, now)}
-        cordoned |= self.reclaims.cordoned(self.machines)
-        cordoned |= {mid for r in self.rollouts.values() for mid in stopping(r) if mid in self.machines}
-        self._dirty_machines |= cordoned ^ self._cordoned
-        self._cordoned = cordoned
 
     # -- shards -------------------------------------------------------------------------------
 
@@ -464,47 +450,10 @@ class RegionState:
         """The allocator's snapshot, moved forward in place by the changes since the last call:
         the same object every time, at a cost that follows the changes, not the region. Use it
         before your next await (allocate() is synchronous) and do not keep it: the next call
-        changes it."""
-        self._refresh_cordons(time.time())
-        reserve = self.reserve
-        if self._snapshot is None:
-            self._snapshot = Snapshot.build(
-                (to_machine(m, self.revs.machines[m.id], m.id in self._cordoned) for m in self.machines.values()),
-                (to_entitlement(e, reserve) for e in self.entitlements.values()),
-                itertools.chain((p for ts in self.tasks.values() for t in ts.values() if (p := to_placed(t)) is not None),
-                                (to_placed_copy(t) for ts in self.tasks.values() for t in ts.values()
-                                 if t.moving is not None)),
-                self.revision)
-            # The region as read at start lives long: out of the collector's full passes, which
-            # would otherwise scan all of it (a pause that grows with the region). Freed as usual
-            # when no longer referenced (records and snapshot hold no reference cycles).
-            gc.freeze()
-        elif self._dirty_machines or self._dirty_tasks or self._dirty_ents:
-            placed = {k: self._placed_one(k) for k in self._dirty_tasks}
-            self._snapshot.apply(
-                machines=[to_machine(self.machines[mid], self.revs.machines[mid], mid in self._cordoned)
-                          for mid in self._dirty_machines if mid in self.machines],
-                removed_machines=[mid for mid in self._dirty_machines if mid not in self.machines],
-                tasks=[p for p in placed.values() if p is not None],
-                removed_tasks=[k for k, p in placed.items() if p is None],
-                entitlements=[to_entitlement(self.entitlements[n], reserve) for n in self._dirty_ents
-                              if n in self.entitlements],
-                removed_entitlements=[n for n in self._dirty_ents if n not in self.entitlements],
-                revision=self.revision)
-        self._dirty_machines.clear()
-        self._dirty_tasks.clear()
-        self._dirty_ents.clear()
-        return self._snapshot
+        changes it. Its machines are read off their records when asked (store/allocview.py)."""
+        return self.alloc.snapshot()
 
     def reread(self, machines: Iterable[str], tasks: Iterable[tuple[str, int]]) -> None:
         """The snapshot takes these machines and tasks from their records again at the next
         snapshot(): after a change made to it ahead of a commit that did not land."""
-        self._dirty_machines.update(machines)
-        self._dirty_tasks.update(tasks)
-
-    def _placed_one(self, key: tuple[str, int]) -> PlacedTask | None:
-        if key[0].endswith(MOVING):  # a moving task's copy: what it holds on the machine it moves to
-            t = self.tasks.get(key[0][:-len(MOVING)], {}).get(key[1])
-            return to_placed_copy(t) if t is not None else None
-        t = self.tasks.get(key[0], {}).get(key[1])
-        return to_placed(t) if t is not None else None
+        self.alloc.reread(machines, tasks)

@@ -3,13 +3,14 @@ place, it stays what a snapshot built from scratch out of the same records would
 
 from __future__ import annotations
 
+import gc
 import random
 import time
 from dataclasses import replace
 
 import pytest
 
-from controlplane.allocator import allocate
+from controlplane.allocator import Machine, allocate
 from controlplane.allocator.errors import AllocationError
 from controlplane.store.records import EntitlementRec, EventRec, MachineRec, Spread, TaskRec
 from controlplane.store.state import RegionState, decoded
@@ -114,6 +115,57 @@ def test_snapshot_follows_the_watch_in_place_and_matches_a_fresh_build():
                 except AllocationError as e:
                     got[i] = str(e)
             assert got[0] == got[1], step
+
+
+def test_the_snapshot_keeps_no_object_a_machine_and_a_placement_applied_ahead_of_its_commit_holds_until_its_records_come():
+    rnd = random.Random(5)
+    state = RegionState(None, KEYS)
+    rev = 0
+
+    def put(key: str, value: dict | None) -> None:
+        nonlocal rev
+        rev += 1
+        state._apply(key, None if value is None else encode(value), rev)  # noqa: SLF001 - as the watch hands it
+        state.index.revision = rev
+
+    for n in range(3000):
+        m = replace(machine(rnd, f"m{n:04d}"), entitlement=None)  # all free: a placement takes some
+        put(KEYS.machine(m.id), m.to_json())
+    put(KEYS.entitlement("ent"), EntitlementRec("ent", "sky", 3000).to_json())
+    snap = state.snapshot()
+    gc.unfreeze()  # (the snapshot's first build froze what the region held: get_objects sees no frozen object)
+    gc.collect()
+    # the allocator's Machine made of each record when read, none kept: 3000 before (issue #38)
+    assert sum(isinstance(o, Machine) for o in gc.get_objects()) < 10
+    assert len(snap.machines) == 3000 and snap.machines["m0007"].id == "m0007"
+
+    def check(step: str) -> None:
+        want = fresh(state).snapshot()
+        assert index_state(state.snapshot()) == index_state(want), step
+        assert dict(snap.machines) == dict(want.machines), step
+
+    # a batch of creates applies a placement to the snapshot ahead of its commit: the next create sees it
+    placement = allocate(snap, job("ent/a", 6, cpus=1.0, memory_mb=256))
+    snap.apply_placement(placement)
+    taken = set(placement.machines_taken)
+    assert taken and all(snap.machines[mid].entitlement == "ent" for mid in taken)
+    assert all(state.machines[mid].entitlement is None for mid in taken)  # (the records are not yet)
+    state.snapshot()  # no record came: still as applied
+    assert all(snap.machines[mid].entitlement == "ent" for mid in taken)
+    # the commit did not land: read from the records again
+    state.reread(placement.task_machines, [("ent/a", i) for i in range(6)])
+    check("after a reread")
+    assert all(snap.machines[mid].entitlement is None for mid in taken)
+    # it landed: its records come through the watch, the tasks first
+    placement = allocate(snap, job("ent/b", 6, cpus=1.0, memory_mb=256))
+    snap.apply_placement(placement)
+    for i, mid in enumerate(placement.task_machines):
+        put(KEYS.task("ent/b", i), TaskRec("ent/b", i, 1, {"cpus": 1.0, "memory_mb": 256}, mid, "running").to_json())
+    for mid in set(placement.task_machines):
+        put(KEYS.machine(mid), replace(state.machines[mid], entitlement="ent").to_json())
+    check("after the commit")
+    assert all(snap.machines[mid].entitlement == "ent" and snap.machines[mid].version == state.revs.machines[mid]
+               for mid in placement.task_machines)
 
 
 def test_open_failures_follow_the_events_as_they_open_end_and_go():

@@ -13,14 +13,27 @@ import gc
 import itertools
 import time
 from collections.abc import Iterator, MutableMapping
-from typing import TYPE_CHECKING, Iterable
+from typing import Any, Iterable, Protocol
 
 from controlplane.allocator import Entitlement, Machine, PlacedTask, Snapshot, SpreadPolicy
 from controlplane.rollouts.record import stopping
 from controlplane.store.records import EntitlementRec, MachineRec, TaskRec
 
-if TYPE_CHECKING:
-    from controlplane.store.state import RegionState
+
+class Region(Protocol):
+    """What the view reads of the region's state (store/state.py RegionState, which owns the view:
+    named here by its shape, not imported, so that neither module imports the other)."""
+    machines: dict[str, MachineRec]
+    entitlements: dict[str, EntitlementRec]
+    tasks: dict[str, dict[int, TaskRec]]
+    revs: Any  # store/revisions.py Revisions
+    maintenance: Any  # opsplanner/maintenance.py Calendar
+    reclaims: Any  # capacity/index.py Reclaims
+    rollouts: dict[str, Any]
+    revision: int
+
+    @property
+    def reserve(self) -> int: ...
 
 
 _CORES: dict[float, float] = {}  # each machine size's cores as one float (a float a machine: 24 bytes at 1M)
@@ -102,7 +115,7 @@ class AllocatorView:
     The state tells it of each machine before the machine's record changes (`changing`), of each
     task and entitlement after (`tasks`, `ents`)."""
 
-    def __init__(self, state: "RegionState"):
+    def __init__(self, state: Region):
         self.state = state
         self.snap: Snapshot | None = None
         self.cordoned: set[str] = set()  # machines the snapshot has as taking no new task (refresh_cordons)

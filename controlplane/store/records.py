@@ -376,7 +376,9 @@ class TaskRec:
     def moved(self, **changes: Any) -> TaskRec:
         """The task with changes; `since` is reset when the state changes. A move in progress
         is given up (its copy stopped) by any change but one that keeps the task running where it
-        is at its version, unless the change says otherwise."""
+        is at its version, unless the change says otherwise. No change: the task itself."""
+        if (self.moving is None or self.state == "running") and all(getattr(self, k) == v for k, v in changes.items()):
+            return self  # (each scheduler pass asks it of every task of the job)
         new = replace(self, **changes)
         if new.state != self.state:
             new = replace(new, since=time.time())

@@ -87,3 +87,14 @@ def test_requests_that_cannot_start_are_dropped_with_why():
         assert plan.changes == [] and len(plan.dropped) == 1 and why in next(iter(plan.dropped.values())), \
             (why, plan.dropped)
         assert not plan.empty(), "a dropped request is written (its record changes)"
+
+
+def test_a_change_to_what_the_task_is_already_is_the_task_itself_unless_it_gives_a_move_up():
+    t = task(0)
+    assert t.moved(state=t.state, reason=t.reason, discovery=t.discovery) is t
+    assert t.moved(reason="other") is not t and t.moved(reason="other").reason == "other"
+    # a moving copy is given up by a task no longer running, even when nothing else changes
+    off = replace(task(0, moving=Moving("m2", "compaction", "frees m1", 100.0)), state="starting")
+    assert off.moved(state="starting").moving is None
+    on = task(0, moving=Moving("m2", "compaction", "frees m1", 100.0))
+    assert on.moved(state=on.state) is on

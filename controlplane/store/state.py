@@ -188,6 +188,8 @@ class RegionState:
             log.error("skipping the record %s, which this daemon cannot read (%s); it keeps what it had. "
                       "Rewrite or delete the record to end this", key, why)
         self.skipped[key] = why
+        if key.startswith(self.revs.prefix):  # a machine's: its revision changes below
+            self.alloc.changing(key[len(self.revs.prefix):])
         # Its guards compare etcd's revision, whatever the kind: a commit made from what this
         # view last could read replaces the unreadable record (at the old revision, every commit
         # touching it would conflict, and the scheduler retry it without end). Kept as a key,

@@ -13,6 +13,7 @@ import pytest
 from controlplane.allocator import Machine, allocate
 from controlplane.allocator.errors import AllocationError
 from controlplane.store.records import EntitlementRec, EventRec, MachineRec, Spread, TaskRec
+from controlplane.store.allocview import RECENT
 from controlplane.store.state import RegionState, decoded
 from controlplane.store.codec import Skipped, encode
 from controlplane.store.keys import Keys
@@ -135,8 +136,8 @@ def test_the_snapshot_keeps_no_object_a_machine_and_a_placement_applied_ahead_of
     snap = state.snapshot()
     gc.unfreeze()  # (the snapshot's first build froze what the region held: get_objects sees no frozen object)
     gc.collect()
-    # the allocator's Machine made of each record when read, none kept: 3000 before (issue #38)
-    assert sum(isinstance(o, Machine) for o in gc.get_objects()) < 10
+    # the allocator's Machine made of each record when read, and only the last RECENT kept: 3000 before (issue #38)
+    assert RECENT < 3000 and sum(isinstance(o, Machine) for o in gc.get_objects()) <= RECENT + 10
     assert len(snap.machines) == 3000 and snap.machines["m0007"].id == "m0007"
 
     def check(step: str) -> None:
@@ -166,6 +167,32 @@ def test_the_snapshot_keeps_no_object_a_machine_and_a_placement_applied_ahead_of
     check("after the commit")
     assert all(snap.machines[mid].entitlement == "ent" and snap.machines[mid].version == state.revs.machines[mid]
                for mid in placement.task_machines)
+
+
+def test_a_machine_kept_for_the_next_read_follows_its_record_its_cordon_and_a_record_skipped():
+    state = RegionState(None, KEYS)
+    rev = 0
+
+    def put(key: str, value) -> None:
+        nonlocal rev
+        rev += 1
+        state._take(key, value if isinstance(value, Skipped) else encode(value), rev)  # noqa: SLF001
+        state.index.revision = rev
+
+    rnd = random.Random(3)
+    for mid in ("a", "b", "c"):
+        put(KEYS.machine(mid), replace(machine(rnd, mid), healthy=True).to_json())
+    snap = state.snapshot()
+    a = snap.machines["a"]
+    assert snap.machines["a"] is a, "kept for the next read"
+    put(KEYS.machine("a"), replace(state.machines["a"], healthy=False).to_json())
+    assert state.snapshot().machines["a"].healthy is False and snap.machines["a"].version == rev
+    assert not snap.machines["b"].cordoned
+    put(KEYS.event("mt"), EventRec("mt", "maintenance", ("b",), time.time() - 1, duration=600.0).to_json())
+    assert state.snapshot().machines["b"].cordoned
+    assert snap.machines["c"].version < rev + 1
+    put(KEYS.machine("c"), Skipped("larger than 2 MiB"))
+    assert snap.machines["c"].version == rev == state.revs.machines["c"]
 
 
 def test_open_failures_follow_the_events_as_they_open_end_and_go():

@@ -307,7 +307,7 @@ class RegionState:
                     object.__setattr__(m, "id", old.id)
                 mid = m.id
                 self.revs.machines[mid] = revision
-            self._shared.machine(m)
+            self._shared.machine(m, old)
         self.cells.change(old, m)
         if old is not None and old.credential_sha256:
             self.credentials.pop(old.credential_sha256, None)

@@ -284,6 +284,24 @@ def test_machines_with_the_same_allocation_share_its_figures():
     assert type(m4.alloc_cpus) is float and type(m4.alloc_tasks) is int and m4.alloc_tasks is m1.alloc_tasks
 
 
+def test_a_machine_rewritten_takes_what_is_unchanged_from_the_record_it_replaces():
+    """Every placement rewrites its machines' records with new allocation totals: the rest is taken
+    from the record replaced (compared, not hashed again), and what changed is its own value."""
+    state = RegionState(None, KEYS)
+    labels = {"region": "r", "dc": "dc0", "msb": "b0", "rack": "k0", "machine_type": "sky"}
+    rec = MachineRec("m1", "m1", labels, {"cpus": 8, "memory_mb": 8192}, alloc_tasks=3, alloc_cpus=300.0,
+                     agent_version="1.2", profile_hash="h" * 40)
+    state._take(KEYS.machine("m1"), encode(rec.to_json()), 1)  # noqa: SLF001 - the watch's own path
+    before = state.machines["m1"]
+    state._take(KEYS.machine("m1"), encode(replace(rec, alloc_tasks=4, alloc_memory_mb=512).to_json()), 2)  # noqa: SLF001
+    after = state.machines["m1"]
+    assert after.labels is before.labels and after.capacity is before.capacity
+    assert after.profile_hash is before.profile_hash and after.agent_version is before.agent_version
+    assert after.alloc_cpus is before.alloc_cpus and (after.alloc_tasks, after.alloc_memory_mb) == (4, 512)
+    state._take(KEYS.machine("m1"), encode(replace(rec, labels={**labels, "rack": "k1"}).to_json()), 3)  # noqa: SLF001
+    assert state.machines["m1"].labels == {**labels, "rack": "k1"} and before.labels["rack"] == "k0"
+
+
 def test_a_machines_id_is_one_string_for_its_records_its_dict_key_and_its_revision():
     """At a million machines, each copy of an id was ~57 bytes and each machine's whole key ~80, in
     every process (issue #38): the view keeps one string per machine, across its updates, and its

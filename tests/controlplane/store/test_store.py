@@ -198,3 +198,25 @@ def test_create_takes_an_absent_key_and_otherwise_answers_who_holds_it(etcd_serv
         await store.close()
 
     run(body())
+
+
+def test_a_transaction_request_is_each_guard_put_and_delete_in_order():
+    """txn_request fills each operation in place: the request is the one made of a message per
+    operation (etcd's TxnRequest as its documentation builds it), byte for byte."""
+    from controlplane.store.codec import encode
+    from controlplane.store.etcd import Versioned, txn_request
+
+    rpc = aetcd.rpc
+    reads = [Versioned("/a", None, 7), Versioned("/b", None, 0)]
+    puts = {"/a": {"x": 1}, "/c": {"y": [1, 2]}}
+    deletes = ["/d", ("/e/", "/e0")]
+    want = rpc.TxnRequest(
+        compare=[rpc.Compare(result=rpc.Compare.EQUAL, target=rpc.Compare.MOD, key=b"/a", mod_revision=7),
+                 rpc.Compare(result=rpc.Compare.EQUAL, target=rpc.Compare.MOD, key=b"/b", mod_revision=0)],
+        success=[rpc.RequestOp(request_put=rpc.PutRequest(key=b"/a", value=encode({"x": 1}))),
+                 rpc.RequestOp(request_put=rpc.PutRequest(key=b"/c", value=encode({"y": [1, 2]}))),
+                 rpc.RequestOp(request_delete_range=rpc.DeleteRangeRequest(key=b"/d")),
+                 rpc.RequestOp(request_delete_range=rpc.DeleteRangeRequest(key=b"/e/", range_end=b"/e0"))])
+    got = txn_request(reads, puts, deletes)
+    assert got == want and got.SerializeToString() == want.SerializeToString()
+    assert [op.WhichOneof("request") for op in got.success] == ["request_put"] * 2 + ["request_delete_range"] * 2

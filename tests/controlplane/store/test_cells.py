@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import random
 import uuid
+from dataclasses import replace
 
 from controlplane.capacity import slo
 from controlplane.store import Store
@@ -103,6 +104,15 @@ def test_the_sums_kept_equal_a_recount_after_random_changes_and_in_a_fresh_view(
                 await state.write([], puts, deletes)
                 assert kept(state) == recount(state)
             assert len(state.machines) > 20 and state.cells.pool and len(state.cells.held) == 2
+            for _ in range(4):  # as placements rewrite them: the allocation alone, now and then health too
+                puts = {}
+                for mid in rnd.sample(sorted(state.machines), 15):
+                    m, alloc = state.machines[mid], rnd.choice([0.0, 0.25, 2.5])
+                    puts[keys.machine(mid)] = replace(m, alloc_tasks=int(alloc > 0), alloc_cpus=m.alloc_cpus + alloc,
+                                                      alloc_memory_mb=m.alloc_memory_mb + int(alloc * 256),
+                                                      healthy=m.healthy != (rnd.random() < 0.2)).to_json()
+                await state.write([], puts)
+                assert kept(state) == recount(state)
             fresh = RegionState(store, keys)  # a restart, or another replica: the sums made from a first read
             await fresh.start()
             assert kept(fresh) == recount(fresh) == kept(state)

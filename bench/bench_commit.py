@@ -138,10 +138,11 @@ def build_state(n: int, rnd: random.Random) -> tuple[RegionState, dict]:
         t_cpus, t_mem = round(fill * cpus, 1), int(fill * mem)
         has_task = t_cpus > 0 and t_mem > 0
         rev += 1
-        state.machines[mid] = MachineRec(mid, mid, labels, {"cpus": cpus, "memory_mb": mem}, owner,
-                                         healthy=i % 50 != 7, alloc_tasks=int(has_task),
-                                         alloc_cpus=t_cpus if has_task else 0.0,
-                                         alloc_memory_mb=t_mem if has_task else 0)
+        state.machines[mid] = m = MachineRec(mid, mid, labels, {"cpus": cpus, "memory_mb": mem}, owner,
+                                             healthy=i % 50 != 7, alloc_tasks=int(has_task),
+                                             alloc_cpus=t_cpus if has_task else 0.0,
+                                             alloc_memory_mb=t_mem if has_task else 0)
+        state.cells.change(None, m)  # the fleet's sums, as RegionState keeps them for each record it reads
         state.revs[KEYS.machine(mid)] = rev
         if has_task:
             handle, index = f"{owner}/earlier{i // 1000}", i % 1000

@@ -36,10 +36,11 @@ class Cells:
                 and old.entitlement == new.entitlement and old.profile_applied == new.profile_applied \
                 and old.healthy == new.healthy and bool(old.tombstones) == bool(new.tombstones):
             # in the same cell, counted alike: its allocation alone changed (every placement's rewrite)
-            r = self.rows[cell_of(new)]
-            r[RESERVED_CPU_M] += millicores(new.alloc_cpus) - millicores(old.alloc_cpus)
-            r[RESERVED_MB] += new.alloc_memory_mb - old.alloc_memory_mb
-            return
+            r = self.rows.get(cell_of(new))
+            if r is not None:
+                r[RESERVED_CPU_M] += millicores(new.alloc_cpus) - millicores(old.alloc_cpus)
+                r[RESERVED_MB] += new.alloc_memory_mb - old.alloc_memory_mb
+                return
         if old is not None:
             self._add(old, -1)
         if new is not None:

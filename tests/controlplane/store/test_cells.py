@@ -134,3 +134,20 @@ def test_the_sums_kept_equal_a_recount_after_random_changes_and_in_a_fresh_view(
             await store.close()
 
     asyncio.run(main())
+
+
+def test_a_rewrite_of_a_machine_no_cell_counted_is_taken_out_and_put_in_as_any_change():
+    """The allocation-only shortcut needs the machine's cell: without it (a state fed by hand, as
+    bench_commit did), the change is made the long way, never an error that would skip the record."""
+    from controlplane.store.cells import RESERVED_CPU_M, Cells
+
+    m = random_machine(random.Random(1), "m1")
+    m2 = replace(m, alloc_cpus=m.alloc_cpus + 2.0)
+    cells, long_way = Cells(), Cells()
+    cells.change(m, m2)
+    long_way._add(m, -1)  # noqa: SLF001
+    long_way._add(m2, 1)  # noqa: SLF001
+    assert (cells.rows, cells.pool, cells.held) == (long_way.rows, long_way.pool, long_way.held)
+    cells.change(None, m)  # counted: the shortcut's
+    cells.change(m, m2)
+    assert cells.rows[cell_of(m)][RESERVED_CPU_M] == millicores(m2.alloc_cpus)

@@ -537,7 +537,7 @@ def main() -> int:
           f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024} MiB (the whole benchmark)")
     for line in p.violations[:5] + tuple(bad[:5]):
         print("  violation:", line)
-    h0, hb, ho = hottest(r.snap, where0, used), hottest(r.snap, where_b, used), hottest(r.snap, where_o, used)
+    hb = hottest(r.snap, where_b, used)
     print(f"descheduler LowNodeUtilization + RemoveDuplicates: hottest MSB x{hb:.2f} of mean (the issue #27 baseline, "
           f"for reference)")
     sides = [ca_scale_down(reg, True), ca_scale_down(reg, False), high_node(reg)]

@@ -498,7 +498,7 @@ def main() -> int:
               f"during the heartbeats (after 7.'s scrapes): p50 {f50:.1f} ms, most {max(fleet_ms):.1f} ms; "
               f"{len(fleet.get('cells', []))} cells in {size / 1024:.0f} KiB; baseline GET /v1/cluster (no machine "
               f"in it) p50 {c50:.1f} ms (ratio {f50 / c50:.1f})")
-        stall, base_stall = max(scraped) * 1000, max(quiet) * 1000
+        stall = max(scraped) * 1000
         print(f"7. Prometheus scrapes (GET /v1/metrics), {len(scrapes)} of the {args.processes} processes one after "
               f"another for {args.seconds / 2:.0f}s during the heartbeats: the longest event loop stall of each "
               f"process in those seconds (twine_event_loop_lag_recent_seconds, its stall monitor) "

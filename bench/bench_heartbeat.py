@@ -4,9 +4,10 @@ A real etcd and a real twine-controld; N machines register and send one full tas
 steady-state heartbeats (digest unchanged, no task list) are sent over keep-alive connections.
 Baseline, in the same run and the same way: GET /healthz (no auth, no body; not the cheapest
 request: it asks etcd for a linearizable read each call, as its answer must never lag an outage,
-and cost more controld CPU than a heartbeat here: 207 against 117 us on 2026-12-07). Prints
-both rates, their ratio, controld's CPU time per heartbeat (what 100,000 agents at one heartbeat a
-second would need) and how many etcd writes the steady heartbeats caused (the design says none).
+and cost more controld CPU than a heartbeat in two runs of 2026-12-07 beside a test run: 197-207
+against 112-117 us). Prints both rates, their ratio, controld's CPU time per heartbeat (what
+100,000 agents at one heartbeat a second would need) and how many etcd writes the steady
+heartbeats caused (the design says none).
 
 A third round sends the same steady heartbeats with usage (issue #25): the host's figures and 20
 tasks' (of a job the region has, so that each counts in the sums), as agents send with every

@@ -35,8 +35,11 @@ On that same state, one round each:
   its moves applied;
 - ours within the ca scale-down's moves: the same plan() with a move budget (GET
   /v1/rebalance/plan?max_moves=N, N the moves the ca scale-down made in this run) and the issue's
-  hottest-MSB line (1.10) as its margin: hotspots first, then the machines cheapest to free across
-  every group (rebalancer/cheapest.py), then repair. This answers the issue's question as asked:
+  hottest-MSB line (1.10) as its margin: the machines cheapest to free across every group
+  (rebalancer/cheapest.py; out of a hot MSB into a cooler one of the dc first, so that the drain
+  cools it; elsewhere within the MSB, another of the dc where nothing fits there), keeping back the
+  moves the cooling still needs, then hotspots, then the cheapest machines again, then repair. This
+  answers the issue's question as asked:
   what ours frees with no more moves than the autoscaler's. Its figures are the last line's.
 The three baselines and ours run on the same board (controlplane/rebalancer/board.py) from the same
 state, and the plan checker (score.py: scores() and violations()) judges every side's result.

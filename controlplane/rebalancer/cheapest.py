@@ -10,9 +10,17 @@ but does once a small task of a target machine moves to a third machine of the g
 ejection: the make-room move the solver finds, one deep). The machines are taken cheapest first
 (fewest moves, then least reserved), their cost computed afresh when their turn comes (earlier
 drains fill the targets), until the next one would pass the budget. A move keeps what every
-compaction move keeps (compaction.py): the task's MSB (so its dc and its job's spread), its rack
-when its job spreads over racks, room for what it reserves, no machine made hot, the job's churn
-budget; a task moves at most once a round."""
+compaction move keeps (compaction.py): its dc, its rack when its job spreads over racks, room for
+what it reserves, no machine made hot, the job's churn budget; a task moves at most once a round.
+
+A task may also go to a machine of the entitlement in another MSB of its dc where that MSB stays
+below the hot line and the job's spread is kept (the target MSB held fewer of the job's tasks than
+the source: the rule of the hotspot moves, goals.py). Such a target is a fallback, taken when the
+task fits nowhere in its own MSB, except for a machine of an MSB above the hot line: there it is
+tried first, so that a drain there cools it too (the moves that free a machine of a hot MSB are
+then moves a hotspot would have made). `reserve` keeps back the moves the cooling still needs
+(CoolingLeft): a round with a budget drains with what the cooling leaves, cools, then drains
+again with the rest (plan.py)."""
 
 from __future__ import annotations
 
@@ -37,6 +45,24 @@ class _Trial:
         self.du: dict[str, int] = {}
         self.moves: list[tuple[Key, str]] = []
         self.spent: dict[str, int] = {}  # job -> moves of the trial
+        ent, dc, msb = board.group_of[source]
+        self.ent, self.msb = ent, (dc, msb)
+        self._cross: list[str] | None = None  # the other MSBs' machines (cross(), made when first asked)
+        self.dmsb: dict[tuple[str, str], int] = {}  # MSB -> millicores measured the trial's moves add
+        self.djob: dict[tuple[str, tuple[str, str]], int] = {}  # (job, MSB) -> tasks the trial adds
+
+    def cross(self) -> list[str]:
+        """The entitlement's machines in the other MSBs of the dc that stay held."""
+        if self._cross is None:
+            b = self.b
+            self._cross = [mid for other in sorted(b.msb_set.get((self.ent, self.msb[0]), ())) if other != self.msb
+                           for mid in b.in_group[(self.ent, *other)] if mid not in self.freed and b.holds(mid)]
+        return self._cross
+
+    def hot(self) -> bool:
+        """Whether the source's MSB is above the hot line, the trial's moves counted."""
+        b = self.b
+        return b.msb_used.get(self.msb, 0) + self.dmsb.get(self.msb, 0) > b.msb_limit * b.msb_cpus.get(self.msb, 0)
 
     def room(self, mid: str) -> tuple[int, int, float]:
         b = self.b
@@ -44,9 +70,19 @@ class _Trial:
                 b.hot_limit(mid) - b.used[mid] - self.du.get(mid, 0))
 
     def fits(self, key: Key, mid: str) -> bool:
-        t = self.b.tasks[key]
+        b = self.b
+        t = b.tasks[key]
         c, m, u = self.room(mid)
-        return c >= t.cpus and m >= t.memory_mb and u >= t.used
+        if c < t.cpus or m < t.memory_mb or u < t.used:
+            return False
+        to, at = b.msb_of(mid), b.msb_of(b.where[key])
+        if to == at:
+            return True
+        if not b.stays_cool(to, self.dmsb.get(to, 0) + t.used):
+            return False
+        counts = b.job_msb[t.job]
+        return not t.spreads_msb or (counts[to] + self.djob.get((t.job, to), 0)
+                                     < counts[at] + self.djob.get((t.job, at), 0))
 
     def may_move(self, key: Key) -> bool:
         b = self.b
@@ -73,6 +109,11 @@ class _Trial:
                 d[here] = d.get(here, 0) - v
         self.moves.append((key, mid))
         self.spent[key[0]] = self.spent.get(key[0], 0) + 1
+        to, at = self.b.msb_of(mid), self.b.msb_of(here)
+        if to != at:
+            for msb, sign in ((to, 1), (at, -1)):
+                self.dmsb[msb] = self.dmsb.get(msb, 0) + sign * t.used
+                self.djob[(t.job, msb)] = self.djob.get((t.job, msb), 0) + sign
 
     def eject_for(self, key: Key, among: list[str]) -> bool:
         """Make room for `key` on one of `among` by moving one task off it to a third machine."""
@@ -114,7 +155,14 @@ def drain(board: Board, source: str, freed: set[str]) -> list[tuple[Key, str]] |
         if not trial.may_move(key):
             return None
         among = trial.targets(key)
-        mid = trial.best_fit(key, among)
+        # out of an MSB above the hot line first (the move cools it), else a fallback
+        cross = not b.tasks[key].keep_rack
+        hot = cross and trial.hot()
+        mid = trial.best_fit(key, trial.cross()) if hot else None
+        if mid is None:
+            mid = trial.best_fit(key, among)
+        if mid is None and cross and not hot:
+            mid = trial.best_fit(key, trial.cross())
         if mid is not None:
             trial.add(key, mid)
         elif len(b.on[source]) > EJECT_UPTO or not trial.eject_for(key, among):
@@ -122,9 +170,40 @@ def drain(board: Board, source: str, freed: set[str]) -> list[tuple[Key, str]] |
     return trial.moves
 
 
-def cheapest(board: Board, budget: int) -> tuple[list[Planned], set[str]]:
-    """Machines freed cheapest first across every group, within `budget` moves: the moves made on
-    the board, and the machines they free."""
+class CoolingLeft:
+    """The fewest moves that bring each MSB above the hot line down to it: its hottest movable tasks
+    until their use covers its excess (where they could go left out: a lower bound, as the
+    bench's least_cooling()). An MSB's figure is kept until its measured load changes."""
+
+    def __init__(self, board: Board):
+        self.b = board
+        self.known: dict[tuple[str, str], tuple[int, int]] = {}  # MSB -> (its use, its moves)
+
+    def __call__(self) -> int:
+        b = self.b
+        n = 0
+        for msb, cap in b.msb_cpus.items():
+            used = b.msb_used.get(msb, 0)
+            if used <= b.msb_limit * cap:
+                continue
+            seen = self.known.get(msb)
+            if seen is None or seen[0] != used:
+                excess, k = used - b.msb_limit * cap, 0
+                for u in sorted((b.tasks[key].used for mid in b.msb_machines.get(msb, ()) for key in b.on[mid]
+                                 if not b.tasks[key].keep_rack and b.movable(key)), reverse=True):
+                    if excess <= 0:
+                        break
+                    excess -= u
+                    k += 1
+                seen = self.known[msb] = (used, k)
+            n += seen[1]
+        return n
+
+
+def cheapest(board: Board, budget: int, reserve=None) -> tuple[list[Planned], set[str]]:
+    """Machines freed cheapest first across every group, within `budget` moves less what
+    `reserve()` asks to keep back as things stand: the moves made on the board, and the machines
+    they free."""
     heap = []
     for mids in board.in_group.values():
         for mid in mids:
@@ -135,9 +214,10 @@ def cheapest(board: Board, budget: int) -> tuple[list[Planned], set[str]]:
     out: list[Planned] = []
     freed: set[str] = set()
     spent = 0
+    limit = budget - (reserve() if reserve is not None else 0)  # anew after each drain made
     while heap and spent < budget:
         cost, reserved, mid = heapq.heappop(heap)
-        if spent + cost > budget:
+        if spent + cost > limit:
             continue  # a cheaper one may still fit what is left
         if not board.on[mid] or not board.holds(mid) or mid in freed:
             continue
@@ -147,7 +227,7 @@ def cheapest(board: Board, budget: int) -> tuple[list[Planned], set[str]]:
         if len(moves) > cost:
             heapq.heappush(heap, (len(moves), reserved, mid))  # dearer than it looked: its turn again at its cost
             continue
-        if spent + len(moves) > budget:
+        if spent + len(moves) > limit:
             continue
         for key, target in moves:
             source = board.where[key]
@@ -156,5 +236,7 @@ def cheapest(board: Board, budget: int) -> tuple[list[Planned], set[str]]:
             out.append(board.move(key, target, "compaction", why))
         freed.add(mid)
         spent += len(moves)
+        if reserve is not None:
+            limit = budget - reserve()
     return out, freed
 

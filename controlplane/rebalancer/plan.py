@@ -3,8 +3,11 @@ compaction.py per group; then swaps.py) on one board, each goal's score before a
 and why, in words a person reads, and the rules checked on the result (score.py).
 
 A round with a move budget (`max_moves`, as the descheduler's maxNoOfPodsToEvictTotal) spends it in
-another order: hotspots first (a hot MSB is a risk now), then the machines cheapest to free across
-every group (cheapest.py), then repair with what is left; no swap (each moves a machine's tasks)."""
+another order: the machines cheapest to free across every group (cheapest.py), keeping back the
+moves the hotspots still need (a drain out of a hot MSB cools it, so they need fewer as it goes),
+then hotspots, then the cheapest machines again with what is left, then repair; no swap (each
+moves a machine's tasks). A budget too small for the cooling goes to the hotspots first: a hot
+MSB is a risk now."""
 
 from __future__ import annotations
 
@@ -12,13 +15,16 @@ import time
 from dataclasses import dataclass, field
 
 from controlplane.rebalancer.board import HOT_MACHINE, MSB_MARGIN, Board, Key, Planned
-from controlplane.rebalancer.cheapest import cheapest
+from controlplane.rebalancer.cheapest import CoolingLeft, cheapest
 from controlplane.rebalancer.compaction import TIME_LIMIT, Result, solve_group
 from controlplane.rebalancer.goals import machine_hotspots, msb_hotspots, repair
 from controlplane.rebalancer.score import Before, Scores, scores, violations
 from controlplane.rebalancer.swaps import swaps
 from controlplane.rebalancer.view import SCALE, Group, Region
 
+# the moves a budgeted round keeps back for the hotspots: a quarter more than their lower bound
+# (cheapest.CoolingLeft) and this many (the hottest tasks do not all find a cooler MSB with room)
+COOLING_SLACK = 5
 TOTAL_LIMIT = 8.0  # seconds the groups' solves may take in all (each group is drained first, at once)
 
 
@@ -137,7 +143,9 @@ def plan(region: Region | list[Group], churn: float = 0.25, time_limit: float = 
     checked = Before(board, before)
     if max_moves is not None:
         board.max_moves = max_moves  # no task is movable once the round has made that many moves
-        moves = msb_hotspots(board) + machine_hotspots(board)
+        cooling = CoolingLeft(board)
+        moves = cheapest(board, max_moves, lambda: cooling() * 5 // 4 + COOLING_SLACK)[0]
+        moves += msb_hotspots(board) + machine_hotspots(board)
         moves += cheapest(board, max_moves - len(moves))[0]
         moves += repair(board)
         after = scores(board)

@@ -6,6 +6,7 @@ churn budgets, the hot share)."""
 from __future__ import annotations
 
 import random
+from collections import Counter
 
 import pytest
 
@@ -30,10 +31,12 @@ def after(moves, tasks: list[Task]) -> dict[tuple[str, int], str]:
 
 
 def test_the_machine_with_fewest_tasks_goes_first_across_groups():
-    # msb1: a (1 task) and b (3 tasks) can each go onto c; msb2: d (2 tasks) onto e, whose own task
-    # keeps to its rack (e cannot be freed: d is in another)
+    # msb1: a (1 task) and b (3 tasks) can each go onto c, whose own task keeps to its rack (c
+    # cannot be freed: a and b are full once one has gone onto the other); msb2: d (2 tasks) onto
+    # e, whose own task keeps to its rack (e cannot be freed: d is in another)
     g1 = Group("web", "dc1", "msb1", [m("a"), m("b"), m("c")],
-               [t("web/x", 0, "a"), t("web/y", 0, "b"), t("web/y", 1, "b"), t("web/y", 2, "b"), t("web/z", 0, "c")])
+               [t("web/x", 0, "a"), t("web/y", 0, "b"), t("web/y", 1, "b"), t("web/y", 2, "b"),
+                t("web/z", 0, "c", keep_rack=True)])
     g2 = Group("web", "dc1", "msb2", [m("d", "msb2"), m("e", "msb2", rack="r2")],
                [t("web/w", 0, "d"), t("web/w", 1, "d"), t("web/v", 0, "e", keep_rack=True)])
     board = Board(Region([g1, g2]), churn=1.0)
@@ -108,10 +111,19 @@ def test_a_budgeted_plan_keeps_every_rule_and_never_passes_its_budget(seed):
         assert p.to_json()["max_moves"] == budget and p.summary()[0].startswith(f"budget: at most {budget} move(s)")
         where = after(p.moves, tasks)
         assert len({(mv.job, mv.index) for mv in p.moves}) == len(p.moves), "a task moves once a round"
+        cap, use, per = Counter(), Counter(), Counter()
+        for mach in by.values():
+            cap[mach.msb] += mach.cpus
+        for x in tasks:
+            use[by[where[(x.job, x.index)]].msb] += x.used
+            per[(x.job, by[where[(x.job, x.index)]].msb)] += 1
+        line = sum(use.values()) / sum(cap.values()) * (1 + p.margin)
         for x in tasks:
             dst, src = by[where[(x.job, x.index)]], by[x.machine]
-            assert dst.msb == src.msb or any(mv.goal != "compaction" for mv in p.moves
-                                             if (mv.job, mv.index) == (x.job, x.index))
+            assert dst.dc == src.dc
+            if dst.msb != src.msb:  # into an MSB left below the hot line, the job's spread kept
+                assert use[dst.msb] <= line * cap[dst.msb] + 1e-6
+                assert per[(x.job, dst.msb)] <= per[(x.job, src.msb)] + 1
             if x.keep_rack:
                 assert dst.rack == src.rack
         for mid, mach in by.items():
@@ -119,3 +131,59 @@ def test_a_budgeted_plan_keeps_every_rule_and_never_passes_its_budget(seed):
             assert sum(x.cpus for x in on) <= mach.cpus and sum(x.memory_mb for x in on) <= mach.memory_mb
         freed = {mv.source for mv in p.moves} - set(where.values())
         assert set(p.freed()) >= freed
+
+
+def two_msbs(x_in_msb2: int = 0, used: int = 0) -> Region:
+    # msb1: a holds web/x#0 (1 core), b is full; msb2: c has 2 cores free (less web/x's others), d is full
+    g1 = Group("web", "dc1", "msb1", [m("a"), m("b")], [t("web/x", 0, "a", used=used), t("web/f", 0, "b", cpus=4)])
+    g2 = Group("web", "dc1", "msb2", [m("c", "msb2"), m("d", "msb2")],
+               [t("web/y", 0, "c", cpus=2), t("web/f", 1, "d", cpus=4)]
+               + [t("web/x", 1 + i, "c", cpus=0.5) for i in range(x_in_msb2)])
+    return Region([g1, g2])
+
+
+def test_a_task_that_fits_nowhere_in_its_msb_goes_to_another_of_its_dc_that_keeps_its_spread_and_stays_cool():
+    moves, freed = cheapest(Board(two_msbs(), churn=1.0), 10)
+    assert freed == {"a"} and [(mv.job, mv.source, mv.target, mv.goal) for mv in moves] == \
+        [("web/x", "a", "c", "compaction")], moves
+    # web/x has as many tasks in msb2 as in msb1: a move there would make its spread worse
+    assert cheapest(Board(two_msbs(x_in_msb2=1), churn=1.0), 10) == ([], set())
+    # web/x#0 is all the region uses: msb2 would use twice the region's mean, above the hot line
+    assert cheapest(Board(two_msbs(used=1000), churn=1.0), 10) == ([], set())
+
+
+def hot_and_cool(hot: bool) -> Region:
+    # msb1: a holds web/x#0, b web/z#0 with 2 cores free; msb2: c and d, 2 cores free each. With
+    # `hot`, msb1 uses 0.15 of its cores and msb2 0.075 (the line: the mean 0.1125 x 1.05)
+    u = 300 if hot else 0
+    g1 = Group("web", "dc1", "msb1", [m("a"), m("b")],
+               [t("web/x", 0, "a", used=u), t("web/z", 0, "b", cpus=2, used=3 * u)])
+    g2 = Group("web", "dc1", "msb2", [m("c", "msb2"), m("d", "msb2")],
+               [t("web/y", 0, "c", cpus=2, used=u), t("web/w", 0, "d", cpus=2, used=u)])
+    return Region([g1, g2])
+
+
+def test_a_drain_out_of_a_hot_msb_goes_to_a_cooler_one_first_and_so_cools_it():
+    board = Board(hot_and_cool(hot=True), churn=1.0)
+    assert board.load(("dc1", "msb1")) > board.msb_limit
+    moves, freed = cheapest(board, 10)
+    assert freed == {"a"} and [(mv.source, mv.target) for mv in moves[:1]] == [("a", "c")], moves
+    assert board.load(("dc1", "msb1")) <= board.msb_limit, "the drain cooled msb1 to the line"
+    # the same region with nothing measured: a's task goes to b, in its own MSB
+    moves, freed = cheapest(Board(hot_and_cool(hot=False), churn=1.0), 10)
+    assert [(mv.source, mv.target) for mv in moves[:1]] == [("a", "b")], moves
+
+
+def test_a_budget_too_small_for_the_cooling_goes_to_the_hotspots():
+    # msb1 uses 0.31 of its cores, msb2 0.08 (the line: the mean 0.175 x 1.05): web/h#0 (1 core
+    # used) cools it, to msb2's g; msb2's e holds one task that fits on f, the cheapest machine
+    # to free, but a hot MSB comes first
+    g1 = Group("web", "dc1", "msb1", [m("a"), m("b")],
+               [t("web/h", 0, "a", used=1000), t("web/s", 0, "a"), t("web/f", 0, "b", cpus=3, used=1500)])
+    g2 = Group("web", "dc1", "msb2", [m("e", "msb2"), m("f", "msb2"), m("g", "msb2")],
+               [t("web/e", 0, "e"), t("web/f", 1, "f", cpus=2, used=500), t("web/f", 2, "g", cpus=3, used=500)])
+    p = plan(Region([g1, g2]), churn=1.0, max_moves=1)
+    assert [(mv.job, mv.target, mv.goal) for mv in p.moves] == [("web/h", "g", "hotspots")], p.moves
+    assert p.after.hottest_msb < p.before.hottest_msb
+    p = plan(Region([g1, g2]), churn=1.0, max_moves=5)
+    assert [(mv.job, mv.goal) for mv in p.moves][0] == ("web/h", "hotspots") and "e" in p.freed(), p.moves

@@ -2,7 +2,9 @@
 machine of the same dc and machine type, which the entitlement takes, and goes back to the pool
 itself: the entitlement holds as many machines as before, in a better place.
 
-A swap is made only when it makes one of two things better and neither worse (no job's spread):
+A swap is made only when it makes one of two things better and neither worse (no job's spread,
+whatever the swap is for; the free machine is in an MSB where the entitlement holds machines: one
+new to it would count in the spread of each of its jobs there):
 - spread: the jobs on the machine are more even over their MSBs after it (the free machine is in an
   MSB where they have fewer tasks, one where the entitlement had no room: repair, which runs
   first, uses the room there is);
@@ -54,15 +56,15 @@ def swaps(board: Board) -> list[Planned]:
         need_c, need_m = ma.cpus - board.free_cpus[a], ma.memory_mb - board.free_mem[a]
         used = board.used[a]
         best = None
+        mine = board.msb_set.get((ent, ma.dc), set())
         for dst, free in by_msb.items():
-            if dst[0] != ma.dc or not free:
-                continue
+            if dst[0] != ma.dc or not free or dst not in mine:
+                continue  # (an MSB new to the entitlement would count in each of its jobs' spread there)
             if dst != src and not board.stays_cool(dst, used):
                 continue  # not into a hot MSB
-            # (an MSB where no uneven job of the machine has two tasks fewer than here cannot help)
-            spread = _spread_gain(board, a, dst, per_job) if spreadable and any(
-                board.job_msb[j][dst] + 2 <= board.job_msb[j][src] for j in per_job
-                if uneven.get((j, ma.dc), 0) > 0) else 0
+            # how much more even its jobs' spread gets there (-1: a job's less even, whatever
+            # the swap is for)
+            spread = _spread_gain(board, a, dst, per_job)
             if spread < 0 or (spread == 0 and not frees_rack):
                 continue
             for b in free:

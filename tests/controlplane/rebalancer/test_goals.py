@@ -245,3 +245,38 @@ def test_a_swap_that_evens_one_job_never_makes_another_jobs_spread_worse():
     # that frees w3's rack, within msb2, changes no spread and may be made
     assert all(mv.source == "w3" for mv in p.moves), p.moves
     assert p.after.spread_excess <= p.before.spread_excess
+
+
+def test_a_swap_that_frees_a_rack_never_moves_a_spread_job_to_an_msb_where_it_has_more():
+    # w1 is the only machine of rack r1: swapping it for msb2's free machine would free the rack,
+    # and leave api with both of its tasks in msb2 (excess 0 -> 1): no swap; the rack stays
+    w1 = Machine("w1", "web", "dc1", "msb1", 4000, 8192, rack="r1", type="generic")
+    w2 = Machine("w2", "web", "dc1", "msb2", 4000, 8192, rack="r2", type="generic")
+    tasks1, tasks2 = [task("web/api", 0, "w1")], [task("web/api", 1, "w2", cpus=3000)]
+    region = Region([Group("web", "dc1", "msb1", [w1], tasks1), Group("web", "dc1", "msb2", [w2], tasks2)],
+                    pool=pool("msb2", 1, "r3"), types={"web": "generic"}, profiles={"web": None},
+                    racks={"r1": [1, 0], "r2": [2, 0], "r3": [2, 1]})  # (r2's other machine: another's)
+    p = plan(region, churn=1.0)
+    assert p.moves == () and p.taken == {} and p.violations == (), p.moves
+    # a job without a spread over MSBs may go: the rack is freed
+    region.groups[0].tasks[0] = task("web/api", 0, "w1", spreads_msb=False)
+    region.groups[1].tasks[0] = task("web/api", 1, "w2", cpus=3000, spreads_msb=False)
+    p = plan(region, churn=1.0)
+    assert [(mv.source, mv.target, mv.goal) for mv in p.moves] == [("w1", "msb2-p0", "swaps")], p.moves
+    assert p.racks_free == (0, 1) and p.violations == ()
+
+
+def test_a_swap_never_takes_a_machine_in_an_msb_new_to_the_entitlement():
+    # web holds msb1 and msb2 of dc1; db has two tasks in each (excess 0). Freeing rack r1 by
+    # swapping w1 (api's one task) for msb3's free machine would make msb3 one of web's MSBs, where
+    # db has none: db's spread counts it (excess 0 -> 1), though no task of db moves
+    w1 = Machine("w1", "web", "dc1", "msb1", 4000, 8192, rack="r1", type="generic")
+    w4 = Machine("w4", "web", "dc1", "msb1", 4000, 8192, rack="r4", type="generic")
+    w2 = Machine("w2", "web", "dc1", "msb2", 4000, 8192, rack="r2", type="generic")
+    tasks1 = [task("web/api", 0, "w1"), task("web/db", 0, "w4", cpus=2000), task("web/db", 1, "w4", cpus=2000)]
+    tasks2 = [task("web/db", 2, "w2", cpus=2000), task("web/db", 3, "w2", cpus=2000)]
+    region = Region([Group("web", "dc1", "msb1", [w1, w4], tasks1), Group("web", "dc1", "msb2", [w2], tasks2)],
+                    pool=pool("msb3", 1, "r3"), types={"web": "generic"}, profiles={"web": None},
+                    racks={"r1": [1, 0], "r2": [1, 0], "r3": [2, 1], "r4": [1, 0]})
+    p = plan(region, churn=1.0)
+    assert p.taken == {} and p.violations == (), (p.moves, p.violations)

@@ -45,7 +45,7 @@ Env = Annotated[dict[EnvName, EnvValue], Meta(max_length=MAX_ENV, description=f"
 
 
 MAX_HOST_CPUS = 16384  # a host's CPUs, at most, in a usage report
-MAX_HOST_MEMORY_MB = 1 << 32  # MiB (4 PiB)
+MAX_HOST_MEMORY_MB = (1 << 32) - 1  # MiB (4 PiB): a figure fits 32 bits (the usage book packs them so)
 
 
 class TaskUsage(msgspec.Struct, array_like=True, forbid_unknown_fields=True):

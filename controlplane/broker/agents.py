@@ -330,7 +330,8 @@ class AgentService:
             relay.heard(mid)
         await self.reboots.seen(mid)
         if (usage := body.get("usage")) is not None and (m := self.state.machines.get(mid)) is not None:
-            self.usage.note(mid, cell_of(m), usage, self.state.jobs, time.monotonic())
+            # (the record's id: the string the region holds already, not the request's, kept a machine)
+            self.usage.note(m.id, cell_of(m), usage, self.state.jobs, time.monotonic())
         error = str(body.get("desired_error") or "")
         if error != self.errors.get(mid, ""):
             self.errors[mid] = error

@@ -65,24 +65,38 @@ class Held(NamedTuple):
     cpu_m: int  # the host's millicores in use
     memory_mb: int  # the host's MiB in use
     power_mw: int | None  # None: not measured
-    tasks: tuple[tuple[str, int, int, int], ...]  # (job, millicores, MiB, tasks) of each known job on it
-    # each task of a known job on it, packed: its job (one string a job, the region view's) and its
-    # figures, FIELDS of them a task in one array of integers. A replica holds every task's last
-    # figures and takes 20 or so of them in each heartbeat (issue #38): a NamedTuple a task and a key
-    # of its job's map held 7,928 bytes a machine of 20 tasks, 2,136 so (bench_usage_book.py);
-    # TaskUsage is made of them only when asked for (tasks())
-    task_jobs: tuple[str, ...] = ()
-    figures: array = array("q")
+    # each known job on it once, in the order the report first names them (one string a job, the
+    # region view's), and what its tasks there use together: SUMS figures a job (millicores, MiB,
+    # tasks) in one array. Each task's own figures, FIELDS of them a task in one array of unsigned
+    # 32-bit integers, its job by its place in `jobs`. A replica holds every task's last figures
+    # and takes 20 or so of them in each heartbeat (issue #38): a NamedTuple a task and a key of its
+    # job's map held 7,928 bytes a machine of 20 tasks; a string a task and 64-bit figures, with a
+    # tuple a job for its sums and a cell tuple a machine, 2,254; packed so, 1,345
+    # (bench_usage_book.py). TaskUsage is made of them only when asked for (tasks())
+    jobs: tuple[str, ...] = ()
+    sums: array = array("q")
+    figures: array = array("I")
     wall: float = 0.0  # the wall clock when it came (TaskUsage.at)
 
     def each(self) -> Iterator[tuple[str, int, int, int, int]]:
         """(job, index, millicores, MiB, smoothed millicores) of each task held."""
         f = self.figures
-        return zip(self.task_jobs, f[INDEX::FIELDS], f[CPU::FIELDS], f[MEM::FIELDS], f[AVG::FIELDS])
+        return zip(map(self.jobs.__getitem__, f[JOB::FIELDS]), f[INDEX::FIELDS], f[CPU::FIELDS], f[MEM::FIELDS],
+                   f[AVG::FIELDS])
+
+    def per_job(self) -> Iterator[tuple[str, int, int, int]]:
+        """(job, millicores, MiB, tasks) of each job on it."""
+        s = self.sums
+        return zip(self.jobs, s[0::SUMS], s[1::SUMS], s[2::SUMS])
+
+    def count(self) -> int:
+        """How many tasks it holds figures of."""
+        return len(self.figures) // FIELDS
 
 
-INDEX, CPU, MEM, AVG = range(4)  # a task's figures, in Held.figures
-FIELDS = 4
+JOB, INDEX, CPU, MEM, AVG = range(5)  # a task's figures, in Held.figures (JOB: its job's place in Held.jobs)
+FIELDS = 5
+SUMS = 3
 STEP_TASKS = 20_000  # tasks an ask makes between two pauses (tasks_stepwise): 6-8 ms here (bench_usage_book)
 
 
@@ -106,6 +120,9 @@ class UsageBook:
         # cell -> [tasks' millicores, tasks' MiB, hosts' millicores, hosts' MiB, milliwatts, machines
         # reporting, machines reporting power]
         self.cells: dict[Cell, list[int]] = {}
+        # each cell's one tuple, held by every machine of it (a heartbeat's is made anew: 96 bytes a
+        # machine held); as many as the region has cells
+        self._cell_of: dict[Cell, Cell] = {}
         self._latest = -math.inf  # the latest `now` a report came at
         self._in_order = True  # every report came at a `now` no earlier than the one before (sweep)
 
@@ -116,12 +133,14 @@ class UsageBook:
         out: an agent names no job into the sums."""
         power = usage.get("power_w")
         wall = time.time() if wall is None else wall
-        per_job: dict[str, list] = {}  # a machine's tasks of one job, summed first: one entry in the sums
-        jobs: list[str] = []
+        cell = self._cell_of.setdefault(cell, cell)
+        # a machine's tasks of one job, summed first (one entry in the sums): job -> [cores, MiB,
+        # tasks, its place in Held.jobs]
+        per_job: dict[str, list] = {}
         figures: list[int] = []
         old = self.machines.get(mid)
-        prev_jobs, prev = (old.task_jobs, old.figures) if old is not None else ((), ())
-        held_before = len(prev_jobs)
+        prev_jobs, prev = (old.jobs, old.figures) if old is not None else ((), ())
+        held_before = len(prev) // FIELDS
         last: dict | None = None  # (job, index) -> its smoothed figure, made only when the order changed
         moved = share(usage["window"])
         at = 0  # this task's place among those kept, and of its figures (at * FIELDS)
@@ -130,28 +149,30 @@ class UsageBook:
                 cpu_m = round(cpu * 1000)
                 # an agent lists its tasks in the same order report after report: the one at this place
                 # in the last report first
-                if at < held_before and prev_jobs[at] == job and prev[at * FIELDS + INDEX] == index:
-                    job, before = prev_jobs[at], prev[at * FIELDS + AVG]  # its job's string as held already
+                if at < held_before and prev[at * FIELDS + INDEX] == index and \
+                        prev_jobs[prev[at * FIELDS + JOB]] == job:
+                    job, before = prev_jobs[prev[at * FIELDS + JOB]], prev[at * FIELDS + AVG]  # its string as held
                 else:
                     # one string a job, the region view's (interned there), not one a task a report: a
                     # replica holds every task's last figures (issue #38)
                     job = sys.intern(job)
                     if last is None:
-                        last = {(j, prev[i * FIELDS + INDEX]): prev[i * FIELDS + AVG] for i, j in enumerate(prev_jobs)}
+                        last = {(prev_jobs[prev[i * FIELDS + JOB]], prev[i * FIELDS + INDEX]): prev[i * FIELDS + AVG]
+                                for i in range(held_before)}
                     before = last.get((job, index))
                 at += 1
-                jobs.append(job)
-                figures += (index, cpu_m, round(mem), cpu_m if before is None else round(before + (cpu_m - before) * moved))
                 s = per_job.get(job)
                 if s is None:
-                    per_job[job] = [cpu, mem, 1]
+                    s = per_job[job] = [cpu, mem, 1, len(per_job)]
                 else:
                     s[0] += cpu
                     s[1] += mem
                     s[2] += 1
-        tasks = tuple((job, round(c * 1000), round(m), n) for job, (c, m, n) in per_job.items())
+                figures += (s[3], index, cpu_m, round(mem),
+                            cpu_m if before is None else round(before + (cpu_m - before) * moved))
+        sums = array("q", [v for c, m, n, _ in per_job.values() for v in (round(c * 1000), round(m), n)])
         held = Held(now, cell, round(usage["cpu"] * 1000), round(usage["memory_mb"]),
-                    None if power is None else round(power * 1000), tasks, tuple(jobs), array("q", figures), wall)
+                    None if power is None else round(power * 1000), tuple(per_job), sums, array("I", figures), wall)
         if old is not None:
             self._add(mid, old, -1)
             del self.machines[mid]  # to the end: the book in the order its reports came (sweep)
@@ -217,7 +238,7 @@ class UsageBook:
             for job, index, cpu, mem, avg in held.each():
                 if (mine := out.get(job)) is not None:
                     mine.append(made(TaskUsage, (job, index, mid, cpu, mem, wall, avg)))
-            pause -= len(held.task_jobs)
+            pause -= held.count()
             if pause <= 0:
                 yield
                 pause = step
@@ -226,7 +247,7 @@ class UsageBook:
     def _add(self, mid: str, h: Held, sign: int) -> None:
         cpu = mem = 0
         jobs, by_job = self.jobs, self.by_job
-        for job, c, m, n in h.tasks:
+        for job, c, m, n in h.per_job():
             s = jobs.get(job)
             if s is None:
                 s = jobs[job] = [0, 0, 0]

@@ -49,15 +49,19 @@ def allocation_error(e: AllocationError) -> ApiError:
     return ApiError("no_placement", e.field, e.message)
 
 
+def _too_large(limit: int) -> ApiError:
+    # made when it is raised, not on each request: a heartbeat's body() made one and let it go
+    return ApiError("too_large", "body", f"more than the {limit} bytes accepted")
+
+
 async def body(request: web.Request, limit: int = MAX_BODY, schema: type | None = None, typed: bool = False) -> Any:
     """The request's JSON body, strictly: standard JSON only (no NaN or Infinity), integers that
     fit 64 bits, nesting the decoder can follow, at most `limit` bytes, and within `schema` (the
     document's, controlplane/frontend/schema.py). Anything else is a 4xx naming the field, never a 500.
     `typed`: the body decoded straight into `schema`'s type, checked in the same pass (what a
     replica relays several times a second)."""
-    too_large = ApiError("too_large", "body", f"more than the {limit} bytes accepted")
     if (request.content_length or 0) > limit:
-        raise too_large  # refused unread
+        raise _too_large(limit)  # refused unread
     timeout = request.app[BODY_TIMEOUT]
     try:
         if request.content.is_eof():  # all here already (a heartbeat's, as a rule): nothing to wait for
@@ -66,11 +70,11 @@ async def body(request: web.Request, limit: int = MAX_BODY, schema: type | None 
             async with asyncio.timeout(timeout):
                 raw = await request.read()
     except web.HTTPRequestEntityTooLarge:  # a stream without a length, past client_max_size
-        raise too_large from None
+        raise _too_large(limit) from None
     except TimeoutError:  # a client trickling its body holds no connection for long
         raise ApiError("timeout", "body", f"not received within {timeout:g} s") from None
     if len(raw) > limit:
-        raise too_large
+        raise _too_large(limit)
     if typed:
         return S.decoded(raw, schema)
     try:

@@ -85,6 +85,7 @@ from controlplane.allocator.model import Entitlement, JobRequest, Machine, Place
 from controlplane.allocator.snapshot import Snapshot  # noqa: E402
 from controlplane.rebalancer import view  # noqa: E402
 from controlplane.rebalancer.board import Board  # noqa: E402
+from controlplane.rebalancer.cheapest import CoolingLeft  # noqa: E402
 from controlplane.rebalancer.compaction import _spare  # noqa: E402
 from controlplane.rebalancer.plan import plan  # noqa: E402
 from controlplane.rebalancer.score import Before, Scores, scores, violations  # noqa: E402
@@ -424,20 +425,10 @@ def least_cooling(reg: view.Region, margin: float) -> int:
     """A lower bound on the moves that bring every MSB to at most the region's mean x (1 + margin)
     of measured cpu: a move takes one task's use out of its MSB, so each MSB above the line needs
     at least its hottest tasks whose use covers its excess (where they could go, the spread and
-    the budgets left out; moves within an MSB change no MSB's load)."""
-    board = Board(reg, 1.0, margin=margin)
-    used: dict[tuple[str, str], list[int]] = {}
-    for key, mid in board.where.items():
-        used.setdefault(board.msb_of(mid), []).append(board.tasks[key].used)
-    n = 0
-    for msb, cap in board.msb_cpus.items():
-        excess = board.msb_used.get(msb, 0) - board.msb_limit * cap
-        for u in sorted(used.get(msb, ()), reverse=True):
-            if excess <= 0:
-                break
-            excess -= u
-            n += 1
-    return n
+    the budgets left out; moves within an MSB change no MSB's load; a task whose job spreads over
+    racks never leaves its MSB). The budgeted round's own count (cheapest.CoolingLeft), on the
+    region as it starts."""
+    return CoolingLeft(Board(reg, 1.0, margin=margin))()
 
 
 def our_region(r: Region, used: dict) -> view.Region:

@@ -172,8 +172,9 @@ def drain(board: Board, source: str, freed: set[str]) -> list[tuple[Key, str]] |
 
 class CoolingLeft:
     """The fewest moves that bring each MSB above the hot line down to it: its hottest movable tasks
-    until their use covers its excess (where they could go left out: a lower bound, as the
-    bench's least_cooling()). An MSB's figure is kept until its measured load changes."""
+    until their use covers its excess (where they could go left out: a lower bound; the bench's
+    least_cooling() is this on the region as it starts). An MSB's figure is kept until its measured
+    load changes."""
 
     def __init__(self, board: Board):
         self.b = board

@@ -116,9 +116,8 @@ def _spread_gain(board: Board, a: str, dst: tuple[str, str], per_job: Counter) -
     spreads = {board.tasks[k].job for k in board.on[a] if board.tasks[k].spreads_msb and not board.tasks[k].keep_rack}
     jobs = [(job, n) for job, n in sorted(per_job.items()) if job in spreads]
     before = {job: job_excess(board, job, ent, ma.dc) for job, _ in jobs}
-    mine = board.msb_set.setdefault((ent, ma.dc), set())
-    added = dst not in mine
-    mine.add(dst)  # as if taken and moved (all put back below: no copy of the counts)
+    # as if taken and moved (dst is one of the entitlement's MSBs already: swaps() takes no other),
+    # all put back below: no copy of the counts
     for job, n in jobs:
         board.job_msb[job][src] -= n
         board.job_msb[job][dst] += n
@@ -128,8 +127,6 @@ def _spread_gain(board: Board, a: str, dst: tuple[str, str], per_job: Counter) -
         for job, n in jobs:
             board.job_msb[job][src] += n
             board.job_msb[job][dst] -= n
-        if added:
-            mine.discard(dst)
     if any(after[job] > before[job] for job, _ in jobs):
         return -1
     return sum(before[job] - after[job] for job, _ in jobs)

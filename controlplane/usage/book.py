@@ -121,7 +121,8 @@ class UsageBook:
         # reporting, machines reporting power]
         self.cells: dict[Cell, list[int]] = {}
         # each cell's one tuple, held by every machine of it (a heartbeat's is made anew: 96 bytes a
-        # machine held); as many as the region has cells
+        # machine held); one a cell the region has had since the process started (an entitlement,
+        # profile or MSB gone leaves its few tuples here)
         self._cell_of: dict[Cell, Cell] = {}
         self._latest = -math.inf  # the latest `now` a report came at
         self._in_order = True  # every report came at a `now` no earlier than the one before (sweep)

@@ -19,8 +19,10 @@ import logging
 import os
 import re
 import secrets
+import sys
 import time
 from dataclasses import replace
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Callable, Protocol
 
 from controlplane.broker.reboots import Reboots
@@ -37,6 +39,9 @@ if TYPE_CHECKING:
     from controlplane.coordination.coordinator import Coordinator
 
 log = logging.getLogger("twine.controld.agents")
+# the report of a machine that runs no task: one read-only mapping for all of them, not an empty dict
+# each (every replica holds every machine's report, issue #38)
+NO_TASKS: "MappingProxyType[tuple[str, int], dict]" = MappingProxyType({})
 MACHINE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$(?!\n)")  # the end of the text (agent/models.py)
 LABELS = ("region", "dc", "msb", "rack", "machine_type")
 MAX_WAIT = 60.0  # seconds a desired-state long poll waits at most (--max-long-poll)
@@ -346,10 +351,11 @@ class AgentService:
                 return {"ok": True, "resend": True, **self._pace, **hint}
             self.report_at[mid] = time.time()  # the agent's report is the one kept here, as of now
             return {"ok": True, **self._pace, **hint}
-        report = {(t["job"], t["index"]): t for t in tasks}
+        report = {(t["job"], t["index"]): t for t in tasks} if tasks else NO_TASKS
         profile = body.get("profile") or {}
         self.counters["heartbeat_reports"] += 1
-        self.digests[mid] = digest
+        # one string for a digest many machines share (that of a profile and no task), not one each
+        self.digests[mid] = sys.intern(digest) if type(digest) is str else digest
         self.report_at[mid] = time.time()
         if report != self.reports.get(mid):
             self.reports[mid] = report

@@ -38,6 +38,8 @@ from typing import TYPE_CHECKING, Callable
 import aiohttp
 import msgspec
 
+from controlplane.broker.agents import NO_TASKS
+
 if TYPE_CHECKING:
     from controlplane.broker.agents import AgentService
     from controlplane.coordination.coordinator import Coordinator
@@ -118,17 +120,21 @@ class Relay:
         agents, now, wall = self.agents, time.monotonic(), time.time()
         if body.behind is not None:  # what it heard before then has reached this process by now
             self.health.heard.peer(body.from_, body.behind, bool(body.seen))
+        machines = self.state.machines
         for mid in body.seen:
-            if mid in self.state.machines:
+            if (m := machines.get(mid)) is not None:
+                mid = m.id  # the region's string for it, not the relay's: kept a machine (issue #38)
                 agents.last_seen[mid] = now
                 agents.last_seen_wall[mid] = wall
                 self.health.seen(mid)
         changed: set[str] = set()
         for mid, rec in body.reports.items():
-            if mid not in self.state.machines:
+            if (m := machines.get(mid)) is None:
                 continue
+            mid = m.id
             if rec.tasks is not None:
-                report = {(str(t["job"]), int(t["index"])): t for t in rec.tasks if "job" in t and "index" in t}
+                report = {(str(t["job"]), int(t["index"])): t for t in rec.tasks if "job" in t and "index" in t} \
+                    or NO_TASKS
                 if rec.at is not None and rec.at > agents.report_at.get(mid, 0.0):
                     agents.report_at[mid] = float(rec.at)  # when the receiving member had it from the agent
                 if agents.reports.get(mid) != report:

@@ -194,3 +194,66 @@ def test_each_member_that_takes_it_hears_how_far_behind_the_sender_is_every_beat
         assert now - 1.35 < health.heard.at(now, health.coordinator, state_b.members, 5.0) <= now - 1.25
 
     asyncio.run(body())
+
+
+def test_a_replica_keeps_one_string_a_machine_and_one_report_for_every_machine_without_tasks():
+    """Every replica holds every machine's report, relayed to it: at a million machines each
+    replica kept, for every machine that heartbeats, an empty dict and a second copy of its id (the
+    relay's decoded string as the key of its dicts), about 120 bytes a machine in every process
+    (issue #38). The region's own id string and one read-only empty report instead: what is held
+    is the same, asked for the same way."""
+    import asyncio
+    from types import SimpleNamespace
+
+    import msgspec
+
+    from controlplane.broker.agents import NO_TASKS, AgentService
+    from controlplane.frontend.schema import Relay as RelayBody
+    from controlplane.health.check import HealthService
+    from controlplane.store.records import MachineRec
+
+    keys = Keys("relay4")
+    state = RegionState(None, keys)
+    mids = ("m1", "m2", "m3")
+    for rev, mid in enumerate(mids, 1):
+        rec = MachineRec(id=mid, hostname=mid, labels={"region": "relay4", "dc": "dc1", "msb": "msb1", "rack": "r1",
+                                                       "machine_type": "t1"}, capacity={"cpus": 4, "memory_mb": 4096})
+        state._take(keys.machine(mid), encode(rec.to_json()), rev)  # noqa: SLF001
+    agents = AgentService(state, None, keys, set())
+    health = HealthService(state, None, keys, {}, timeout=5.0)
+    health.coordinator = SimpleNamespace(id="b")
+    relay = Relay(state, agents, health, None, lambda: None, "token")
+    task = {"job": "e/j", "index": 0, "state": "running"}
+    relay.receive(msgspec.json.decode(msgspec.json.encode(
+        {"from": "a", "seen": ["m1", "m2"], "reports": {"m1": {"tasks": [], "at": 5.0}, "m2": {"tasks": [], "at": 5.0},
+                                                        "m3": {"tasks": [task], "at": 5.0}}}), type=RelayBody))
+
+    def key(d: dict, mid: str) -> str:
+        return next(k for k in d if k == mid)
+
+    for held in (agents.last_seen, agents.last_seen_wall, agents.reports, agents.report_at):
+        for mid in held:
+            assert key(held, mid) is state.machines[mid].id, (mid, "held by its own string, not the region's")
+    assert agents.report_of("m1") is NO_TASKS and agents.report_of("m2") is NO_TASKS
+    assert agents.report_of("m1") == {} and list(agents.report_of("m1").values()) == []
+    assert agents.report_of("m3") == {("e/j", 0): task}
+    assert agents.report_with_time("m3")[1] == 5.0
+    # m3's task gone: relayed empty, held as the shared empty report; its changes still seen
+    relay.receive(msgspec.json.decode(b'{"from": "a", "reports": {"m3": {"tasks": [], "at": 6.0}}}', type=RelayBody))
+    assert agents.report_of("m3") is NO_TASKS and agents.report_with_time("m3")[1] == 6.0
+
+    # a heartbeat taken here: its empty report the shared one, and a digest many machines send
+    # alike (a profile's, no task) one string
+    async def beat(mid: str, tasks: list) -> dict:
+        return await agents.heartbeat(mid, {"digest": "".join(("d", "0")), "tasks": tasks, "profile": {}})
+
+    async def beats() -> None:
+        for mid in mids:
+            await beat(mid, [])
+        assert all(agents.report_of(mid) is NO_TASKS for mid in mids)
+        assert agents.digests["m1"] is agents.digests["m2"] is agents.digests["m3"]
+        await beat("m2", [task])
+        assert agents.report_of("m2") == {("e/j", 0): task} and agents.report_of("m1") is NO_TASKS
+        assert NO_TASKS == {}, "the shared empty report is never written to"
+
+    asyncio.run(beats())

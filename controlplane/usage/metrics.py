@@ -37,8 +37,9 @@ class UsageCollector(Collector):
         series = self.recorder.series if self.recorder is not None else {}
         yield GaugeMetricFamily("twine_usage_series", "usage histories (jobs, entitlements) this process keeps as "
                                 "their shard's leader", value=len(series))
-        yield GaugeMetricFamily("twine_usage_history_bytes", "memory of those histories' points and rollups (fixed "
-                                "per series)", value=len(series) * SERIES_BYTES)
+        yield GaugeMetricFamily("twine_usage_history_bytes", "memory of those histories' points and rollups (as "
+                                f"many as each holds: {SERIES_BYTES} bytes at most a series)",
+                                value=sum(s.nbytes() for s in series.values()))
         if self.recorder is not None:
             for k, v in self.recorder.counters.items():
                 yield CounterMetricFamily(f"twine_usage_{k}", f"usage history: {k.replace('_', ' ')}", value=v)

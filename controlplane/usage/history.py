@@ -42,11 +42,12 @@ def rollup(points: Iterable[tuple[int, int]]) -> tuple[int, ...] | None:
 
 class Series:
     """Points and rollups in arrays sorted by their minute or hour, as many as there are: a series
-    holds what it has measured, at most the window's (48 hours of minutes, 8 weeks of rollups;
-    SERIES_BYTES together), and gives its oldest point way to each new one past the window. In fixed
-    arrays from its first sample on, as before issue #38, every job's history held its whole
-    window, about 72 kB, at a minute old: a shard's leader of 1,200 young jobs held 90 MB of
-    slots that held nothing."""
+    holds what it has measured, at most the window's (48 hours of minutes, 8 weeks of rollups:
+    SERIES_BYTES, and what the arrays' growth leaves over, about a sixteenth), and gives its oldest
+    point way to each new one past the window. In fixed arrays from its first sample on, as before
+    issue #38, every job's history held its whole window, about 72 kB, at a minute old: a shard's
+    leader of 1,200 young jobs held 90 MB of slots that held nothing. A series of 48 hours and 8
+    weeks holds as much as it did then."""
 
     __slots__ = ("m_at", "m_cpu", "m_mem", "h_at", "h_val", "_minute", "_sum")
 

@@ -38,7 +38,7 @@ class UsageCollector(Collector):
         yield GaugeMetricFamily("twine_usage_series", "usage histories (jobs, entitlements) this process keeps as "
                                 "their shard's leader", value=len(series))
         yield GaugeMetricFamily("twine_usage_history_bytes", "memory of those histories' points and rollups (as "
-                                f"many as each holds: {SERIES_BYTES} bytes at most a series)",
+                                f"many as each holds, up to its window's: about {SERIES_BYTES} bytes a series)",
                                 value=sum(s.nbytes() for s in series.values()))
         if self.recorder is not None:
             for k, v in self.recorder.counters.items():

@@ -20,7 +20,7 @@ from typing import Iterable
 MINUTES = 48 * 60  # points kept
 HOURS = 8 * 7 * 24  # rollups kept
 ROLLUP = 6  # cpu mean, p95, max; memory mean, p95, max
-NONE = -1  # a slot's stamp when it holds nothing
+NONE = -1  # no minute: none being sampled, or none held (latest_minute)
 SERIES_BYTES = 4 * (3 * MINUTES + HOURS * (1 + ROLLUP))  # a Series' arrays of int32 at most, however long it runs
 
 

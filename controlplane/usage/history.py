@@ -49,12 +49,11 @@ class Series:
     leader of 1,200 young jobs held 90 MB of slots that held nothing. A series of 48 hours and 8
     weeks holds as much as it did then."""
 
-    __slots__ = ("m_at", "m_cpu", "m_mem", "h_at", "h_val", "_minute", "_sum")
+    __slots__ = ("m_at", "m_val", "h_at", "h_val", "_minute", "_sum")
 
     def __init__(self) -> None:
         self.m_at = array("i")  # the minutes that have a point, oldest first
-        self.m_cpu = array("i")
-        self.m_mem = array("i")
+        self.m_val = array("i")  # millicores and MiB a minute, in m_at's order
         self.h_at = array("i")  # the hours that have a rollup, oldest first
         self.h_val = array("i")  # ROLLUP figures an hour, in h_at's order
         self._minute = NONE  # the minute being sampled
@@ -86,32 +85,11 @@ class Series:
     def put_minute(self, minute: int, cpu: int, mem: int) -> None:
         """A minute's point (it replaces the one that minute had); one older than the window of the
         newest held is left out."""
-        at = self.m_at
-        i = _place(at, minute, MINUTES)
-        if i is None:
-            return
-        if i < len(at) and at[i] == minute:
-            self.m_cpu[i], self.m_mem[i] = cpu, mem
-            return
-        for a, v in ((at, minute), (self.m_cpu, cpu), (self.m_mem, mem)):
-            a.insert(i, v)
-        if (gone := bisect_right(at, at[-1] - MINUTES)) > 0:  # past the window of the newest: given way
-            for a in (at, self.m_cpu, self.m_mem):
-                del a[:gone]
+        _put(self.m_at, self.m_val, 2, minute, (cpu, mem), MINUTES)
 
     def put_hour(self, hour: int, values: tuple[int, ...]) -> None:
-        at = self.h_at
-        i = _place(at, hour, HOURS)
-        if i is None:
-            return
-        if i < len(at) and at[i] == hour:
-            self.h_val[i * ROLLUP:(i + 1) * ROLLUP] = array("i", values)
-            return
-        at.insert(i, hour)
-        self.h_val[i * ROLLUP:i * ROLLUP] = array("i", values)
-        if (gone := bisect_right(at, at[-1] - HOURS)) > 0:
-            del at[:gone]
-            del self.h_val[:gone * ROLLUP]
+        """An hour's rollup, as put_minute does a minute's point."""
+        _put(self.h_at, self.h_val, ROLLUP, hour, values, HOURS)
 
     def close_hour(self, hour: int) -> tuple[int, ...] | None:
         """The hour's rollup from its points (kept, and returned; None: it had no point). The
@@ -127,9 +105,9 @@ class Series:
 
     def minutes(self, start: int, end: int) -> list[tuple[int, int, int]]:
         """(minute, millicores, MiB) of the points in [start, end), oldest first."""
-        at = self.m_at
+        at, val = self.m_at, self.m_val
         i, j = bisect_left(at, max(start, end - MINUTES)), bisect_left(at, end)
-        return list(zip(at[i:j], self.m_cpu[i:j], self.m_mem[i:j]))
+        return list(zip(at[i:j], val[2 * i:2 * j:2], val[2 * i + 1:2 * j:2]))
 
     def hours(self, start: int, end: int) -> list[tuple[int, tuple[int, ...]]]:
         """(hour, rollup) of the hours in [start, end) that have one, oldest first."""
@@ -142,17 +120,25 @@ class Series:
 
     def nbytes(self) -> int:
         """The memory its points and rollups take (their arrays' buffers, as allocated)."""
-        return sum(sys.getsizeof(a) for a in (self.m_at, self.m_cpu, self.m_mem, self.h_at, self.h_val))
+        return sum(map(sys.getsizeof, (self.m_at, self.m_val, self.h_at, self.h_val)))
 
 
-def _place(at: array, when: int, window: int) -> int | None:
-    """Where `when` goes in the sorted `at` (a minute or an hour), None when it is past the window
-    of the newest held."""
-    if not at or when > at[-1]:
-        return len(at)
-    if when <= at[-1] - window:
-        return None
-    return bisect_left(at, when)
+def _put(at: array, val: array, width: int, when: int, values: tuple[int, ...], window: int) -> None:
+    """`values` (`width` of them) for `when` (a minute or an hour) into the sorted `at` and its rows
+    in `val`: the row `when` had replaced; left out when past the window of the newest held; the
+    oldest rows past the window of the newest given way."""
+    if at and when <= at[-1] - window:
+        return
+    i = len(at) if not at or when > at[-1] else bisect_left(at, when)
+    row = array("i", values)
+    if i < len(at) and at[i] == when:
+        val[i * width:(i + 1) * width] = row
+        return
+    at.insert(i, when)
+    val[i * width:i * width] = row
+    if (gone := bisect_right(at, at[-1] - window)) > 0:
+        del at[:gone]
+        del val[:gone * width]
 
 
 # -- the form in etcd -----------------------------------------------------------------------------

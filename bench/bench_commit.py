@@ -6,15 +6,16 @@ What is measured, per size, in one Python process on one core (no etcd anywhere)
     baseline  allocation alone: allocate(snapshot, request) for each job, nothing committed, no
               cache (every job sees the region as built).
     (1)       allocate + commit into the snapshot: for each job, allocate(), then the placement as
-              the changes RegionState derives from the commit's records (every machine that gets
-              tasks rewritten with its version bumped, the free ones taken now the entitlement's;
-              a task per index holding resources), applied with Snapshot.apply, the call
+              the changes RegionState derives from the commit's records (the free machines taken
+              rewritten, now the entitlement's, their version bumped; a task per index holding
+              resources: a machine's other records are not rewritten), applied with Snapshot.apply, the call
               RegionState.snapshot() makes. The next job sees this one. "commit" is building those
               changes and the apply.
     (2)       allocate + the daemon's whole commit path, etcd left out: allocate() on RegionState's
               snapshot (as Scheduler.create), then
-              Scheduler.commit_placement builds the transaction (task, machine, discovery, job and
-              entitlement records), an in-memory store checks its guards, encodes every value as
+              Scheduler.commit_placement builds the transaction (task, discovery and job records,
+              the machines taken from the free pool and their entitlements' records; every
+              machine's record guarded), an in-memory store checks its guards, encodes every value as
               etcd.py does and hands each change to RegionState as its watch would (which decodes
               it), and
               state.snapshot() applies them to the allocator's snapshot. "commit" is everything
@@ -45,7 +46,7 @@ pass every 100 collections of generation 1, not 10); --default-gc leaves CPython
 Rates are per second of wall time and per second of this process's cpu time (the machine may be
 shared); commit costs are wall time. Printed beside each figure: the baseline (allocation alone)
 run in the same process, and for the flatness of the commit, its cost at the first size, per commit
-and per machine written (the commit's cost follows the machines it writes, and a job spreads over a
+and per machine placed on (the commit's cost follows the machines it places tasks on, and a job spreads over a
 few more of them in a larger region); also garbage-collector pauses.
 
     .venv/bin/python bench/bench_commit.py [--sizes 10000,100000,1000000] [--jobs 1000] [--seed 1]
@@ -73,6 +74,7 @@ from controlplane.scheduler.placement import job_request  # noqa: E402
 from controlplane.scheduler.service import Scheduler  # noqa: E402
 from controlplane.daemon.stalls import FULL_EVERY, tune_collector  # noqa: E402
 from controlplane.store.state import RegionState  # noqa: E402
+from controlplane.store.cells import NOTHING, micro  # noqa: E402
 from controlplane.store import Conflict, Revision, Versioned  # noqa: E402
 from controlplane.store.codec import encode  # noqa: E402
 from controlplane.store.etcd import Change  # noqa: E402
@@ -139,10 +141,10 @@ def build_state(n: int, rnd: random.Random) -> tuple[RegionState, dict]:
         has_task = t_cpus > 0 and t_mem > 0
         rev += 1
         state.machines[mid] = m = MachineRec(mid, mid, labels, {"cpus": cpus, "memory_mb": mem}, owner,
-                                             healthy=i % 50 != 7, alloc_tasks=int(has_task),
-                                             alloc_cpus=t_cpus if has_task else 0.0,
-                                             alloc_memory_mb=t_mem if has_task else 0)
-        state.cells.change(None, m)  # the fleet's sums, as RegionState keeps them for each record it reads
+                                             healthy=i % 50 != 7)
+        if has_task:  # what its task holds, as RegionState sums it from the tasks it reads
+            state.held[mid] = (micro(t_cpus), t_mem)
+        state.cells.change(None, m, state.held.get(mid, NOTHING))  # the fleet's sums, as RegionState keeps them
         state.revs[KEYS.machine(mid)] = rev
         if has_task:
             handle, index = f"{owner}/earlier{i // 1000}", i % 1000
@@ -192,7 +194,7 @@ class Run:
     def costs(self) -> str:
         n = len(self.commit_ms)
         return (f"commit p50 {pct(self.commit_ms, 0.5):.3f} ms, p99 {pct(self.commit_ms, 0.99):.3f} ms, "
-                f"max {max(self.commit_ms):.1f} ms; {self.machines_written / n:.1f} machines written a commit")
+                f"max {max(self.commit_ms):.1f} ms; {self.machines_written / n:.1f} machines placed on a commit")
 
     def gc(self) -> str:
         full = [p for g, p in self.gc_ms if g == 2]
@@ -384,7 +386,7 @@ def main() -> int:
     def per_machine(run: Run) -> float:  # a commit's p50 over the machines it writes on average
         return pct(run.commit_ms, 0.5) / (run.machines_written / len(run.commit_ms))
 
-    print(f"\ncommit cost per machine written (p50 over the mean machines a commit writes: the commit's work "
+    print(f"\ncommit cost per machine placed on (p50 over the mean machines a commit places tasks on: the commit's work "
           f"follows them, and jobs spread over more of them in a larger region), against {n0:,} machines:")
     for n, _, one, two in rows:
         print(f"  {n:>9,} machines: (1) {1000 * per_machine(one):.1f} us x{per_machine(one) / per_machine(one0):.2f}, "

@@ -136,10 +136,11 @@ class Snapshot:
         return self
 
     def apply_placement(self, placement: Placement) -> Snapshot:
-        """Apply what committing `placement` changes: every machine that gets tasks is written
-        (its version bumped), the free ones taken join the entitlement, and the new tasks hold
-        resources. The real commit is the caller's etcd transaction, whose watch events
-        RegionState applies; this is the same change for tests, simulations and benchmarks."""
+        """Apply what committing `placement` changes: the free machines taken join the entitlement
+        (their records written: version bumped), and the new tasks hold resources (the other
+        machines' records are guarded, not written: what they hold is their tasks'). The real
+        commit is the caller's etcd transaction, whose watch events RegionState applies; this is
+        the same change for tests, simulations and benchmarks."""
         return self.apply(**self.placement_changes(placement))
 
     def placement_changes(self, placement: Placement) -> dict:
@@ -147,9 +148,9 @@ class Snapshot:
         taken = set(placement.machines_taken)
         moved = []
         for claim in placement.claims:
-            m = self.machines[claim.machine_id]
-            moved.append(replace(m, entitlement=placement.entitlement if m.id in taken else m.entitlement,
-                                 version=m.version + 1))
+            if claim.machine_id in taken:
+                m = self.machines[claim.machine_id]
+                moved.append(replace(m, entitlement=placement.entitlement, version=m.version + 1))
         placed = [PlacedTask(placement.job, i, placement.task_machines[i], placement.cpus, placement.memory_mb)
                   for i in placement.new_tasks]
         return {"machines": moved, "tasks": placed}

@@ -234,13 +234,14 @@ class AgentService:
                 raise ApiError("exists", "machine_id", f"machine {mid} is registered; registering it again takes its "
                                f"current credential (header {CREDENTIAL_HEADER}), or an admin's release "
                                f"(twinectl machine release {mid})")
-            if rec.alloc_tasks and not released:
+            placed = self.state.allocated(mid)[0]  # (its tasks' and tombstones', as this view has them)
+            if placed and not released:
                 for f in ("labels", "capacity"):
                     was, now = getattr(rec, f), fields[f]
                     changed = was != now if f == "labels" else \
                         (was.get("cpus"), was.get("memory_mb")) != (now.get("cpus"), now.get("memory_mb"))
                     if changed:
-                        raise ApiError("conflict", f, f"machine {mid} has {rec.alloc_tasks} task(s) placed on it: its "
+                        raise ApiError("conflict", f, f"machine {mid} has {placed} task(s) placed on it: its "
                                        f"{f} do not change under them; drain it, or have an admin release it")
             return {key: replace(rec, **fields).to_json()}, []
 

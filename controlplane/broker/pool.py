@@ -11,13 +11,14 @@ tombstone drops (health/tombstones.py).
 from __future__ import annotations
 
 
-def back_to_pool(m: dict) -> str | None:
-    """A machine record (JSON) that holds nothing more, no task and no tombstone, leaves its
-    entitlement for the free pool (paper Figure 7): its allocation zeroed in place; returns the
-    entitlement it left (None: it stays). The scheduler's transactions and the health check's
-    tombstone drops both end so; each writes that entitlement's record too."""
-    if m.get("alloc_tasks", 0) > 0 or m.get("tombstones") or m.get("entitlement") is None:
+def back_to_pool(m: dict, tasks: int) -> str | None:
+    """A machine record (JSON) that holds nothing more, no task (`tasks`: how many it holds, as the
+    region's view counts them: RegionState.tasks_held) and no tombstone, leaves its entitlement for
+    the free pool (paper Figure 7), in place; returns the entitlement it left (None: it stays). The
+    scheduler's transactions and the health check's tombstone drops both end so; each writes that
+    entitlement's record too."""
+    if tasks > 0 or m.get("tombstones") or m.get("entitlement") is None:
         return None
     left = m["entitlement"]
-    m.update(entitlement=None, alloc_tasks=0, alloc_cpus=0.0, alloc_memory_mb=0)
+    m["entitlement"] = None
     return left

@@ -115,10 +115,16 @@ def per_machine(m: MachineRec, cpus: float, memory_mb: int) -> int:
     return tasks_fit(float(m.capacity.get("cpus", 0)), int(m.capacity.get("memory_mb", 0)), cpus, memory_mb)
 
 
-def free_slots(m: MachineRec, cpus: float, memory_mb: int) -> int:
+def free_slots(state: RegionState, m: MachineRec, cpus: float, memory_mb: int) -> int:
     """Tasks of that size the machine has room for now."""
-    return tasks_fit(float(m.capacity.get("cpus", 0)) - m.alloc_cpus,
-                     int(m.capacity.get("memory_mb", 0)) - m.alloc_memory_mb, cpus, memory_mb)
+    _, held_cpus, held_mb = state.allocated(m.id)
+    return tasks_fit(float(m.capacity.get("cpus", 0)) - held_cpus,
+                     int(m.capacity.get("memory_mb", 0)) - held_mb, cpus, memory_mb)
+
+
+def emptiest(state: RegionState, machines) -> list[MachineRec]:
+    """The machines, those holding fewest tasks (then cpus) first."""
+    return sorted(machines, key=lambda m: (*state.allocated(m.id)[:2], m.id))
 
 
 def choose(state: RegionState, handle: str, d: Demand, budget: Budget, now: float) -> dict[str, list[str]]:
@@ -137,10 +143,10 @@ def choose(state: RegionState, handle: str, d: Demand, budget: Budget, now: floa
         return {}
     per = per_machine(fitting[0], d.cpus, d.memory_mb)
     # room on what it holds (a machine handed over by an earlier reclaim, not yet used) counts first
-    slots = sum(free_slots(m, d.cpus, d.memory_mb) for m in state.machines_of(ent.name) if m.healthy)
+    slots = sum(free_slots(state, m, d.cpus, d.memory_mb) for m in state.machines_of(ent.name) if m.healthy)
     want = min(room, math.ceil(max(0, d.tasks - slots) / per) - pending)
     chosen: dict[str, list[str]] = {}
-    for m in sorted(fitting, key=lambda m: (m.alloc_tasks, m.alloc_cpus, m.id)):
+    for m in emptiest(state, fitting):
         if want <= 0:
             break
         name = m.entitlement
@@ -268,8 +274,7 @@ def refill(state: RegionState, shard: int, budget: Budget,
         free = free_in(state, mtype, dc)
         want = reserve - free - coming.get((mtype, dc), 0)
         why = f"the reserve: {free} of {reserve} free {mtype} machine(s) in {dc}"
-        for m in sorted((m for m in candidates(state, mtype, dc, now) if m.entitlement in ours),
-                        key=lambda m: (m.alloc_tasks, m.alloc_cpus, m.id)):
+        for m in emptiest(state, (m for m in candidates(state, mtype, dc, now) if m.entitlement in ours)):
             if want <= 0:
                 break
             own = budget.of(state.entitlements.get(m.entitlement))
@@ -311,7 +316,7 @@ def fits_with_reclaims(state: RegionState, job: JobRec, now: float) -> bool:
     room = ent.quota - len(state.machines_of(ent.name)) - in_flight(state, heir=ent.name)
     if not spare or room <= 0:
         return False
-    spare = sorted(spare, key=lambda m: (m.alloc_tasks, m.alloc_cpus, m.id))[:room]
+    spare = emptiest(state, spare)[:room]
     own = state.machines_of(ent.name)
     machines = [to_machine(m, 0, m.id in state.reclaims) for m in own] + \
                [replace(to_machine(m, 0), entitlement=None) for m in spare]

@@ -55,12 +55,13 @@ def entitlement_answer(state: RegionState, name: str, detail: bool = False) -> d
 
 def machine_answer(state: RegionState, agents: AgentService, mid: str, detail: bool = False) -> dict:
     m = state.machines[mid]
+    n, cpus, mem = state.allocated(mid)
     out = {
         "id": m.id, "hostname": m.hostname, "labels": m.labels, "capacity": m.capacity, "entitlement": m.entitlement,
         "healthy": m.healthy, "health_reason": m.health_reason,
         "profile": {"desired": state.desired_profile(m), "applied": m.profile_applied, "hash": m.profile_hash,
                     "ok": m.profile_ok, "error": m.profile_error},
-        "alloc": {"tasks": m.alloc_tasks, "cpus": m.alloc_cpus, "memory_mb": m.alloc_memory_mb},
+        "alloc": {"tasks": n, "cpus": cpus, "memory_mb": mem},
         "tombstones": [{"job": j, "index": i, "cpus": c, "memory_mb": mem, "since": at} for j, i, c, mem, at in m.tombstones],
         "agent": {"address": m.address, "version": m.agent_version, "error": agents.error_of(mid)},
         "last_heartbeat": agents.last_heartbeat(mid),

@@ -63,13 +63,15 @@ def _recoverable(m: MachineRec) -> bool:
     return not m.healthy and m.health_reason.startswith((NO_HEARTBEAT, tombstones.STALE))
 
 
-def cleared(rec: MachineRec, report: Report | None, at: float | None, forget: bool = False) -> MachineRec:
+def cleared(rec: MachineRec, report: Report | None, at: float | None, tasks: int, forget: bool = False) -> MachineRec:
     """The record of a machine just heard from (`report`: its agent's latest task report, None if
     this process has none yet; `at`: when it was last known current): the tombstones the report no
     longer lists dropped (tombstones.gone); healthy again if it was unhealthy for silence or
     tombstones and none are left, else unhealthy for them. `forget`: an admin's word that none of
-    its tombstones runs; a silent machine stays unhealthy."""
-    new = tombstones.drop(rec, rec.tombstones if forget else tombstones.gone(rec, report, at))
+    its tombstones runs; a silent machine stays unhealthy. `tasks`: the tasks on it (the region
+    view's count, RegionState.tasks_held): one left holding none and no tombstone returns to the
+    free pool."""
+    new = tombstones.drop(rec, rec.tombstones if forget else tombstones.gone(rec, report, at), tasks)
     if _recoverable(rec) and not (forget and rec.health_reason.startswith(NO_HEARTBEAT)):
         new = replace(new, healthy=not new.tombstones, health_reason=tombstones.reason(new) if new.tombstones else "")
     return new
@@ -304,7 +306,7 @@ class HealthService:
             if m.healthy and silent > limit:
                 failing.append((m.id, f"{NO_HEARTBEAT} for {silent:.1f}s", silent, seen))
             elif _recoverable(m) and seen is not None and now - seen <= self.timeout \
-                    and cleared(m, *self.report_of(mid)) != m:
+                    and cleared(m, *self.report_of(mid), self.state.tasks_held(mid)) != m:
                 try:
                     await self._clear(m.id)
                 except Exception as e:  # the machines found silent in this pass still fail now
@@ -369,7 +371,7 @@ class HealthService:
         heartbeat of a healthy machine without tombstones never does (a dict lookup)."""
         m = self.state.machines.get(mid)
         if m is None or mid not in self._owned or mid in self._returning or not _recoverable(m) \
-                or cleared(m, *self.report_of(mid)) == m:
+                or cleared(m, *self.report_of(mid), self.state.tasks_held(mid)) == m:
             return
         self._returning.add(mid)
         task = asyncio.get_running_loop().create_task(self._recover(mid))
@@ -412,7 +414,7 @@ class HealthService:
             rec = MachineRec.from_json(cur)
             if rec.entitlement != m.entitlement:
                 return {}, []  # this view is behind etcd: the next heartbeat clears it
-            new = cleared(rec, report, at, forget)
+            new = cleared(rec, report, at, self.state.tasks_held(mid), forget)
             if new == rec:
                 return {}, []
             done.update(old=rec, new=new)

@@ -45,17 +45,16 @@ def gone(rec: MachineRec, report: Mapping[tuple[str, int], Any] | None, at: floa
     return tuple(t for t in rec.tombstones if (t[0], t[1]) not in report and at > t[4])
 
 
-def drop(rec: MachineRec, dropped: tuple[Tombstone, ...]) -> MachineRec:
-    """The record without `dropped`, their resources freed; a machine left holding nothing returns
-    to the free pool (broker/pool.py, the scheduler's rule too)."""
+def drop(rec: MachineRec, dropped: tuple[Tombstone, ...], tasks: int) -> MachineRec:
+    """The record without `dropped`, their resources freed; a machine left holding nothing (`tasks`:
+    the tasks on it, RegionState.tasks_held) returns to the free pool (broker/pool.py, the
+    scheduler's rule too)."""
     if not dropped:
         return rec
     left = list(rec.tombstones)
     for t in dropped:
         left.remove(t)
     m = rec.to_json()
-    m.update(tombstones=left, alloc_tasks=rec.alloc_tasks - len(dropped),
-             alloc_cpus=round(rec.alloc_cpus - sum(t[2] for t in dropped), 6),
-             alloc_memory_mb=rec.alloc_memory_mb - sum(t[3] for t in dropped))
-    back_to_pool(m)
+    m["tombstones"] = left
+    back_to_pool(m, tasks)
     return MachineRec.from_json(m)

@@ -163,16 +163,19 @@ class Creates:
                 rev = 0
             else:
                 self.counters["placements"] += len(members)
+                try:
+                    # read-your-writes, as a create alone (TimeoutError: etcd went away); and with the
+                    # lock held: the shard's next commit is computed from a view that has this one
+                    # (a placement guards its machines' records without rewriting them: txn.py)
+                    await self.state.wait_for(rev)
+                except BaseException as e:
+                    self._reject(members, e)
+                    raise
         if not rev:  # one create of the batch lost a race, or etcd found the batch too large: each alone
             self.counters["conflicts"] += 1
             for job, read_revision, fut in members:
                 await _resolve(fut, self._create_alone(job, read_revision))
             return
-        try:
-            await self.state.wait_for(rev)  # read-your-writes, as a create alone (TimeoutError: etcd went away)
-        except BaseException as e:
-            self._reject(members, e)
-            raise
         for _, _, fut in members:
             if not fut.done():
                 fut.set_result(rev)
@@ -202,7 +205,7 @@ class Creates:
                     self.counters["conflicts"] += 1
                     await asyncio.sleep(0.01 * 2**attempt)
                     continue
-            await self.state.wait_for(rev)
+                await self.state.wait_for(rev)  # (with the lock held, as _batch)
             return rev
         raise Conflict(f"{job.handle}: gave up after {CREATE_RETRIES} conflicting placements")
 

@@ -56,7 +56,7 @@ class Txn:
         self.guards: dict[str, Versioned] = {}
         self.puts: dict[str, Any] = {}  # key -> a record's JSON dict, or the record (encoded as its to_json())
         self.deletes: list[str] = []
-        self.delta: dict[str, list[float]] = {}  # machine -> [tasks, cpus, memory] it gains
+        self.delta: dict[str, int] = {}  # machine -> the tasks it gains (fewer: loses)
         self.taken: dict[str, str] = {}  # free machine -> the entitlement it joins
         self.tombstones: dict[str, list[list]] = {}  # unhealthy machine -> tasks that left it (tombstones.py)
         self.entitlements: set[str] = set()  # entitlements whose jobs this transaction changes
@@ -105,17 +105,11 @@ class Txn:
                     continue
                 # its machine, and while it moves (make-before-break) its copy's machine too
                 for mid in t.holds():
-                    cpus, mem = t.resources
+                    delta[mid] = delta.get(mid, 0) + sign
                     if sign < 0 and (new is None or mid not in new.holds()) and self._unseen(mid):
                         # its container may still run there: the machine keeps it as a tombstone
+                        cpus, mem = t.resources
                         self.tombstones.setdefault(mid, []).append([handle, index, cpus, mem, time.time()])
-                        continue
-                    d = delta.get(mid)
-                    if d is None:
-                        d = delta[mid] = [0, 0.0, 0]
-                    d[0] += sign
-                    d[1] += sign * cpus
-                    d[2] += sign * mem
             dkey = keys.endpoint(handle, index)
             if new is None:
                 puts.pop(tkey, None)
@@ -147,19 +141,23 @@ class Txn:
             if m is None:
                 continue  # a machine record that is gone holds nothing
             mkey = keys.machine(mid)
+            # Guarded, and written only when what it says changes (its entitlement, its tombstones):
+            # what its tasks hold is theirs to say (RegionState.allocated). Two placements on it
+            # are ordered all the same: one shard places on it, one commit at a time, each
+            # computed from a view that has the one before (Creates._batch, the scheduler's pass).
             self.guards[mkey] = st.guard(mkey)
-            n, cpus, mem = self.delta.get(mid, (0, 0.0, 0))
-            # the record as JSON, its allocation fields changed there (no second record object)
-            new_m = m.to_json()
-            new_m.update(alloc_tasks=m.alloc_tasks + n, alloc_cpus=round(m.alloc_cpus + cpus, 6),
-                         alloc_memory_mb=m.alloc_memory_mb + mem)
+            new_m: dict | None = None
             if mid in self.tombstones:
+                new_m = m.to_json()
                 new_m["tombstones"] = [*new_m.get("tombstones", ()), *self.tombstones[mid]]
             if mid in self.taken and m.entitlement is None:
+                new_m = new_m or m.to_json()
                 new_m["entitlement"] = self.taken[mid]
                 touched.add(self.taken[mid])
                 log.info("entitlement %s takes machine %s from the free pool", self.taken[mid], mid)
-            elif (left := back_to_pool(new_m)) is not None:
+            elif st.tasks_held(mid) + self.delta.get(mid, 0) == 0 and m.entitlement is not None \
+                    and (left := back_to_pool(probe := new_m or m.to_json(), 0)) is not None:
+                new_m = probe
                 touched.add(left)
                 if (heir := heir_of(st, mid, left, handed)) is not None:  # reclaimed: it goes to the heir
                     new_m["entitlement"] = heir
@@ -168,7 +166,8 @@ class Txn:
                     log.info("machine %s goes from %s to %s (reclaim %s)", mid, left, heir, st.reclaims[mid].id)
                 else:
                     log.info("machine %s returns from %s to the free pool", mid, left)
-            self.puts[mkey] = new_m
+            if new_m is not None:
+                self.puts[mkey] = new_m
         for name in touched:
             # Every change to what an entitlement holds writes its record: two such changes
             # race on it, so the quota is never overrun by concurrent allocations.

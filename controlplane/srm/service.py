@@ -252,9 +252,9 @@ class Autoscaler:
             await self._keep(h)
 
     def _on(self, tasks: dict) -> dict[str, int]:
-        machines = self.state.machines
-        return {t.machine: machines[t.machine].alloc_tasks for t in tasks.values()
-                if t.machine and t.machine in machines}  # a machine's tasks are all its entitlement's
+        st = self.state
+        return {t.machine: st.allocated(t.machine)[0] for t in tasks.values()
+                if t.machine and t.machine in st.machines}  # a machine's tasks are all its entitlement's
 
     def _victims(self, job: JobRec, k: int, avoid: set[int]) -> list[int]:
         tasks = self.state.tasks.get(job.handle, {})

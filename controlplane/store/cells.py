@@ -7,7 +7,9 @@ never a pass over a million machines.
 
 What depends on the clock rather than on a record (a maintenance in progress) is not kept here:
 the few machines under maintenance are counted when asked (usage/fleet.py). Resources are kept
-in millicores and MiB, as integers: a sum kept by adding and taking away never drifts."""
+in millicores and MiB, as integers: a sum kept by adding and taking away never drifts. What a
+machine's tasks hold is not in its record: RegionState keeps it (`held`, micro-cores and MiB) and
+says each change of it here (`hold`), and a record's change with what its tasks hold then."""
 
 from __future__ import annotations
 
@@ -21,6 +23,24 @@ def millicores(cpus) -> int:
     return int(round(float(cpus) * 1000))
 
 
+def micro(cpus) -> int:
+    """Cores in millionths, as an integer: what a machine's tasks hold is summed in these."""
+    return int(round(float(cpus) * 1_000_000))
+
+
+Held = tuple[int, int]  # what a machine's tasks hold: micro-cores, MiB
+NOTHING: Held = (0, 0)
+
+
+def reserved(m, held: Held) -> tuple[int, int]:
+    """The machine's reserved millicores and MiB: what its tasks hold and its tombstones."""
+    cpu_u, mb = held
+    for t in m.tombstones:
+        cpu_u += micro(t[2])
+        mb += t[3]
+    return (cpu_u + 500) // 1000, mb
+
+
 class Cells:
     __slots__ = ("rows", "pool", "held", "capacity")
 
@@ -30,23 +50,26 @@ class Cells:
         self.held: dict[str, int] = {}  # entitlement -> machines it holds
         self.capacity: dict[str, tuple[float, int]] = {}  # machine type -> a machine's cpus and MiB (the first seen)
 
-    def change(self, old, new) -> None:
-        """A machine record replaced (None: absent before, or gone)."""
+    def change(self, old, new, held: Held = NOTHING) -> None:
+        """A machine record replaced (None: absent before, or gone); `held`: what its tasks hold."""
         if old is not None and new is not None and old.labels is new.labels and old.capacity is new.capacity \
                 and old.entitlement == new.entitlement and old.profile_applied == new.profile_applied \
-                and old.healthy == new.healthy and bool(old.tombstones) == bool(new.tombstones):
-            # in the same cell, counted alike: its allocation alone changed (every placement's rewrite)
-            r = self.rows.get(cell_of(new))
-            if r is not None:
-                r[RESERVED_CPU_M] += millicores(new.alloc_cpus) - millicores(old.alloc_cpus)
-                r[RESERVED_MB] += new.alloc_memory_mb - old.alloc_memory_mb
-                return
+                and old.healthy == new.healthy and old.tombstones == new.tombstones:
+            return  # in the same cell, counted alike (a heartbeat's address, a health reason's words)
         if old is not None:
-            self._add(old, -1)
+            self._add(old, -1, held)
         if new is not None:
-            self._add(new, 1)
+            self._add(new, 1, held)
 
-    def _add(self, m, k: int) -> None:
+    def hold(self, m, was: Held, now: Held) -> None:
+        """What the tasks on machine `m` (its record, counted here) hold changed from `was` to `now`."""
+        r = self.rows.get(cell_of(m))
+        if r is not None:
+            a, b = reserved(m, was), reserved(m, now)
+            r[RESERVED_CPU_M] += b[0] - a[0]
+            r[RESERVED_MB] += b[1] - a[1]
+
+    def _add(self, m, k: int, held: Held) -> None:
         cell = cell_of(m)
         r = self.rows.get(cell)
         if r is None:
@@ -56,8 +79,9 @@ class Cells:
         r[HEALTHY] += k * m.healthy
         r[CPU_M] += k * millicores(cap.get("cpus", 0))
         r[MEMORY_MB] += k * int(cap.get("memory_mb", 0))
-        r[RESERVED_CPU_M] += k * millicores(m.alloc_cpus)
-        r[RESERVED_MB] += k * m.alloc_memory_mb
+        cpu_m, mb = reserved(m, held)
+        r[RESERVED_CPU_M] += k * cpu_m
+        r[RESERVED_MB] += k * mb
         r[TOMBSTONED] += k * bool(m.tombstones)
         if not r[MACHINES]:
             del self.rows[cell]

@@ -411,9 +411,9 @@ class MachineRec:
     profile_hash: str | None = None  # the content hash of what its agent applied (None: an agent that does not say)
     profile_ok: bool = True
     profile_error: str = ""
-    alloc_tasks: int = 0
-    alloc_cpus: float = 0.0
-    alloc_memory_mb: int = 0
+    # (what its tasks hold is not written here: RegionState.allocated() sums it from the tasks, so
+    # that a placement writes its tasks and guards its machines' records without rewriting them;
+    # the alloc_tasks, alloc_cpus and alloc_memory_mb an older version wrote are ignored)
     address: str = ""
     agent_version: str = ""
     credential_sha256: Digest = NO_DIGEST  # of its credential (NO_DIGEST: released, or none yet)

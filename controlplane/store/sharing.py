@@ -41,10 +41,7 @@ class Shared:
         if m.hostname == m.id and m.hostname is not m.id:
             object.__setattr__(m, "hostname", m.id)
         alike = self.alike
-        # (the allocation's totals too: a machine holding 4 tasks of 4 GiB held an int of 16384 of
-        # its own, 28 bytes, as its cores' float did before; few sums recur across a region)
-        for name in ("health_reason", "profile_applied", "profile_hash", "agent_version", "alloc_cpus",
-                     "alloc_memory_mb", "alloc_tasks"):
+        for name in ("health_reason", "profile_applied", "profile_hash", "agent_version"):
             v = getattr(m, name)
             if old is not None and type(was := getattr(old, name)) is type(v) and was == v:
                 object.__setattr__(m, name, was)

@@ -27,7 +27,7 @@ from controlplane.store.records import ON_MACHINE, EntitlementRec, EventRec, Job
 from controlplane.security.sealing import Sealer
 from controlplane.store import Change, Index, Store, Versioned
 from controlplane.store.codec import Skipped, decode
-from controlplane.store.cells import Cells
+from controlplane.store.cells import NOTHING, Cells, Held, micro
 from controlplane.store.keys import Keys
 from controlplane.store.revisions import Revisions
 from controlplane.store.sharing import Shared, share_task
@@ -93,6 +93,9 @@ class RegionState:
         self.tasks: dict[str, dict[int, TaskRec]] = defaultdict(dict)
         self.events: dict[str, EventRec] = {}
         self.by_machine: dict[str, set[tuple[str, int]]] = defaultdict(set)
+        # machine -> what the tasks it holds (by_machine) hold there: micro-cores, MiB (none: nothing).
+        # Summed from the tasks, never written: a placement writes its tasks alone (allocated())
+        self.held: dict[str, Held] = {}
         self._unkept = (keys.discovery(),)  # keys this view keeps nothing of (_take)
         self.revs = Revisions(keys.machines(), keys.tasks())  # key -> mod revision, for transaction guards (a machine's by its id, a task's by its job and index)
         # the index reads etcd's bytes (decoded here, by kind) and keeps no copy of revs
@@ -299,7 +302,7 @@ class RegionState:
 
     def _set_machine(self, mid: str, m: MachineRec | None, revision: int) -> bool:
         """Returns whether what the scheduler sees of the machine changed (MachineStatus: not its
-        allocation counters, which every placement writes)."""
+        agent's version, its registration, its credential, its tombstones)."""
         old = self.machines.get(mid)
         if m is not None:
             if m.id == mid:  # one id string a machine: its records', its revision's, the dict's key (the first kept)
@@ -308,7 +311,7 @@ class RegionState:
                 mid = m.id
                 self.revs.machines[mid] = revision
             self._shared.machine(m, old)
-        self.cells.change(old, m)
+        self.cells.change(old, m, self.held.get(mid, NOTHING))
         if old is not None and old.credential_sha256:
             self.credentials.pop(old.credential_sha256, None)
         if old is not None and old.entitlement and (m is None or m.entitlement != old.entitlement):
@@ -349,15 +352,51 @@ class RegionState:
         key = (handle, index)
         before = old.holds() if old is not None else ()
         after = t.holds() if t is not None else ()
+        same = before == after and old is not None and t is not None and (old.spec is t.spec or old.resources == t.resources)
         for mid in before:
             self.by_machine[mid].discard(key)
+            if not same:
+                self._hold(mid, old, -1)
         for mid in after:
             self.by_machine[mid].add(key)
+            if not same:
+                self._hold(mid, t, 1)
         self.alloc.tasks.add(key)
         if (old is not None and old.moving is not None) or (t is not None and t.moving is not None):
             self.alloc.tasks.add((handle + MOVING, index))
         for m in set(before) | set(after):
             self.wake_machine(m)
+
+    def _hold(self, mid: str, t: TaskRec, k: int) -> None:
+        """Task `t` comes to (k=1) or leaves (k=-1) what machine `mid` holds (by_machine, already)."""
+        was = self.held.get(mid, NOTHING)
+        cpus, mem = t.resources
+        now = (was[0] + k * micro(cpus), was[1] + k * mem)
+        if self.by_machine.get(mid):
+            self.held[mid] = now
+        else:
+            self.held.pop(mid, None)
+            del self.by_machine[mid]  # (no set kept a machine that holds nothing)
+        m = self.machines.get(mid)
+        if m is not None:
+            self.cells.hold(m, was, now if mid in self.held else NOTHING)
+
+    def allocated(self, mid: str) -> tuple[int, float, int]:
+        """What machine `mid` holds: tasks, cpus, MiB; its tasks' and its tombstones' (their
+        containers may still run there: tombstones.py)."""
+        tasks = self.by_machine.get(mid, ())
+        cpu_u, mb = self.held.get(mid, NOTHING)
+        n = len(tasks)
+        m = self.machines.get(mid)
+        if m is not None and m.tombstones:
+            n += len(m.tombstones)
+            cpu_u += sum(micro(t[2]) for t in m.tombstones)
+            mb += sum(t[3] for t in m.tombstones)
+        return n, round(cpu_u / 1_000_000, 6), mb
+
+    def tasks_held(self, mid: str) -> int:
+        """How many tasks machine `mid` holds (its tombstones not counted)."""
+        return len(self.by_machine.get(mid, ()))
 
     def _wake_entitlement(self, name: str, old: EntitlementRec | None) -> None:
         new = self.entitlements.get(name)

@@ -129,7 +129,7 @@ class _Machine:
     def __init__(self, mid, entitlement, msb, machine_type="generic", healthy=True):
         self.id, self.entitlement, self.healthy = mid, entitlement, healthy
         self.labels = {"dc": "dc1", "msb": msb, "machine_type": machine_type}
-        self.capacity, self.alloc_cpus, self.alloc_memory_mb, self.tombstones = {"cpus": 4}, 0.0, 0, ()
+        self.capacity, self.tombstones = {"cpus": 4}, ()
         self.profile_applied = None
 
 

@@ -114,14 +114,13 @@ def test_an_admin_cleans_a_machine_gone_for_good(region):
 
 # -- the rules themselves, without a daemon ----------------------------------------------------
 
-def machine_with(tombstones: list, alloc_tasks: int, reason: str = f"{NO_HEARTBEAT} for 3.0s") -> MachineRec:
+def machine_with(tombstones: list, reason: str = f"{NO_HEARTBEAT} for 3.0s") -> MachineRec:
     return MachineRec("m", "m", {}, {"cpus": 4, "memory_mb": 4096}, entitlement="a", healthy=False, health_reason=reason,
-                      alloc_tasks=alloc_tasks, alloc_cpus=float(alloc_tasks), alloc_memory_mb=64 * alloc_tasks,
                       tombstones=tuple(tuple(t) for t in tombstones))
 
 
 def test_only_a_report_newer_than_a_tombstone_speaks_for_it():
-    rec = machine_with([("a/svc", 0, 1.0, 64, 100.0), ("a/svc", 1, 1.0, 64, 200.0)], 2)
+    rec = machine_with([("a/svc", 0, 1.0, 64, 100.0), ("a/svc", 1, 1.0, 64, 200.0)])
     assert gone(rec, None, 300.0) == () and gone(rec, {}, None) == ()
     assert gone(rec, {}, 150.0) == (("a/svc", 0, 1.0, 64, 100.0),), "a report from before the outage says nothing"
     assert gone(rec, {("a/svc", 1): {}}, 300.0) == (("a/svc", 0, 1.0, 64, 100.0),), "a listed copy is still there"
@@ -129,26 +128,25 @@ def test_only_a_report_newer_than_a_tombstone_speaks_for_it():
 
 
 def test_a_machine_heard_from_is_healthy_only_once_its_tombstones_are_gone():
-    rec = machine_with([("a/svc", 0, 1.0, 64, 100.0)], 2)  # one task still placed there, one tombstone
-    back = cleared(rec, {("a/svc", 0): {}}, 300.0)
+    rec = machine_with([("a/svc", 0, 1.0, 64, 100.0)])  # one task still placed there, one tombstone
+    back = cleared(rec, {("a/svc", 0): {}}, 300.0, tasks=1)
     assert not back.healthy and back.health_reason.startswith(STALE) and back.tombstones == rec.tombstones
-    clean = cleared(back, {}, 300.0)
+    clean = cleared(back, {}, 300.0, tasks=1)
     assert clean.healthy and clean.health_reason == "" and clean.tombstones == ()
-    assert (clean.alloc_tasks, clean.alloc_cpus, clean.alloc_memory_mb, clean.entitlement) == (1, 1.0, 64, "a"), \
-        "the task still placed there keeps the machine in its entitlement"
-    only = machine_with([("a/svc", 0, 1.0, 64, 100.0)], 1)
-    freed = cleared(only, {}, 300.0)
-    assert freed.healthy and (freed.entitlement, freed.alloc_tasks, freed.alloc_cpus) == (None, 0, 0.0), "back to the pool"
+    assert clean.entitlement == "a", "the task still placed there keeps the machine in its entitlement"
+    only = machine_with([("a/svc", 0, 1.0, 64, 100.0)])
+    freed = cleared(only, {}, 300.0, tasks=0)
+    assert freed.healthy and freed.entitlement is None, "back to the pool"
     # an admin's clean of a silent machine frees it, but it stays unhealthy until it is heard from
-    forgotten = cleared(only, None, None, forget=True)
+    forgotten = cleared(only, None, None, tasks=0, forget=True)
     assert forgotten.tombstones == () and forgotten.entitlement is None and not forgotten.healthy
-    assert cleared(machine_with([], 1, reason="profile failed"), {}, 300.0).health_reason == "profile failed", \
+    assert cleared(machine_with([], reason="profile failed"), {}, 300.0, tasks=1).health_reason == "profile failed", \
         "only silence and tombstones are ended by a report"
 
 
 def test_a_machine_leaves_its_entitlement_only_holding_nothing():
-    assert back_to_pool({"entitlement": "a", "alloc_tasks": 0, "tombstones": [["a/svc", 0, 1.0, 64, 1.0]]}) is None
-    assert back_to_pool({"entitlement": "a", "alloc_tasks": 1, "tombstones": []}) is None
-    assert back_to_pool({"entitlement": None, "alloc_tasks": 0}) is None
-    m = {"entitlement": "a", "alloc_tasks": 0, "alloc_cpus": 0.0000001, "alloc_memory_mb": 0, "tombstones": []}
-    assert back_to_pool(m) == "a" and m["entitlement"] is None and m["alloc_cpus"] == 0.0
+    assert back_to_pool({"entitlement": "a", "tombstones": [["a/svc", 0, 1.0, 64, 1.0]]}, 0) is None
+    assert back_to_pool({"entitlement": "a", "tombstones": []}, 1) is None
+    assert back_to_pool({"entitlement": None}, 0) is None
+    m = {"entitlement": "a", "tombstones": []}
+    assert back_to_pool(m, 0) == "a" and m["entitlement"] is None

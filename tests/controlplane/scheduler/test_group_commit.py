@@ -5,9 +5,13 @@ answered alone, and the rest of its batch lands."""
 
 from __future__ import annotations
 
+import asyncio
 from concurrent.futures import ThreadPoolExecutor
 
+from controlplane.store import Store
+from controlplane.store.keys import Keys
 from tests.controlplane.controld_proc import Controld
+from tests.controlplane.simagents import SimAgents
 from tests.controlplane.frontend.test_controld_api import register
 
 TASK = {"image": "twine/busybox:1", "command": ["sleep", "3600"], "cpus": 1, "memory_mb": 64}
@@ -59,4 +63,56 @@ def test_concurrent_creates_share_transactions_and_never_overcommit(tmp_path, et
         assert sum(1 for m in machines.values() if m["entitlement"] == "one") == 1
         assert all(machines[mid]["entitlement"] is not None for mid in on)
     finally:
+        c.close()
+
+
+def machine_revision(c: Controld, port: int, mid: str) -> int:
+    """The mod revision of the machine's record in etcd (read there, not through the daemon)."""
+    async def read() -> int:
+        store = Store([("127.0.0.1", port)])
+        try:
+            return (await store.read(Keys(c.region).machine(mid))).mod_revision
+        finally:
+            await store.close()
+    return asyncio.run(read())
+
+
+def test_a_placement_guards_its_machines_and_rewrites_only_those_that_change_hands(tmp_path, etcd_server):
+    """Issue #38: what a machine's tasks hold is theirs to say (RegionState.allocated sums it in
+    every view); a placement on a machine its entitlement holds guards the machine's record and
+    does not rewrite it. Taking a machine from the free pool, and giving it back, still does. The
+    guard and the shard's one-commit-at-a-time keep the machine from being overfilled all the same."""
+    c = Controld(tmp_path, etcd_server.port, heartbeat_timeout=600)
+    agents = None
+    try:
+        c.start()
+        creds = {mid: register(c, mid, f"dc{i}", f"msb{i}", cpus=4, memory_mb=4096) for i, mid in enumerate(("m0", "m1"))}
+        agents = SimAgents(creds, [c.url], interval=0.3).__enter__()
+        assert c.call("POST", "/v1/entitlements", {"name": "one", "machine_type": "generic", "quota": 1})[0] == 201
+        assert c.call("POST", "/v1/jobs", {"entitlement": "one", "name": "a", "count": 1, "task": TASK})[0] == 201
+        mid = c.call("GET", "/v1/jobs/one/a")[1]["tasks"][0]["machine"]
+        taken = machine_revision(c, etcd_server.port, mid)
+        # the quota holds it to that machine: these go there too, its record left as it is
+        assert [s for s, _ in create_all(c, [{"entitlement": "one", "name": n, "count": 1, "task": TASK}
+                                             for n in ("b", "c")])] == [201, 201]
+        assert machine_revision(c, etcd_server.port, mid) == taken, "placed on, not rewritten"
+        m = c.call("GET", f"/v1/machines/{mid}")[1]
+        assert (m["entitlement"], m["alloc"]) == ("one", {"tasks": 3, "cpus": 3.0, "memory_mb": 192}), m
+        # full but for one cpu: two more do not fit (the quota keeps them off the other machine)
+        status, body = c.call("POST", "/v1/jobs", {"entitlement": "one", "name": "d", "count": 2, "task": TASK})
+        assert status == 422, body
+        assert c.call("GET", f"/v1/machines/{mid}")[1]["alloc"]["tasks"] == 3
+        # a restarted daemon sums the same from the tasks it reads
+        c.close()
+        c.start()
+        assert c.call("GET", f"/v1/machines/{mid}")[1]["alloc"] == {"tasks": 3, "cpus": 3.0, "memory_mb": 192}
+        for n in ("a", "b", "c"):
+            assert c.call("DELETE", f"/v1/jobs/one/{n}")[0] == 202
+            c.wait_for(f"/v1/jobs/one/{n}", lambda j: j["state"] == "stopped", what=f"{n} stopped")
+        m = c.wait_for(f"/v1/machines/{mid}", lambda m: m["entitlement"] is None, what="back in the free pool")
+        assert m["alloc"] == {"tasks": 0, "cpus": 0.0, "memory_mb": 0}, m
+        assert machine_revision(c, etcd_server.port, mid) > taken, "given back: its record says so"
+    finally:
+        if agents is not None:
+            agents.__exit__(None, None, None)
         c.close()

@@ -11,7 +11,7 @@ from controlplane.store.codec import decode, encode
 TASK = TaskRec("ent/web", 3, 2, {"image": "nginx", "cpus": 0.5, "memory_mb": 256, "env": {"Z": "1", "A": "é"}},
                "m1", "running", "placed", True, 1.7e9)
 MACHINE = MachineRec("m1", "host1", {"region": "r", "dc": "dc1", "msb": "b1", "rack": "k1", "machine_type": "sky"},
-                     {"cpus": 8, "memory_mb": 16384}, "ent", alloc_cpus=1.5, registered_at=1e16)
+                     {"cpus": 8, "memory_mb": 16384}, "ent", registered_at=1e16)
 
 
 def old_encode(value) -> bytes:

@@ -265,40 +265,19 @@ def test_machines_of_a_rack_share_one_labels_dict_and_a_type_one_capacity_dict()
     assert state.machines["m4"].labels["extra"] == ["a"] and not state.skipped
 
 
-def test_machines_with_the_same_allocation_share_its_figures():
-    """Issue #38: each machine's record held its allocation's totals as numbers of its own (an int
-    of its MiB, 28 bytes; its cores' float, 24) where most machines of a region hold the same few."""
-    state = RegionState(None, KEYS)
-    labels = {"region": "r", "dc": "dc0", "msb": "b0", "rack": "k0", "machine_type": "sky"}
-    for rev, mid in enumerate(("m1", "m2", "m3"), start=1):
-        rec = MachineRec(mid, mid, labels, {"cpus": 8, "memory_mb": 8192}, alloc_tasks=300 + (mid == "m3"),
-                         alloc_cpus=6.5, alloc_memory_mb=16384 + (mid == "m3"))
-        state._take(KEYS.machine(mid), encode(rec.to_json()), rev)  # noqa: SLF001 - the watch's own path
-    m1, m2, m3 = (state.machines[m] for m in ("m1", "m2", "m3"))
-    assert m1.alloc_memory_mb is m2.alloc_memory_mb and m1.alloc_memory_mb == 16384 and m3.alloc_memory_mb == 16385
-    assert m1.alloc_tasks is m2.alloc_tasks and m1.alloc_cpus is m2.alloc_cpus is m3.alloc_cpus
-    assert type(m1.alloc_memory_mb) is int and m1 == replace(m1)
-    # an int and a float of the same value are not one object: each keeps its type
-    rec = MachineRec("m4", "m4", labels, {"cpus": 8, "memory_mb": 8192}, alloc_tasks=300, alloc_cpus=300.0)
-    state._take(KEYS.machine("m4"), encode(rec.to_json()), 4)  # noqa: SLF001
-    m4 = state.machines["m4"]
-    assert type(m4.alloc_cpus) is float and type(m4.alloc_tasks) is int and m4.alloc_tasks is m1.alloc_tasks
-
-
 def test_a_machine_rewritten_takes_what_is_unchanged_from_the_record_it_replaces():
-    """Every placement rewrites its machines' records with new allocation totals: the rest is taken
-    from the record replaced (compared, not hashed again), and what changed is its own value."""
+    """A machine's record rewritten (its health, its agent's address): the rest is taken from the
+    record replaced (compared, not hashed again), and what changed is its own value."""
     state = RegionState(None, KEYS)
     labels = {"region": "r", "dc": "dc0", "msb": "b0", "rack": "k0", "machine_type": "sky"}
-    rec = MachineRec("m1", "m1", labels, {"cpus": 8, "memory_mb": 8192}, alloc_tasks=3, alloc_cpus=300.0,
-                     agent_version="1.2", profile_hash="h" * 40)
+    rec = MachineRec("m1", "m1", labels, {"cpus": 8, "memory_mb": 8192}, agent_version="1.2", profile_hash="h" * 40)
     state._take(KEYS.machine("m1"), encode(rec.to_json()), 1)  # noqa: SLF001 - the watch's own path
     before = state.machines["m1"]
-    state._take(KEYS.machine("m1"), encode(replace(rec, alloc_tasks=4, alloc_memory_mb=512).to_json()), 2)  # noqa: SLF001
+    state._take(KEYS.machine("m1"), encode(replace(rec, healthy=False, address="10.0.0.9:1").to_json()), 2)  # noqa: SLF001
     after = state.machines["m1"]
     assert after.labels is before.labels and after.capacity is before.capacity
     assert after.profile_hash is before.profile_hash and after.agent_version is before.agent_version
-    assert after.alloc_cpus is before.alloc_cpus and (after.alloc_tasks, after.alloc_memory_mb) == (4, 512)
+    assert (after.healthy, after.address) == (False, "10.0.0.9:1")
     state._take(KEYS.machine("m1"), encode(replace(rec, labels={**labels, "rack": "k1"}).to_json()), 3)  # noqa: SLF001
     assert state.machines["m1"].labels == {**labels, "rack": "k1"} and before.labels["rack"] == "k0"
 

@@ -32,12 +32,18 @@ Held = tuple[int, int]  # what a machine's tasks hold: micro-cores, MiB
 NOTHING: Held = (0, 0)
 
 
-def reserved(m, held: Held) -> tuple[int, int]:
-    """The machine's reserved millicores and MiB: what its tasks hold and its tombstones."""
+def holding(m, held: Held) -> Held:
+    """What machine `m` holds (micro-cores, MiB): what its tasks hold (`held`) and its tombstones."""
     cpu_u, mb = held
     for t in m.tombstones:
         cpu_u += micro(t[2])
         mb += t[3]
+    return cpu_u, mb
+
+
+def reserved(m, held: Held) -> tuple[int, int]:
+    """The machine's reserved millicores and MiB (holding())."""
+    cpu_u, mb = holding(m, held)
     return (cpu_u + 500) // 1000, mb
 
 

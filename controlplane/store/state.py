@@ -27,7 +27,7 @@ from controlplane.store.records import ON_MACHINE, EntitlementRec, EventRec, Job
 from controlplane.security.sealing import Sealer
 from controlplane.store import Change, Index, Store, Versioned
 from controlplane.store.codec import Skipped, decode
-from controlplane.store.cells import NOTHING, Cells, Held, micro
+from controlplane.store.cells import NOTHING, Cells, Held, holding, micro
 from controlplane.store.keys import Keys
 from controlplane.store.revisions import Revisions
 from controlplane.store.sharing import Shared, share_task
@@ -384,15 +384,11 @@ class RegionState:
     def allocated(self, mid: str) -> tuple[int, float, int]:
         """What machine `mid` holds: tasks, cpus, MiB; its tasks' and its tombstones' (their
         containers may still run there: tombstones.py)."""
-        tasks = self.by_machine.get(mid, ())
-        cpu_u, mb = self.held.get(mid, NOTHING)
-        n = len(tasks)
+        held = self.held.get(mid, NOTHING)
         m = self.machines.get(mid)
-        if m is not None and m.tombstones:
-            n += len(m.tombstones)
-            cpu_u += sum(micro(t[2]) for t in m.tombstones)
-            mb += sum(t[3] for t in m.tombstones)
-        return n, round(cpu_u / 1_000_000, 6), mb
+        stones = m.tombstones if m is not None else ()
+        cpu_u, mb = holding(m, held) if stones else held
+        return self.tasks_held(mid) + len(stones), round(cpu_u / 1_000_000, 6), mb
 
     def tasks_held(self, mid: str) -> int:
         """How many tasks machine `mid` holds (its tombstones not counted)."""

@@ -71,9 +71,10 @@ class Cells:
         """What the tasks on machine `m` (its record, counted here) hold changed from `was` to `now`."""
         r = self.rows.get(cell_of(m))
         if r is not None:
-            a, b = reserved(m, was), reserved(m, now)
-            r[RESERVED_CPU_M] += b[0] - a[0]
-            r[RESERVED_MB] += b[1] - a[1]
+            if m.tombstones:
+                was, now = holding(m, was), holding(m, now)
+            r[RESERVED_CPU_M] += (now[0] + 500) // 1000 - (was[0] + 500) // 1000  # (as reserved() rounds)
+            r[RESERVED_MB] += now[1] - was[1]
 
     def _add(self, m, k: int, held: Held) -> None:
         cell = cell_of(m)

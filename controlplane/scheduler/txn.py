@@ -39,16 +39,18 @@ Change = tuple[TaskRec | None, TaskRec | None]  # (old, new); new None: the task
 
 
 def task_bytes(job: JobRec) -> int:
-    """About what one task change of the job weighs in a transaction: its task record (which
-    carries the template), its discovery record, its machine's record, their keys."""
+    """About what one task change of the job weighs in a transaction, at most: its task record
+    (which carries the template), its discovery record, its machine's record (written when it
+    changes hands), their keys."""
     return 1024 + len(encode(job.task))
 
 
 class Txn:
     """One etcd transaction of a shard's leader, built from one or more jobs' task changes: the
     records they write, the guards on what they read (the fence, each job, its entitlement, each
-    task, each machine whose allocation changes), and per machine the sum of the changes, so that
-    two jobs of one transaction placing tasks on the same machine write its counters once."""
+    task, each machine whose tasks change), and per machine the tasks it gains or loses, so that
+    a machine two jobs of one transaction change is guarded once, and written once when it changes
+    hands (taken from the free pool, given back) or gains tombstones."""
 
     def __init__(self, state: RegionState, keys: Keys, shard: int, owns: Callable[[str], bool],
                  fence: "Fence | None" = None) -> None:

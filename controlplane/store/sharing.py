@@ -25,8 +25,8 @@ class Shared:
         machines have alike as one object each (a health reason, a profile's hash, an agent's
         version, 0.0), a hostname that is the machine's id as the id itself: 170 bytes a machine of
         550 where most are down alike. `old`, the record it replaces: what is as it was there is
-        taken from it, compared and not hashed (a placement changes a machine's allocation alone:
-        half the time this took)."""
+        taken from it, compared and not hashed (most rewrites of a machine change a field or two: its
+        health, its agent's profile report)."""
         for name in ("labels", "capacity"):
             d = getattr(m, name)
             if old is not None and (was := getattr(old, name)) == d:

@@ -90,7 +90,11 @@ def test_a_placement_guards_its_machines_and_rewrites_only_those_that_change_han
         agents = SimAgents(creds, [c.url], interval=0.3).__enter__()
         assert c.call("POST", "/v1/entitlements", {"name": "one", "machine_type": "generic", "quota": 1})[0] == 201
         assert c.call("POST", "/v1/jobs", {"entitlement": "one", "name": "a", "count": 1, "task": TASK})[0] == 201
-        mid = c.call("GET", "/v1/jobs/one/a")[1]["tasks"][0]["machine"]
+        # running: its agent has reported the machine's profile for the entitlement (a report that
+        # differs from the record rewrites it), so that what follows changes the record only if a
+        # placement does
+        a = c.wait_for("/v1/jobs/one/a", lambda j: j["summary"] == {"running": 1}, what="a running")
+        mid = a["tasks"][0]["machine"]
         taken = machine_revision(c, etcd_server.port, mid)
         # the quota holds it to that machine: these go there too, its record left as it is
         assert [s for s, _ in create_all(c, [{"entitlement": "one", "name": n, "count": 1, "task": TASK}

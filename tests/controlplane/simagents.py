@@ -53,7 +53,11 @@ class SimAgents:
         self.stop_delay = 0.0
         self.task_cpu: float | None = None  # set: heartbeats carry usage, each running task using this many cores
         # set: heartbeats carry usage, a job's tasks sharing its load (cores) equally; a job not named uses task_cpu
+        # is split over the tasks every machine ran when the round began: one split for every report in
+        # a round, so that the region's sum is never more than the load (a task started during a round
+        # gets its share from the next, as a load balancer learns of it)
         self.job_load: dict[str, float] | None = None
+        self._shares: dict[tuple[str, int], float] = {}
         # set: heartbeats carry usage, these tasks using these (cores, MiB), whatever the above say
         self.task_figures: dict[tuple[str, int], tuple[float, float]] = {}
         self.stale: dict[str, dict[tuple[str, int], tuple[int, float]]] = {m: {} for m in creds}  # -> (version, since)
@@ -88,6 +92,7 @@ class SimAgents:
     def _run(self) -> None:
         while not self._stop.is_set():
             if not self.paused.is_set():
+                self._shares = self._split()
                 for mid, cred in self.creds.items():
                     if mid in self.cut:
                         continue
@@ -96,6 +101,15 @@ class SimAgents:
                     except Exception as e:  # noted; the next round tries again
                         self.errors.append(f"{time.time():.3f} {mid}: {e}")
             self._stop.wait(self.interval)
+
+    def _split(self) -> dict[tuple[str, int], float]:
+        load = self.job_load
+        if load is None:
+            return {}
+        with self._lock:
+            keys = {k for tasks in self.running.values() for k in tasks if k[0] in load}
+        per_job = Counter(j for j, _ in keys)
+        return {(j, i): load[j] / per_job[j] for j, i in keys}
 
     def _one(self, mid: str, cred: str) -> None:
         if not self.poll:
@@ -135,11 +149,10 @@ class SimAgents:
         reported = {"name": profile[0], "hash": profile[1], "ok": not error, "error": error}
         body = {"machine_id": mid, "digest": report_digest(reported, tasks), "tasks": tasks, "profile": reported}
         used = None
-        if self.job_load is not None:
-            with self._lock:
-                per_job = Counter(j for tasks in self.running.values() for (j, _) in tasks)
-            loads = {j: self.job_load[j] / n for j, n in per_job.items() if j in self.job_load}
-            used = [[j, i, loads.get(j, self.task_cpu or 0.0), 10.0] for (j, i) in sorted(shown)]
+        load = self.job_load
+        if load is not None:
+            shares = self._shares
+            used = [[j, i, shares.get((j, i), 0.0) if j in load else self.task_cpu or 0.0, 10.0] for (j, i) in sorted(shown)]
         elif self.task_cpu is not None or self.task_figures:  # as agent/usage.py measures: cores over the window
             used = [[j, i, self.task_cpu or 0.0, 10.0] for (j, i) in sorted(shown)]
         if used is not None:

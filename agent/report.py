@@ -72,7 +72,8 @@ def _container_report(c: ContainerInfo, error: str, listed_at: float | None) -> 
     state = "running" if c.running else "starting" if c.status == "created" else "exited"
     return {
         "job": c.task.job, "index": c.task.index, "spec_version": int(c.labels.get(L_SPEC_VERSION, "0")),
-        "state": state, "exit_code": c.exit_code, "restarts": c.generation, "error": error,
+        # the first container of a task is generation 1: it restarted generation - 1 times (as agent/status.py says)
+        "state": state, "exit_code": c.exit_code, "restarts": max(c.generation - 1, 0), "error": error,
         "steady": steady(c, listed_at),
     }
 

@@ -445,9 +445,9 @@ def test_task_reports_cover_every_container_and_tasks_that_could_not_start():
     containers = [_container(b, 2, "exited", 1), _container(a, 1, "running"), _container(b, 3, "created")]
     reports = task_reports(containers, (a, b, c), {str(b.key): "start failed: x", str(c.key): "image gone"})
     assert [(r["index"], r["state"], r["restarts"], r["exit_code"], r["error"]) for r in reports] == [
-        (0, "running", 1, None, ""),
-        (1, "exited", 2, 1, "start failed: x"),
-        (1, "starting", 3, None, "start failed: x"),
+        (0, "running", 0, None, ""),  # a task's first container: no restart yet
+        (1, "exited", 1, 1, "start failed: x"),
+        (1, "starting", 2, None, "start failed: x"),
         (2, "failed", 0, None, "image gone"),
     ]
     assert all(r["spec_version"] == 2 for r in reports)

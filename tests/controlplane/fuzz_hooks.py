@@ -82,5 +82,5 @@ def refused_writes_nothing(ctx, response, case):
                   f"{' hourly ' + ','.join(written) if hourly else ''}\n")
     if after != before and not hourly:
         raise AssertionError(f"{case.method} {case.formatted_path} was refused ({response.status_code}) but etcd "
-                             f"moved from revision {before} to {after}: written {[k for k in written]}")
+                             f"moved from revision {before} to {after}: written {written}")
     return None

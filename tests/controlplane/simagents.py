@@ -52,10 +52,10 @@ class SimAgents:
         self.profile_error: dict[str, str] = {}  # machine -> the error it reports now
         self.stop_delay = 0.0
         self.task_cpu: float | None = None  # set: heartbeats carry usage, each running task using this many cores
-        # set: heartbeats carry usage, a job's tasks sharing its load (cores) equally; a job not named uses task_cpu
-        # is split over the tasks every machine ran when the round began: one split for every report in
-        # a round, so that the region's sum is never more than the load (a task started during a round
-        # gets its share from the next, as a load balancer learns of it)
+        # set: heartbeats carry usage, a job's tasks sharing its load (cores) equally; a job not named uses
+        # task_cpu. The load is split over the tasks every machine ran when the round began: one split
+        # for every report of a round, so that the region's sum is never more than the load (a task
+        # started during a round gets its share from the next, as a load balancer learns of it)
         self.job_load: dict[str, float] | None = None
         self._shares: dict[tuple[str, int], float] = {}
         # set: heartbeats carry usage, these tasks using these (cores, MiB), whatever the above say

@@ -6,8 +6,8 @@ loopback) before each call and after its answer; the daemon's own background wor
 while the region has no agents and a heartbeat timeout of an hour, but for one thing no flag puts
 off: at each hour's end the leaders' recorders keep the hour's usage and capacity history in etcd
 (usage/recorder.py, capacity/recorder.py), at their first look after it (each looks at least once
-a minute). A run that spans an hour's end sees that write: the revision moved, and every key written
-is such a record, within HOURLY_WINDOW seconds after the hour. Only that is told apart (and logged as
+a minute). A run that spans an hour's end sees that write: the revision moved, every revision between
+is the last write of such a record, within HOURLY_WINDOW seconds after the hour. Only that is told apart (and logged as
 such); any other write, or a move with no key to show for it (a delete), fails the check.
 """
 
@@ -41,17 +41,23 @@ def revision() -> int:
     return int(_range({"key": base64.b64encode(b"/").decode()})["header"]["revision"])
 
 
-def written_since(rev: int) -> list[str]:
-    """The keys whose last write came after `rev` (a key deleted since is not among them)."""
+def written_since(rev: int) -> dict[str, int]:
+    """The keys whose last write came after `rev`, with that write's revision (a key deleted since
+    is not among them)."""
     every = {"key": base64.b64encode(b"\0").decode(), "range_end": base64.b64encode(b"\0").decode(),
              "keys_only": True, "min_mod_revision": str(rev + 1)}
-    return [base64.b64decode(kv["key"]).decode(errors="replace") for kv in _range(every).get("kvs", [])]
+    return {base64.b64decode(kv["key"]).decode(errors="replace"): int(kv["mod_revision"])
+            for kv in _range(every).get("kvs", [])}
 
 
-def hourly_history(written: list[str], now: float) -> bool:
-    """Whether what was written (keys) is the hourly recorders' work at an hour's end: something,
-    all of it their records, and `now` (epoch seconds) within HOURLY_WINDOW after an hour began."""
-    return bool(written) and now % 3600 <= HOURLY_WINDOW and all(HOURLY.match(k) for k in written)
+def hourly_history(written: dict[str, int], before: int, after: int, now: float) -> bool:
+    """Whether etcd's move from revision `before` to `after` was the hourly recorders' work at an
+    hour's end: every revision between is the last write of a key written (a revision none shows
+    was a delete, or a key written again), all of those keys are their records, and `now` (epoch
+    seconds) is within HOURLY_WINDOW after an hour began."""
+    mine = {k: r for k, r in written.items() if r <= after}  # (later writes are the next request's)
+    return after > before and now % 3600 <= HOURLY_WINDOW and set(mine.values()) == set(range(before + 1, after + 1)) \
+        and all(HOURLY.match(k) for k in mine)
 
 
 @schemathesis.hook
@@ -75,8 +81,8 @@ def refused_writes_nothing(ctx, response, case):
     if before is None or not 400 <= response.status_code < 500:
         return None
     after = revision()
-    written = written_since(before) if after != before else []
-    hourly = hourly_history(written, time.time())
+    written = written_since(before) if after != before else {}
+    hourly = hourly_history(written, before, after, time.time())
     with open(os.environ["TWINE_FUZZ_LOG"], "a") as log:  # the test counts the refusals looked at
         log.write(f"{response.status_code} {case.method} {case.path} {before} {after}"
                   f"{' hourly ' + ','.join(written) if hourly else ''}\n")

@@ -118,9 +118,11 @@ class Board:
 
     def best_fit(self, key: Key, candidates: list[str]) -> str | None:
         """The machine the allocator would pick among `candidates`: the least free room that
-        still holds the task (then the id), here also below the hot share once it is there."""
+        still holds the task (then the id), here also below the hot share once it is there. Never
+        one that holds nothing: it goes back to the free pool, and a move onto it would take it
+        back (a round's drains may have just emptied it)."""
         here = self.where[key]
-        fits = [mid for mid in candidates if mid != here and self.fits(key, mid)]
+        fits = [mid for mid in candidates if mid != here and self.holds(mid) and self.fits(key, mid)]
         return min(fits, key=lambda mid: (self.free_cpus[mid], self.free_mem[mid], mid), default=None)
 
     # -- changing ------------------------------------------------------------------------------

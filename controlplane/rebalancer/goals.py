@@ -13,7 +13,8 @@ ReBalancer never fights a placement: the task stays in its dc (and in its rack w
 spreads over racks), on a machine of its entitlement with room for what it reserves, picked as the
 allocator picks (best fit), and a move between MSBs never makes its job's spread over MSBs worse
 (the source MSB held more of the job's tasks than the target). A move never makes a machine hot,
-nor an MSB hotter than the hot MSB it relieves."""
+nor an MSB hotter than the hot MSB it relieves, and never lands on a machine that holds nothing
+(it would take a machine back from the free pool)."""
 
 from __future__ import annotations
 

@@ -280,3 +280,23 @@ def test_a_swap_never_takes_a_machine_in_an_msb_new_to_the_entitlement():
                     racks={"r1": [1, 0], "r2": [1, 0], "r3": [2, 1], "r4": [1, 0]})
     p = plan(region, churn=1.0)
     assert p.taken == {} and p.violations == (), (p.moves, p.violations)
+
+
+def test_a_goals_move_never_takes_a_machine_back_from_the_free_pool():
+    # msb1 is hot (two tasks of 0.9 core measured); msb2 is cool: msb2-0 has 0.5 core free, msb2-1
+    # holds nothing (it goes back to the free pool at the round's end). A task of web/h (spread over
+    # MSBs) fits only on the empty one: a move there (repair, or cooling msb1) would take a machine
+    # out of the pool, so none is made
+    a, b = machines("msb1", 2), machines("msb2", 2)
+    tasks = [task("web/h", 0, "msb1-0", used=900), task("web/h", 1, "msb1-1", used=900),
+             task("web/f", 0, "msb2-0", cpus=3500)]
+    p = plan(Region([Group("web", "dc1", "msb1", a, tasks[:2]), Group("web", "dc1", "msb2", b, tasks[2:])]),
+             churn=1.0, total_limit=1.0)
+    assert all(mv.target != "msb2-1" for mv in p.moves) and "msb2-1" not in p.after.held, p.moves
+    assert not any(mv.goal in ("repair", "hotspots") for mv in p.moves), p.moves
+    # with room on msb2-0 (a task of 2 cores there), one of web/h goes to it
+    tasks[2] = task("web/f", 0, "msb2-0", cpus=2000)
+    p = plan(Region([Group("web", "dc1", "msb1", a, tasks[:2]), Group("web", "dc1", "msb2", b, tasks[2:])]),
+             churn=1.0, total_limit=1.0)
+    assert [(mv.job, mv.target) for mv in p.moves if mv.goal in ("repair", "hotspots")] == [("web/h", "msb2-0")], p.moves
+    assert all(mv.target != "msb2-1" for mv in p.moves) and "msb2-1" not in p.after.held, p.moves

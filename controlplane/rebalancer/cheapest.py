@@ -5,11 +5,13 @@ planner that frees machines).
 Where the per-group solve (compaction.py) frees as many machines as each group can, whatever the
 moves, a round with a budget asks which machines give the most freed per move. A machine's cost is
 the moves that empty it: one a task on it, each onto the best fit among the other machines of its
-group (entitlement, MSB) that stay held, and one more for a task that fits nowhere as things stand
-but does once a small task of a target machine moves to a third machine of the group (an
-ejection: the make-room move the solver finds, one deep). The machines are taken cheapest first
-(fewest moves, then least reserved), their cost computed afresh when their turn comes (earlier
-drains fill the targets), until the next one would pass the budget. A move keeps what every
+group (entitlement, MSB) that stay held, those holding more tasks than the machine drained first
+(a machine as cheap to free is not filled: it would cost a move more), and one more for a task
+that fits nowhere as things stand but does once a small task of a target machine moves to a third
+machine of the group (an ejection: the make-room move the solver finds, one deep). The machines
+are taken cheapest first (fewest moves; of those as cheap, a hot MSB's first, whose drain cools it
+and so spares a hotspot move; then least reserved), their cost computed afresh when their turn
+comes (earlier drains fill the targets), until the next one would pass the budget. A move keeps what every
 compaction move keeps (compaction.py): its dc, its rack when its job spreads over racks, room for
 what it reserves, no machine made hot, the job's churn budget; a task moves at most once a round.
 
@@ -28,7 +30,7 @@ import heapq
 
 from controlplane.rebalancer.board import Board, Key, Planned
 
-EJECT_TARGETS = 4  # machines of the group, closest to holding a task that fits nowhere, tried for an ejection
+EJECT_TARGETS = 8  # machines of the group, closest to holding a task that fits nowhere, tried for an ejection
 EJECT_UPTO = 4  # tasks a machine may hold for a drain of it to try ejections (a dearer one is not worth them)
 
 
@@ -98,7 +100,8 @@ class _Trial:
 
     def best_fit(self, key: Key, among: list[str]) -> str | None:
         fits = [mid for mid in among if self.fits(key, mid)]
-        return min(fits, key=lambda mid: (*self.room(mid)[:2], mid), default=None)
+        few = len(self.b.on[self.source])
+        return min(fits, key=lambda mid: (len(self.b.on[mid]) <= few, *self.room(mid)[:2], mid), default=None)
 
     def add(self, key: Key, mid: str) -> None:
         t = self.b.tasks[key]
@@ -210,14 +213,16 @@ def cheapest(board: Board, budget: int, reserve=None) -> tuple[list[Planned], se
         for mid in mids:
             if board.holds(mid) and board.clear(mid) and board.on[mid]:
                 m = board.machines[mid]
-                heap.append((len(board.on[mid]), m.cpus - board.free_cpus[mid], mid))
+                msb = (m.dc, m.msb)
+                hot = board.msb_used.get(msb, 0) > board.msb_limit * board.msb_cpus.get(msb, 0)
+                heap.append((len(board.on[mid]), not hot, m.cpus - board.free_cpus[mid], mid))
     heapq.heapify(heap)
     out: list[Planned] = []
     freed: set[str] = set()
     spent = 0
     limit = budget - (reserve() if reserve is not None else 0)  # anew after each drain made
     while heap and spent < budget:
-        cost, reserved, mid = heapq.heappop(heap)
+        cost, cool, reserved, mid = heapq.heappop(heap)
         if spent + cost > limit:
             continue  # a cheaper one may still fit what is left
         if not board.on[mid] or not board.holds(mid) or mid in freed:
@@ -226,7 +231,7 @@ def cheapest(board: Board, budget: int, reserve=None) -> tuple[list[Planned], se
         if moves is None:
             continue
         if len(moves) > cost:
-            heapq.heappush(heap, (len(moves), reserved, mid))  # dearer than it looked: its turn again at its cost
+            heapq.heappush(heap, (len(moves), cool, reserved, mid))  # dearer than it looked: its turn again at its cost
             continue
         if spent + len(moves) > limit:
             continue

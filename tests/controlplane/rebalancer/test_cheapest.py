@@ -187,3 +187,27 @@ def test_a_budget_too_small_for_the_cooling_goes_to_the_hotspots():
     assert p.after.hottest_msb < p.before.hottest_msb
     p = plan(Region([g1, g2]), churn=1.0, max_moves=5)
     assert [(mv.job, mv.goal) for mv in p.moves][0] == ("web/h", "hotspots") and "e" in p.freed(), p.moves
+
+
+def test_a_drains_tasks_go_to_machines_holding_more_tasks_so_the_cheap_ones_stay_cheap():
+    # a and b hold a task each; c holds three and has 6.5 cores free. Best fit alone would put a's
+    # task on b (2 free), which then holds two (3 cores) and costs 2 moves: with a budget of 2,
+    # only a. Onto c, which holds more tasks than a, both a and b are freed with the 2 moves
+    g = Group("web", "dc1", "msb1", [m("a"), m("b"), m("c", cpus=8)],
+              [t("web/x", 0, "a"), t("web/y", 0, "b", cpus=2)] + [t("web/z", i, "c", cpus=0.5) for i in range(3)])
+    moves, freed = cheapest(Board(Region([g]), churn=1.0), 2)
+    assert freed == {"a", "b"} and [(mv.source, mv.target) for mv in moves] == [("a", "c"), ("b", "c")], moves
+
+
+def test_of_machines_as_cheap_a_hot_msbs_goes_first():
+    # msb1 uses 0.15 of its cores, msb2 none (the line: the mean 0.075 x 1.05). a (msb1) and c
+    # (msb2) hold a task each; c's reserves less, but a's drain to msb2 cools msb1: a goes first
+    g1 = Group("web", "dc1", "msb1", [m("a"), m("b")],
+               [t("web/x", 0, "a", cpus=2, used=600), t("web/z", 0, "b", cpus=2, used=600)])
+    g2 = Group("web", "dc1", "msb2", [m("c", "msb2"), m("d", "msb2")],
+               [t("web/y", 0, "c"), t("web/w", 0, "d")])
+    board = Board(Region([g1, g2]), churn=1.0)
+    assert board.load(("dc1", "msb1")) > board.msb_limit
+    moves, freed = cheapest(board, 1)
+    assert freed == {"a"} and moves[0].target in ("c", "d"), moves
+    assert board.load(("dc1", "msb1")) <= board.msb_limit

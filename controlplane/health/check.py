@@ -47,8 +47,11 @@ OWNERS_SLICE = 2_000
 DROP_SLICE = 20_000  # machines no longer owned forgotten between two turns of the loop (_drop)
 # machines a pass looks at between two turns of the event loop: at a million machines, a third of
 # them due at once (the silent ones' fallback look, or all of them when a process comes to own
-# them) took seconds in one go, while heartbeats waited unread and the lease's keep-alive too
-EXAMINE_SLICE = 2_000
+# them) took seconds in one go, while heartbeats waited unread and the lease's keep-alive too.
+# 2,000 a turn was still 11-16 ms of CPU there (25-44 ms of wall time, four daemons and etcd on two
+# cores: bench_region_scale, a pass timed slice by slice), the loop's longest turns in its stall
+# watcher's stacks; 500 is 3-6 ms
+EXAMINE_SLICE = 500
 # machines failed in one transaction at most, whatever etcd's --max-txn-ops allows (our installers
 # set 65536, and 32 MiB a request): a record and an event each, under 1 KB, so a DC's worth of
 # machines falling silent at once is written in transactions of about half a megabyte, not 30 MB

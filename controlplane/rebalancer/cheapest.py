@@ -11,9 +11,10 @@ that fits nowhere as things stand but does once a small task of a target machine
 machine of the group (an ejection: the make-room move the solver finds, one deep). The machines
 are taken cheapest first (fewest moves; of those as cheap, a hot MSB's first, whose drain cools it
 and so spares a hotspot move; then least reserved), their cost computed afresh when their turn
-comes (earlier drains fill the targets), until the next one would pass the budget. A move keeps what every
-compaction move keeps (compaction.py): its dc, its rack when its job spreads over racks, room for
-what it reserves, no machine made hot, the job's churn budget; a task moves at most once a round.
+comes (earlier drains fill the targets), until the next one would pass the budget. A move keeps
+what every compaction move keeps (compaction.py): its dc, its rack when its job spreads over
+racks, room for what it reserves, no machine made hot, the job's churn budget; a task moves at
+most once a round.
 
 A task may also go to a machine of the entitlement in another MSB of its dc where that MSB stays
 below the hot line and the job's spread is kept (the target MSB held fewer of the job's tasks than

@@ -185,6 +185,25 @@ def test_forecast_reads_last_week_then_yesterday():
     assert peak(s, now, 120) == 2500, "a week ago's hour (its p95) wins when there is one"
 
 
+def test_forecast_joins_the_hours_p95s_at_their_middles_by_straight_lines():
+    s = Series()
+    week = 7 * 86400
+    hour = 30 * 24 + 12  # noon of day 30, a week before `now` below
+    s.put_hour(hour - 1, (900, 1000, 1100, 64, 64, 64))
+    s.put_hour(hour, (1900, 2000, 2100, 64, 64, 64))
+    s.put_hour(hour + 1, (900, 1000, 1100, 64, 64, 64))
+    at = lambda minute: hour * 3600 + minute * 60 + week  # noqa: E731 - a minute of the hour, a week on
+    # at the hour's middle, its p95; 10 minutes in, a third of the way up from the hour before's
+    # (whose middle is 40 minutes back): not the hour's p95 from its first minute
+    assert peak(s, at(30), 60) == 2000
+    assert peak(s, at(10), 60) == round(1000 + 1000 * 41 / 60)  # the window's end, minute 11, is its highest
+    # 50 minutes in, on the way down to the next hour's: the window's start is its highest
+    assert peak(s, at(50), 60) == round(2000 - 1000 * 20 / 60)
+    # a window over the middle takes the middle's level; past the last hour's middle, its p95
+    assert peak(s, at(20), 1200) == 2000
+    assert peak(s, at(120), 60) == 1000
+
+
 def test_a_scale_in_stays_above_the_coming_hours_forecast_and_takes_no_step_within_the_tolerance():
     mem = Memory(forecast_hour=4.0)  # the coming hour peaks at 8 tasks' worth
     for i in range(22):

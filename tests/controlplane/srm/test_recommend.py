@@ -193,8 +193,8 @@ def test_forecast_joins_the_hours_p95s_at_their_middles_by_straight_lines():
     s.put_hour(hour, (1900, 2000, 2100, 64, 64, 64))
     s.put_hour(hour + 1, (900, 1000, 1100, 64, 64, 64))
     at = lambda minute: hour * 3600 + minute * 60 + week  # noqa: E731 - a minute of the hour, a week on
-    # at the hour's middle, its p95; 10 minutes in, a third of the way up from the hour before's
-    # (whose middle is 40 minutes back): not the hour's p95 from its first minute
+    # at the hour's middle, its p95; 10 minutes in, two thirds of the way up from the hour before's
+    # (whose middle is 40 of the 60 minutes back): not the hour's p95 from its first minute
     assert peak(s, at(30), 60) == 2000
     assert peak(s, at(10), 60) == round(1000 + 1000 * 41 / 60)  # the window's end, minute 11, is its highest
     # 50 minutes in, on the way down to the next hour's: the window's start is its highest

@@ -44,8 +44,13 @@ Measured, each beside a baseline taken in the same run:
 
 Its last line: `region 1M: rss R GiB; heartbeats H/s; one shard J jobs/s; fleet F ms; scrape stall S
 ms; false verdicts V` (R: the processes' resident memory together, at the start or the end,
-whichever is more; H: heartbeats answered per second in 3. before any job is created, scrapes
-and fleet requests included; J: 5.; F: 6.'s p50; S: 7.'s longest; V: 3.'s false failure verdicts).
+whichever is more; H: heartbeats per second of those due in 3. before any job is created (scrapes
+and fleet requests included), answered 200 within the interval, over those seconds: A/I when every
+heartbeat due was answered in time, less for each one not sent (its agent's last unanswered), refused
+or late (until issue #38's sixth turn, answers counted as they arrived in that window, which opens
+with the first heartbeat: those still in flight at its end were missed, so it stayed under A/I
+however fast the region answered); J: 5.; F: 6.'s p50; S: 7.'s longest; V: 3.'s false failure
+verdicts).
 
     .venv/bin/python bench/bench_region_scale.py [--machines 1000000] [--processes 4] [--shards 20]
         [--agents 100000] [--interval 10] [--seconds 20] [--max-txn-ops 65536]
@@ -215,10 +220,12 @@ class _Pipe:
         self.url = url
         self.host, _, port = url.removeprefix("http://").partition(":")
         self.port = int(port)
-        self.waiting: deque[tuple[str, float]] = deque()  # (machine, when sent) of each request in flight, oldest first
+        self.waiting: deque[tuple[str, float, float]] = deque()  # (machine, when sent, when due) of each request in flight, oldest first
         self.ok = self.failed = 0
         self.closed = 0  # connections the replica closed (each opened again)
         self.waits = array("d")  # seconds each answered heartbeat waited for its answer
+        self.ok_sent = array("d")  # when each heartbeat answered 200 was due, and how long its answer
+        self.ok_wait = array("d")  # took (H: those due in phase 3.'s seconds, answered in time)
         self.ready = asyncio.Event()  # clear while the pipe opens a new connection
         self.reader: asyncio.StreamReader | None = None
         self.writer: asyncio.StreamWriter | None = None
@@ -227,11 +234,12 @@ class _Pipe:
         self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
         self.ready.set()
 
-    def send(self, mid: str, body: bytes) -> bool:
-        """Written now; False while the connection opens again (the agent tries another)."""
+    def send(self, mid: str, body: bytes, due: float) -> bool:
+        """Written now (`due`: when it was due); False while the connection opens again (the agent
+        tries another)."""
         if not self.ready.is_set():
             return False
-        self.waiting.append((mid, time.perf_counter()))
+        self.waiting.append((mid, time.perf_counter(), due))
         self.writer.write(b"POST /v1/agent/heartbeat HTTP/1.1\r\nHost: %s\r\nAuthorization: Bearer %s\r\n"
                           b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
                           % (self.host.encode(), cred(mid).encode(), len(body), body))
@@ -251,7 +259,7 @@ class _Pipe:
                 # goes on over a new connection
                 self.ready.clear()
                 self.failed += len(self.waiting)
-                out.difference_update(mid for mid, _ in self.waiting)
+                out.difference_update(mid for mid, _, _ in self.waiting)
                 self.waiting.clear()
                 self.writer.close()
                 self.closed += 1
@@ -262,11 +270,13 @@ class _Pipe:
                     except OSError:
                         await asyncio.sleep(0.5)
                 continue
-            mid, sent = self.waiting.popleft()
+            mid, sent, due = self.waiting.popleft()
             out.discard(mid)
             self.waits.append(time.perf_counter() - sent)
             if status == 200:
                 self.ok += 1
+                self.ok_sent.append(due)
+                self.ok_wait.append(self.waits[-1])
                 first.setdefault(mid, time.time())
                 if b"heartbeat_to" in answer:
                     hint[mid] = msgspec.json.decode(answer)["heartbeat_to"]
@@ -290,7 +300,7 @@ async def heartbeats(urls: list[str], agents: int, interval: float, stop: asynci
     await asyncio.gather(*(p.open() for p in every))
     out: set[str] = set()  # machines whose last heartbeat is unanswered
     readers = [asyncio.create_task(p.answers(hint, first, out)) for p in every]
-    t0 = time.perf_counter()
+    t0 = BEGAN[0] = time.perf_counter()
     n = waited = unsent = 0
     try:
         while not stop.is_set():
@@ -305,7 +315,8 @@ async def heartbeats(urls: list[str], agents: int, interval: float, stop: asynci
                 body = (b'{"machine_id":"%s","digest":"d0","tasks":[],"profile":{"name":null,"ok":true}%s}'
                         % (mid.encode(), USAGE))
                 to = pipes.get(hint.get(mid)) or pipes[random.choice(urls)]
-                if random.choice(to).send(mid, body) or any(p.send(mid, body) for p in to):
+                due_at = t0 + (n - 1) / rate
+                if random.choice(to).send(mid, body, due_at) or any(p.send(mid, body, due_at) for p in to):
                     out.add(mid)
                 else:  # every connection to that replica opening again: not sent, counted as refused
                     unsent += 1
@@ -324,6 +335,14 @@ async def heartbeats(urls: list[str], agents: int, interval: float, stop: asynci
 
 
 FIRST_OK: dict[str, float] = {}  # machine -> wall time of its first heartbeat answered
+BEGAN = [0.0]  # when heartbeats() began sending (perf_counter)
+
+
+def in_time(pipes, start: float, end: float, interval: float) -> float:
+    """Heartbeats per second due in [start, end) that were answered 200 within `interval` (before
+    the agent's next was due): `rate` due a second, all answered in time, gives `rate`."""
+    n = sum(1 for p in pipes for due, wait in zip(p.ok_sent, p.ok_wait) if start <= due < end and wait <= interval)
+    return n / (end - start)
 # usage as agents send it with every heartbeat (issue #25): the host's and 20 tasks' figures, of
 # jobs of the region's first entitlement (counted in its sums once those jobs exist); --no-usage: none
 USAGE = b',"usage":' + msgspec.json.encode({
@@ -452,6 +471,12 @@ def main() -> int:
               f"{relays:.0f} relayed to their owner; failure verdicts on machines that heartbeat: {len(false)}; "
               f"lease keep-alives failed {lost}, leaderships ended {deposed} (per process)")
         waits = sorted(w for p in pipes for w in p.waits)
+        print(f"   before any job was created ({marks[1][1] - BEGAN[0]:.1f}s from the first heartbeat): "
+              f"{in_time(pipes, BEGAN[0], marks[1][1], args.interval):.0f}/s of the heartbeats due in those seconds "
+              f"answered 200 within the interval ({args.interval:g}s; the region's last line, H), against "
+              f"{args.agents / args.interval:.0f}/s due; counted as answers arrived in the same seconds, "
+              f"{(marks[1][2] - marks[0][2]) / (marks[1][1] - marks[0][1]):.0f}/s (a window that opens with the first "
+              f"heartbeat sent misses those in flight at its end)")
         behind = [c.metric("twine_health_intake_behind_seconds") for c in cs]
         print(f"   an answer came {statistics.median(waits) * 1000:.0f} ms after its heartbeat was written (p50), "
               f"p99 {waits[int(len(waits) * 0.99)]:.2f} s, most {waits[-1]:.2f} s; {waited:,} heartbeats not sent, "
@@ -509,7 +534,7 @@ def main() -> int:
               f"together (at the start {sum(rss):.2f}; after each phase: "
               f"{', '.join(f'{phase} {gib:.2f}' for phase, gib in rss_at.items())})")
         size = "1M" if args.machines == 1_000_000 else f"{args.machines / 1000:g}k"
-        alone = (marks[1][2] - marks[0][2]) / (marks[1][1] - marks[0][1])  # 3.: no job created meanwhile
+        alone = in_time(pipes, BEGAN[0], marks[1][1], args.interval)  # 3.: no job created meanwhile
         print(f"region {size}: rss {rss_most:.2f} GiB; heartbeats {alone:.0f}/s; one shard "
               f"{made / args.seconds:.1f} jobs/s; fleet {f50:.0f} ms; scrape stall {stall:.0f} ms; false verdicts "
               f"{len(false)}")

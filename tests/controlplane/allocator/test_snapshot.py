@@ -122,3 +122,31 @@ def test_with_changes_copies_and_leaves_the_original_as_it_was():
                             tasks=[PlacedTask("ent/a", 0, m.id, 1.0, 64)], removed_machines=["d0-m1-r0-1"])
     assert nxt is not snap and (index_state(snap), dict(snap.machines), snap.revision) == before
     assert nxt.held("ent") == 1 and nxt.free(m.id) == (3.0, 8192 - 64) and "d0-m1-r0-1" not in nxt.machines
+
+
+def test_a_task_it_holds_already_coming_back_touches_no_machine(monkeypatch):
+    """A scheduler applies its placement when it commits (apply_placement); the watch then brings
+    the same tasks back (RegionState.snapshot): those leave every machine's bins as they are, and
+    a task that did change (another machine) still moves."""
+    snap = Snapshot.build(grid(dcs=1, msbs=2, racks=2, per_rack=3), [make_entitlement("ent")])
+    placement = allocate(snap, job("ent/web", 4))
+    snap.apply_placement(placement)
+    before = index_state(snap)
+    touched: list = []
+    update = type(snap.index).update
+
+    def recording(index, changes, free):  # the real update, its machines noted
+        changes = list(changes)
+        touched.extend(old.id for old, _ in changes)
+        return update(index, changes, free)
+
+    monkeypatch.setattr(type(snap.index), "update", recording)
+    again = [PlacedTask("ent/web", i, placement.task_machines[i], placement.cpus, placement.memory_mb) for i in range(4)]
+    snap.apply(tasks=again, revision=snap.revision + 1)
+    assert touched == [] and index_state(snap) == before
+    other = next(m for m in sorted(snap.machines) if m != again[0].machine_id)
+    snap.apply(tasks=[replace(again[0], machine_id=other)], revision=snap.revision + 1)
+    assert sorted(touched) == sorted({again[0].machine_id, other})
+    fresh = Snapshot.build(snap.machines.values(), snap.entitlements.values(),
+                           [replace(again[0], machine_id=other), *again[1:]], snap.revision)
+    assert index_state(snap) == index_state(fresh)

@@ -144,8 +144,8 @@ class ControlDaemon:
             self._http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=self.client_tls or True))
         return self._http
 
-    def metrics_text(self) -> str:
-        return metrics.text(self.registry)
+    async def metrics_text(self) -> bytes:
+        return await metrics.scrape(self.registry)
 
     async def _agree_shard_count(self) -> None:
         """The region's shard count lives in etcd: the first daemon writes its --shard-count; the

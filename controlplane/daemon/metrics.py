@@ -9,6 +9,7 @@ registry. The names are the ones this daemon has always served.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Callable, Iterator
 
@@ -125,5 +126,21 @@ def registry() -> CollectorRegistry:
     return CollectorRegistry(auto_describe=False)
 
 
-def text(registry: CollectorRegistry) -> str:
-    return generate_latest(registry).decode()
+class _Collected:
+    """Families collected already, as generate_latest reads a registry."""
+
+    def __init__(self, families: list[Metric]) -> None:
+        self.families = families
+
+    def collect(self) -> list[Metric]:
+        return self.families
+
+
+async def scrape(registry: CollectorRegistry) -> bytes:
+    """/v1/metrics: the families collected on the event loop (the collectors read the region's
+    view, which only the loop changes), their text written in a thread. At 1,000,000 machines a
+    scrape's text (the fleet's families by dc, type and entitlement: ~1,000 samples, 70 KiB) took
+    most of its ~5 ms of CPU, and 15-25 ms of the loop's time on a busy two-core host: the longest
+    stall while scraped (issue #38)."""
+    families = list(registry.collect())
+    return await asyncio.to_thread(generate_latest, _Collected(families))

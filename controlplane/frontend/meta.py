@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Awaitable, Callable
 
 from aiohttp import web
 
@@ -20,7 +20,7 @@ from controlplane.store.state import RegionState
 
 class Meta:
     def __init__(self, state: RegionState, shards: Shards, coordinator: Coordinator | None, relay: Relay | None,
-                 metrics: Callable[[], str]):
+                 metrics: Callable[[], Awaitable[bytes]]):
         self.state, self.shards = state, shards
         self.coordinator, self.relay = coordinator, relay
         self.metrics_text = metrics
@@ -36,7 +36,7 @@ class Meta:
         return reply({"ok": True})
 
     async def metrics(self, request: web.Request) -> web.Response:
-        return web.Response(text=self.metrics_text(), content_type="text/plain")
+        return web.Response(body=await self.metrics_text(), content_type="text/plain", charset="utf-8")
 
     async def cluster(self, request: web.Request) -> web.Response:
         """Members, shard leaders (with the entitlements each shard holds) and this process."""

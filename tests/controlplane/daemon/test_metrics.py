@@ -39,3 +39,50 @@ def test_every_family_is_typed_and_explained_and_counts_what_happened(tmp_path, 
         assert value["twine_etcd_revision"] > 0
     finally:
         c.close()
+
+
+def test_a_scrape_collects_on_the_event_loop_and_writes_its_text_in_a_thread():
+    """metrics.scrape: the collectors run on the loop (they read the region's view, which only the
+    loop changes); the text, the larger part of a scrape's CPU, is written in another thread, and
+    is what prometheus_client writes for the registry."""
+    import asyncio
+    import threading
+
+    from prometheus_client import generate_latest
+    from prometheus_client.core import GaugeMetricFamily
+
+    from controlplane.daemon import metrics
+
+    seen: dict[str, int] = {}
+
+    class Family(GaugeMetricFamily):
+        @property
+        def samples(self):  # read by add_metric, then by the exposition
+            if "built" in seen:
+                seen.setdefault("written", threading.get_ident())
+            return self._samples
+
+        @samples.setter
+        def samples(self, value):
+            self._samples = value
+
+    class Collector:
+        def collect(self):
+            seen["collected"] = threading.get_ident()
+            f = Family("twine_test_cells", "cells", labels=["dc"])
+            for i in range(50):
+                f.add_metric([f"dc{i}"], float(i))
+            seen["built"] = 1
+            yield f
+
+    registry = metrics.registry()
+    registry.register(Collector())
+
+    async def main():
+        seen["loop"] = threading.get_ident()
+        return await metrics.scrape(registry)
+
+    text = asyncio.run(main())
+    assert seen["collected"] == seen["loop"] and seen["written"] != seen["loop"]
+    seen.clear()
+    assert text == generate_latest(registry) and b'twine_test_cells{dc="dc49"} 49.0' in text

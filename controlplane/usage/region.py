@@ -97,6 +97,11 @@ class RegionUsage:
         """Cell -> its CELL_FIGURES, summed over the replicas."""
         return self._summed(1, now)
 
+    def cell_parts(self, now: float | None = None) -> list[dict[Cell, list[int]]]:
+        """Each live replica's cells (this one's book first), copied (their figures lists are
+        shared): what cells() sums, for a caller that sums them elsewhere (a scrape's thread)."""
+        return [dict(cells) for _, cells in self._live(now)]
+
     async def own_tasks(self, jobs: Collection[str] | None = None, entitlements: Collection[str] | None = None,
                         now: float | None = None) -> list[TaskUsage]:
         """The task figures this replica's book holds (UsageBook.tasks), the event loop let run

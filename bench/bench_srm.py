@@ -19,7 +19,11 @@ with no task goes back to the pool at once (for every policy). The policies, on 
   a usage Series (usage/history.py) fed as the Recorder feeds it (hourly rollups closed each hour),
   the reading as the daemon makes it from the tasks that report (usage_reading), victims.frees()
   for the sizes at which a scale-in empties a machine and victims.choose() for its stops;
-  srm-nopred: the same with predictive off.
+  srm-nopred: the same with predictive off;
+- srm@A (with --aim A,...): the srm sizing tasks for load per task of target x A, its tolerance
+  narrowed so that it still scales out once load per task passes target x 1.1 (the over-target
+  line): what running hotter than the target saves in machine-hours and costs in over-target
+  minutes, beside the oracles (the issue's S <= 0.85 H is below the oracle at the target).
 
 Both autoscalers decide every 15 s, see load MEASURE_DELAY seconds old (what the tasks used: at
 most one core each), and new tasks serve STARTUP seconds after they are asked for.
@@ -43,6 +47,7 @@ sufficient size itself); scale-ins during outages (size reductions decided while
 any task's measurement was missing).
 
     .venv/bin/python bench/bench_srm.py [--trace FILE [--history FILE]] [--jobs 10] [--machines 1000] [--days 7]
+        [--aim 1.02,1.04,1.06]
     .venv/bin/python bench/make_trace.py bursty /tmp/bursty.csv && .venv/bin/python bench/bench_srm.py --trace /tmp/bursty.csv
 """
 
@@ -323,6 +328,7 @@ class Side:
     cpu: float = 0.0
     calls: int = 0
     lead: float = 0.0  # seconds the SRM's forecast looks further ahead (a reclaim's notice: bench_capacity)
+    aim: float = 1.0  # the SRM sizes tasks for load per task of target x aim (--aim: the rows srm@A)
 
     def __post_init__(self) -> None:
         self.result = Result(self.name)
@@ -430,7 +436,8 @@ def decide(side: Side, job: dict, now: float, seen_minute: int, share: float) ->
         asked[0] += time.process_time() - t
         return frees(recs, sorted(sim.tasks), on)
 
-    d = recommend(side.policy, mem, clock, size, reading, TARGET, TARGET, None, STALE_AFTER, frees_now)
+    d = recommend(side.policy, mem, clock, size, reading, TARGET * side.aim, TARGET * side.aim, None, STALE_AFTER,
+                  frees_now)
     side.cpu += time.process_time() - began - asked[0]
     side.calls += 1
     mem.ran(clock, ready)
@@ -455,10 +462,15 @@ def over_target_minute(side: Side, minute: int) -> None:
 
 
 def simulate(loads: list[list[float]], history: list[list[float]] | None, outages, machines: int, minutes: int,
-             predictive: bool = True) -> tuple[list[Result], dict]:
+             predictive: bool = True, aims: tuple[float, ...] = ()) -> tuple[list[Result], dict]:
     sides = [Side("hpa", "hpa"), Side("hpa+ca", "hpa", ca=True),
              Side("srm", "srm", policy=replace(POLICY, predictive=predictive)),
              Side("srm-nopred", "srm", policy=replace(POLICY, predictive=False))]
+    # --aim: the srm sizing for target x A a task, its tolerance narrowed so that it still scales out
+    # once load per task passes target x (1 + tolerance), the over-target line
+    sides += [Side(f"srm@{a:g}", "srm", policy=replace(POLICY, predictive=predictive,
+                                                      tolerance=round((1 + POLICY.tolerance) / a - 1, 6)), aim=a)
+              for a in aims]
     needed = sum(need(load[:minutes], POLICY.min) for load in loads)
     for side in sides:
         side.pool = Pool(machines)
@@ -565,6 +577,9 @@ def main() -> None:
     p.add_argument("--machines", type=int, default=1000)
     p.add_argument("--days", type=float, default=7.0, help="of the measured trace (default a week)")
     p.add_argument("--seed", type=int, default=26)
+    p.add_argument("--aim", default="", help="comma-separated A > 1: a row more each, the srm sizing tasks for "
+                   "load per task of target x A (its tolerance narrowed to scale out at target x 1.1 still): what "
+                   "running hotter than the target gives in machine-hours and costs in over-target minutes")
     p.add_argument("--daemon-jobs", type=int, default=20_000,
                    help="autoscaled jobs (of 10 tasks) the daemon's own per-job pass is measured on (0: not)")
     args = p.parse_args()
@@ -585,7 +600,13 @@ def main() -> None:
     began = time.perf_counter()
     loads = job_loads(base, args.jobs, args.seed, args.seed)
     history = job_loads(before, args.jobs, args.seed, args.seed + 2) if before is not None else None
-    results, cost = simulate(loads, history, outages, args.machines, minutes, predictive)
+    try:
+        aims = tuple(float(a) for a in args.aim.split(",") if a.strip())
+    except ValueError:
+        p.error(f"--aim {args.aim!r}: comma-separated numbers")
+    if any(not 1 < a < 1 + POLICY.tolerance for a in aims):
+        p.error(f"--aim {args.aim!r}: each between 1 and {1 + POLICY.tolerance:g} (the over-target line)")
+    results, cost = simulate(loads, history, outages, args.machines, minutes, predictive, aims)
     static = static_result("static", loads, minutes, p99)
     peak = static_result("static-peak", loads, minutes, max)
     by = {r.name: r for r in (static, peak, *results)}

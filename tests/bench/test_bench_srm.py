@@ -58,3 +58,17 @@ def test_the_oracle_with_a_scale_in_window_keeps_each_minute_at_the_window_s_lar
     assert bench_srm.oracle([load], 5, bench_srm.TARGET) * 60 == 6
     assert bench_srm.oracle([load], 5, bench_srm.TARGET, window=2) * 60 == 1 + 2 + 2 + 2 + 1
     assert bench_srm.oracle([load], 5, bench_srm.TARGET, window=9) * 60 == 1 + 2 * 4
+
+
+def test_aim_adds_a_row_of_the_srm_running_hotter_and_refuses_what_is_past_the_over_target_line(tmp_path):
+    """--aim 1.08: the srm sizing for target x 1.08 a task holds fewer machines on a steady load than
+    at the target; an aim at or past target x 1.1 (over target by definition) is refused."""
+    trace = tmp_path / "t.csv"
+    trace.write_text("".join(f"{m * 60},40\n" for m in range(WEEK + 240)))
+    args = [sys.executable, str(REPO / "bench/bench_srm.py"), "--trace", str(trace), "--jobs", "2", "--days", "0.15",
+            "--daemon-jobs", "0"]
+    out = subprocess.run(args + ["--aim", "1.08"], capture_output=True, text=True, timeout=300, check=True).stdout
+    rows = {m[1]: int(m[2]) for line in out.splitlines() if (m := re.match(r"(srm|srm@1\.08) +(\d+) ", line))}
+    assert rows["srm@1.08"] < rows["srm"], out
+    bad = subprocess.run(args + ["--aim", "1.1"], capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and "--aim '1.1': each between 1 and 1.1" in bad.stderr, bad.stderr

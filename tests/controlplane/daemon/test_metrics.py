@@ -3,10 +3,13 @@ and a help text, counters are counters and levels gauges, and the values are the
 
 from __future__ import annotations
 
+import asyncio
+import threading
 import urllib.request
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from controlplane.daemon import metrics
 from tests.controlplane.controld_proc import API_TOKEN, Controld
 from tests.controlplane.frontend.test_controld_api import register
 
@@ -41,17 +44,25 @@ def test_every_family_is_typed_and_explained_and_counts_what_happened(tmp_path, 
         c.close()
 
 
+def scrape_on_a_loop(collector, noted: dict) -> tuple[bytes, object]:
+    """metrics.scrape of a registry holding `collector`, on an event loop of its own (noted["loop"]:
+    the loop's thread); and the registry."""
+    registry = metrics.registry()
+    registry.register(collector)
+
+    async def main():
+        noted["loop"] = threading.get_ident()
+        return await metrics.scrape(registry)
+
+    return asyncio.run(main()), registry
+
+
 def test_a_scrape_collects_on_the_event_loop_and_writes_its_text_in_a_thread():
     """metrics.scrape: the collectors run on the loop (they read the region's view, which only the
     loop changes); the text, the larger part of a scrape's CPU, is written in another thread, and
     is what prometheus_client writes for the registry."""
-    import asyncio
-    import threading
-
     from prometheus_client import generate_latest
     from prometheus_client.core import GaugeMetricFamily
-
-    from controlplane.daemon import metrics
 
     seen: dict[str, int] = {}
 
@@ -75,14 +86,7 @@ def test_a_scrape_collects_on_the_event_loop_and_writes_its_text_in_a_thread():
             seen["built"] = 1
             yield f
 
-    registry = metrics.registry()
-    registry.register(Collector())
-
-    async def main():
-        seen["loop"] = threading.get_ident()
-        return await metrics.scrape(registry)
-
-    text = asyncio.run(main())
+    text, registry = scrape_on_a_loop(Collector(), seen)
     assert seen["collected"] == seen["loop"] and seen["written"] != seen["loop"]
     seen.clear()
     assert text == generate_latest(registry) and b'twine_test_cells{dc="dc49"} 49.0' in text

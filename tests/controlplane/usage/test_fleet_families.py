@@ -4,14 +4,13 @@ from copies of the cells taken when collected, in the thread that writes a scrap
 
 from __future__ import annotations
 
-import asyncio
 import threading
 
 from prometheus_client import generate_latest
 
-from controlplane.daemon import metrics
 from controlplane.store.cells import MACHINES, RESERVED_CPU_M, RESERVED_MB
 from controlplane.usage.metrics import _Fleet, _Lazy
+from tests.controlplane.daemon.test_metrics import scrape_on_a_loop
 
 
 def row(machines: int, cpu_m: int, mb: int) -> list[int]:
@@ -54,14 +53,7 @@ def test_a_scrape_sums_the_fleet_in_its_writing_thread(monkeypatch):
             fleet = _Fleet({("dc1", "msb1", "web", "h", "big"): row(2, 1000, 0)}, {}, [])
             yield _Lazy("twine_test_fleet_machines", "machines", ["dc", "machine_type", "entitlement"], fleet, "n")
 
-    registry = metrics.registry()
-    registry.register(Collector())
-
-    async def main():
-        ran["loop"] = threading.get_ident()
-        return await metrics.scrape(registry)
-
-    text = asyncio.run(main())
+    text, registry = scrape_on_a_loop(Collector(), ran)
     assert ran["sums"] != ran["loop"]
     assert b'twine_test_fleet_machines{dc="dc1",entitlement="web",machine_type="big"} 2.0' in text
     assert text == generate_latest(registry)

@@ -343,6 +343,8 @@ def in_time(pipes, start: float, end: float, interval: float) -> float:
     the agent's next was due): `rate` due a second, all answered in time, gives `rate`."""
     n = sum(1 for p in pipes for due, wait in zip(p.ok_sent, p.ok_wait) if start <= due < end and wait <= interval)
     return n / (end - start)
+
+
 # usage as agents send it with every heartbeat (issue #25): the host's and 20 tasks' figures, of
 # jobs of the region's first entitlement (counted in its sums once those jobs exist); --no-usage: none
 USAGE = b',"usage":' + msgspec.json.encode({

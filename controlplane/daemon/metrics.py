@@ -138,9 +138,10 @@ class _Collected:
 
 async def scrape(registry: CollectorRegistry) -> bytes:
     """/v1/metrics: the families collected on the event loop (the collectors read the region's
-    view, which only the loop changes), their text written in a thread. At 1,000,000 machines a
-    scrape's text (the fleet's families by dc, type and entitlement: ~1,000 samples, 70 KiB) took
-    most of its ~5 ms of CPU, and 15-25 ms of the loop's time on a busy two-core host: the longest
-    stall while scraped (issue #38)."""
+    view, which only the loop changes), their text written in a thread, with what a family leaves
+    to be made when its samples are read (usage/metrics.py's fleet sums). At 1,000,000 machines a
+    scrape was 5-8 ms of the loop's CPU, most of it the fleet's sums and its ~1,000 samples'
+    text, and 15-22 ms of the loop's time on a busy two-core host: the longest stall while
+    scraped (issue #38); 3-4 ms of CPU on the loop after."""
     families = list(registry.collect())
     return await asyncio.to_thread(generate_latest, _Collected(families))

@@ -90,8 +90,9 @@ class _Fleet:
     cells (store/cells.py) and of each replica's usage cells taken on the event loop, once, when the
     first of its families is read. At 1,000,000 machines that is ~2,700 cells, and as many a
     replica: ~5 ms of CPU at each scrape, held on the loop until issue #38's sixth turn. The copies
-    are of the mappings; a cell's figures are read as they are when summed (each figure a whole
-    heartbeat's or commit's, never half of one)."""
+    are of the mappings (a cell added or gone meanwhile is not seen); the figures are read as they
+    are when summed: a heartbeat or commit applied on the loop meanwhile may show in some of them
+    and not yet in others, as it would in the next scrape's."""
 
     def __init__(self, rows: dict, pool: dict, usage_parts: list[dict]) -> None:
         self.rows, self.pool, self.usage_parts = dict(rows), dict(pool), usage_parts

@@ -79,6 +79,19 @@ class Candidates:
         coarser = [lv for lv in pref_levels if lv < (MSB - 1 if self.by_msb else level)]
         self.parent_depth = max(coarser, default=0) + 1
         self.msbs_with_tasks = {p[:MSB] for p in occupied} if self.by_msb else set()
+        # Every preference a spread, the bins' own level among them: an occupied bin counts at least
+        # one task at that level, where a quiet bin of its class counts none and the same as it at
+        # every coarser level a preference uses (the class is cut at the finest of those). The
+        # class's candidate then scores strictly higher however the scores are normalised, so such
+        # an occupied bin is not scored while its class has a candidate; only its count at the
+        # bins' level still bounds that level's normalisation (Scorer.best's `highest`), the
+        # coarser levels' being its class candidate's. (Issue #38: the occupied bins, scored at
+        # every task, were most of the pick at 1,000,000 machines.)
+        terms = [pref for pref in req.preferences if pref.weight != 0]
+        self.dominated = bool(terms) and all(pref.strategy == "spread" for pref in terms) and \
+            any(pref.property == req.level for pref in terms)
+        self.in_bin = counts.at(req.level).get if self.dominated else None
+        self.bin_depth = level + 1
         self.best: dict[Path, Key] = {}
         for p in occupied:
             if req.dc_allows(p[1]):
@@ -143,8 +156,9 @@ class Candidates:
         """The machine for the next task: best score, then fewest of the job's tasks at the finest
         spread level (preferences.bin_ties), then own machines first, then best fit."""
         best, occupied, class_of = self.best, self.occupied, self._class_of
-        paths = [p for p in occupied if p in best]
-        keys: list[Key] = [best[p] for p in paths]
+        heads: list[Path] = []
+        head_keys: list[Key] = []
+        headed: set[Path] = set()  # the classes with a candidate
         for cls in list(self.quiet):
             heap = self.quiet[cls]
             # drop candidates out of date: their bin became occupied (scored above), or their msb
@@ -157,11 +171,30 @@ class Candidates:
                 del self.quiet[cls]
                 continue
             key, p, _ = heap[0]
-            paths.append(p)
-            keys.append(key)
+            heads.append(p)
+            head_keys.append(key)
+            headed.add(cls)
+        highest = None
+        if self.dominated and headed:
+            # an occupied bin's class: its msb once that holds tasks (racks as bins, msbs a
+            # preference level), else its path cut at the class's level (_class_of)
+            in_bin, cut = self.in_bin, MSB if self.by_msb else self.parent_depth
+            paths, highest = [], 0
+            for p in occupied:
+                if p in best:
+                    if p[:cut] in headed:
+                        if (n := in_bin(p, 0)) > highest:
+                            highest = n
+                    else:
+                        paths.append(p)
+        else:
+            paths = [p for p in occupied if p in best]
+        keys: list[Key] = [best[p] for p in paths]
+        paths += heads
+        keys += head_keys
         if not paths:
             return None
-        return self.scorer.best(paths, keys)[1][2]
+        return self.scorer.best(paths, keys, (self.bin_depth, highest) if highest else None)[1][2]
 
     def after_pick(self, path: Path) -> None:
         self.occupied.add(path)

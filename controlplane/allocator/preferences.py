@@ -93,10 +93,12 @@ class Scorer:
         levels = [LEVELS.index(p.property) for p in preferences if p.strategy == "spread"]
         self.tie = (max(levels) + 1, counts.at(LEVELS[max(levels)]).get) if levels else None
 
-    def best(self, paths: list[Path], keys: list) -> Any:
+    def best(self, paths: list[Path], keys: list, highest: tuple[int, int] | None = None) -> Any:
         """The key of the best candidate: highest score, then lowest tie (bin_ties), then lowest
         key. Scores are summed negated (lowest first): -(a + b) is (-a) - b exactly, and a spread's
-        negated count less the lowest is the highest count less the count (integers)."""
+        negated count less the lowest is the highest count less the count (integers). `highest`:
+        (depth, count): candidates left out (Candidates.pick: they cannot win) had up to `count`
+        tasks at that level, which the normalisation of a preference there takes in."""
         neg: list[float] | None = None
         tie_depth = self.tie[0] if self.tie is not None else 0
         ties = None
@@ -105,6 +107,8 @@ class Scorer:
             if depth == tie_depth:
                 ties = raw  # the finest spread level's counts: the tie-break
             lo, hi = min(raw), max(raw)
+            if highest is not None and depth == highest[0]:
+                hi = max(hi, highest[1])
             if hi == lo:
                 continue  # normalise(): all 0.0
             span = hi - lo
